@@ -1,0 +1,113 @@
+#include <algorithm>
+
+#include "plan.h"
+
+namespace pipesim {
+namespace {
+
+/// Dense (stage, microbatch) -> task tables for the ops assemble needs to find again.
+class OpTable {
+ public:
+  OpTable(int stages, int microbatches) : microbatches_(microbatches), ids_(std::size_t(stages) * microbatches, kNoTask) {}
+  TaskId& at(int stage, int microbatch) { return ids_[std::size_t(stage) * microbatches_ + microbatch]; }
+
+ private:
+  int microbatches_;
+  std::vector<TaskId> ids_;
+};
+
+}  // namespace
+
+TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
+                   int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param) {
+  const int stages = layout.stage_count();
+  const auto device_of = [&](int stage) { return layout.stages[std::size_t(stage)].device; };
+  bool split_weight = false;
+  for (const auto& order : orders)
+    for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
+
+  TaskGraphBuilder builder(layout.devices);
+  OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
+  std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);
+  for (int d = 0; d < layout.devices; ++d)
+    for (const ComputeStep& s : orders[std::size_t(d)]) {
+      const StageWork& w = work[std::size_t(s.stage)];
+      Task t{.kind = s.kind, .device = d, .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk,
+             .microbatch = s.microbatch};
+      switch (s.kind) {
+        case OpKind::F: t.flops = w.forward_flops, t.bytes = w.forward_bytes, t.alloc_bytes = w.activation_bytes; break;
+        case OpKind::B:
+          t.flops = w.backward_flops + (split_weight ? 0 : w.weight_flops);
+          t.bytes = w.backward_bytes + (split_weight ? 0 : w.weight_bytes);
+          t.free_bytes = w.activation_bytes - (split_weight ? w.weight_held_bytes : 0);
+          break;
+        case OpKind::W: t.flops = w.weight_flops, t.bytes = w.weight_bytes, t.free_bytes = w.weight_held_bytes; break;
+        default: break;
+      }
+      const TaskId id = builder.add(t);
+      last_compute[std::size_t(d)] = id;
+      if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
+      if (s.kind == OpKind::B) backward.at(s.stage, s.microbatch) = id;
+      if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
+    }
+
+  // Sends in each producer's program order; remember them by the stage they feed.
+  OpTable activation_send(stages, microbatches), gradient_send(stages, microbatches);
+  for (int d = 0; d < layout.devices; ++d)
+    for (const ComputeStep& s : orders[std::size_t(d)]) {
+      const bool forward_out = s.kind == OpKind::F && s.stage + 1 < stages && device_of(s.stage + 1) != d;
+      const bool backward_out = s.kind == OpKind::B && s.stage > 0 && device_of(s.stage - 1) != d;
+      if (!forward_out && !backward_out) continue;
+      const int to = forward_out ? s.stage + 1 : s.stage - 1;
+      const TaskId send = builder.add({.kind = OpKind::Send, .payload = forward_out ? Payload::Activation : Payload::Gradient,
+                                       .device = d, .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk,
+                                       .microbatch = s.microbatch, .peer = device_of(to),
+                                       .bytes = double(boundary_bytes)});
+      builder.depend(send, (forward_out ? forward : backward).at(s.stage, s.microbatch));
+      (forward_out ? activation_send : gradient_send).at(to, s.microbatch) = send;
+    }
+
+  // Receives in each consumer's program order, then the compute dependencies.
+  for (int d = 0; d < layout.devices; ++d)
+    for (const ComputeStep& s : orders[std::size_t(d)]) {
+      if (s.kind == OpKind::W) {
+        builder.depend(weight.at(s.stage, s.microbatch), backward.at(s.stage, s.microbatch));
+        continue;
+      }
+      const TaskId self = (s.kind == OpKind::F ? forward : backward).at(s.stage, s.microbatch);
+      const int from = s.kind == OpKind::F ? s.stage - 1 : s.stage + 1;
+      if (s.kind == OpKind::B) builder.depend(self, forward.at(s.stage, s.microbatch));
+      if (from < 0 || from >= stages) continue;
+      if (device_of(from) == d) {  // V placement turns on one device: no transfer
+        builder.depend(self, (s.kind == OpKind::F ? forward : backward).at(from, s.microbatch));
+        continue;
+      }
+      const TaskId send = (s.kind == OpKind::F ? activation_send : gradient_send).at(s.stage, s.microbatch);
+      Task recv = builder.task(send);
+      recv.kind = OpKind::Recv;
+      recv.device = d;
+      recv.peer = device_of(from);
+      const TaskId recv_id = builder.add(recv);
+      builder.pair(send, recv_id);
+      builder.depend(self, recv_id);
+    }
+
+  // End of iteration: gradient all-reduce over the DP replicas, then the optimizer step.
+  std::vector<double> device_params(std::size_t(layout.devices), 0.0);
+  for (int s = 0; s < stages; ++s) device_params[std::size_t(device_of(s))] += work[std::size_t(s)].params;
+  for (int d = 0; d < layout.devices; ++d) {
+    TaskId before = last_compute[std::size_t(d)];
+    if (dp > 1) {
+      const TaskId reduce = builder.add({.kind = OpKind::DpAllReduce, .device = d,
+                                         .bytes = device_params[std::size_t(d)] * grad_bytes_per_param});
+      builder.add_group({reduce}, dp);
+      if (before != kNoTask) builder.depend(reduce, before);
+      before = reduce;
+    }
+    const TaskId step = builder.add({.kind = OpKind::Optimizer, .device = d});
+    if (before != kNoTask) builder.depend(step, before);
+  }
+  return std::move(builder).build();
+}
+
+}  // namespace pipesim

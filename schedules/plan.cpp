@@ -1,0 +1,81 @@
+#include "plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "spellcheck.h"
+#include "validate.h"
+
+namespace pipesim {
+namespace {
+
+const std::array<VocabModeInfo, 2> kVocabModes = {{
+    {"baseline", "embedding in the first stage, LM head and loss in the last; layers split evenly"},
+    {"redistribute", "as baseline, but schedule.layers_per_stage (or \"auto\": balance the slowest stage) moves "
+                     "layers off the stages holding vocabulary layers"},
+}};
+
+LayerSplit layer_split(const Config& config) {
+  if (config.schedule.vocab == "baseline") return LayerSplit::Even;
+  return config.schedule.layers_per_stage.empty() ? LayerSplit::Balanced : LayerSplit::Explicit;
+}
+
+Status check_orders(const DeviceOrders& orders, const Layout& layout, int microbatches) {
+  if (static_cast<int>(orders.size()) != layout.devices)
+    return Error{fmt::format("schedule produced orders for {} devices, expected {}", orders.size(), layout.devices)};
+  for (const auto& order : orders)
+    for (const ComputeStep& s : order)
+      if (s.stage < 0 || s.stage >= layout.stage_count() || s.microbatch < 0 || s.microbatch >= microbatches)
+        return Error{fmt::format("schedule produced {}(s{},m{}) outside {} stages x {} microbatches",
+                                 op_kind_name(s.kind), s.stage, s.microbatch, layout.stage_count(), microbatches)};
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::span<const VocabModeInfo> vocab_modes() { return kVocabModes; }
+
+std::vector<std::string> vocab_mode_names() {
+  std::vector<std::string> names;
+  for (const VocabModeInfo& m : kVocabModes) names.push_back(m.name);
+  return names;
+}
+
+Result<Plan> make_plan(const Config& requested) {
+  Plan plan;
+  plan.config = requested;
+  Config& config = plan.config;
+  plan.schedule = find_schedule(config.schedule.name);
+  if (!plan.schedule)
+    return Error{fmt::format("schedule.name: unknown schedule '{}'{}; `pipesim list` shows them all",
+                             config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
+  const auto modes = vocab_mode_names();
+  if (std::find(modes.begin(), modes.end(), config.schedule.vocab) == modes.end())
+    return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{}; `pipesim list` shows them all",
+                             config.schedule.vocab, did_you_mean(config.schedule.vocab, modes))};
+  if (plan.schedule->chunks > 0) config.parallel.chunks = plan.schedule->chunks;
+  if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();
+  if (std::optional<FieldError> e = check_config(config)) return Error{e->path + ": " + e->message};
+
+  Result<Layout> layout = make_layout(config, plan.schedule->placement, layer_split(config), stage_weights(config));
+  if (!layout.ok()) return layout.error();
+  plan.layout = std::move(layout).value();
+  const int m = config.parallel.microbatches;
+  Result<DeviceOrders> orders = plan.schedule->generate(plan.layout, m);
+  if (!orders.ok()) return orders.error();
+  if (Status s = check_orders(orders.value(), plan.layout, m); !s.ok()) return s.error();
+
+  const ModelConfig& model = config.model;
+  const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
+                                                 config.precision.activation_bytes / config.parallel.tp);
+  plan.graph = assemble(plan.layout, orders.value(), stage_work(config, plan.layout), m, config.parallel.dp,
+                        boundary_bytes, config.precision.grad_bytes);
+  if (Status s = validate(plan.graph, plan.layout, m); !s.ok())
+    return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, s.error().message)};
+  plan.static_bytes = static_memory_bytes(config, plan.layout);
+  return plan;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,44 @@
+#pragma once
+/// From a config to a validated task graph: pick the schedule and vocabulary mode, lay out the
+/// model, generate the per-device orders, assemble and validate the graph.
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "cost_model.h"
+#include "layout.h"
+#include "schedule.h"
+#include "status.h"
+#include "task_graph.h"
+
+namespace pipesim {
+
+struct VocabModeInfo {
+  std::string name;
+  std::string description;
+};
+
+/// The vocabulary placement table, in the order `pipesim list` shows it.
+std::span<const VocabModeInfo> vocab_modes();
+std::vector<std::string> vocab_mode_names();
+
+struct Plan {
+  Config config;  ///< as run: parallel.chunks set to what the schedule uses
+  const ScheduleInfo* schedule = nullptr;
+  Layout layout;
+  TaskGraph graph;
+  std::vector<Bytes> static_bytes;  ///< per device
+};
+
+/// Builds and validates the graph for config.schedule.name and config.schedule.vocab. Errors start
+/// with the JSON path of the field to change (e.g. "schedule.name: unknown schedule ...").
+Result<Plan> make_plan(const Config& config);
+
+/// Adds to the per-device compute orders the P2P transfers between stages on different devices,
+/// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.
+/// `boundary_bytes` is the size of one activation (or its gradient) crossing a stage boundary.
+TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
+                   int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param);
+
+}  // namespace pipesim

@@ -1,0 +1,73 @@
+#include "config.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <numeric>
+
+namespace pipesim {
+namespace {
+
+// Vendor datasheet peaks; efficiencies are typical Megatron-LM large-GEMM fractions; links are
+// NVLink per direction and one 200/400 Gb/s NIC per GPU. All of it is overridable per config.
+const std::array<HardwareConfig, 3> kPresets = {{
+    {"a100-80gb", 312, 0.55, 2039, 0.8, 300, 8, 25, 12, 8, 80.0, 4},
+    {"h100-sxm", 989, 0.5, 3350, 0.8, 450, 6, 50, 10, 8, 79.6, 4},
+    {"h200", 989, 0.5, 4800, 0.8, 450, 6, 50, 10, 8, 140.4, 4},
+}};
+
+}  // namespace
+
+std::vector<std::string> hardware_preset_names() {
+  std::vector<std::string> names;
+  for (const HardwareConfig& preset : kPresets) names.push_back(preset.preset);
+  return names;
+}
+
+std::optional<HardwareConfig> hardware_preset(const std::string& name) {
+  for (const HardwareConfig& preset : kPresets)
+    if (preset.preset == name) return preset;
+  return std::nullopt;
+}
+
+std::optional<FieldError> check_config(const Config& config) {
+  const ModelConfig& model = config.model;
+  const ParallelConfig& parallel = config.parallel;
+  if (model.hidden % model.heads != 0)
+    return FieldError{"model.heads", fmt::format("{} heads do not divide hidden size {}; choose a divisor of {}",
+                                                 model.heads, model.hidden, model.hidden)};
+  if (model.heads % parallel.tp != 0)
+    return FieldError{"parallel.tp", fmt::format("tp {} does not divide {} heads; choose a divisor of {}",
+                                                 parallel.tp, model.heads, model.heads)};
+  const int virtual_stages = parallel.pp * parallel.chunks;
+  if (model.layers < virtual_stages)
+    return FieldError{"model.layers",
+                      fmt::format("{} layers cannot fill {} virtual stages (pp {} x chunks {}); use at least {} "
+                                  "layers or fewer stages",
+                                  model.layers, virtual_stages, parallel.pp, parallel.chunks, virtual_stages)};
+  const std::vector<int>& split = config.schedule.layers_per_stage;
+  if (!split.empty()) {
+    if (static_cast<int>(split.size()) != virtual_stages)
+      return FieldError{"schedule.layers_per_stage",
+                        fmt::format("has {} entries but there are {} virtual stages (pp x chunks); give {} counts "
+                                    "or \"auto\"",
+                                    split.size(), virtual_stages, virtual_stages)};
+    const int total = std::accumulate(split.begin(), split.end(), 0);
+    if (total != model.layers)
+      return FieldError{"schedule.layers_per_stage",
+                        fmt::format("counts sum to {} but model.layers is {}; make them sum to {}", total,
+                                    model.layers, model.layers)};
+  }
+  if (config.costs) {
+    for (const auto& [name, values] : {std::pair{"forward_ms", &config.costs->forward_ms},
+                                       std::pair{"backward_ms", &config.costs->backward_ms},
+                                       std::pair{"weight_ms", &config.costs->weight_ms}})
+      if (values->size() != 1 && static_cast<int>(values->size()) != parallel.pp)
+        return FieldError{fmt::format("costs.{}", name),
+                          fmt::format("has {} entries; give one number or one per device (pp = {})",
+                                      values->size(), parallel.pp)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,101 @@
+#pragma once
+/// The configuration model: what a user describes in JSON, as plain values. Parsing lives in
+/// tools/ (this layer includes no JSON library); semantic checks that need no file live here.
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pipesim {
+
+struct ModelConfig {
+  int layers = 0;
+  int hidden = 0;
+  int heads = 0;
+  int ffn_hidden = 0;
+  int seq_len = 0;
+  int vocab = 0;
+  int micro_batch_size = 1;
+};
+
+struct ParallelConfig {
+  int pp = 1;            ///< pipeline-parallel devices (one simulated pipeline)
+  int tp = 1;            ///< tensor-parallel degree inside each stage
+  int dp = 1;            ///< data-parallel replicas of the whole pipeline
+  int microbatches = 1;  ///< microbatches per iteration per pipeline (m)
+  int chunks = 1;        ///< model chunks per device (v); interleaved schedules need v >= 2
+};
+
+struct ScheduleConfig {
+  std::string name = "1f1b";
+  std::string vocab = "baseline";
+  /// Transformer layers per virtual stage for the `redistribute` vocabulary mode; empty means
+  /// "auto" (the split that minimises the slowest stage under the cost model).
+  std::vector<int> layers_per_stage;
+};
+
+/// Every field is a number the user can override; presets only fill defaults.
+struct HardwareConfig {
+  std::string preset;
+  double peak_tflops = 0;          ///< dense bf16/fp16 peak per GPU, TFLOP/s
+  double compute_efficiency = 0;   ///< achieved fraction of peak for large GEMMs
+  double hbm_gbps = 0;             ///< HBM bandwidth, GB/s
+  double hbm_efficiency = 0;       ///< achieved fraction of HBM bandwidth
+  double intra_node_gbps = 0;      ///< GPU-to-GPU link inside a node, per direction, GB/s
+  double intra_node_latency_us = 0;
+  double inter_node_gbps = 0;      ///< network bandwidth per GPU between nodes, GB/s
+  double inter_node_latency_us = 0;
+  int gpus_per_node = 8;
+  double memory_gib = 0;           ///< device memory capacity, GiB
+  double kernel_launch_us = 0;     ///< fixed overhead added to every compute op
+};
+
+struct PrecisionConfig {
+  double param_bytes = 2;          ///< bf16/fp16 working weights
+  double grad_bytes = 4;           ///< fp32 gradient accumulation
+  double optimizer_bytes = 12;     ///< fp32 master weights + Adam m and v
+  double activation_bytes = 2;     ///< bytes per activation element (bf16/fp16)
+  bool distributed_optimizer = false;  ///< shard optimizer states over DP (6 + 12/d B/param)
+  bool flash_attention = true;     ///< drops the 5·a·s/h attention-score activation term
+};
+
+/// Explicit per-op costs, each for one microbatch on one device's whole share of the model
+/// (an even share of the layers; a chunk of v gets 1/v, an uneven stage scales by its layers).
+/// Per-device arrays (length pp) are accepted for forward/backward/weight.
+struct ExplicitCosts {
+  std::vector<double> forward_ms;   ///< size pp after parsing
+  std::vector<double> backward_ms;  ///< input-gradient backward (full backward without a W split)
+  std::vector<double> weight_ms;    ///< weight-gradient pass; added to B when a schedule has no W
+  double p2p_ms = 0;
+  std::optional<double> activation_bytes;  ///< unset: the analytic activation model
+  double optimizer_ms = 0;
+  double dp_allreduce_ms = 0;
+};
+
+struct Config {
+  std::string source;  ///< where it came from (a file name), used in messages
+  ModelConfig model;
+  ParallelConfig parallel;
+  ScheduleConfig schedule;
+  HardwareConfig hardware;
+  PrecisionConfig precision;
+  std::optional<ExplicitCosts> costs;
+};
+
+/// A problem with one field of a config: `path` is the JSON path (`parallel.pp`), `message`
+/// says what is wrong and what to change.
+struct FieldError {
+  std::string path;
+  std::string message;
+};
+
+/// Checks relations between fields (the parser already checked types and ranges of single
+/// fields). Schedule-specific limits are checked by the schedule generators.
+std::optional<FieldError> check_config(const Config& config);
+
+/// The hardware preset names, in table order.
+std::vector<std::string> hardware_preset_names();
+/// The preset's values, or nullopt for an unknown name.
+std::optional<HardwareConfig> hardware_preset(const std::string& name);
+
+}  // namespace pipesim

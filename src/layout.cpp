@@ -1,0 +1,103 @@
+#include "layout.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pipesim {
+namespace {
+
+std::vector<int> even_split(int layers, int stages) {
+  std::vector<int> split(static_cast<std::size_t>(stages), layers / stages);
+  for (int s = 0; s < layers % stages; ++s) ++split[static_cast<std::size_t>(s)];
+  return split;
+}
+
+double extra_cost(int stage, int stages, const StageWeights& w) {
+  return (stage == 0 ? w.embedding : 0.0) + (stage == stages - 1 ? w.head : 0.0);
+}
+
+/// Layers stage `s` may hold without exceeding `limit`; -1 when even zero layers exceed it.
+int capacity(double limit, double extra, const StageWeights& w, int layers) {
+  if (extra > limit * (1 + 1e-12)) return -1;
+  return std::min(layers, static_cast<int>(std::floor((limit - extra) / w.layer * (1 + 1e-12))));
+}
+
+}  // namespace
+
+int Layout::stage_of(int device, int chunk) const {
+  if (placement == Placement::V && chunk % 2 == 1) return (chunk + 1) * devices - 1 - device;
+  return chunk * devices + device;
+}
+
+std::vector<int> balanced_split(int layers, int stages, const StageWeights& w) {
+  // The optimum is one of the values n·layer + extra_s; take the smallest that fits all layers.
+  std::vector<double> limits;
+  for (int s = 0; s < stages; ++s)
+    for (int n = 0; n <= layers; ++n) limits.push_back(n * w.layer + extra_cost(s, stages, w));
+  std::sort(limits.begin(), limits.end());
+  const auto fits = [&](double limit) {
+    long total = 0;
+    for (int s = 0; s < stages; ++s) {
+      const int cap = capacity(limit, extra_cost(s, stages, w), w, layers);
+      if (cap < 0) return false;
+      total += cap;
+    }
+    return total >= layers;
+  };
+  const double limit = *std::partition_point(limits.begin(), limits.end(), [&](double l) { return !fits(l); });
+  std::vector<int> split(static_cast<std::size_t>(stages));
+  int surplus = -layers;
+  for (int s = 0; s < stages; ++s) {
+    split[static_cast<std::size_t>(s)] = capacity(limit, extra_cost(s, stages, w), w, layers);
+    surplus += split[static_cast<std::size_t>(s)];
+  }
+  // Hand back the surplus from the most loaded stages, latest first (the head sits last).
+  while (surplus-- > 0) {
+    int worst = -1;
+    double worst_cost = -1;
+    for (int s = stages - 1; s >= 0; --s) {
+      const double cost = split[static_cast<std::size_t>(s)] * w.layer + extra_cost(s, stages, w);
+      if (split[static_cast<std::size_t>(s)] > 0 && cost > worst_cost) worst = s, worst_cost = cost;
+    }
+    --split[static_cast<std::size_t>(worst)];
+  }
+  return split;
+}
+
+Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split,
+                           const StageWeights& weights) {
+  Layout layout;
+  layout.devices = config.parallel.pp;
+  layout.chunks = config.parallel.chunks;
+  layout.placement = placement;
+  const int stage_count = layout.devices * layout.chunks;
+  if (placement == Placement::V && layout.chunks != 2)
+    return Error{"parallel.chunks: V placement needs exactly 2 chunks per device; set parallel.chunks to 2"};
+
+  std::vector<int> layers;
+  switch (split) {
+    case LayerSplit::Even: layers = even_split(config.model.layers, stage_count); break;
+    case LayerSplit::Explicit: layers = config.schedule.layers_per_stage; break;
+    case LayerSplit::Balanced: layers = balanced_split(config.model.layers, stage_count, weights); break;
+  }
+
+  layout.stages.resize(static_cast<std::size_t>(stage_count));
+  for (int device = 0; device < layout.devices; ++device)
+    for (int chunk = 0; chunk < layout.chunks; ++chunk) {
+      VirtualStage& stage = layout.stages[static_cast<std::size_t>(layout.stage_of(device, chunk))];
+      stage.device = device;
+      stage.chunk = chunk;
+    }
+  int next_layer = 0;
+  for (int s = 0; s < stage_count; ++s) {
+    VirtualStage& stage = layout.stages[static_cast<std::size_t>(s)];
+    stage.first_layer = next_layer;
+    stage.layers = layers[static_cast<std::size_t>(s)];
+    next_layer += stage.layers;
+  }
+  layout.stages.front().has_embedding = true;
+  layout.stages.back().has_head = true;
+  return layout;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,57 @@
+#pragma once
+/// Where the model lives: which virtual stages each device holds, which layers each virtual stage
+/// holds, and which stages carry the vocabulary layers.
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "status.h"
+
+namespace pipesim {
+
+/// How virtual stages map to devices. Loop: stage s on device s mod p (interleaved 1F1B).
+/// V: chunk 0 of device i is stage i, chunk 1 is stage 2p-1-i (V-Half, ZB-V, ...).
+enum class Placement { Loop, V };
+
+struct VirtualStage {
+  int device = 0;
+  int chunk = 0;
+  int first_layer = 0;
+  int layers = 0;
+  bool has_embedding = false;  ///< input layer (token embedding) runs in this stage's F/B
+  bool has_head = false;       ///< LM head + softmax cross-entropy runs in this stage's F/B
+};
+
+struct Layout {
+  int devices = 0;
+  int chunks = 1;
+  Placement placement = Placement::Loop;
+  std::vector<VirtualStage> stages;  ///< indexed by virtual stage, in model order
+
+  int stage_count() const { return static_cast<int>(stages.size()); }
+  /// The virtual stage a device holds as its `chunk`.
+  int stage_of(int device, int chunk) const;
+};
+
+/// Relative cost of the pieces a stage can hold (any unit; only ratios matter), used to balance.
+struct StageWeights {
+  double layer = 1;
+  double embedding = 0;
+  double head = 0;
+};
+
+/// How transformer layers are split over virtual stages.
+enum class LayerSplit {
+  Even,      ///< as equal as possible; earlier stages take the remainder
+  Explicit,  ///< config.schedule.layers_per_stage
+  Balanced,  ///< minimise the slowest stage given StageWeights ("auto")
+};
+
+Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split,
+                           const StageWeights& weights);
+
+/// The split that minimises max over stages of (layers·layer + embedding/head extras); ties keep
+/// layers early. Exposed for tests.
+std::vector<int> balanced_split(int layers, int stages, const StageWeights& weights);
+
+}  // namespace pipesim

@@ -1,0 +1,114 @@
+#include "metrics.h"
+
+#include <algorithm>
+
+#include "model_math.h"
+
+namespace pipesim {
+namespace {
+
+struct Interval {
+  TimeNs start, end;
+};
+
+/// Merges intervals into disjoint ones (sorted by start).
+std::vector<Interval> merged(std::vector<Interval> intervals) {
+  std::sort(intervals.begin(), intervals.end(), [](Interval a, Interval b) { return a.start < b.start; });
+  std::vector<Interval> out;
+  for (Interval i : intervals) {
+    if (!out.empty() && i.start <= out.back().end) out.back().end = std::max(out.back().end, i.end);
+    else out.push_back(i);
+  }
+  return out;
+}
+
+TimeNs length(const std::vector<Interval>& disjoint) {
+  TimeNs sum = 0;
+  for (Interval i : disjoint) sum += i.end - i.start;
+  return sum;
+}
+
+/// Time covered by `a` but not by `b`; both disjoint and sorted.
+TimeNs uncovered(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  TimeNs overlap = 0;
+  std::size_t j = 0;
+  for (Interval i : a) {
+    while (j < b.size() && b[j].end <= i.start) ++j;
+    for (std::size_t k = j; k < b.size() && b[k].start < i.end; ++k)
+      overlap += std::min(i.end, b[k].end) - std::max(i.start, b[k].start);
+  }
+  return length(a) - overlap;
+}
+
+void track_memory(const TaskGraph& graph, const Timeline& timeline, DeviceMetrics& device) {
+  Bytes current = 0;
+  for (const MemoryChange& c : memory_changes(graph, timeline, device.rank)) {
+    current += c.delta;
+    if (current > device.peak_activation_bytes) {
+      device.peak_activation_bytes = current;
+      device.peak_op = c.op;
+      device.peak_time_ns = c.time;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline& timeline, int device) {
+  std::vector<MemoryChange> changes;
+  for (int s = 0; s < kStreamCount; ++s)
+    for (TaskId id : graph.stream_order(device, static_cast<Stream>(s))) {
+      const Task& t = graph.task(id);
+      if (t.alloc_bytes) changes.push_back({timeline.start[static_cast<std::size_t>(id)], t.alloc_bytes, id});
+      if (t.free_bytes) changes.push_back({timeline.end[static_cast<std::size_t>(id)], -t.free_bytes, id});
+    }
+  std::stable_sort(changes.begin(), changes.end(), [](const MemoryChange& a, const MemoryChange& b) {
+    return a.time != b.time ? a.time < b.time : a.delta < b.delta;
+  });
+  return changes;
+}
+
+RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const Timeline& timeline,
+                           const std::vector<Bytes>& static_bytes) {
+  RunMetrics run;
+  for (TimeNs end : timeline.end) run.iteration_ns = std::max(run.iteration_ns, end);
+  const double iteration_s = std::max(seconds(run.iteration_ns), 1e-12);
+  const ModelConfig& m = config.model;
+  const ParallelConfig& p = config.parallel;
+  run.tokens_per_s = double(m.micro_batch_size) * p.microbatches * p.dp * m.seq_len / iteration_s;
+  run.mfu = paper_iteration_flops(config) /
+            (iteration_s * double(p.pp) * p.tp * p.dp * config.hardware.peak_tflops * 1e12);
+  run.memory_capacity_bytes = static_cast<Bytes>(config.hardware.memory_gib * double(1ull << 30));
+
+  for (int d = 0; d < graph.devices(); ++d) {
+    DeviceMetrics device;
+    device.rank = d;
+    std::vector<Interval> compute, comm;
+    for (int s = 0; s < kStreamCount; ++s)
+      for (TaskId id : graph.stream_order(d, static_cast<Stream>(s))) {
+        const Interval i{timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]};
+        (static_cast<Stream>(s) == Stream::Compute ? compute : comm).push_back(i);
+      }
+    const std::vector<Interval> busy = merged(std::move(compute)), talking = merged(std::move(comm));
+    device.busy_ns = length(busy);
+    device.bubble_fraction = 1.0 - double(device.busy_ns) / double(std::max<TimeNs>(run.iteration_ns, 1));
+    device.comm_ns = length(talking);
+    device.exposed_comm_ns = uncovered(talking, busy);
+    device.static_bytes = static_bytes[static_cast<std::size_t>(d)];
+    track_memory(graph, timeline, device);
+    device.peak_memory_bytes = device.static_bytes + device.peak_activation_bytes;
+    run.devices.push_back(device);
+  }
+
+  Bytes most = 0, least = run.devices.empty() ? 0 : run.devices.front().peak_memory_bytes;
+  for (const DeviceMetrics& d : run.devices) {
+    run.bubble_fraction += d.bubble_fraction / double(run.devices.size());
+    most = std::max(most, d.peak_memory_bytes);
+    least = std::min(least, d.peak_memory_bytes);
+  }
+  run.memory_imbalance = least > 0 ? double(most) / double(least) : 1.0;
+  run.fits_in_memory = most <= run.memory_capacity_bytes;
+  return run;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,46 @@
+#include "spellcheck.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace pipesim {
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string closest_match(std::string_view word, std::span<const std::string> candidates) {
+  // A third of the word (at least 2 edits) still reads as a typo; more than that is a different word.
+  const std::size_t max_distance = std::max<std::size_t>(2, word.size() / 3);
+  std::string best;
+  std::size_t best_distance = max_distance + 1;
+  for (const std::string& candidate : candidates) {
+    const std::size_t d = edit_distance(word, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+std::string did_you_mean(std::string_view word, std::span<const std::string> candidates) {
+  const std::string match = closest_match(word, candidates);
+  return match.empty() ? "" : ", did you mean '" + match + "'?";
+}
+
+}  // namespace pipesim

@@ -1,0 +1,147 @@
+#include "task_graph.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace pipesim {
+
+std::string_view op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::F: return "F";
+    case OpKind::B: return "B";
+    case OpKind::W: return "W";
+    case OpKind::S: return "S";
+    case OpKind::T: return "T";
+    case OpKind::IF: return "IF";
+    case OpKind::IB: return "IB";
+    case OpKind::Send: return "SEND";
+    case OpKind::Recv: return "RECV";
+    case OpKind::AllReduce: return "ALLREDUCE";
+    case OpKind::Broadcast: return "BROADCAST";
+    case OpKind::Reduce: return "REDUCE";
+    case OpKind::DpAllReduce: return "DP_ALLREDUCE";
+    case OpKind::Optimizer: return "OPTIMIZER";
+  }
+  return "?";
+}
+
+std::string_view stream_name(Stream stream) {
+  switch (stream) {
+    case Stream::Compute: return "compute";
+    case Stream::Send: return "send";
+    case Stream::Recv: return "recv";
+    case Stream::Collective: return "collective";
+  }
+  return "?";
+}
+
+Stream stream_of(OpKind kind) {
+  switch (kind) {
+    case OpKind::F:
+    case OpKind::B:
+    case OpKind::W:
+    case OpKind::S:
+    case OpKind::T:
+    case OpKind::IF:
+    case OpKind::IB:
+    case OpKind::Optimizer: return Stream::Compute;
+    case OpKind::Send: return Stream::Send;
+    case OpKind::Recv: return Stream::Recv;
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Reduce:
+    case OpKind::DpAllReduce: return Stream::Collective;
+  }
+  return Stream::Compute;
+}
+
+bool is_compute(OpKind kind) { return stream_of(kind) == Stream::Compute; }
+
+std::span<const TaskId> TaskGraph::deps(TaskId id) const {
+  const auto i = static_cast<std::size_t>(id);
+  return {dep_ids_.data() + dep_offsets_[i], dep_ids_.data() + dep_offsets_[i + 1]};
+}
+
+std::span<const TaskId> TaskGraph::stream_order(int device, Stream stream) const {
+  const auto slot = static_cast<std::size_t>(device * kStreamCount + static_cast<int>(stream));
+  return {stream_ids_.data() + stream_offsets_[slot], stream_ids_.data() + stream_offsets_[slot + 1]};
+}
+
+std::string TaskGraph::describe(TaskId id) const {
+  const Task& t = task(id);
+  switch (t.kind) {
+    case OpKind::Send:
+    case OpKind::Recv: {
+      const bool send = t.kind == OpKind::Send;
+      return fmt::format("{}(d{}{}d{},{},s{},m{})", op_kind_name(t.kind), t.device, send ? "->" : "<-", t.peer,
+                         t.payload == Payload::Activation ? "act" : "grad", t.stage, t.microbatch);
+    }
+    case OpKind::DpAllReduce:
+    case OpKind::Optimizer: return fmt::format("{}(d{})", op_kind_name(t.kind), t.device);
+    default: break;
+  }
+  if (t.microbatch < 0) return fmt::format("{}(d{},s{})", op_kind_name(t.kind), t.device, t.stage);
+  return fmt::format("{}(d{},s{},m{})", op_kind_name(t.kind), t.device, t.stage, t.microbatch);
+}
+
+TaskGraphBuilder::TaskGraphBuilder(int devices) : devices_(devices) {}
+
+TaskId TaskGraphBuilder::add(const Task& task) {
+  tasks_.push_back(task);
+  return static_cast<TaskId>(tasks_.size() - 1);
+}
+
+void TaskGraphBuilder::depend(TaskId task, TaskId on) { edges_.emplace_back(task, on); }
+
+void TaskGraphBuilder::pair(TaskId send, TaskId recv) {
+  tasks_[static_cast<std::size_t>(send)].partner = recv;
+  tasks_[static_cast<std::size_t>(recv)].partner = send;
+}
+
+int TaskGraphBuilder::add_group(std::vector<TaskId> members, int ranks) {
+  const int index = static_cast<int>(groups_.size());
+  for (TaskId member : members) tasks_[static_cast<std::size_t>(member)].group = index;
+  groups_.push_back({std::move(members), ranks});
+  return index;
+}
+
+namespace {
+
+/// Counting sort of (key, value) pairs into CSR form; values keep their insertion order per key.
+template <class KeyOf, class ValueOf, class Items>
+void build_csr(std::size_t keys, const Items& items, KeyOf key_of, ValueOf value_of,
+               std::vector<std::int64_t>& offsets, std::vector<TaskId>& ids) {
+  offsets.assign(keys + 1, 0);
+  for (const auto& item : items) ++offsets[key_of(item) + 1];
+  for (std::size_t k = 0; k < keys; ++k) offsets[k + 1] += offsets[k];
+  ids.resize(static_cast<std::size_t>(offsets[keys]));
+  std::vector<std::int64_t> cursor(offsets.begin(), offsets.end() - 1);
+  for (const auto& item : items) ids[static_cast<std::size_t>(cursor[key_of(item)]++)] = value_of(item);
+}
+
+}  // namespace
+
+TaskGraph TaskGraphBuilder::build() && {
+  TaskGraph graph;
+  graph.devices_ = devices_;
+  build_csr(
+      tasks_.size(), edges_, [](const auto& e) { return static_cast<std::size_t>(e.first); },
+      [](const auto& e) { return e.second; }, graph.dep_offsets_, graph.dep_ids_);
+
+  std::vector<TaskId> all(tasks_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);
+  const auto slot = [this](TaskId id) {
+    const Task& t = tasks_[static_cast<std::size_t>(id)];
+    return static_cast<std::size_t>(t.device * kStreamCount + static_cast<int>(stream_of(t.kind)));
+  };
+  build_csr(
+      static_cast<std::size_t>(devices_ * kStreamCount), all, slot, [](TaskId id) { return id; },
+      graph.stream_offsets_, graph.stream_ids_);
+
+  graph.tasks_ = std::move(tasks_);
+  graph.groups_ = std::move(groups_);
+  return graph;
+}
+
+}  // namespace pipesim

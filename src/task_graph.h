@@ -1,0 +1,120 @@
+#pragma once
+/// The task graph: the one representation that schedules produce and that both the simulator and
+/// the runtime execute. Each device issues its ops on a few streams, each stream strictly in
+/// program order; an op starts when its stream is free and all its dependencies are done.
+/// SEND/RECV are matched pairs that start together (rendezvous, NCCL semantics); collectives start
+/// when every member of their group has reached them.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "units.h"
+
+namespace pipesim {
+
+/// A closed set: every `switch` over it is exhaustive (-Wswitch is an error under werror).
+enum class OpKind : std::uint8_t {
+  F,            ///< forward of one virtual stage for one microbatch
+  B,            ///< backward; input-gradient only when the schedule splits off W
+  W,            ///< weight-gradient pass
+  S,            ///< vocabulary output pass: logits, local max and sum-exp
+  T,            ///< vocabulary output pass: softmax gradient and dW
+  IF,           ///< vocabulary input pass: sharded embedding lookup
+  IB,           ///< vocabulary input pass: sharded embedding gradient
+  Send,         ///< point-to-point send of an activation or gradient
+  Recv,         ///< the matching receive
+  AllReduce,    ///< collective over a group of devices
+  Broadcast,
+  Reduce,
+  DpAllReduce,  ///< end-of-iteration gradient all-reduce over the data-parallel replicas
+  Optimizer,    ///< end-of-iteration optimizer step
+};
+constexpr int kOpKindCount = 14;
+std::string_view op_kind_name(OpKind kind);
+
+enum class Stream : std::uint8_t { Compute, Send, Recv, Collective };
+constexpr int kStreamCount = 4;
+std::string_view stream_name(Stream stream);
+Stream stream_of(OpKind kind);
+bool is_compute(OpKind kind);
+
+/// What a SEND/RECV carries.
+enum class Payload : std::uint8_t { None, Activation, Gradient };
+
+using TaskId = std::int32_t;
+constexpr TaskId kNoTask = -1;
+
+struct Task {
+  OpKind kind = OpKind::F;
+  Payload payload = Payload::None;
+  std::int32_t device = 0;
+  std::int32_t stage = -1;       ///< virtual stage; -1 for per-device ops
+  std::int32_t chunk = -1;       ///< model chunk on the device; -1 for per-device ops
+  std::int32_t microbatch = -1;  ///< -1 for per-iteration ops
+  std::int32_t peer = -1;        ///< SEND/RECV: the device at the other end
+  TaskId partner = kNoTask;      ///< SEND/RECV: the matched op on the peer
+  std::int32_t group = -1;       ///< collectives: index into TaskGraph::groups()
+  double flops = 0;              ///< compute ops: floating-point operations
+  double bytes = 0;              ///< compute ops: HBM traffic; comm ops: payload size
+  Bytes alloc_bytes = 0;         ///< activation memory taken when the op starts
+  Bytes free_bytes = 0;          ///< activation memory returned when the op ends
+};
+
+/// Members of one collective, plus the number of ranks the collective spans (which may exceed the
+/// members simulated here: a DP all-reduce runs over `ranks` replicas of which one is simulated).
+struct CollectiveGroup {
+  std::vector<TaskId> members;
+  int ranks = 1;
+};
+
+/// Frozen, index-based graph: copies and compares cheaply, borrowed by const&.
+class TaskGraph {
+ public:
+  int devices() const { return devices_; }
+  std::size_t size() const { return tasks_.size(); }
+  const Task& task(TaskId id) const { return tasks_[static_cast<std::size_t>(id)]; }
+  std::span<const Task> tasks() const { return tasks_; }
+  /// The ops `id` waits for (besides its stream predecessor and its rendezvous partners).
+  std::span<const TaskId> deps(TaskId id) const;
+  /// Ops of one stream of one device, in program order.
+  std::span<const TaskId> stream_order(int device, Stream stream) const;
+  std::span<const CollectiveGroup> groups() const { return groups_; }
+  /// Short human name, e.g. `F(d0,s0,m1)` or `SEND(d0->d1,act,s0,m1)`.
+  std::string describe(TaskId id) const;
+
+ private:
+  friend class TaskGraphBuilder;
+  int devices_ = 0;
+  std::vector<Task> tasks_;
+  std::vector<std::int64_t> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
+  std::vector<TaskId> dep_ids_;
+  std::vector<std::int64_t> stream_offsets_;  ///< CSR over device * kStreamCount + stream
+  std::vector<TaskId> stream_ids_;
+  std::vector<CollectiveGroup> groups_;
+};
+
+/// Appends ops in program order per (device, stream), records edges, and freezes a TaskGraph.
+class TaskGraphBuilder {
+ public:
+  explicit TaskGraphBuilder(int devices);
+  TaskId add(const Task& task);
+  /// `task` may start only after `on` has finished.
+  void depend(TaskId task, TaskId on);
+  /// Matches a SEND with its RECV; both start together.
+  void pair(TaskId send, TaskId recv);
+  /// Registers a collective; each member's `group` is set.
+  int add_group(std::vector<TaskId> members, int ranks);
+  Task& task(TaskId id) { return tasks_[static_cast<std::size_t>(id)]; }
+  TaskGraph build() &&;
+
+ private:
+  int devices_;
+  std::vector<Task> tasks_;
+  std::vector<std::pair<TaskId, TaskId>> edges_;  ///< (task, on)
+  std::vector<CollectiveGroup> groups_;
+};
+
+}  // namespace pipesim

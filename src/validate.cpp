@@ -1,0 +1,174 @@
+#include "validate.h"
+
+#include <fmt/format.h>
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
+#include <array>
+#include <map>
+#include <vector>
+
+namespace pipesim {
+namespace {
+
+Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches) {
+  const int stages = layout.stage_count();
+  bool split_weight = false;
+  for (const Task& t : graph.tasks()) split_weight |= t.kind == OpKind::W;
+  // position of F/B/W of (stage, microbatch) in its device's compute stream; -1 = absent
+  std::vector<std::array<std::int64_t, 3>> position(static_cast<std::size_t>(stages) * microbatches, {-1, -1, -1});
+  std::vector<int> optimizers(static_cast<std::size_t>(graph.devices()), 0);
+  for (int d = 0; d < graph.devices(); ++d) {
+    const auto order = graph.stream_order(d, Stream::Compute);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const Task& t = graph.task(order[i]);
+      if (t.kind == OpKind::Optimizer) ++optimizers[static_cast<std::size_t>(d)];
+      const int slot = t.kind == OpKind::F ? 0 : t.kind == OpKind::B ? 1 : t.kind == OpKind::W ? 2 : -1;
+      if (slot < 0) continue;
+      if (t.stage < 0 || t.stage >= stages || t.microbatch < 0 || t.microbatch >= microbatches)
+        return Error{fmt::format("{} is outside {} stages x {} microbatches", graph.describe(order[i]), stages, microbatches)};
+      if (layout.stages[static_cast<std::size_t>(t.stage)].device != d)
+        return Error{fmt::format("{} runs on device {} but stage {} lives on device {}", graph.describe(order[i]), d,
+                                 t.stage, layout.stages[static_cast<std::size_t>(t.stage)].device)};
+      auto& pos = position[static_cast<std::size_t>(t.stage) * microbatches + t.microbatch][static_cast<std::size_t>(slot)];
+      if (pos >= 0) return Error{fmt::format("{} appears twice", graph.describe(order[i]))};
+      pos = static_cast<std::int64_t>(i);
+    }
+  }
+  for (int s = 0; s < stages; ++s)
+    for (int m = 0; m < microbatches; ++m) {
+      const auto& [f, b, w] = position[static_cast<std::size_t>(s) * microbatches + m];
+      const std::string op = fmt::format("(s{},m{})", s, m);
+      if (f < 0) return Error{"missing F" + op};
+      if (b < 0) return Error{"missing B" + op};
+      if (split_weight && w < 0) return Error{"missing W" + op + " (the schedule splits W off other backwards)"};
+      if (b < f) return Error{fmt::format("B{} comes before F{} in program order", op, op)};
+      if (split_weight && w < b) return Error{fmt::format("W{} comes before B{} in program order", op, op)};
+    }
+  for (int d = 0; d < graph.devices(); ++d)
+    if (optimizers[static_cast<std::size_t>(d)] != 1)
+      return Error{fmt::format("device {} has {} OPTIMIZER ops; every device needs exactly one", d,
+                               optimizers[static_cast<std::size_t>(d)])};
+  return Status::Ok();
+}
+
+Status check_p2p(const TaskGraph& graph) {
+  std::map<std::pair<int, int>, std::vector<TaskId>> sends, recvs;  // keyed by (from, to)
+  for (int d = 0; d < graph.devices(); ++d) {
+    for (TaskId id : graph.stream_order(d, Stream::Send)) sends[{d, graph.task(id).peer}].push_back(id);
+    for (TaskId id : graph.stream_order(d, Stream::Recv)) recvs[{graph.task(id).peer, d}].push_back(id);
+  }
+  for (const auto& [link, list] : sends)
+    for (TaskId id : list) {
+      const Task& send = graph.task(id);
+      if (send.partner == kNoTask || graph.task(send.partner).kind != OpKind::Recv ||
+          graph.task(send.partner).device != send.peer || graph.task(send.partner).partner != id)
+        return Error{fmt::format("{} has no matching RECV on device {}", graph.describe(id), send.peer)};
+    }
+  for (const auto& [link, list] : recvs) {
+    const std::vector<TaskId>& matching = sends[link];
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const Task& recv = graph.task(list[k]);
+      if (recv.partner == kNoTask || graph.task(recv.partner).kind != OpKind::Send)
+        return Error{fmt::format("{} has no matching SEND on device {}", graph.describe(list[k]), recv.peer)};
+      if (k >= matching.size() || matching[k] != recv.partner)
+        return Error{fmt::format(
+            "p2p order mismatch between device {} and device {}: RECV number {} on device {} is {}, but SEND number "
+            "{} on device {} is {}; sends and receives between a pair must be issued in the same order",
+            link.first, link.second, k + 1, link.second, graph.describe(list[k]), k + 1, link.first,
+            k < matching.size() ? graph.describe(matching[k]) : std::string("missing"))};
+    }
+  }
+  return Status::Ok();
+}
+
+enum class Wait { Dependency, StreamOrder };
+using WaitGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, Wait>;
+using Vertex = WaitGraph::vertex_descriptor;
+
+struct CycleFound {
+  Vertex from, to;
+  Wait wait;
+};
+
+/// Records the DFS tree so that a back edge can be unwound into the full cycle.
+struct CycleVisitor : boost::default_dfs_visitor {
+  std::vector<Vertex>* parent;
+  std::vector<Wait>* parent_wait;
+  void tree_edge(WaitGraph::edge_descriptor e, const WaitGraph& g) const {
+    (*parent)[boost::target(e, g)] = boost::source(e, g);
+    (*parent_wait)[boost::target(e, g)] = g[e];
+  }
+  void back_edge(WaitGraph::edge_descriptor e, const WaitGraph& g) const {
+    throw CycleFound{boost::source(e, g), boost::target(e, g), g[e]};
+  }
+};
+
+/// Ops that must start together (a SEND and its RECV, all members of a collective) are one vertex.
+std::vector<TaskId> rendezvous_representatives(const TaskGraph& graph) {
+  std::vector<TaskId> rep(graph.size());
+  for (std::size_t i = 0; i < rep.size(); ++i) {
+    const Task& t = graph.task(static_cast<TaskId>(i));
+    rep[i] = static_cast<TaskId>(i);
+    if (t.partner != kNoTask) rep[i] = std::min(rep[i], t.partner);
+    if (t.group >= 0) rep[i] = graph.groups()[static_cast<std::size_t>(t.group)].members.front();
+  }
+  return rep;
+}
+
+std::string describe_vertex(const TaskGraph& graph, TaskId id) {
+  const Task& t = graph.task(id);
+  if (t.partner != kNoTask) return graph.describe(id) + "+" + graph.describe(t.partner);
+  return graph.describe(id);
+}
+
+Status check_cycles(const TaskGraph& graph) {
+  const std::vector<TaskId> rep = rendezvous_representatives(graph);
+  WaitGraph g(graph.size());
+  const auto edge = [&](TaskId before, TaskId after, Wait wait) {
+    const auto u = static_cast<Vertex>(rep[static_cast<std::size_t>(before)]);
+    const auto v = static_cast<Vertex>(rep[static_cast<std::size_t>(after)]);
+    if (u != v) boost::add_edge(u, v, wait, g);
+  };
+  for (std::size_t i = 0; i < graph.size(); ++i)
+    for (TaskId dep : graph.deps(static_cast<TaskId>(i))) edge(dep, static_cast<TaskId>(i), Wait::Dependency);
+  for (int d = 0; d < graph.devices(); ++d)
+    for (int s = 0; s < kStreamCount; ++s) {
+      const auto order = graph.stream_order(d, static_cast<Stream>(s));
+      for (std::size_t k = 1; k < order.size(); ++k) edge(order[k - 1], order[k], Wait::StreamOrder);
+    }
+  std::vector<Vertex> parent(graph.size());
+  std::vector<Wait> parent_wait(graph.size(), Wait::Dependency);
+  CycleVisitor visitor;
+  visitor.parent = &parent;
+  visitor.parent_wait = &parent_wait;
+  try {
+    boost::depth_first_search(g, boost::visitor(visitor));
+  } catch (const CycleFound& cycle) {
+    // The back edge from -> to closes the tree path to -> ... -> from.
+    std::vector<Vertex> path{cycle.to};
+    for (Vertex v = cycle.from; v != cycle.to; v = parent[v]) path.insert(path.begin() + 1, v);
+    bool only_dependencies = true;
+    std::string text = describe_vertex(graph, static_cast<TaskId>(path.front()));
+    for (std::size_t k = 1; k <= path.size(); ++k) {
+      const Vertex v = k < path.size() ? path[k] : path.front();
+      const Wait wait = k < path.size() ? parent_wait[v] : cycle.wait;
+      only_dependencies &= wait == Wait::Dependency;
+      text += (wait == Wait::Dependency ? " -> " : " -[stream order]-> ") + describe_vertex(graph, static_cast<TaskId>(v));
+    }
+    if (only_dependencies) return Error{"dependency cycle: " + text};
+    return Error{"deadlock: these ops wait on each other (a -> b: b needs a finished; a stream runs its ops in "
+                 "program order; a SEND and its RECV start together): " + text};
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate(const TaskGraph& graph, const Layout& layout, int microbatches) {
+  if (Status s = check_ops(graph, layout, microbatches); !s.ok()) return s;
+  if (Status s = check_p2p(graph); !s.ok()) return s;
+  return check_cycles(graph);
+}
+
+}  // namespace pipesim

@@ -1,0 +1,92 @@
+// `pipesim bench`: how fast large graphs are built and simulated, and how much memory it takes.
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "commands.h"
+#include "cost_model.h"
+#include "plan.h"
+#include "simulator.h"
+
+namespace pipesim {
+namespace {
+
+struct Case {
+  std::string schedule;
+  int pp, microbatches, chunks;
+};
+
+Config bench_config(const Case& c) {
+  Config config;
+  config.source = "bench";
+  config.model = {.layers = c.pp * c.chunks * 2, .hidden = 4096, .heads = 32, .ffn_hidden = 16384, .seq_len = 4096,
+                  .vocab = 128000, .micro_batch_size = 1};
+  config.parallel = {.pp = c.pp, .tp = 1, .dp = 1, .microbatches = c.microbatches, .chunks = c.chunks};
+  config.schedule.name = c.schedule;
+  config.hardware = *hardware_preset("h100-sxm");
+  // Unequal, non-round costs so no two events tie by accident of the numbers.
+  config.costs = ExplicitCosts{{1.1}, {2.3}, {0.0}, 0.013, 1e9, 0, 0};
+  return config;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+/// Builds, then simulates `repeats` times and keeps the fastest simulation (least disturbed).
+bool measure(const Case& c, int repeats) {
+  const auto build_start = std::chrono::steady_clock::now();
+  Result<Plan> plan = make_plan(bench_config(c));
+  const double build_s = seconds_since(build_start);
+  if (!plan.ok()) {
+    fmt::print(stderr, "pipesim: error: bench {}: {}\n", c.schedule, plan.error().message);
+    return false;
+  }
+  const Plan& p = plan.value();
+  const std::vector<TimeNs> durations = op_durations(*make_cost_model(p.config, p.layout), p.graph);
+  double best = 1e30;
+  TimeNs makespan = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    Result<Timeline> timeline = simulate(p.graph, durations);
+    best = std::min(best, seconds_since(start));
+    if (!timeline.ok()) {
+      fmt::print(stderr, "pipesim: error: bench {}: {}\n", c.schedule, timeline.error().message);
+      return false;
+    }
+    makespan = *std::max_element(timeline.value().end.begin(), timeline.value().end.end());
+  }
+  const double tasks = double(p.graph.size());
+  fmt::print("{:<17} {:>4} {:>6} {:>3} {:>10.0f} {:>10.1f} {:>10.1f} {:>12.2f} {:>8.1f} {:>9.1f} {:>12.3f}\n", c.schedule,
+             c.pp, c.microbatches, p.config.parallel.chunks, tasks, build_s * 1e3, best * 1e3, tasks / best / 1e6,
+             best / tasks * 1e9, peak_rss_mib(), makespan / 1e6);
+  std::fflush(stdout);
+  return true;
+}
+
+}  // namespace
+
+ExitStatus run_bench(const BenchOptions& options) {
+  const int m = options.quick ? 64 : 1024;
+  const int repeats = options.quick ? 1 : 5;
+  std::vector<Case> cases = {{"1f1b", 64, m, 1}, {"interleaved-1f1b", 64, m, 2}, {"gpipe", 64, m, 1}};
+  // Linearity: the same schedule at growing m should cost the same per task.
+  for (int scale : {m / 8, m / 4, m / 2, m, 2 * m}) cases.push_back({"1f1b", 32, scale, 1});
+  fmt::print("graph building (generate + assemble + validate) and simulation, one thread; simulate is the best of {}\n",
+             repeats);
+  fmt::print("{:<17} {:>4} {:>6} {:>3} {:>10} {:>10} {:>10} {:>12} {:>8} {:>9} {:>12}\n", "schedule", "p", "m", "v",
+             "tasks", "build_ms", "sim_ms", "Mtasks_per_s", "ns_task", "rss_mib", "makespan_ms");
+  for (const Case& c : cases)
+    if (!measure(c, repeats)) return ExitStatus::Failure;
+  return ExitStatus::Success;
+}
+
+}  // namespace pipesim

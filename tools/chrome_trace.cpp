@@ -1,0 +1,84 @@
+#include "chrome_trace.h"
+
+#include "metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+namespace pipesim {
+namespace {
+
+double us(TimeNs ns) { return double(ns) / 1e3; }
+
+std::string op_name(const Task& t) {
+  switch (t.kind) {
+    case OpKind::Send:
+    case OpKind::Recv:
+      return fmt::format("{} {} m{}", op_kind_name(t.kind), t.payload == Payload::Activation ? "act" : "grad",
+                         t.microbatch);
+    case OpKind::DpAllReduce:
+    case OpKind::Optimizer: return std::string(op_kind_name(t.kind));
+    default: return fmt::format("{} s{} m{}", op_kind_name(t.kind), t.stage, t.microbatch);
+  }
+}
+
+/// Appends one trace event (and the comma that separates it from the previous one).
+template <class... Args>
+void event(fmt::memory_buffer& out, fmt::format_string<Args...> format, Args&&... args) {
+  out.push_back(',');
+  fmt::format_to(std::back_inserter(out), format, std::forward<Args>(args)...);
+  out.push_back('\n');
+}
+
+}  // namespace
+
+std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
+                         const std::string& title) {
+  fmt::memory_buffer out;
+  fmt::format_to(std::back_inserter(out), R"({{"otherData":{{{},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)",
+                 kTraceGenerator, nlohmann::json(title).dump());
+  out.push_back('\n');
+  fmt::format_to(std::back_inserter(out), R"({{"ph":"M","pid":0,"name":"process_name","args":{{"name":"device 0"}}}})");
+  out.push_back('\n');
+  for (int d = 0; d < graph.devices(); ++d) {
+    if (d > 0) event(out, R"({{"ph":"M","pid":{},"name":"process_name","args":{{"name":"device {}"}}}})", d, d);
+    event(out, R"({{"ph":"M","pid":{},"name":"process_sort_index","args":{{"sort_index":{}}}}})", d, d);
+    for (int s = 0; s < kStreamCount; ++s)
+      event(out, R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", d, s,
+            stream_name(static_cast<Stream>(s)));
+  }
+  for (std::size_t i = 0; i < graph.size(); ++i) {
+    const Task& t = graph.task(TaskId(i));
+    const TimeNs start = timeline.start[i], end = timeline.end[i];
+    event(out, R"({{"ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"name":"{}","cat":"{}",)"
+          R"("args":{{"kind":"{}","stage":{},"chunk":{},"microbatch":{}}}}})",
+          t.device, int(stream_of(t.kind)), us(start), us(end - start), op_name(t), op_kind_name(t.kind),
+          op_kind_name(t.kind), t.stage, t.chunk, t.microbatch);
+    if (t.kind == OpKind::Send) {
+      const Task& r = graph.task(t.partner);
+      event(out, R"({{"ph":"s","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, t.device,
+            int(Stream::Send), us(start));
+      event(out, R"({{"ph":"f","bp":"e","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, r.device,
+            int(Stream::Recv), us(timeline.start[std::size_t(t.partner)]));
+    }
+  }
+  // Memory counter: static + live activations, stepping at each allocation and release.
+  for (int d = 0; d < graph.devices(); ++d) {
+    std::vector<MemoryChange> changes{{0, 0, kNoTask}};
+    for (const MemoryChange& c : memory_changes(graph, timeline, d)) changes.push_back(c);
+    Bytes live = static_bytes[std::size_t(d)];
+    for (std::size_t k = 0; k < changes.size(); ++k) {
+      live += changes[k].delta;
+      if (k + 1 < changes.size() && changes[k + 1].time == changes[k].time) continue;  // one sample per time
+      event(out, R"({{"ph":"C","pid":{},"ts":{:.3f},"name":"memory","args":{{"GiB":{:.6f}}}}})", d, us(changes[k].time),
+            double(live) / double(1ull << 30));
+    }
+  }
+  fmt::format_to(std::back_inserter(out), "]}}\n");
+  return fmt::to_string(out);
+}
+
+}  // namespace pipesim

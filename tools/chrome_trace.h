@@ -1,0 +1,20 @@
+#pragma once
+/// Chrome trace (JSON object form, ts/dur in µs) of one run, simulated or measured: one pid per
+/// device, one tid per stream, X events with stage/chunk/microbatch/kind, flow arrows from each
+/// SEND to its RECV, and a memory counter per device. Opens in Perfetto and chrome://tracing.
+#include <string>
+#include <vector>
+
+#include "task_graph.h"
+#include "timeline.h"
+#include "units.h"
+
+namespace pipesim {
+
+/// The marker in every trace pipesim writes; files carrying it may be overwritten by a new trace.
+constexpr std::string_view kTraceGenerator = R"("generator":"pipesim")";
+
+std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
+                         const std::string& title);
+
+}  // namespace pipesim

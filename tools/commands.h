@@ -1,0 +1,42 @@
+#pragma once
+/// The CLI's commands as plain functions over option structs; main only parses arguments.
+#include <string>
+#include <vector>
+
+#include "report.h"
+
+namespace pipesim {
+
+/// Process exit codes, chosen in one place.
+enum class ExitStatus : int {
+  Success = 0,
+  Failure = 1,  ///< bad input (config, names, files) or a schedule that cannot run
+};
+
+struct SimulateOptions {
+  std::string config;
+  std::string schedule;  ///< empty: the config's
+  std::string vocab;     ///< empty: the config's
+  std::vector<std::string> overrides;
+  Format format = Format::Text;
+  std::string trace;  ///< empty: no trace
+};
+
+struct CompareOptions {
+  std::vector<std::string> configs;
+  std::vector<std::string> schedules;  ///< empty: every schedule that accepts the config
+  std::vector<std::string> vocab;      ///< empty: every vocabulary mode
+  std::vector<std::string> overrides;
+  Format format = Format::Text;
+};
+
+struct BenchOptions {
+  bool quick = false;  ///< smaller graphs, for a smoke test
+};
+
+ExitStatus run_simulate(const SimulateOptions& options);
+ExitStatus run_compare(const CompareOptions& options);
+ExitStatus run_list();
+ExitStatus run_bench(const BenchOptions& options);
+
+}  // namespace pipesim

@@ -1,0 +1,297 @@
+#include "config_json.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "spellcheck.h"
+
+namespace pipesim {
+namespace {
+
+using json = nlohmann::json;
+
+/// Thrown inside the reader only, caught at its boundary and returned as an Error.
+struct ConfigError {
+  std::string path;
+  std::string message;
+};
+
+std::string describe(const json& value) {
+  if (value.is_string()) return "string " + value.dump();
+  if (value.is_boolean()) return value.dump();
+  if (value.is_null()) return "null";
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  return value.dump();
+}
+
+/// Walks one JSON object, checking each key it is asked for and rejecting any it is not.
+class ObjectReader {
+ public:
+  ObjectReader(const json& object, std::string path) : object_(object), path_(std::move(path)) {
+    if (!object_.is_object()) throw ConfigError{path_, "expected an object, got " + describe(object_)};
+  }
+
+  bool has(const std::string& key) {
+    known_.push_back(key);
+    return object_.contains(key);
+  }
+  std::string at(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const json& value(const std::string& key) const { return object_.at(key); }
+
+  int integer(const std::string& key, int fallback, int min, bool required = false) {
+    if (!has(key)) {
+      if (required) throw ConfigError{at(key), fmt::format("required; give an integer >= {}", min)};
+      return fallback;
+    }
+    const json& v = object_.at(key);
+    if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>())))
+      throw ConfigError{at(key), "expected an integer, got " + describe(v)};
+    const double d = v.get<double>();
+    if (d < min) throw ConfigError{at(key), fmt::format("must be at least {}, got {}", min, v.dump())};
+    if (d > std::numeric_limits<int>::max()) throw ConfigError{at(key), "is too large, got " + v.dump()};
+    return static_cast<int>(d);
+  }
+
+  double number(const std::string& key, double fallback, double min, double max = 1e300, bool min_open = false) {
+    if (!has(key)) return fallback;
+    return number_value(object_.at(key), at(key), min, max, min_open);
+  }
+
+  static double number_value(const json& v, const std::string& path, double min, double max, bool min_open) {
+    if (!v.is_number()) throw ConfigError{path, "expected a number, got " + describe(v)};
+    const double d = v.get<double>();
+    if (min_open ? d <= min : d < min)
+      throw ConfigError{path, fmt::format("must be {} {}, got {}", min_open ? "greater than" : "at least", min, v.dump())};
+    if (d > max) throw ConfigError{path, fmt::format("must be at most {}, got {}", max, v.dump())};
+    return d;
+  }
+
+  bool boolean(const std::string& key, bool fallback) {
+    if (!has(key)) return fallback;
+    if (!object_.at(key).is_boolean()) throw ConfigError{at(key), "expected true or false, got " + describe(object_.at(key))};
+    return object_.at(key).get<bool>();
+  }
+
+  std::string string(const std::string& key, const std::string& fallback) {
+    if (!has(key)) return fallback;
+    if (!object_.at(key).is_string()) throw ConfigError{at(key), "expected a string, got " + describe(object_.at(key))};
+    return object_.at(key).get<std::string>();
+  }
+
+  /// Call last: every key not asked for is a mistake (usually a typo).
+  void reject_unknown() const {
+    for (const auto& [key, _] : object_.items())
+      if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
+        std::string known;
+        for (const std::string& k : known_) known += (known.empty() ? "" : ", ") + k;
+        throw ConfigError{at(key), fmt::format("unknown key{}; known keys here: {}", did_you_mean(key, known_), known)};
+      }
+  }
+
+ private:
+  const json& object_;
+  std::string path_;
+  std::vector<std::string> known_;
+};
+
+ModelConfig read_model(ObjectReader r) {
+  ModelConfig m;
+  m.layers = r.integer("layers", 0, 1, true);
+  m.hidden = r.integer("hidden", 0, 1, true);
+  m.heads = r.integer("heads", 0, 1, true);
+  m.ffn_hidden = r.integer("ffn_hidden", 4 * m.hidden, 1);
+  m.seq_len = r.integer("seq_len", 0, 1, true);
+  m.vocab = r.integer("vocab", 0, 1, true);
+  m.micro_batch_size = r.integer("micro_batch_size", 1, 1);
+  r.reject_unknown();
+  return m;
+}
+
+ParallelConfig read_parallel(ObjectReader r) {
+  ParallelConfig p;
+  p.pp = r.integer("pp", 1, 1);
+  p.tp = r.integer("tp", 1, 1);
+  p.dp = r.integer("dp", 1, 1);
+  p.microbatches = r.integer("microbatches", 1, 1, true);
+  p.chunks = r.integer("chunks", 1, 1);
+  r.reject_unknown();
+  return p;
+}
+
+ScheduleConfig read_schedule(ObjectReader r) {
+  ScheduleConfig s;
+  s.name = r.string("name", s.name);
+  s.vocab = r.string("vocab", s.vocab);
+  if (r.has("layers_per_stage")) {
+    const json& v = r.value("layers_per_stage");
+    const std::string path = r.at("layers_per_stage");
+    if (v.is_string()) {
+      if (v.get<std::string>() != "auto")
+        throw ConfigError{path, "expected \"auto\" or an array of layer counts, got " + describe(v)};
+    } else if (v.is_array()) {
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const std::string item = fmt::format("{}[{}]", path, i);
+        if (!v[i].is_number_integer() || v[i].get<long>() < 0)
+          throw ConfigError{item, "expected a layer count (integer >= 0), got " + describe(v[i])};
+        s.layers_per_stage.push_back(v[i].get<int>());
+      }
+    } else {
+      throw ConfigError{path, "expected \"auto\" or an array of layer counts, got " + describe(v)};
+    }
+  }
+  r.reject_unknown();
+  return s;
+}
+
+HardwareConfig read_hardware(const json* object) {
+  const json empty = json::object();
+  ObjectReader r(object ? *object : empty, "hardware");
+  const std::string preset_name = r.string("preset", "h100-sxm");
+  const std::optional<HardwareConfig> preset = hardware_preset(preset_name);
+  if (!preset) {
+    std::string names;
+    for (const std::string& n : hardware_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw ConfigError{"hardware.preset", fmt::format("unknown preset '{}'{}; presets: {}", preset_name,
+                                                     did_you_mean(preset_name, hardware_preset_names()), names)};
+  }
+  HardwareConfig h = *preset;
+  h.peak_tflops = r.number("peak_tflops", h.peak_tflops, 0, 1e300, true);
+  h.compute_efficiency = r.number("compute_efficiency", h.compute_efficiency, 0, 1, true);
+  h.hbm_gbps = r.number("hbm_gbps", h.hbm_gbps, 0, 1e300, true);
+  h.hbm_efficiency = r.number("hbm_efficiency", h.hbm_efficiency, 0, 1, true);
+  h.intra_node_gbps = r.number("intra_node_gbps", h.intra_node_gbps, 0, 1e300, true);
+  h.intra_node_latency_us = r.number("intra_node_latency_us", h.intra_node_latency_us, 0);
+  h.inter_node_gbps = r.number("inter_node_gbps", h.inter_node_gbps, 0, 1e300, true);
+  h.inter_node_latency_us = r.number("inter_node_latency_us", h.inter_node_latency_us, 0);
+  h.gpus_per_node = r.integer("gpus_per_node", h.gpus_per_node, 1);
+  h.memory_gib = r.number("memory_gib", h.memory_gib, 0, 1e300, true);
+  h.kernel_launch_us = r.number("kernel_launch_us", h.kernel_launch_us, 0);
+  r.reject_unknown();
+  return h;
+}
+
+PrecisionConfig read_precision(const json* object) {
+  const json empty = json::object();
+  ObjectReader r(object ? *object : empty, "precision");
+  PrecisionConfig p;
+  p.param_bytes = r.number("param_bytes", p.param_bytes, 0, 8, true);
+  p.grad_bytes = r.number("grad_bytes", p.grad_bytes, 0, 8, true);
+  p.optimizer_bytes = r.number("optimizer_bytes", p.optimizer_bytes, 0, 64);
+  p.activation_bytes = r.number("activation_bytes", p.activation_bytes, 0, 8, true);
+  p.distributed_optimizer = r.boolean("distributed_optimizer", p.distributed_optimizer);
+  p.flash_attention = r.boolean("flash_attention", p.flash_attention);
+  r.reject_unknown();
+  return p;
+}
+
+/// A number or an array of numbers (one per device).
+std::vector<double> per_device_ms(ObjectReader& r, const std::string& key, bool required) {
+  if (!r.has(key)) {
+    if (required) throw ConfigError{r.at(key), "required in a costs block; give milliseconds per microbatch"};
+    return {0.0};
+  }
+  const json& v = r.value(key);
+  if (!v.is_array()) return {ObjectReader::number_value(v, r.at(key), 0, 1e300, false)};
+  if (v.empty()) throw ConfigError{r.at(key), "expected a number or a non-empty array of numbers, got []"};
+  std::vector<double> values;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    values.push_back(ObjectReader::number_value(v[i], fmt::format("{}[{}]", r.at(key), i), 0, 1e300, false));
+  return values;
+}
+
+ExplicitCosts read_costs(ObjectReader r) {
+  ExplicitCosts c;
+  c.forward_ms = per_device_ms(r, "forward_ms", true);
+  c.backward_ms = per_device_ms(r, "backward_ms", true);
+  c.weight_ms = per_device_ms(r, "weight_ms", false);
+  c.p2p_ms = r.number("p2p_ms", 0, 0);
+  if (r.has("activation_bytes")) c.activation_bytes = r.number("activation_bytes", 0, 0);
+  c.optimizer_ms = r.number("optimizer_ms", 0, 0);
+  c.dp_allreduce_ms = r.number("dp_allreduce_ms", 0, 0);
+  r.reject_unknown();
+  return c;
+}
+
+Config read_config(const json& root, const std::string& source) {
+  ObjectReader r(root, "");
+  Config c;
+  c.source = source;
+  if (!r.has("model")) throw ConfigError{"model", "required; give layers, hidden, heads, seq_len and vocab"};
+  c.model = read_model(ObjectReader(r.value("model"), "model"));
+  if (!r.has("parallel")) throw ConfigError{"parallel", "required; give at least microbatches (and pp)"};
+  c.parallel = read_parallel(ObjectReader(r.value("parallel"), "parallel"));
+  if (r.has("schedule")) c.schedule = read_schedule(ObjectReader(r.value("schedule"), "schedule"));
+  c.hardware = read_hardware(r.has("hardware") ? &r.value("hardware") : nullptr);
+  c.precision = read_precision(r.has("precision") ? &r.value("precision") : nullptr);
+  if (r.has("costs")) c.costs = read_costs(ObjectReader(r.value("costs"), "costs"));
+  r.has("description");  // free text for the reader of the file
+  r.reject_unknown();
+  if (std::optional<FieldError> e = check_config(c)) throw ConfigError{e->path, e->message};
+  return c;
+}
+
+/// Applies `key.path=value`; creates missing objects along the path.
+void apply_override(json& root, const std::string& assignment) {
+  const std::size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", assignment)};
+  const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value = json::parse(text, nullptr, false);
+  if (value.is_discarded()) value = text;
+  json* node = &root;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t dot = path.find('.', begin);
+    const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
+    if (key.empty()) throw ConfigError{"", fmt::format("--set '{}': empty key in '{}'", assignment, path)};
+    if (!node->is_object())
+      throw ConfigError{"", fmt::format("--set '{}': '{}' is not an object", assignment, path.substr(0, begin - 1))};
+    if (dot == std::string::npos) {
+      (*node)[key] = value;
+      return;
+    }
+    node = &(*node)[key];
+    if (node->is_null()) *node = json::object();
+    begin = dot + 1;
+  }
+}
+
+std::string line_and_column(std::string_view text, std::size_t byte) {
+  std::size_t line = 1, column = 1;
+  for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, column = 1;
+    else ++column;
+  }
+  return fmt::format("{}:{}", line, column);
+}
+
+}  // namespace
+
+Result<Config> parse_config(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // nlohmann reports the byte just past the problem; point at the last byte it read.
+    return Error{fmt::format("{}:{}: invalid JSON: {}", source, line_and_column(text, e.byte > 0 ? e.byte - 1 : 0),
+                             std::string(e.what()).substr(std::string(e.what()).find(':') + 2))};
+  }
+  std::vector<std::string> set_paths;
+  try {
+    for (const std::string& o : overrides) {
+      apply_override(root, o);
+      set_paths.push_back(o.substr(0, o.find('=')));
+    }
+    return read_config(root, source);
+  } catch (const ConfigError& e) {
+    if (e.path.empty()) return Error{e.message};
+    const bool from_set = std::find(set_paths.begin(), set_paths.end(), e.path) != set_paths.end();
+    return Error{fmt::format("{}: {}{}: {}", source, e.path, from_set ? " (from --set)" : "", e.message)};
+  }
+}
+
+}  // namespace pipesim

@@ -1,0 +1,18 @@
+#pragma once
+/// JSON config -> Config, with errors that name the file, the JSON path and the fix. Takes the
+/// text, not a file, so tests can feed it strings; the CLI does the reading.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+#include "status.h"
+
+namespace pipesim {
+
+/// `overrides` are `key.path=value` strings from --set, applied before checking; a value that
+/// parses as JSON is used as such (numbers, true, [1,2]), anything else as a string.
+Result<Config> parse_config(std::string_view text, const std::string& source,
+                            const std::vector<std::string>& overrides = {});
+
+}  // namespace pipesim

@@ -1,0 +1,24 @@
+#include "pipeline.h"
+
+#include <fmt/format.h>
+
+#include "cost_model.h"
+#include "metrics.h"
+#include "simulator.h"
+
+namespace pipesim {
+
+Result<SimulatedRun> simulate_config(const Config& config) {
+  Result<Plan> plan = make_plan(config);
+  if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
+  SimulatedRun run{std::move(plan).value(), {}, {}};
+  const std::unique_ptr<CostModel> costs = make_cost_model(run.plan.config, run.plan.layout);
+  Result<Timeline> timeline = simulate(run.plan.graph, op_durations(*costs, run.plan.graph));
+  if (!timeline.ok()) return Error{fmt::format("{}: {}", config.source, timeline.error().message)};
+  run.timeline = std::move(timeline).value();
+  const RunMetrics metrics = compute_metrics(run.plan.config, run.plan.graph, run.timeline, run.plan.static_bytes);
+  run.report = make_report(run.plan, std::string(costs->source()), metrics);
+  return run;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,59 @@
+// pipesim command line: argument parsing only; the commands live in commands.cpp.
+#include <CLI/CLI.hpp>
+#include <map>
+
+#include "commands.h"
+
+namespace {
+
+const std::map<std::string, pipesim::Format> kFormats = {{"text", pipesim::Format::Text},
+                                                         {"json", pipesim::Format::Json},
+                                                         {"csv", pipesim::Format::Csv},
+                                                         {"markdown", pipesim::Format::Markdown}};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pipesim: generate, simulate and compare pipeline-parallel training schedules"};
+  app.require_subcommand(1);
+  pipesim::ExitStatus status = pipesim::ExitStatus::Success;
+
+  pipesim::SimulateOptions simulate;
+  CLI::App* sim = app.add_subcommand("simulate", "simulate one schedule on one config");
+  sim->add_option("config", simulate.config, "JSON config file")->required();
+  sim->add_option("--schedule", simulate.schedule, "schedule name (default: the config's schedule.name)");
+  sim->add_option("--vocab", simulate.vocab, "vocabulary mode (default: the config's schedule.vocab)");
+  sim->add_option("--set", simulate.overrides, "override a config field: key.path=value (repeatable)");
+  sim->add_option("--format", simulate.format, "text or json")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, pipesim::Format>{
+          {"text", pipesim::Format::Text}, {"json", pipesim::Format::Json}}));
+  sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)");
+  sim->callback([&] { status = pipesim::run_simulate(simulate); });
+
+  pipesim::CompareOptions compare;
+  CLI::App* cmp = app.add_subcommand("compare", "simulate schedules x vocabulary modes side by side");
+  cmp->add_option("configs", compare.configs, "JSON config files")->required();
+  cmp->add_option("--schedules", compare.schedules, "comma-separated schedules (default: all that fit)")
+      ->delimiter(',');
+  cmp->add_option("--vocab", compare.vocab, "comma-separated vocabulary modes (default: all)")->delimiter(',');
+  cmp->add_option("--set", compare.overrides, "override a config field: key.path=value (repeatable)");
+  cmp->add_option("--format", compare.format, "text, csv, json or markdown")
+      ->transform(CLI::CheckedTransformer(kFormats));
+  cmp->callback([&] { status = pipesim::run_compare(compare); });
+
+  app.add_subcommand("list", "list schedules, vocabulary modes and hardware presets")->callback([&] {
+    status = pipesim::run_list();
+  });
+
+  pipesim::BenchOptions bench;
+  CLI::App* bch = app.add_subcommand("bench", "measure graph building and simulation speed on large pipelines");
+  bch->add_flag("--quick", bench.quick, "smaller graphs (a smoke test)");
+  bch->callback([&] { status = pipesim::run_bench(bench); });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return static_cast<int>(status);
+}

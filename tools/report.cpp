@@ -1,0 +1,171 @@
+#include "report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace pipesim {
+namespace {
+
+using json = nlohmann::json;
+
+double gib(Bytes bytes) { return double(bytes) / double(1ull << 30); }
+
+Bytes max_peak(const RunReport& r) {
+  Bytes most = 0;
+  for (const DeviceMetrics& d : r.metrics.devices) most = std::max(most, d.peak_memory_bytes);
+  return most;
+}
+
+TimeNs max_exposed_comm(const RunReport& r) {
+  TimeNs most = 0;
+  for (const DeviceMetrics& d : r.metrics.devices) most = std::max(most, d.exposed_comm_ns);
+  return most;
+}
+
+json to_json(const RunReport& r) {
+  const RunMetrics& m = r.metrics;
+  json devices = json::array();
+  for (const DeviceMetrics& d : m.devices)
+    devices.push_back({{"rank", d.rank},
+                       {"busy_s", seconds(d.busy_ns)},
+                       {"bubble_fraction", d.bubble_fraction},
+                       {"peak_memory_bytes", d.peak_memory_bytes},
+                       {"peak_activation_bytes", d.peak_activation_bytes},
+                       {"static_memory_bytes", d.static_bytes},
+                       {"peak_op", r.peak_ops[std::size_t(d.rank)]},
+                       {"peak_time_s", seconds(d.peak_time_ns)},
+                       {"comm_s", seconds(d.comm_ns)},
+                       {"exposed_comm_s", seconds(d.exposed_comm_ns)}});
+  return {{"config", r.config},
+          {"schedule", r.schedule},
+          {"vocab", r.vocab},
+          {"cost_source", r.cost_source},
+          {"pp", r.parallel.pp},
+          {"tp", r.parallel.tp},
+          {"dp", r.parallel.dp},
+          {"chunks", r.parallel.chunks},
+          {"microbatches", r.parallel.microbatches},
+          {"layers_per_stage", r.layers_per_stage},
+          {"iteration_time_s", seconds(m.iteration_ns)},
+          {"tokens_per_s", m.tokens_per_s},
+          {"mfu", m.mfu},
+          {"bubble_fraction", m.bubble_fraction},
+          {"exposed_comm_s", seconds(max_exposed_comm(r))},
+          {"peak_memory_bytes", max_peak(r)},
+          {"memory_imbalance", m.memory_imbalance},
+          {"memory_capacity_bytes", m.memory_capacity_bytes},
+          {"fits_in_memory", m.fits_in_memory},
+          {"devices", devices}};
+}
+
+std::string join(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : " ") + std::to_string(v);
+  return out;
+}
+
+struct Row {
+  std::vector<std::string> cells;
+};
+
+/// Aligned text, Markdown or CSV; the first `left_columns` columns hold names (left-aligned), the
+/// rest numbers (right-aligned).
+std::string table(const std::vector<std::string>& header, const std::vector<Row>& rows, Format format,
+                  std::size_t left_columns) {
+  std::string out;
+  if (format == Format::Csv) {
+    out += fmt::format("{}\n", fmt::join(header, ","));
+    for (const Row& r : rows) out += fmt::format("{}\n", fmt::join(r.cells, ","));
+    return out;
+  }
+  std::vector<std::size_t> width(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) {
+    width[c] = header[c].size();
+    for (const Row& r : rows) width[c] = std::max(width[c], r.cells[c].size());
+  }
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string s = format == Format::Markdown ? "|" : "";
+    for (std::size_t c = 0; c < cells.size(); ++c) {
+      const bool left = c < left_columns;
+      s += format == Format::Markdown ? " " : (c ? "  " : "");
+      s += left ? fmt::format("{:<{}}", cells[c], width[c]) : fmt::format("{:>{}}", cells[c], width[c]);
+      if (format == Format::Markdown) s += " |";
+    }
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s + "\n";
+  };
+  out += line(header);
+  if (format == Format::Markdown) {
+    std::vector<std::string> rule;
+    for (std::size_t c = 0; c < header.size(); ++c) rule.push_back(std::string(width[c] - 1, '-') + (c < left_columns ? "-" : ":"));
+    out += line(rule);
+  }
+  for (const Row& r : rows) out += line(r.cells);
+  return out;
+}
+
+}  // namespace
+
+RunReport make_report(const Plan& plan, const std::string& cost_source, const RunMetrics& metrics) {
+  RunReport r;
+  r.config = plan.config.source;
+  r.schedule = plan.config.schedule.name;
+  r.vocab = plan.config.schedule.vocab;
+  r.cost_source = cost_source;
+  r.parallel = plan.config.parallel;
+  for (const VirtualStage& s : plan.layout.stages) r.layers_per_stage.push_back(s.layers);
+  for (const DeviceMetrics& d : metrics.devices)
+    r.peak_ops.push_back(d.peak_op == kNoTask ? "" : plan.graph.describe(d.peak_op));
+  r.metrics = metrics;
+  return r;
+}
+
+std::string format_run(const RunReport& r, Format format) {
+  if (format == Format::Json) return to_json(r).dump(2) + "\n";
+  const RunMetrics& m = r.metrics;
+  std::string out = fmt::format(
+      "{} on {}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
+      "layers per stage: {}\n"
+      "iteration {:.3f} ms, {:.0f} tokens/s, MFU {:.1f}%, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
+      "peak memory {:.2f} GiB of {:.2f} GiB{}, imbalance {:.2f}x\n\n",
+      r.config, r.cost_source == "explicit" ? "explicit costs" : "the cost model", r.schedule, r.vocab, r.parallel.pp,
+      r.parallel.tp, r.parallel.dp, r.parallel.microbatches, r.parallel.chunks, r.cost_source,
+      join(r.layers_per_stage), m.iteration_ns / 1e6, m.tokens_per_s, 100 * m.mfu, 100 * m.bubble_fraction,
+      max_exposed_comm(r) / 1e6, gib(max_peak(r)), gib(m.memory_capacity_bytes),
+      m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
+  std::vector<Row> rows;
+  for (const DeviceMetrics& d : m.devices)
+    rows.push_back({{std::to_string(d.rank), r.peak_ops[std::size_t(d.rank)], fmt::format("{:.3f}", d.busy_ns / 1e6),
+                     fmt::format("{:.1f}", 100 * d.bubble_fraction), fmt::format("{:.2f}", gib(d.static_bytes)),
+                     fmt::format("{:.2f}", gib(d.peak_activation_bytes)), fmt::format("{:.2f}", gib(d.peak_memory_bytes)),
+                     fmt::format("{:.3f}", d.exposed_comm_ns / 1e6)}});
+  return out + table({"rank", "memory peaks at", "busy_ms", "bubble_pct", "static_gib", "activation_gib", "peak_gib",
+                      "exposed_comm_ms"},
+                     rows, Format::Text, 2);
+}
+
+std::string format_comparison(const std::vector<RunReport>& reports, Format format) {
+  if (format == Format::Json) {
+    json all = json::array();
+    for (const RunReport& r : reports) all.push_back(to_json(r));
+    return all.dump(2) + "\n";
+  }
+  std::vector<Row> rows;
+  for (const RunReport& r : reports) {
+    const RunReport& first = reports.front();
+    const RunMetrics& m = r.metrics;
+    rows.push_back({{r.config, r.schedule, r.vocab, fmt::format("{:.3f}", m.iteration_ns / 1e6),
+                     fmt::format("{:.0f}", m.tokens_per_s), fmt::format("{:.2f}", 100 * m.mfu),
+                     fmt::format("{:.2f}", 100 * m.bubble_fraction), fmt::format("{:.2f}", gib(max_peak(r))),
+                     fmt::format("{:.3f}", double(first.metrics.iteration_ns) / double(m.iteration_ns)),
+                     fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(first))),
+                     m.fits_in_memory ? "yes" : "NO"}});
+  }
+  return table({"config", "schedule", "vocab", "iter_ms", "tokens_per_s", "mfu_pct", "bubble_pct", "peak_mem_gib",
+                "speedup", "mem_vs_first", "fits"},
+               rows, format, 3);
+}
+
+}  // namespace pipesim

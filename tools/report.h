@@ -1,0 +1,31 @@
+#pragma once
+/// One run's results as the user sees them: JSON (the stable shape), text, CSV and Markdown.
+#include <string>
+#include <vector>
+
+#include "metrics.h"
+#include "plan.h"
+
+namespace pipesim {
+
+struct RunReport {
+  std::string config;  ///< config source (file name)
+  std::string schedule;
+  std::string vocab;
+  std::string cost_source;  ///< analytic or explicit
+  ParallelConfig parallel;
+  std::vector<int> layers_per_stage;
+  std::vector<std::string> peak_ops;  ///< per device: the op at which memory peaked
+  RunMetrics metrics;
+};
+
+RunReport make_report(const Plan& plan, const std::string& cost_source, const RunMetrics& metrics);
+
+enum class Format { Text, Json, Csv, Markdown };
+
+/// simulate: one object (JSON) or a readable summary with a per-device table (text).
+std::string format_run(const RunReport& report, Format format);
+/// compare: one row per run, speedup and memory against the first row.
+std::string format_comparison(const std::vector<RunReport>& reports, Format format);
+
+}  // namespace pipesim

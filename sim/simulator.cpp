@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cassert>
+#include <cstdlib>
+#include <new>
 #include <queue>
 #include <string>
 #include <vector>
@@ -10,56 +15,86 @@
 namespace pipesim {
 namespace {
 
+/// 16 bytes: a graph has fewer than 2^31 ops, so the sequence number fits in 32 bits.
 struct Event {
   TimeNs time;
-  std::uint64_t sequence;
+  std::uint32_t sequence;
   TaskId task;
   bool operator>(const Event& other) const {
     return time != other.time ? time > other.time : sequence > other.sequence;
   }
 };
 
-/// Flat, index-based state so the hot loop touches a few contiguous arrays per op.
+/// Everything the event loop reads or writes for one op, in one record: with hundreds of streams
+/// advancing through memory at once, one cache-line stream per op beats six parallel arrays.
+struct OpState {
+  std::int32_t pending;  ///< unfinished dependencies; kArrived once it heads a free stream, ready
+  std::uint32_t slot;    ///< device * kStreamCount + stream
+  TaskId partner;        ///< rendezvous partner, or kNoTask
+  std::int32_t group;    ///< collective group, or -1
+  std::uint32_t successors_begin, successors_end;  ///< range in the graph's successor list
+  TimeNs duration;
+  TimeNs start = -1, end = -1;
+};
+static_assert(sizeof(OpState) == 48);
+constexpr std::int32_t kArrived = -1;
+
+/// Op state for a whole graph runs to tens of MiB; on 4 KiB pages, faulting it in costs as much
+/// as simulating. Ask for transparent huge pages (Linux; a no-op hint elsewhere).
+class OpStates {
+ public:
+  explicit OpStates(std::size_t n) : size_(n) {
+    constexpr std::size_t kHugePage = 2u << 20;
+    const std::size_t bytes = (n * sizeof(OpState) + kHugePage - 1) / kHugePage * kHugePage;
+    data_ = static_cast<OpState*>(std::aligned_alloc(kHugePage, std::max(bytes, kHugePage)));
+    if (!data_) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(data_, std::max(bytes, kHugePage), MADV_HUGEPAGE);
+#endif
+  }
+  ~OpStates() { std::free(data_); }
+  OpStates(const OpStates&) = delete;
+  OpStates& operator=(const OpStates&) = delete;
+  OpState& operator[](std::size_t i) { return data_[i]; }
+  const OpState& operator[](std::size_t i) const { return data_[i]; }
+  std::size_t size() const { return size_; }
+  const OpState* begin() const { return data_; }
+  const OpState* end() const { return data_ + size_; }
+
+ private:
+  OpState* data_;
+  std::size_t size_;
+};
+
 class Engine {
  public:
   Engine(const TaskGraph& graph, std::span<const TimeNs> durations)
-      : graph_(graph), durations_(durations), n_(graph.size()) {
-    const std::size_t slots = std::size_t(graph.devices()) * kStreamCount;
-    stream_end_.resize(slots);
+      : graph_(graph), successors_(graph.size() ? graph.successors(0).data() : nullptr), ops_(graph.size()) {
+    const std::size_t n = graph.size(), slots = std::size_t(graph.devices()) * kStreamCount;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Task& t = graph.task(TaskId(i));
+      const auto successors = graph.successors(TaskId(i));
+      const auto begin = std::uint32_t(successors.data() - successors_);
+      ops_[i] = {std::int32_t(graph.deps(TaskId(i)).size()),
+                 std::uint32_t(t.device * kStreamCount + int(stream_of(t.kind))),
+                 t.partner,
+                 t.group,
+                 begin,
+                 begin + std::uint32_t(successors.size()),
+                 durations[i]};
+    }
     head_.resize(slots);
+    end_.resize(slots);
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      const auto order = graph.stream_order(int(slot / kStreamCount), static_cast<Stream>(slot % kStreamCount));
+      head_[slot] = order.data();
+      end_[slot] = order.data() + order.size();
+    }
     busy_.assign(slots, 0);
-    slot_of_.resize(n_);
-    for (int d = 0; d < graph.devices(); ++d)
-      for (int s = 0; s < kStreamCount; ++s) {
-        const std::size_t slot = std::size_t(d) * kStreamCount + std::size_t(s);
-        const auto order = graph.stream_order(d, static_cast<Stream>(s));
-        head_[slot] = order.data();
-        stream_end_[slot] = order.data() + order.size();
-        for (TaskId id : order) slot_of_[std::size_t(id)] = static_cast<std::uint32_t>(slot);
-      }
-    // Successor lists (CSR) and remaining-dependency counts.
-    pending_.assign(n_, 0);
-    succ_offsets_.assign(n_ + 1, 0);
-    for (std::size_t i = 0; i < n_; ++i) {
-      const auto deps = graph.deps(TaskId(i));
-      pending_[i] = static_cast<std::int32_t>(deps.size());
-      for (TaskId dep : deps) ++succ_offsets_[std::size_t(dep) + 1];
-    }
-    for (std::size_t i = 0; i < n_; ++i) succ_offsets_[i + 1] += succ_offsets_[i];
-    succ_.resize(std::size_t(succ_offsets_[n_]));
-    std::vector<std::int64_t> cursor(succ_offsets_.begin(), succ_offsets_.end() - 1);
-    for (std::size_t i = 0; i < n_; ++i)
-      for (TaskId dep : graph.deps(TaskId(i))) succ_[std::size_t(cursor[std::size_t(dep)]++)] = TaskId(i);
-    partner_.resize(n_);
-    group_.resize(n_);
-    for (std::size_t i = 0; i < n_; ++i) {
-      partner_[i] = graph.task(TaskId(i)).partner;
-      group_[i] = graph.task(TaskId(i)).group;
-    }
-    arrived_.assign(n_, 0);
     group_arrivals_.assign(graph.groups().size(), 0);
-    timeline_.start.assign(n_, -1);
-    timeline_.end.assign(n_, -1);
+    std::vector<Event> storage;
+    storage.reserve(slots);
+    events_ = decltype(events_)(std::greater<>(), std::move(storage));
   }
 
   Result<Timeline> run() {
@@ -71,50 +106,71 @@ class Engine {
       events_.pop();
       assert(e.time >= now && "an event was scheduled in the past");
       now = e.time;
-      ++done;
-      finish(e.task, now);
+      const OpState& op = ops_[std::size_t(e.task)];
+      if (op.partner != kNoTask) {
+        done += 2;
+        finish(e.task, now);
+        finish(op.partner, now);
+      } else if (op.group >= 0) {
+        const auto& members = graph_.groups()[std::size_t(op.group)].members;
+        done += members.size();
+        for (TaskId m : members) finish(m, now);
+      } else {
+        ++done;
+        finish(e.task, now);
+      }
     }
-    if (done != n_) return Error{deadlock_report(now)};
-    return std::move(timeline_);
+    if (done != ops_.size()) return Error{deadlock_report(now)};
+    Timeline timeline;
+    timeline.start.reserve(ops_.size());
+    timeline.end.reserve(ops_.size());
+    for (const OpState& op : ops_) {
+      timeline.start.push_back(op.start);
+      timeline.end.push_back(op.end);
+    }
+    return timeline;
   }
 
  private:
   void try_start(std::size_t slot, TimeNs now) {
-    if (busy_[slot] || head_[slot] == stream_end_[slot]) return;
+    if (busy_[slot] || head_[slot] == end_[slot]) return;
     const TaskId t = *head_[slot];
-    if (pending_[std::size_t(t)] > 0) return;
+    OpState& op = ops_[std::size_t(t)];
+    if (op.pending > 0) return;
     busy_[slot] = 1;  // the head has arrived: nothing behind it may pass
-    arrived_[std::size_t(t)] = 1;
-    if (const TaskId p = partner_[std::size_t(t)]; p != kNoTask) {
-      if (!arrived_[std::size_t(p)]) return;
-      const TimeNs end = now + std::max(durations_[std::size_t(t)], durations_[std::size_t(p)]);
-      start(t, now, end);
-      start(p, now, end);
-    } else if (const int g = group_[std::size_t(t)]; g >= 0) {
-      const auto& members = graph_.groups()[std::size_t(g)].members;
-      if (++group_arrivals_[std::size_t(g)] < members.size()) return;
+    op.pending = kArrived;
+    if (op.partner != kNoTask) {
+      const OpState& partner = ops_[std::size_t(op.partner)];
+      if (partner.pending != kArrived) return;
+      // One event ends both sides of the transfer.
+      ops_[std::size_t(op.partner)].start = now;
+      start(t, now, now + std::max(op.duration, partner.duration));
+    } else if (op.group >= 0) {
+      const auto& members = graph_.groups()[std::size_t(op.group)].members;
+      if (++group_arrivals_[std::size_t(op.group)] < members.size()) return;
       TimeNs longest = 0;
-      for (TaskId m : members) longest = std::max(longest, durations_[std::size_t(m)]);
-      for (TaskId m : members) start(m, now, now + longest);
+      for (TaskId m : members) longest = std::max(longest, ops_[std::size_t(m)].duration);
+      for (TaskId m : members) ops_[std::size_t(m)].start = now;
+      start(members.front(), now, now + longest);  // one event ends every member
     } else {
-      start(t, now, now + durations_[std::size_t(t)]);
+      start(t, now, now + op.duration);
     }
   }
 
   void start(TaskId t, TimeNs now, TimeNs end) {
-    timeline_.start[std::size_t(t)] = now;
+    ops_[std::size_t(t)].start = now;
     events_.push({end, sequence_++, t});
   }
 
   void finish(TaskId t, TimeNs now) {
-    timeline_.end[std::size_t(t)] = now;
-    const std::size_t slot = slot_of_[std::size_t(t)];
+    OpState& op = ops_[std::size_t(t)];
+    op.end = now;
+    const std::size_t slot = op.slot;
     ++head_[slot];
     busy_[slot] = 0;
-    const std::int64_t end = succ_offsets_[std::size_t(t) + 1];
-    for (std::int64_t k = succ_offsets_[std::size_t(t)]; k < end; ++k) {
-      const TaskId s = succ_[std::size_t(k)];
-      if (--pending_[std::size_t(s)] == 0) try_start(slot_of_[std::size_t(s)], now);
+    for (std::uint32_t k = op.successors_begin; k != op.successors_end; ++k) {
+      OpState& next = ops_[std::size_t(successors_[k])];
+      if (--next.pending == 0) try_start(next.slot, now);
     }
     try_start(slot, now);
   }
@@ -122,20 +178,18 @@ class Engine {
   std::string deadlock_report(TimeNs now) const {
     std::string report = fmt::format("deadlock at t = {:.6f} ms: no op can start, but some have not run:", now / 1e6);
     for (std::size_t slot = 0; slot < head_.size(); ++slot) {
-      if (head_[slot] == stream_end_[slot]) continue;
+      if (head_[slot] == end_[slot]) continue;
       const TaskId t = *head_[slot];
       const Task& task = graph_.task(t);
-      std::string reason;
-      if (pending_[std::size_t(t)] > 0) {
+      std::string reason = "waits for the other members of its collective";
+      if (ops_[std::size_t(t)].pending > 0) {
         for (TaskId dep : graph_.deps(t))
-          if (timeline_.end[std::size_t(dep)] < 0) {
+          if (ops_[std::size_t(dep)].end < 0) {
             reason = "waits for " + graph_.describe(dep);
             break;
           }
       } else if (task.partner != kNoTask) {
         reason = "waits for its partner " + graph_.describe(task.partner) + " to be issued";
-      } else {
-        reason = "waits for the other members of its collective";
       }
       report += fmt::format("\n  device {} {} stream: {} {}", task.device, stream_name(stream_of(task.kind)),
                             graph_.describe(t), reason);
@@ -144,21 +198,13 @@ class Engine {
   }
 
   const TaskGraph& graph_;
-  std::span<const TimeNs> durations_;
-  std::size_t n_;
-  std::vector<const TaskId*> stream_end_, head_;  ///< per (device, stream): end, next op
-  std::vector<std::uint8_t> busy_;
-  std::vector<std::uint32_t> slot_of_;
-  std::vector<std::int32_t> pending_;
-  std::vector<std::int64_t> succ_offsets_;
-  std::vector<TaskId> succ_;
-  std::vector<TaskId> partner_;
-  std::vector<std::int32_t> group_;
-  std::vector<std::uint8_t> arrived_;
+  const TaskId* successors_;  ///< the graph's successor list, indexed by OpState ranges
+  OpStates ops_;
+  std::vector<const TaskId*> head_, end_;  ///< per (device, stream): next op, end of its program
+  std::vector<std::uint8_t> busy_;         ///< per (device, stream): its head has arrived or runs
   std::vector<std::size_t> group_arrivals_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
-  std::uint64_t sequence_ = 0;
-  Timeline timeline_;
+  std::uint32_t sequence_ = 0;
 };
 
 }  // namespace

@@ -58,11 +58,6 @@ Stream stream_of(OpKind kind) {
 
 bool is_compute(OpKind kind) { return stream_of(kind) == Stream::Compute; }
 
-std::span<const TaskId> TaskGraph::deps(TaskId id) const {
-  const auto i = static_cast<std::size_t>(id);
-  return {dep_ids_.data() + dep_offsets_[i], dep_ids_.data() + dep_offsets_[i + 1]};
-}
-
 std::span<const TaskId> TaskGraph::stream_order(int device, Stream stream) const {
   const auto slot = static_cast<std::size_t>(device * kStreamCount + static_cast<int>(stream));
   return {stream_ids_.data() + stream_offsets_[slot], stream_ids_.data() + stream_offsets_[slot + 1]};
@@ -128,6 +123,9 @@ TaskGraph TaskGraphBuilder::build() && {
   build_csr(
       tasks_.size(), edges_, [](const auto& e) { return static_cast<std::size_t>(e.first); },
       [](const auto& e) { return e.second; }, graph.dep_offsets_, graph.dep_ids_);
+  build_csr(
+      tasks_.size(), edges_, [](const auto& e) { return static_cast<std::size_t>(e.second); },
+      [](const auto& e) { return e.first; }, graph.succ_offsets_, graph.succ_ids_);
 
   std::vector<TaskId> all(tasks_.size());
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);

@@ -78,7 +78,9 @@ class TaskGraph {
   const Task& task(TaskId id) const { return tasks_[static_cast<std::size_t>(id)]; }
   std::span<const Task> tasks() const { return tasks_; }
   /// The ops `id` waits for (besides its stream predecessor and its rendezvous partners).
-  std::span<const TaskId> deps(TaskId id) const;
+  std::span<const TaskId> deps(TaskId id) const { return csr(dep_offsets_, dep_ids_, id); }
+  /// The ops that wait for `id`: deps() inverted, kept so executors need not rebuild it.
+  std::span<const TaskId> successors(TaskId id) const { return csr(succ_offsets_, succ_ids_, id); }
   /// Ops of one stream of one device, in program order.
   std::span<const TaskId> stream_order(int device, Stream stream) const;
   std::span<const CollectiveGroup> groups() const { return groups_; }
@@ -87,10 +89,17 @@ class TaskGraph {
 
  private:
   friend class TaskGraphBuilder;
+  static std::span<const TaskId> csr(const std::vector<std::int64_t>& offsets, const std::vector<TaskId>& ids,
+                                     TaskId id) {
+    const auto i = static_cast<std::size_t>(id);
+    return {ids.data() + offsets[i], ids.data() + offsets[i + 1]};
+  }
   int devices_ = 0;
   std::vector<Task> tasks_;
   std::vector<std::int64_t> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
   std::vector<TaskId> dep_ids_;
+  std::vector<std::int64_t> succ_offsets_;  ///< CSR of successors, same layout
+  std::vector<TaskId> succ_ids_;
   std::vector<std::int64_t> stream_offsets_;  ///< CSR over device * kStreamCount + stream
   std::vector<TaskId> stream_ids_;
   std::vector<CollectiveGroup> groups_;

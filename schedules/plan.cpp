@@ -49,11 +49,11 @@ Result<Plan> make_plan(const Config& requested) {
   Config& config = plan.config;
   plan.schedule = find_schedule(config.schedule.name);
   if (!plan.schedule)
-    return Error{fmt::format("schedule.name: unknown schedule '{}'{}; `pipesim list` shows them all",
+    return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
                              config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
   const auto modes = vocab_mode_names();
   if (std::find(modes.begin(), modes.end(), config.schedule.vocab) == modes.end())
-    return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{}; `pipesim list` shows them all",
+    return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{} `pipesim list` shows them all",
                              config.schedule.vocab, did_you_mean(config.schedule.vocab, modes))};
   if (plan.schedule->chunks > 0) config.parallel.chunks = plan.schedule->chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();

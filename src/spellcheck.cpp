@@ -24,6 +24,9 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 }  // namespace
 
 std::string closest_match(std::string_view word, std::span<const std::string> candidates) {
+  // A word that starts a candidate is an abbreviation of it ('h100' for 'h100-sxm').
+  for (const std::string& candidate : candidates)
+    if (word.size() >= 2 && candidate.starts_with(word)) return candidate;
   // A third of the word (at least 2 edits) still reads as a typo; more than that is a different word.
   const std::size_t max_distance = std::max<std::size_t>(2, word.size() / 3);
   std::string best;
@@ -40,7 +43,7 @@ std::string closest_match(std::string_view word, std::span<const std::string> ca
 
 std::string did_you_mean(std::string_view word, std::span<const std::string> candidates) {
   const std::string match = closest_match(word, candidates);
-  return match.empty() ? "" : ", did you mean '" + match + "'?";
+  return match.empty() ? "." : "; did you mean '" + match + "'?";
 }
 
 }  // namespace pipesim

@@ -9,7 +9,8 @@ namespace pipesim {
 /// plausible typo (as ninja's SpellcheckString does).
 std::string closest_match(std::string_view word, std::span<const std::string> candidates);
 
-/// ", did you mean 'x'?" when a close candidate exists, else "". Ready to append to a message.
+/// "; did you mean 'x'?" when a close candidate exists, else ".": ends the sentence it is appended
+/// to, so a further sentence can follow either way.
 std::string did_you_mean(std::string_view word, std::span<const std::string> candidates);
 
 }  // namespace pipesim

@@ -31,7 +31,7 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
 Status check_names(const std::string& flag, const std::vector<std::string>& names, const std::vector<std::string>& known) {
   for (const std::string& name : names)
     if (std::find(known.begin(), known.end(), name) == known.end())
-      return Error{fmt::format("{}: unknown name '{}'{}; `pipesim list` shows them all", flag, name,
+      return Error{fmt::format("{}: unknown name '{}'{} `pipesim list` shows them all", flag, name,
                                did_you_mean(name, known))};
   return Status::Ok();
 }

@@ -88,7 +88,7 @@ class ObjectReader {
       if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
         std::string known;
         for (const std::string& k : known_) known += (known.empty() ? "" : ", ") + k;
-        throw ConfigError{at(key), fmt::format("unknown key{}; known keys here: {}", did_you_mean(key, known_), known)};
+        throw ConfigError{at(key), fmt::format("unknown key{} Known keys here: {}", did_you_mean(key, known_), known)};
       }
   }
 
@@ -155,7 +155,7 @@ HardwareConfig read_hardware(const json* object) {
   if (!preset) {
     std::string names;
     for (const std::string& n : hardware_preset_names()) names += (names.empty() ? "" : ", ") + n;
-    throw ConfigError{"hardware.preset", fmt::format("unknown preset '{}'{}; presets: {}", preset_name,
+    throw ConfigError{"hardware.preset", fmt::format("unknown preset '{}'{} Presets: {}", preset_name,
                                                      did_you_mean(preset_name, hardware_preset_names()), names)};
   }
   HardwareConfig h = *preset;
@@ -289,7 +289,9 @@ Result<Config> parse_config(std::string_view text, const std::string& source, co
     return read_config(root, source);
   } catch (const ConfigError& e) {
     if (e.path.empty()) return Error{e.message};
-    const bool from_set = std::find(set_paths.begin(), set_paths.end(), e.path) != set_paths.end();
+    const bool from_set = std::any_of(set_paths.begin(), set_paths.end(), [&](const std::string& set) {
+      return e.path == set || e.path.starts_with(set + ".") || e.path.starts_with(set + "[");
+    });
     return Error{fmt::format("{}: {}{}: {}", source, e.path, from_set ? " (from --set)" : "", e.message)};
   }
 }

@@ -1,0 +1,126 @@
+// Config parsing: values land where they belong, presets fill the rest, and every bad input gets
+// the full message (file, JSON path, what is wrong, what to do).
+#include "helpers.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+const std::string kModel = R"json("model": {"layers": 8, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000})json";
+const std::string kParallel = R"json("parallel": {"pp": 4, "microbatches": 8})json";
+const std::string kBase = "{" + kModel + ", " + kParallel;
+
+std::string error_of(const std::string& json, const std::vector<std::string>& overrides = {}) {
+  Result<Config> config = parse_config(json, "c.json", overrides);
+  if (config.ok()) {
+    Result<Plan> plan = make_plan(config.value());
+    if (plan.ok()) return "(no error)";
+    return plan.error().message;
+  }
+  return config.error().message;
+}
+
+}  // namespace
+
+TEST_CASE("a config is read field by field, with presets and defaults") {
+  const Config c = parse_or_fail(R"json({
+    "model": {"layers": 32, "hidden": 4096, "heads": 32, "seq_len": 2048, "vocab": 128000, "micro_batch_size": 2},
+    "parallel": {"pp": 8, "tp": 2, "dp": 4, "microbatches": 64, "chunks": 2},
+    "schedule": {"name": "interleaved-1f1b", "vocab": "redistribute", "layers_per_stage": "auto"},
+    "hardware": {"preset": "a100-80gb", "inter_node_gbps": 12.5, "gpus_per_node": 4},
+    "precision": {"distributed_optimizer": true}
+  })json");
+  CHECK(c.model.ffn_hidden == 4 * 4096);  // default 4h
+  CHECK(c.model.micro_batch_size == 2);
+  CHECK(c.parallel.tp == 2);
+  CHECK(c.parallel.dp == 4);
+  CHECK(c.schedule.layers_per_stage.empty());  // "auto"
+  CHECK(c.hardware.peak_tflops == 312);        // from the preset
+  CHECK(c.hardware.inter_node_gbps == 12.5);   // overridden
+  CHECK(c.hardware.gpus_per_node == 4);
+  CHECK(c.precision.distributed_optimizer);
+  CHECK_FALSE(c.costs.has_value());
+}
+
+TEST_CASE("--set overrides any field and creates missing objects") {
+  const Config c = parse_or_fail(kBase + "}", {"parallel.pp=2", "hardware.preset=h200", "schedule.layers_per_stage=[3,5]",
+                                               "costs.forward_ms=[1,2]", "costs.backward_ms=3", "schedule.name=gpipe"});
+  CHECK(c.parallel.pp == 2);
+  CHECK(c.hardware.peak_tflops == 989);
+  CHECK(c.schedule.layers_per_stage == std::vector<int>{3, 5});
+  CHECK(c.schedule.name == "gpipe");
+  REQUIRE(c.costs.has_value());
+  CHECK(c.costs->forward_ms == std::vector<double>{1, 2});
+  CHECK(c.costs->backward_ms == std::vector<double>{3});
+}
+
+TEST_CASE("bad configs are refused with the file, the path and the fix") {
+  using Case = std::tuple<std::string, std::vector<std::string>, std::string>;
+  const Case c = GENERATE_COPY(values<Case>({
+      // The stray '}' is the last character: column = length of the text.
+      {kBase + ", }", {},
+       fmt::format("c.json:1:{}: invalid JSON: syntax error while parsing object key - unexpected '}}'; expected "
+                   "string literal",
+                   (kBase + ", }").size())},
+      {"{" + kParallel + "}", {}, "c.json: model: required; give layers, hidden, heads, seq_len and vocab"},
+      {"{" + kModel + "}", {}, "c.json: parallel: required; give at least microbatches (and pp)"},
+      {R"json({"model": {"hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}, )json" + kParallel + "}", {},
+       "c.json: model.layers: required; give an integer >= 1"},
+      {R"json({"model": {"layers": "8", "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}, )json" + kParallel + "}",
+       {}, "c.json: model.layers: expected an integer, got string \"8\""},
+      {R"json({"model": {"layers": 8.5, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}, )json" + kParallel + "}",
+       {}, "c.json: model.layers: expected an integer, got 8.5"},
+      {R"json({"model": {"layerz": 8, "layers": 8, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}, )json" +
+           kParallel + "}",
+       {},
+       "c.json: model.layerz: unknown key; did you mean 'layers'? Known keys here: layers, hidden, heads, ffn_hidden, "
+       "seq_len, vocab, micro_batch_size"},
+      {kBase + R"json(, "hardwre": {}})json", {},
+       "c.json: hardwre: unknown key; did you mean 'hardware'? Known keys here: model, parallel, schedule, hardware, "
+       "precision, costs, description"},
+      {kBase + R"json(, "hardware": {"preset": "h100"}})json", {},
+       "c.json: hardware.preset: unknown preset 'h100'; did you mean 'h100-sxm'? Presets: a100-80gb, h100-sxm, h200"},
+      {kBase + R"json(, "hardware": {"compute_efficiency": 1.5}})json", {},
+       "c.json: hardware.compute_efficiency: must be at most 1, got 1.5"},
+      {kBase + R"json(, "hardware": {"hbm_gbps": 0}})json", {}, "c.json: hardware.hbm_gbps: must be greater than 0, got 0"},
+      {kBase + R"json(, "precision": {"flash_attention": "yes"}})json", {},
+       "c.json: precision.flash_attention: expected true or false, got string \"yes\""},
+      {kBase + "}", {"parallel.pp=0"}, "c.json: parallel.pp (from --set): must be at least 1, got 0"},
+      {kBase + "}", {"parallel.microbatches=0"}, "c.json: parallel.microbatches (from --set): must be at least 1, got 0"},
+      {kBase + "}", {"parallel.pp=16"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages (pp 16 x chunks 1); use at least 16 layers or "
+       "fewer stages"},
+      {kBase + "}", {"model.heads=5"}, "c.json: model.heads (from --set): 5 heads do not divide hidden size 64; choose a divisor of 64"},
+      {kBase + "}", {"parallel.tp=8"}, "c.json: parallel.tp (from --set): tp 8 does not divide 4 heads; choose a divisor of 4"},
+      {kBase + "}", {"schedule.layers_per_stage=[1,2,3]"},
+       "c.json: schedule.layers_per_stage (from --set): has 3 entries but there are 4 virtual stages (pp x chunks); "
+       "give 4 counts or \"auto\""},
+      {kBase + "}", {"schedule.layers_per_stage=[1,2,3,3]"},
+       "c.json: schedule.layers_per_stage (from --set): counts sum to 9 but model.layers is 8; make them sum to 8"},
+      {kBase + "}", {"schedule.layers_per_stage=[1,2,-3,3]"},
+       "c.json: schedule.layers_per_stage[2] (from --set): expected a layer count (integer >= 0), got -3"},
+      {kBase + "}", {"schedule.layers_per_stage=even"},
+       "c.json: schedule.layers_per_stage (from --set): expected \"auto\" or an array of layer counts, got string \"even\""},
+      {kBase + R"json(, "costs": {"backward_ms": 2}})json", {},
+       "c.json: costs.forward_ms: required in a costs block; give milliseconds per microbatch"},
+      {kBase + R"json(, "costs": {"forward_ms": [1, 2], "backward_ms": 2}})json", {},
+       "c.json: costs.forward_ms: has 2 entries; give one number or one per device (pp = 4)"},
+      {kBase + R"json(, "costs": {"forward_ms": -1, "backward_ms": 2}})json", {},
+       "c.json: costs.forward_ms: must be at least 0, got -1"},
+      {kBase + "}", {"parallel.layerz=3"},
+       "c.json: parallel.layerz (from --set): unknown key. Known keys here: pp, tp, dp, microbatches, chunks"},
+      {kBase + "}", {"parallel"}, "--set 'parallel': expected key.path=value, e.g. --set parallel.pp=4"},
+      {kBase + "}", {"model.layers.x=3"}, "--set 'model.layers.x=3': 'model.layers' is not an object"},
+      {kBase + "}", {"schedule.name=gpipe2"},
+       "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? `pipesim list` shows them all"},
+      {kBase + "}", {"schedule.vocab=vocab-9"},
+       "schedule.vocab: unknown vocabulary mode 'vocab-9'. `pipesim list` shows them all"},
+      {kBase + "}", {"schedule.name=interleaved-1f1b"},
+       "parallel.chunks: interleaved-1f1b needs at least 2 chunks per device, got 1; set parallel.chunks to 2 or more"},
+      {kBase + "}", {"schedule.name=interleaved-1f1b", "parallel.chunks=2", "parallel.microbatches=6"},
+       "parallel.microbatches: interleaved-1f1b needs a multiple of pp (4), got 6; use 8"},
+  }));
+  CAPTURE(std::get<0>(c), std::get<1>(c));
+  CHECK(error_of(std::get<0>(c), std::get<1>(c)) == std::get<2>(c));
+}

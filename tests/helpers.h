@@ -1,0 +1,57 @@
+#pragma once
+// Shared test fixtures: configs are written as the user would write them (JSON), then parsed.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "config_json.h"
+#include "cost_model.h"
+#include "metrics.h"
+#include "plan.h"
+#include "simulator.h"
+
+namespace pipesim::testing {
+
+/// A pipeline with explicit costs: F and B per device (ms), no communication cost.
+inline std::string explicit_json(int p, int m, int v, double forward_ms, double backward_ms,
+                                 const std::string& schedule = "1f1b", double activation_bytes = 1000) {
+  return fmt::format(R"json({{
+    "model": {{"layers": {}, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}},
+    "parallel": {{"pp": {}, "microbatches": {}, "chunks": {}}},
+    "schedule": {{"name": "{}"}},
+    "costs": {{"forward_ms": {}, "backward_ms": {}, "p2p_ms": 0, "activation_bytes": {}}}
+  }})json",
+                     p * v * 2, p, m, v, schedule, forward_ms, backward_ms, activation_bytes);
+}
+
+inline Config parse_or_fail(const std::string& json, const std::vector<std::string>& overrides = {}) {
+  Result<Config> config = parse_config(json, "test.json", overrides);
+  if (!config.ok()) FAIL(config.error().message);
+  return config.value();
+}
+
+inline Plan plan_or_fail(const Config& config) {
+  Result<Plan> plan = make_plan(config);
+  if (!plan.ok()) FAIL(plan.error().message);
+  return std::move(plan).value();
+}
+
+struct Simulated {
+  Plan plan;
+  std::vector<TimeNs> durations;
+  Timeline timeline;
+  RunMetrics metrics;
+};
+
+inline Simulated simulate_or_fail(const Config& config) {
+  Simulated s{plan_or_fail(config), {}, {}, {}};
+  s.durations = op_durations(*make_cost_model(s.plan.config, s.plan.layout), s.plan.graph);
+  Result<Timeline> timeline = simulate(s.plan.graph, s.durations);
+  if (!timeline.ok()) FAIL(timeline.error().message);
+  s.timeline = std::move(timeline).value();
+  s.metrics = compute_metrics(s.plan.config, s.plan.graph, s.timeline, s.plan.static_bytes);
+  return s;
+}
+
+}  // namespace pipesim::testing

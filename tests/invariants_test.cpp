@@ -1,0 +1,100 @@
+// Properties every generated graph and every simulation must have, over ranges of p and m:
+// the graph validates; no op starts before its dependencies end; a stream runs one op at a time in
+// program order; a SEND and its RECV run together; every op runs.
+#include "helpers.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+void check_timeline(const TaskGraph& graph, const std::vector<TimeNs>& durations, const Timeline& t) {
+  for (std::size_t i = 0; i < graph.size(); ++i) {
+    const TaskId id = TaskId(i);
+    INFO(graph.describe(id));
+    REQUIRE(t.start[i] >= 0);
+    REQUIRE(t.end[i] >= t.start[i] + durations[i]);
+    for (TaskId dep : graph.deps(id)) REQUIRE(t.end[std::size_t(dep)] <= t.start[i]);
+    const Task& task = graph.task(id);
+    if (task.partner != kNoTask) {
+      REQUIRE(t.start[std::size_t(task.partner)] == t.start[i]);
+      REQUIRE(t.end[std::size_t(task.partner)] == t.end[i]);
+    }
+  }
+  for (int d = 0; d < graph.devices(); ++d)
+    for (int s = 0; s < kStreamCount; ++s) {
+      const auto order = graph.stream_order(d, static_cast<Stream>(s));
+      for (std::size_t k = 1; k < order.size(); ++k) {
+        INFO(graph.describe(order[k - 1]) << " then " << graph.describe(order[k]));
+        REQUIRE(t.end[std::size_t(order[k - 1])] <= t.start[std::size_t(order[k])]);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("every schedule's graph validates and simulates within the IR's rules") {
+  const std::string schedule = GENERATE(from_range(schedule_names()));
+  const std::string vocab = GENERATE(from_range(vocab_mode_names()));
+  const int p = GENERATE(1, 2, 3, 4, 5, 8);
+  const int m = GENERATE(1, 2, 3, 4, 6, 8, 16);
+  CAPTURE(schedule, vocab, p, m);
+  // Analytic costs: unequal stages (head, embedding), real links, so ties are rare and varied.
+  Config config = parse_or_fail(fmt::format(R"json({{
+    "model": {{"layers": {}, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 32000}},
+    "parallel": {{"pp": {}, "microbatches": {}, "chunks": 2, "dp": 2}},
+    "schedule": {{"name": "{}", "vocab": "{}"}},
+    "hardware": {{"preset": "a100-80gb", "gpus_per_node": 2}}
+  }})json",
+                                            4 * p, p, m, schedule, vocab));
+  Result<Plan> plan = make_plan(config);
+  if (schedule == "interleaved-1f1b" && m % p != 0) {
+    REQUIRE_FALSE(plan.ok());
+    CHECK(plan.error().message ==
+          fmt::format("parallel.microbatches: interleaved-1f1b needs a multiple of pp ({}), got {}; use {}", p, m,
+                      (m / p + 1) * p));
+    return;
+  }
+  if (!plan.ok()) FAIL(plan.error().message);
+  const Plan& pl = plan.value();
+  const std::vector<TimeNs> durations = op_durations(*make_cost_model(pl.config, pl.layout), pl.graph);
+  Result<Timeline> timeline = simulate(pl.graph, durations);
+  if (!timeline.ok()) FAIL(timeline.error().message);
+  check_timeline(pl.graph, durations, timeline.value());
+  const RunMetrics metrics = compute_metrics(pl.config, pl.graph, timeline.value(), pl.static_bytes);
+  for (const DeviceMetrics& d : metrics.devices) {
+    CHECK(d.bubble_fraction >= 0);
+    CHECK(d.bubble_fraction < 1);
+    CHECK(d.exposed_comm_ns <= d.comm_ns);
+  }
+}
+
+TEST_CASE("the simulator is deterministic") {
+  const Config config = parse_or_fail(explicit_json(4, 8, 2, 1.5, 2.5, "interleaved-1f1b"));
+  const Simulated a = simulate_or_fail(config), b = simulate_or_fail(config);
+  CHECK(a.timeline.start == b.timeline.start);
+  CHECK(a.timeline.end == b.timeline.end);
+}
+
+TEST_CASE("every (stage, microbatch) gets one F and one B on its stage's device, F first") {
+  const std::string schedule = GENERATE(from_range(schedule_names()));
+  const int p = GENERATE(2, 4);
+  const int m = GENERATE(4, 8);
+  CAPTURE(schedule, p, m);
+  const Plan plan = plan_or_fail(parse_or_fail(explicit_json(p, m, 2, 1, 2, schedule)));
+  const int stages = plan.layout.stage_count();
+  std::vector<int> forwards(std::size_t(stages * m)), backwards(std::size_t(stages * m));
+  for (int d = 0; d < p; ++d)
+    for (TaskId id : plan.graph.stream_order(d, Stream::Compute)) {
+      const Task& t = plan.graph.task(id);
+      if (t.kind != OpKind::F && t.kind != OpKind::B) continue;
+      CHECK(plan.layout.stages[std::size_t(t.stage)].device == d);
+      auto& count = t.kind == OpKind::F ? forwards : backwards;
+      ++count[std::size_t(t.stage * m + t.microbatch)];
+      if (t.kind == OpKind::B) CHECK(forwards[std::size_t(t.stage * m + t.microbatch)] == 1);
+    }
+  for (int k = 0; k < stages * m; ++k) {
+    CHECK(forwards[std::size_t(k)] == 1);
+    CHECK(backwards[std::size_t(k)] == 1);
+  }
+}

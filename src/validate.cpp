@@ -52,6 +52,17 @@ Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches)
   return Status::Ok();
 }
 
+/// Executors order ops across devices only through SEND/RECV pairs and collectives.
+Status check_local_dependencies(const TaskGraph& graph) {
+  for (std::size_t i = 0; i < graph.size(); ++i)
+    for (TaskId dep : graph.deps(TaskId(i)))
+      if (graph.task(dep).device != graph.task(TaskId(i)).device)
+        return Error{fmt::format("{} depends on {} on another device; order across devices must go through a "
+                                 "SEND/RECV pair",
+                                 graph.describe(TaskId(i)), graph.describe(dep))};
+  return Status::Ok();
+}
+
 Status check_p2p(const TaskGraph& graph) {
   std::map<std::pair<int, int>, std::vector<TaskId>> sends, recvs;  // keyed by (from, to)
   for (int d = 0; d < graph.devices(); ++d) {
@@ -167,6 +178,7 @@ Status check_cycles(const TaskGraph& graph) {
 
 Status validate(const TaskGraph& graph, const Layout& layout, int microbatches) {
   if (Status s = check_ops(graph, layout, microbatches); !s.ok()) return s;
+  if (Status s = check_local_dependencies(graph); !s.ok()) return s;
   if (Status s = check_p2p(graph); !s.ok()) return s;
   return check_cycles(graph);
 }

@@ -8,7 +8,8 @@
 namespace pipesim {
 
 /// Every (stage, microbatch) has exactly one F on its stage's device and one B after it (and one
-/// W after that when the graph splits W); every device has one OPTIMIZER; every SEND/RECV is
+/// W after that when the graph splits W); every device has one OPTIMIZER; dependencies stay on one
+/// device (devices synchronise only through SEND/RECV and collectives); every SEND/RECV is
 /// matched and pairs appear in the same order on both sides; and the graph of dependencies,
 /// stream program order and rendezvous has no cycle. A cycle made of dependencies alone is
 /// reported as "dependency cycle: A -> B -> A"; one that needs stream order or a rendezvous is a

@@ -73,8 +73,8 @@ std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const
     for (std::size_t k = 0; k < changes.size(); ++k) {
       live += changes[k].delta;
       if (k + 1 < changes.size() && changes[k + 1].time == changes[k].time) continue;  // one sample per time
-      event(out, R"({{"ph":"C","pid":{},"ts":{:.3f},"name":"memory","args":{{"GiB":{:.6f}}}}})", d, us(changes[k].time),
-            double(live) / double(1ull << 30));
+      event(out, R"({{"ph":"C","pid":{},"ts":{:.3f},"name":"memory","args":{{"bytes":{}}}}})", d, us(changes[k].time),
+            live);
     }
   }
   fmt::format_to(std::back_inserter(out), "]}}\n");

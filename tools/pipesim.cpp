@@ -11,6 +11,15 @@ const std::map<std::string, pipesim::Format> kFormats = {{"text", pipesim::Forma
                                                          {"csv", pipesim::Format::Csv},
                                                          {"markdown", pipesim::Format::Markdown}};
 
+/// --format NAME, restricted to `names`, stored into `format` once parsed.
+void add_format_option(CLI::App* command, pipesim::Format& format, const std::vector<std::string>& names) {
+  command
+      ->add_option_function<std::string>(
+          "--format", [&format](const std::string& name) { format = kFormats.at(name); },
+          "output format: " + CLI::detail::join(names, ", "))
+      ->check(CLI::IsMember(names));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -24,9 +33,7 @@ int main(int argc, char** argv) {
   sim->add_option("--schedule", simulate.schedule, "schedule name (default: the config's schedule.name)");
   sim->add_option("--vocab", simulate.vocab, "vocabulary mode (default: the config's schedule.vocab)");
   sim->add_option("--set", simulate.overrides, "override a config field: key.path=value (repeatable)");
-  sim->add_option("--format", simulate.format, "text or json")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, pipesim::Format>{
-          {"text", pipesim::Format::Text}, {"json", pipesim::Format::Json}}));
+  add_format_option(sim, simulate.format, {"text", "json"});
   sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)");
   sim->callback([&] { status = pipesim::run_simulate(simulate); });
 
@@ -37,8 +44,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   cmp->add_option("--vocab", compare.vocab, "comma-separated vocabulary modes (default: all)")->delimiter(',');
   cmp->add_option("--set", compare.overrides, "override a config field: key.path=value (repeatable)");
-  cmp->add_option("--format", compare.format, "text, csv, json or markdown")
-      ->transform(CLI::CheckedTransformer(kFormats));
+  add_format_option(cmp, compare.format, {"text", "csv", "json", "markdown"});
   cmp->callback([&] { status = pipesim::run_compare(compare); });
 
   app.add_subcommand("list", "list schedules, vocabulary modes and hardware presets")->callback([&] {

@@ -8,7 +8,7 @@
 namespace pipesim {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the documented order
 
 double gib(Bytes bytes) { return double(bytes) / double(1ull << 30); }
 
@@ -126,11 +126,11 @@ std::string format_run(const RunReport& r, Format format) {
   if (format == Format::Json) return to_json(r).dump(2) + "\n";
   const RunMetrics& m = r.metrics;
   std::string out = fmt::format(
-      "{} on {}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
+      "{}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
       "layers per stage: {}\n"
       "iteration {:.3f} ms, {:.0f} tokens/s, MFU {:.1f}%, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
       "peak memory {:.2f} GiB of {:.2f} GiB{}, imbalance {:.2f}x\n\n",
-      r.config, r.cost_source == "explicit" ? "explicit costs" : "the cost model", r.schedule, r.vocab, r.parallel.pp,
+      r.config, r.schedule, r.vocab, r.parallel.pp,
       r.parallel.tp, r.parallel.dp, r.parallel.microbatches, r.parallel.chunks, r.cost_source,
       join(r.layers_per_stage), m.iteration_ns / 1e6, m.tokens_per_s, 100 * m.mfu, 100 * m.bubble_fraction,
       max_exposed_comm(r) / 1e6, gib(max_peak(r)), gib(m.memory_capacity_bytes),

@@ -1,0 +1,140 @@
+// End-to-end: the pipesim binary as a user runs it (path in $PIPESIM, configs under $PIPESIM_SOURCE).
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+
+using json = nlohmann::json;
+
+namespace {
+
+struct Output {
+  int exit_code;
+  std::string text;  ///< stdout, and stderr when asked
+};
+
+Output run(const std::string& args, bool with_stderr = false) {
+  const char* binary = std::getenv("PIPESIM");
+  REQUIRE(binary);
+  const std::string command = std::string(binary) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  std::string text;
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+std::string config(const std::string& name) { return std::string(std::getenv("PIPESIM_SOURCE")) + "/configs/" + name; }
+
+std::filesystem::path scratch_dir() {
+  const auto dir = std::filesystem::temp_directory_path() / ("pipesim-cli-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("list shows every schedule and vocabulary mode") {
+  const Output out = run("list");
+  CHECK(out.exit_code == 0);
+  for (const std::string& name : pipesim::schedule_names()) CHECK(out.text.find(name) != std::string::npos);
+  for (const std::string& name : pipesim::vocab_mode_names()) CHECK(out.text.find(name) != std::string::npos);
+}
+
+TEST_CASE("simulate --format json has the documented fields") {
+  const Output out = run("simulate " + config("default.json") + " --format json");
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  for (const char* key : {"schedule", "vocab", "pp", "microbatches", "iteration_time_s", "tokens_per_s", "mfu",
+                          "bubble_fraction", "devices"})
+    CHECK(r.contains(key));
+  CHECK(r["schedule"] == "1f1b");
+  REQUIRE(r["devices"].size() == r["pp"].get<std::size_t>());
+  for (const json& d : r["devices"])
+    for (const char* key : {"rank", "busy_s", "bubble_fraction", "peak_memory_bytes", "peak_activation_bytes",
+                            "static_memory_bytes"})
+      CHECK(d.contains(key));
+  CHECK(r["mfu"].get<double>() > 0);
+  CHECK(r["mfu"].get<double>() < 1);
+}
+
+TEST_CASE("compare prints one row per combination with speedup against the first") {
+  const std::string args = "compare " + config("default.json") + " --schedules 1f1b,gpipe --vocab baseline,redistribute";
+  const Output j = run(args + " --format json");
+  REQUIRE(j.exit_code == 0);
+  const json rows = json::parse(j.text);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0]["schedule"] == "1f1b");
+  CHECK(rows[1]["vocab"] == "redistribute");
+  CHECK(rows[2]["schedule"] == "gpipe");
+
+  const Output csv = run(args + " --format csv");
+  REQUIRE(csv.exit_code == 0);
+  CHECK(csv.text.rfind("config,schedule,vocab,iter_ms,", 0) == 0);
+  CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);
+  CHECK(csv.text.find(",1.000,1.000,") != std::string::npos);  // the first row against itself
+
+  const Output md = run(args + " --format markdown");
+  CHECK(md.text.find("| config") == 0);
+  CHECK(md.text.find("| ---") != std::string::npos);
+  CHECK(md.text.find("-: |") != std::string::npos);  // numbers right-aligned
+}
+
+TEST_CASE("--set reaches the config, and bad names get a did-you-mean and exit 1") {
+  const Output set = run("simulate " + config("default.json") + " --set parallel.microbatches=8 --format json");
+  REQUIRE(set.exit_code == 0);
+  CHECK(json::parse(set.text)["microbatches"] == 8);
+
+  const Output typo = run("simulate " + config("default.json") + " --schedule 1f1c", true);
+  CHECK(typo.exit_code == 1);
+  CHECK(typo.text == "pipesim: error: --schedule: unknown name '1f1c'; did you mean '1f1b'? `pipesim list` shows them all\n");
+
+  const Output missing = run("simulate no-such-config.json", true);
+  CHECK(missing.exit_code == 1);
+  CHECK(missing.text == "pipesim: error: no-such-config.json: cannot open: No such file or directory\n");
+
+  CHECK(run("simulate " + config("default.json") + " --format yaml").exit_code != 0);
+}
+
+TEST_CASE("--trace writes a Chrome trace, replaces its own traces, and never a user's file") {
+  const auto dir = scratch_dir();
+  const std::string trace = (dir / "run.json").string();
+  REQUIRE(run("simulate " + config("default.json") + " --trace " + trace).exit_code == 0);
+  REQUIRE(run("simulate " + config("default.json") + " --schedule gpipe --trace " + trace).exit_code == 0);
+  std::ifstream in(trace);
+  const json parsed = json::parse(in);
+  CHECK(parsed["otherData"]["title"].get<std::string>().find("gpipe") != std::string::npos);
+
+  const std::string notes = (dir / "notes.json").string();
+  std::ofstream(notes) << "{\"mine\": true}";
+  const Output refused = run("simulate " + config("default.json") + " --trace " + notes, true);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.text == "pipesim: error: " + notes +
+                            ": exists and was not written by pipesim; refusing to overwrite it (choose another path or "
+                            "remove the file)\n");
+  std::ifstream kept(notes);
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "{\"mine\": true}");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("every shipped config simulates") {
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(std::string(std::getenv("PIPESIM_SOURCE")) + "/configs")) {
+    if (entry.path().extension() != ".json") continue;
+    CAPTURE(entry.path().string());
+    const Output out = run("compare " + entry.path().string() + " --format json", true);
+    CHECK(out.exit_code == 0);
+  }
+}
+
+TEST_CASE("bench --quick runs and prints its table") {
+  const Output out = run("bench --quick");
+  CHECK(out.exit_code == 0);
+  CHECK(out.text.find("Mtasks_per_s") != std::string::npos);
+}

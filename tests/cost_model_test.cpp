@@ -1,0 +1,81 @@
+// The analytic cost model against DESIGN.md §4, re-derived here from the formulas: roofline time
+// of a transformer layer, α-β links that know node boundaries, static memory, and the paper's MFU.
+#include <cmath>
+
+#include "helpers.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+const char* kThreeStages = R"json({
+  "model": {"layers": 3, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "seq_len": 2048, "vocab": 32000},
+  "parallel": {"pp": 3, "microbatches": 6},
+  "hardware": {"preset": "h100-sxm", "gpus_per_node": 2}
+})json";
+
+}  // namespace
+
+TEST_CASE("a transformer layer's forward is its roofline time plus the launch overhead") {
+  const Config c = parse_or_fail(kThreeStages);
+  const Plan plan = plan_or_fail(c);
+  const auto model = make_cost_model(plan.config, plan.layout);
+  const double b = 1, s = 2048, h = 1024, f = 4096;
+  const double gemm = 8 * b * s * h * h + 4 * b * s * h * f, attention = 4 * b * s * s * h;
+  const double params = 4 * h * h + 2 * h * f + 9 * h + f;
+  const double activations = s * b * h * 34;  // Korthikanti, flash attention, 2-byte activations
+  const HardwareConfig& hw = c.hardware;
+  const auto roofline = [&](double flops, double bytes) {
+    const double seconds_needed = std::max(flops / (hw.peak_tflops * 1e12 * hw.compute_efficiency),
+                                           bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency));
+    return std::llround(seconds_needed * 1e9) + std::llround(hw.kernel_launch_us * 1e3);
+  };
+  // Stage 1 holds one layer and no vocabulary layer. B (input gradient) redoes the GEMMs and twice
+  // the attention scores; W redoes the GEMMs and writes fp32 gradients.
+  CHECK(model->stage(1).forward == roofline(gemm + attention, params * 2 + activations));
+  CHECK(model->stage(1).backward == roofline(gemm + 2 * attention, params * 2 + activations));
+  CHECK(model->stage(1).weight == roofline(gemm, params * 4 + activations));
+}
+
+TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
+  const Config c = parse_or_fail(kThreeStages);  // 2 GPUs per node: devices 0,1 | 2
+  const Simulated sim = simulate_or_fail(c);
+  const double bytes = 1.0 * 2048 * 1024 * 2;
+  const HardwareConfig& hw = c.hardware;
+  const TimeNs intra = std::llround(hw.intra_node_latency_us * 1e3) + std::llround(bytes / (hw.intra_node_gbps * 1e9) * 1e9);
+  const TimeNs inter = std::llround(hw.inter_node_latency_us * 1e3) + std::llround(bytes / (hw.inter_node_gbps * 1e9) * 1e9);
+  int checked = 0;
+  for (std::size_t i = 0; i < sim.plan.graph.size(); ++i) {
+    const Task& t = sim.plan.graph.task(TaskId(i));
+    if (t.kind != OpKind::Send) continue;
+    const bool crosses_nodes = (t.device / 2) != (t.peer / 2);
+    CHECK(sim.durations[i] == (crosses_nodes ? inter : intra));
+    ++checked;
+  }
+  CHECK(checked == 2 * 2 * 6);  // two boundaries, both directions, six microbatches
+}
+
+TEST_CASE("static memory is parameters x 18 bytes, or 6 + 12/d with a distributed optimizer") {
+  const bool distributed = GENERATE(false, true);
+  Config c = parse_or_fail(kThreeStages, {"parallel.dp=4", fmt::format("precision.distributed_optimizer={}", distributed)});
+  const Plan plan = plan_or_fail(c);
+  const double h = 1024, f = 4096, V = 32000;
+  const double layer = 4 * h * h + 2 * h * f + 9 * h + f;
+  const double per_param = distributed ? 6 + 12.0 / 4 : 18;
+  CHECK(plan.static_bytes[0] == std::llround((layer + V * h) * per_param));        // layer + embedding
+  CHECK(plan.static_bytes[1] == std::llround(layer * per_param));                  // layer only
+  CHECK(plan.static_bytes[2] == std::llround((layer + V * h + 2 * h) * per_param));  // layer + head + final norm
+}
+
+TEST_CASE("MFU follows the paper: 3(2BSHV + L(8BSH^2 + 4BS^2H + 4BSHF)) / (time x devices x peak)") {
+  const int p = GENERATE(2, 4);
+  const int m = GENERATE(4, 8);
+  const Simulated s = simulate_or_fail(parse_or_fail(explicit_json(p, m, 1, 3, 5)));
+  // explicit_json: layers 2p, hidden 64, seq 32, vocab 1000, ffn 4h, micro-batch 1; h100-sxm peak.
+  const double B = m, S = 32, H = 64, V = 1000, F = 256, L = 2 * p;
+  const double flops = 3 * (2 * B * S * H * V + L * (8 * B * S * H * H + 4 * B * S * S * H + 4 * B * S * H * F));
+  const double seconds_taken = (m + p - 1) * 8e-3;
+  CHECK(s.metrics.mfu == Approx(flops / (seconds_taken * p * 989e12)));
+  CHECK(s.metrics.tokens_per_s == Approx(B * S / seconds_taken));
+}

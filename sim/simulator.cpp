@@ -158,7 +158,12 @@ class Engine {
   }
 
   void start(TaskId t, TimeNs now, TimeNs end) {
-    ops_[std::size_t(t)].start = now;
+    OpState& op = ops_[std::size_t(t)];
+    op.start = now;
+    // The stream's next op is needed when this one ends: fetch it (and its partner) meanwhile.
+    const TaskId* next = head_[op.slot] + 1;
+    if (next < end_[op.slot]) __builtin_prefetch(&ops_[std::size_t(*next)]);
+    if (next + 1 < end_[op.slot]) __builtin_prefetch(&ops_[std::size_t(next[1])]);
     events_.push({end, sequence_++, t});
   }
 

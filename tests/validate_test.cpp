@@ -131,3 +131,26 @@ TEST_CASE("missing, duplicated, misplaced and reordered ops are refused") {
     CHECK(validation_error(g.build(), 1) == "W(d0,s1,m0) runs on device 0 but stage 1 lives on device 1");
   }
 }
+
+TEST_CASE("a collective starts when its last member arrives and ends together on every member") {
+  // Device 0 computes 3 ms, device 1 computes 1 ms, then both all-reduce (2 ms each).
+  TaskGraphBuilder builder(2);
+  const TaskId f0 = builder.add({.kind = OpKind::F, .device = 0, .stage = 0, .chunk = 0, .microbatch = 0});
+  const TaskId f1 = builder.add({.kind = OpKind::F, .device = 1, .stage = 1, .chunk = 0, .microbatch = 0});
+  const TaskId r0 = builder.add({.kind = OpKind::AllReduce, .device = 0});
+  const TaskId r1 = builder.add({.kind = OpKind::AllReduce, .device = 1});
+  builder.add_group({r0, r1}, 2);
+  builder.depend(r0, f0);
+  builder.depend(r1, f1);
+  const TaskGraph graph = std::move(builder).build();
+  std::vector<TimeNs> durations(graph.size());
+  durations[std::size_t(f0)] = 3 * kNsPerMs;
+  durations[std::size_t(f1)] = 1 * kNsPerMs;
+  durations[std::size_t(r0)] = durations[std::size_t(r1)] = 2 * kNsPerMs;
+  Result<Timeline> run = simulate(graph, durations);
+  REQUIRE(run.ok());
+  for (TaskId r : {r0, r1}) {
+    CHECK(run.value().start[std::size_t(r)] == 3 * kNsPerMs);
+    CHECK(run.value().end[std::size_t(r)] == 5 * kNsPerMs);
+  }
+}

@@ -160,10 +160,11 @@ class Engine {
   void start(TaskId t, TimeNs now, TimeNs end) {
     OpState& op = ops_[std::size_t(t)];
     op.start = now;
-    // The stream's next op is needed when this one ends: fetch it (and its partner) meanwhile.
-    const TaskId* next = head_[op.slot] + 1;
-    if (next < end_[op.slot]) __builtin_prefetch(&ops_[std::size_t(*next)]);
-    if (next + 1 < end_[op.slot]) __builtin_prefetch(&ops_[std::size_t(next[1])]);
+    // The stream's next ops are needed when this one ends: fetch them into cache meanwhile.
+    const TaskId* head = head_[op.slot];
+    const std::ptrdiff_t behind = end_[op.slot] - head - 1;
+    if (behind > 0) __builtin_prefetch(&ops_[std::size_t(head[1])]);
+    if (behind > 1) __builtin_prefetch(&ops_[std::size_t(head[2])]);
     events_.push({end, sequence_++, t});
   }
 

@@ -52,7 +52,8 @@ class CostModel {
   std::vector<StageTimes> stages_;
 };
 
-/// Analytic unless the config has a `costs` block.
+/// Analytic unless the config has a `costs` block. The model borrows `config` and `layout`: keep
+/// them alive while it is used.
 std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& layout);
 
 /// Durations of every op of `graph`, indexed by TaskId.

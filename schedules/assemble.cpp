@@ -51,45 +51,42 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
       if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
     }
 
-  // Sends in each producer's program order; remember them by the stage they feed.
-  OpTable activation_send(stages, microbatches), gradient_send(stages, microbatches);
+  // Transfers in each producer's program order. A channel's RECVs are issued in the order of its
+  // SENDs (receives have no dependencies, so posting them early costs nothing), which keeps every
+  // pair matched whatever order the consumer computes in. Remembered by the stage they feed.
+  OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
   for (int d = 0; d < layout.devices; ++d)
     for (const ComputeStep& s : orders[std::size_t(d)]) {
       const bool forward_out = s.kind == OpKind::F && s.stage + 1 < stages && device_of(s.stage + 1) != d;
       const bool backward_out = s.kind == OpKind::B && s.stage > 0 && device_of(s.stage - 1) != d;
       if (!forward_out && !backward_out) continue;
       const int to = forward_out ? s.stage + 1 : s.stage - 1;
-      const TaskId send = builder.add({.kind = OpKind::Send, .payload = forward_out ? Payload::Activation : Payload::Gradient,
-                                       .device = d, .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk,
-                                       .microbatch = s.microbatch, .peer = device_of(to),
-                                       .bytes = double(boundary_bytes)});
+      Task transfer{.kind = OpKind::Send, .payload = forward_out ? Payload::Activation : Payload::Gradient, .device = d,
+                    .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk, .microbatch = s.microbatch,
+                    .peer = device_of(to), .bytes = double(boundary_bytes)};
+      const TaskId send = builder.add(transfer);
+      transfer.kind = OpKind::Recv;
+      transfer.device = device_of(to);
+      transfer.peer = d;
+      const TaskId recv = builder.add(transfer);
+      builder.pair(send, recv);
       builder.depend(send, (forward_out ? forward : backward).at(s.stage, s.microbatch));
-      (forward_out ? activation_send : gradient_send).at(to, s.microbatch) = send;
+      (forward_out ? activation_recv : gradient_recv).at(to, s.microbatch) = recv;
     }
 
-  // Receives in each consumer's program order, then the compute dependencies.
-  for (int d = 0; d < layout.devices; ++d)
-    for (const ComputeStep& s : orders[std::size_t(d)]) {
-      if (s.kind == OpKind::W) {
-        builder.depend(weight.at(s.stage, s.microbatch), backward.at(s.stage, s.microbatch));
-        continue;
+  // Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B.
+  for (int s = 0; s < stages; ++s)
+    for (int m = 0; m < microbatches; ++m) {
+      if (s > 0) {
+        const TaskId recv = activation_recv.at(s, m);
+        builder.depend(forward.at(s, m), recv != kNoTask ? recv : forward.at(s - 1, m));  // same device: direct
       }
-      const TaskId self = (s.kind == OpKind::F ? forward : backward).at(s.stage, s.microbatch);
-      const int from = s.kind == OpKind::F ? s.stage - 1 : s.stage + 1;
-      if (s.kind == OpKind::B) builder.depend(self, forward.at(s.stage, s.microbatch));
-      if (from < 0 || from >= stages) continue;
-      if (device_of(from) == d) {  // V placement turns on one device: no transfer
-        builder.depend(self, (s.kind == OpKind::F ? forward : backward).at(from, s.microbatch));
-        continue;
+      builder.depend(backward.at(s, m), forward.at(s, m));
+      if (s + 1 < stages) {
+        const TaskId recv = gradient_recv.at(s, m);
+        builder.depend(backward.at(s, m), recv != kNoTask ? recv : backward.at(s + 1, m));
       }
-      const TaskId send = (s.kind == OpKind::F ? activation_send : gradient_send).at(s.stage, s.microbatch);
-      Task recv = builder.task(send);
-      recv.kind = OpKind::Recv;
-      recv.device = d;
-      recv.peer = device_of(from);
-      const TaskId recv_id = builder.add(recv);
-      builder.pair(send, recv_id);
-      builder.depend(self, recv_id);
+      if (split_weight) builder.depend(weight.at(s, m), backward.at(s, m));
     }
 
   // End of iteration: gradient all-reduce over the DP replicas, then the optimizer step.

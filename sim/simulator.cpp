@@ -29,7 +29,7 @@ struct Event {
 /// advancing through memory at once, one cache-line stream per op beats six parallel arrays.
 struct OpState {
   std::int32_t pending;  ///< unfinished dependencies; kArrived once it heads a free stream, ready
-  std::uint32_t slot;    ///< device * kStreamCount + stream
+  std::uint32_t slot;    ///< the stream it runs on (TaskGraph::stream_of)
   TaskId partner;        ///< rendezvous partner, or kNoTask
   std::int32_t group;    ///< collective group, or -1
   std::uint32_t successors_begin, successors_end;  ///< range in the graph's successor list
@@ -70,13 +70,13 @@ class Engine {
  public:
   Engine(const TaskGraph& graph, std::span<const TimeNs> durations)
       : graph_(graph), successors_(graph.size() ? graph.successors(0).data() : nullptr), ops_(graph.size()) {
-    const std::size_t n = graph.size(), slots = std::size_t(graph.devices()) * kStreamCount;
+    const std::size_t n = graph.size(), slots = graph.stream_count();
     for (std::size_t i = 0; i < n; ++i) {
       const Task& t = graph.task(TaskId(i));
       const auto successors = graph.successors(TaskId(i));
       const auto begin = std::uint32_t(successors.data() - successors_);
       ops_[i] = {std::int32_t(graph.deps(TaskId(i)).size()),
-                 std::uint32_t(t.device * kStreamCount + int(stream_of(t.kind))),
+                 std::uint32_t(graph.stream_of(t)),
                  t.partner,
                  t.group,
                  begin,
@@ -86,7 +86,7 @@ class Engine {
     head_.resize(slots);
     end_.resize(slots);
     for (std::size_t slot = 0; slot < slots; ++slot) {
-      const auto order = graph.stream_order(int(slot / kStreamCount), static_cast<Stream>(slot % kStreamCount));
+      const auto order = graph.stream(slot);
       head_[slot] = order.data();
       end_[slot] = order.data() + order.size();
     }
@@ -197,7 +197,7 @@ class Engine {
       } else if (task.partner != kNoTask) {
         reason = "waits for its partner " + graph_.describe(task.partner) + " to be issued";
       }
-      report += fmt::format("\n  device {} {} stream: {} {}", task.device, stream_name(stream_of(task.kind)),
+      report += fmt::format("\n  device {} {} stream: {} {}", task.device, graph_.stream_name(slot),
                             graph_.describe(t), reason);
     }
     return report;

@@ -56,8 +56,8 @@ void track_memory(const TaskGraph& graph, const Timeline& timeline, DeviceMetric
 
 std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline& timeline, int device) {
   std::vector<MemoryChange> changes;
-  for (int s = 0; s < kStreamCount; ++s)
-    for (TaskId id : graph.stream_order(device, static_cast<Stream>(s))) {
+  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s)
+    for (TaskId id : graph.stream(s)) {
       const Task& t = graph.task(id);
       if (t.alloc_bytes) changes.push_back({timeline.start[static_cast<std::size_t>(id)], t.alloc_bytes, id});
       if (t.free_bytes) changes.push_back({timeline.end[static_cast<std::size_t>(id)], -t.free_bytes, id});
@@ -84,10 +84,10 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
     DeviceMetrics device;
     device.rank = d;
     std::vector<Interval> compute, comm;
-    for (int s = 0; s < kStreamCount; ++s)
-      for (TaskId id : graph.stream_order(d, static_cast<Stream>(s))) {
+    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s)
+      for (TaskId id : graph.stream(s)) {
         const Interval i{timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]};
-        (static_cast<Stream>(s) == Stream::Compute ? compute : comm).push_back(i);
+        (graph.stream_kind_of(s) == Stream::Compute ? compute : comm).push_back(i);
       }
     const std::vector<Interval> busy = merged(std::move(compute)), talking = merged(std::move(comm));
     device.busy_ns = length(busy);

@@ -26,17 +26,7 @@ std::string_view op_kind_name(OpKind kind) {
   return "?";
 }
 
-std::string_view stream_name(Stream stream) {
-  switch (stream) {
-    case Stream::Compute: return "compute";
-    case Stream::Send: return "send";
-    case Stream::Recv: return "recv";
-    case Stream::Collective: return "collective";
-  }
-  return "?";
-}
-
-Stream stream_of(OpKind kind) {
+Stream stream_kind(OpKind kind) {
   switch (kind) {
     case OpKind::F:
     case OpKind::B:
@@ -56,11 +46,48 @@ Stream stream_of(OpKind kind) {
   return Stream::Compute;
 }
 
-bool is_compute(OpKind kind) { return stream_of(kind) == Stream::Compute; }
+bool is_compute(OpKind kind) { return stream_kind(kind) == Stream::Compute; }
 
-std::span<const TaskId> TaskGraph::stream_order(int device, Stream stream) const {
-  const auto slot = static_cast<std::size_t>(device * kStreamCount + static_cast<int>(stream));
-  return {stream_ids_.data() + stream_offsets_[slot], stream_ids_.data() + stream_offsets_[slot + 1]};
+// Device d's streams, from first_stream(d): compute, collective, send to each device, receive from
+// each device (the entries for d itself stay empty).
+std::size_t TaskGraph::stream_of(const Task& t) const {
+  const std::size_t base = first_stream(t.device);
+  switch (stream_kind(t.kind)) {
+    case Stream::Compute: return base;
+    case Stream::Collective: return base + 1;
+    case Stream::Send: return base + 2 + std::size_t(t.peer);
+    case Stream::Recv: return base + 2 + std::size_t(devices_) + std::size_t(t.peer);
+  }
+  return base;
+}
+
+std::span<const TaskId> TaskGraph::stream_order(int device, Stream kind, int peer) const {
+  Task probe;
+  probe.device = device;
+  probe.peer = peer;
+  probe.kind = kind == Stream::Compute      ? OpKind::F
+               : kind == Stream::Collective ? OpKind::AllReduce
+               : kind == Stream::Send       ? OpKind::Send
+                                            : OpKind::Recv;
+  return stream(stream_of(probe));
+}
+
+Stream TaskGraph::stream_kind_of(std::size_t s) const {
+  const std::size_t local = s % streams_per_device();
+  if (local == 0) return Stream::Compute;
+  if (local == 1) return Stream::Collective;
+  return local < 2 + std::size_t(devices_) ? Stream::Send : Stream::Recv;
+}
+
+std::string TaskGraph::stream_name(std::size_t s) const {
+  const std::size_t local = s % streams_per_device();
+  switch (stream_kind_of(s)) {
+    case Stream::Compute: return "compute";
+    case Stream::Collective: return "collective";
+    case Stream::Send: return fmt::format("send->d{}", local - 2);
+    case Stream::Recv: return fmt::format("recv<-d{}", local - 2 - std::size_t(devices_));
+  }
+  return "?";
 }
 
 std::string TaskGraph::describe(TaskId id) const {
@@ -127,17 +154,13 @@ TaskGraph TaskGraphBuilder::build() && {
       tasks_.size(), edges_, [](const auto& e) { return static_cast<std::size_t>(e.second); },
       [](const auto& e) { return e.first; }, graph.succ_offsets_, graph.succ_ids_);
 
-  std::vector<TaskId> all(tasks_.size());
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);
-  const auto slot = [this](TaskId id) {
-    const Task& t = tasks_[static_cast<std::size_t>(id)];
-    return static_cast<std::size_t>(t.device * kStreamCount + static_cast<int>(stream_of(t.kind)));
-  };
-  build_csr(
-      static_cast<std::size_t>(devices_ * kStreamCount), all, slot, [](TaskId id) { return id; },
-      graph.stream_offsets_, graph.stream_ids_);
-
   graph.tasks_ = std::move(tasks_);
+  std::vector<TaskId> all(graph.tasks_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);
+  build_csr(
+      std::size_t(devices_) * graph.streams_per_device(), all, [&graph](TaskId id) { return graph.stream_of(id); },
+      [](TaskId id) { return id; }, graph.stream_offsets_, graph.stream_ids_);
+
   graph.groups_ = std::move(groups_);
   return graph;
 }

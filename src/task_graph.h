@@ -1,9 +1,9 @@
 #pragma once
 /// The task graph: the one representation that schedules produce and that both the simulator and
-/// the runtime execute. Each device issues its ops on a few streams, each stream strictly in
-/// program order; an op starts when its stream is free and all its dependencies are done.
-/// SEND/RECV are matched pairs that start together (rendezvous, NCCL semantics); collectives start
-/// when every member of their group has reached them.
+/// the runtime execute. Each device issues its ops on streams, each stream strictly in program
+/// order; an op starts when its stream is free and all its dependencies are done. SEND/RECV are
+/// matched pairs that start together (rendezvous, NCCL semantics); collectives start when every
+/// member of their group has reached them.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -35,10 +35,11 @@ enum class OpKind : std::uint8_t {
 constexpr int kOpKindCount = 14;
 std::string_view op_kind_name(OpKind kind);
 
-enum class Stream : std::uint8_t { Compute, Send, Recv, Collective };
-constexpr int kStreamCount = 4;
-std::string_view stream_name(Stream stream);
-Stream stream_of(OpKind kind);
+/// Kinds of stream. Every device has one compute and one collective stream, and towards every other
+/// device one send stream and one receive stream: a point-to-point channel per ordered device pair,
+/// whose SENDs and RECVs pair up in order, as NCCL matches them.
+enum class Stream : std::uint8_t { Compute, Collective, Send, Recv };
+Stream stream_kind(OpKind kind);
 bool is_compute(OpKind kind);
 
 /// What a SEND/RECV carries.
@@ -81,14 +82,29 @@ class TaskGraph {
   std::span<const TaskId> deps(TaskId id) const { return csr(dep_offsets_, dep_ids_, id); }
   /// The ops that wait for `id`: deps() inverted, kept so executors need not rebuild it.
   std::span<const TaskId> successors(TaskId id) const { return csr(succ_offsets_, succ_ids_, id); }
-  /// Ops of one stream of one device, in program order.
-  std::span<const TaskId> stream_order(int device, Stream stream) const;
+  /// Streams are numbered device by device: [first_stream(d), first_stream(d + 1)) are device d's.
+  std::size_t stream_count() const { return stream_offsets_.size() - 1; }
+  std::size_t first_stream(int device) const { return std::size_t(device) * streams_per_device(); }
+  /// The stream `id` runs on.
+  std::size_t stream_of(TaskId id) const { return stream_of(task(id)); }
+  std::size_t stream_of(const Task& task) const;
+  /// Ops of a stream, in program order.
+  std::span<const TaskId> stream(std::size_t s) const {
+    return {stream_ids_.data() + stream_offsets_[s], stream_ids_.data() + stream_offsets_[s + 1]};
+  }
+  /// Ops of one device's stream of `kind` (towards `peer` for Send and Recv), in program order.
+  std::span<const TaskId> stream_order(int device, Stream kind, int peer = -1) const;
+  Stream stream_kind_of(std::size_t s) const;
+  int stream_device(std::size_t s) const { return int(s / streams_per_device()); }
+  /// "compute", "collective", "send->d3" or "recv<-d1".
+  std::string stream_name(std::size_t s) const;
   std::span<const CollectiveGroup> groups() const { return groups_; }
   /// Short human name, e.g. `F(d0,s0,m1)` or `SEND(d0->d1,act,s0,m1)`.
   std::string describe(TaskId id) const;
 
  private:
   friend class TaskGraphBuilder;
+  std::size_t streams_per_device() const { return 2 + 2 * std::size_t(devices_); }
   static std::span<const TaskId> csr(const std::vector<std::int64_t>& offsets, const std::vector<TaskId>& ids,
                                      TaskId id) {
     const auto i = static_cast<std::size_t>(id);
@@ -100,7 +116,7 @@ class TaskGraph {
   std::vector<TaskId> dep_ids_;
   std::vector<std::int64_t> succ_offsets_;  ///< CSR of successors, same layout
   std::vector<TaskId> succ_ids_;
-  std::vector<std::int64_t> stream_offsets_;  ///< CSR over device * kStreamCount + stream
+  std::vector<std::int64_t> stream_offsets_{0};  ///< CSR over streams (see first_stream)
   std::vector<TaskId> stream_ids_;
   std::vector<CollectiveGroup> groups_;
 };

@@ -5,7 +5,6 @@
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <array>
-#include <map>
 #include <vector>
 
 namespace pipesim {
@@ -63,33 +62,28 @@ Status check_local_dependencies(const TaskGraph& graph) {
   return Status::Ok();
 }
 
+/// Every SEND has its RECV, and on each channel (ordered device pair) the k-th SEND pairs with the
+/// k-th RECV, as NCCL matches them.
 Status check_p2p(const TaskGraph& graph) {
-  std::map<std::pair<int, int>, std::vector<TaskId>> sends, recvs;  // keyed by (from, to)
-  for (int d = 0; d < graph.devices(); ++d) {
-    for (TaskId id : graph.stream_order(d, Stream::Send)) sends[{d, graph.task(id).peer}].push_back(id);
-    for (TaskId id : graph.stream_order(d, Stream::Recv)) recvs[{graph.task(id).peer, d}].push_back(id);
+  for (std::size_t i = 0; i < graph.size(); ++i) {
+    const Task& t = graph.task(TaskId(i));
+    if (t.kind != OpKind::Send && t.kind != OpKind::Recv) continue;
+    const OpKind other = t.kind == OpKind::Send ? OpKind::Recv : OpKind::Send;
+    if (t.partner == kNoTask || graph.task(t.partner).kind != other || graph.task(t.partner).device != t.peer ||
+        graph.task(t.partner).partner != TaskId(i))
+      return Error{fmt::format("{} has no matching {} on device {}", graph.describe(TaskId(i)), op_kind_name(other), t.peer)};
   }
-  for (const auto& [link, list] : sends)
-    for (TaskId id : list) {
-      const Task& send = graph.task(id);
-      if (send.partner == kNoTask || graph.task(send.partner).kind != OpKind::Recv ||
-          graph.task(send.partner).device != send.peer || graph.task(send.partner).partner != id)
-        return Error{fmt::format("{} has no matching RECV on device {}", graph.describe(id), send.peer)};
+  for (int from = 0; from < graph.devices(); ++from)
+    for (int to = 0; to < graph.devices(); ++to) {
+      const auto sends = graph.stream_order(from, Stream::Send, to), recvs = graph.stream_order(to, Stream::Recv, from);
+      for (std::size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k)
+        if (k >= sends.size() || k >= recvs.size() || graph.task(sends[k]).partner != recvs[k])
+          return Error{fmt::format(
+              "p2p order mismatch between device {} and device {}: SEND number {} on device {} is {}, but RECV number "
+              "{} on device {} is {}; sends and receives between a pair must be issued in the same order",
+              from, to, k + 1, from, k < sends.size() ? graph.describe(sends[k]) : "missing", k + 1, to,
+              k < recvs.size() ? graph.describe(recvs[k]) : "missing")};
     }
-  for (const auto& [link, list] : recvs) {
-    const std::vector<TaskId>& matching = sends[link];
-    for (std::size_t k = 0; k < list.size(); ++k) {
-      const Task& recv = graph.task(list[k]);
-      if (recv.partner == kNoTask || graph.task(recv.partner).kind != OpKind::Send)
-        return Error{fmt::format("{} has no matching SEND on device {}", graph.describe(list[k]), recv.peer)};
-      if (k >= matching.size() || matching[k] != recv.partner)
-        return Error{fmt::format(
-            "p2p order mismatch between device {} and device {}: RECV number {} on device {} is {}, but SEND number "
-            "{} on device {} is {}; sends and receives between a pair must be issued in the same order",
-            link.first, link.second, k + 1, link.second, graph.describe(list[k]), k + 1, link.first,
-            k < matching.size() ? graph.describe(matching[k]) : std::string("missing"))};
-    }
-  }
   return Status::Ok();
 }
 
@@ -143,11 +137,10 @@ Status check_cycles(const TaskGraph& graph) {
   };
   for (std::size_t i = 0; i < graph.size(); ++i)
     for (TaskId dep : graph.deps(static_cast<TaskId>(i))) edge(dep, static_cast<TaskId>(i), Wait::Dependency);
-  for (int d = 0; d < graph.devices(); ++d)
-    for (int s = 0; s < kStreamCount; ++s) {
-      const auto order = graph.stream_order(d, static_cast<Stream>(s));
-      for (std::size_t k = 1; k < order.size(); ++k) edge(order[k - 1], order[k], Wait::StreamOrder);
-    }
+  for (std::size_t s = 0; s < graph.stream_count(); ++s) {
+    const auto order = graph.stream(s);
+    for (std::size_t k = 1; k < order.size(); ++k) edge(order[k - 1], order[k], Wait::StreamOrder);
+  }
   std::vector<Vertex> parent(graph.size());
   std::vector<Wait> parent_wait(graph.size(), Wait::Dependency);
   CycleVisitor visitor;

@@ -74,8 +74,8 @@ TEST_CASE("a well-formed hand-built graph validates and simulates") {
 TEST_CASE("sends and receives issued in different orders are a p2p order mismatch") {
   HandGraph g(2, {{OpKind::F, 1}, {OpKind::B, 1}, {OpKind::F, 0}, {OpKind::B, 0}}, {1, 0});
   CHECK(validation_error(g.build(), 2) ==
-        "p2p order mismatch between device 0 and device 1: RECV number 1 on device 1 is RECV(d1<-d0,act,s0,m1), but "
-        "SEND number 1 on device 0 is SEND(d0->d1,act,s0,m0); sends and receives between a pair must be issued in the "
+        "p2p order mismatch between device 0 and device 1: SEND number 1 on device 0 is SEND(d0->d1,act,s0,m0), but "
+        "RECV number 1 on device 1 is RECV(d1<-d0,act,s0,m1); sends and receives between a pair must be issued in the "
         "same order");
 }
 
@@ -96,11 +96,11 @@ TEST_CASE("a wait cycle through stream order is reported as a deadlock with ever
   CHECK(run.error().message ==
         "deadlock at t = 2.000000 ms: no op can start, but some have not run:\n"
         "  device 0 compute stream: F(d0,s0,m1) waits for B(d0,s0,m0)\n"
-        "  device 0 send stream: SEND(d0->d1,act,s0,m1) waits for F(d0,s0,m1)\n"
-        "  device 0 recv stream: RECV(d0<-d1,grad,s1,m0) waits for its partner SEND(d1->d0,grad,s1,m0) to be issued\n"
+        "  device 0 send->d1 stream: SEND(d0->d1,act,s0,m1) waits for F(d0,s0,m1)\n"
+        "  device 0 recv<-d1 stream: RECV(d0<-d1,grad,s1,m0) waits for its partner SEND(d1->d0,grad,s1,m0) to be issued\n"
         "  device 1 compute stream: F(d1,s1,m1) waits for RECV(d1<-d0,act,s0,m1)\n"
-        "  device 1 send stream: SEND(d1->d0,grad,s1,m0) waits for B(d1,s1,m0)\n"
-        "  device 1 recv stream: RECV(d1<-d0,act,s0,m1) waits for its partner SEND(d0->d1,act,s0,m1) to be issued");
+        "  device 1 send->d0 stream: SEND(d1->d0,grad,s1,m0) waits for B(d1,s1,m0)\n"
+        "  device 1 recv<-d0 stream: RECV(d1<-d0,act,s0,m1) waits for its partner SEND(d0->d1,act,s0,m1) to be issued");
 }
 
 TEST_CASE("a cycle of dependencies alone is reported with its full path") {

@@ -33,6 +33,11 @@ void event(fmt::memory_buffer& out, fmt::format_string<Args...> format, Args&&..
   out.push_back('\n');
 }
 
+/// A stream's row within its device's process: compute first, then collective, sends, receives.
+std::size_t tid(const TaskGraph& graph, std::size_t stream) {
+  return stream - graph.first_stream(graph.stream_device(stream));
+}
+
 }  // namespace
 
 std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
@@ -46,23 +51,24 @@ std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const
   for (int d = 0; d < graph.devices(); ++d) {
     if (d > 0) event(out, R"({{"ph":"M","pid":{},"name":"process_name","args":{{"name":"device {}"}}}})", d, d);
     event(out, R"({{"ph":"M","pid":{},"name":"process_sort_index","args":{{"sort_index":{}}}}})", d, d);
-    for (int s = 0; s < kStreamCount; ++s)
-      event(out, R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", d, s,
-            stream_name(static_cast<Stream>(s)));
+    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s)
+      if (!graph.stream(s).empty())
+        event(out, R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", d, tid(graph, s),
+              graph.stream_name(s));
   }
   for (std::size_t i = 0; i < graph.size(); ++i) {
     const Task& t = graph.task(TaskId(i));
     const TimeNs start = timeline.start[i], end = timeline.end[i];
     event(out, R"({{"ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"name":"{}","cat":"{}",)"
           R"("args":{{"kind":"{}","stage":{},"chunk":{},"microbatch":{}}}}})",
-          t.device, int(stream_of(t.kind)), us(start), us(end - start), op_name(t), op_kind_name(t.kind),
+          t.device, tid(graph, graph.stream_of(t)), us(start), us(end - start), op_name(t), op_kind_name(t.kind),
           op_kind_name(t.kind), t.stage, t.chunk, t.microbatch);
     if (t.kind == OpKind::Send) {
       const Task& r = graph.task(t.partner);
       event(out, R"({{"ph":"s","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, t.device,
-            int(Stream::Send), us(start));
+            tid(graph, graph.stream_of(t)), us(start));
       event(out, R"({{"ph":"f","bp":"e","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, r.device,
-            int(Stream::Recv), us(timeline.start[std::size_t(t.partner)]));
+            tid(graph, graph.stream_of(r)), us(timeline.start[std::size_t(t.partner)]));
     }
   }
   // Memory counter: static + live activations, stepping at each allocation and release.

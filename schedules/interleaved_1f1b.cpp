@@ -22,7 +22,9 @@ ComputeStep step(const Layout& layout, OpKind kind, int k) {
 /// Interleaved 1F1B (Narayanan et al. 2021): v chunks per device in loop placement (stage
 /// c·p + d). Warm-up 2(p-1-d) + (v-1)p forwards, then 1F1B over all m·v chunk-microbatches.
 /// Bubble (p-1)(F+B)/v for per-device F and B.
-Result<DeviceOrders> generate_interleaved_1f1b(const Layout& layout, int microbatches) {
+Result<DeviceOrders> generate_interleaved_1f1b(const ScheduleContext& context) {
+  const Layout& layout = context.layout;
+  const int microbatches = context.microbatches;
   const int p = layout.devices, v = layout.chunks;
   if (v < 2)
     return Error{fmt::format("parallel.chunks: interleaved-1f1b needs at least 2 chunks per device, got {}; set "

@@ -7,7 +7,9 @@ namespace pipesim {
 /// 1F1B (PipeDream-flush): device i runs p-1-i warm-up forwards, then alternates one forward and
 /// one backward, then drains the remaining backwards. Same time as GPipe, but device i holds at
 /// most min(p - i, m) microbatches of activations.
-Result<DeviceOrders> generate_1f1b(const Layout& layout, int microbatches) {
+Result<DeviceOrders> generate_1f1b(const ScheduleContext& context) {
+  const Layout& layout = context.layout;
+  const int microbatches = context.microbatches;
   const int p = layout.devices;
   DeviceOrders orders(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {

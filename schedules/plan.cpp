@@ -63,15 +63,20 @@ Result<Plan> make_plan(const Config& requested) {
   if (!layout.ok()) return layout.error();
   plan.layout = std::move(layout).value();
   const int m = config.parallel.microbatches;
-  Result<DeviceOrders> orders = plan.schedule->generate(plan.layout, m);
-  if (!orders.ok()) return orders.error();
-  if (Status s = check_orders(orders.value(), plan.layout, m); !s.ok()) return s.error();
-
   const ModelConfig& model = config.model;
   const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
                                                  config.precision.activation_bytes / config.parallel.tp);
-  plan.graph = assemble(plan.layout, orders.value(), stage_work(config, plan.layout), m, config.parallel.dp,
-                        boundary_bytes, config.precision.grad_bytes);
+  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0};
+  const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
+  for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
+  context.transfer_ns = costs->transfer(
+      {.kind = OpKind::Send, .device = 0, .peer = std::min(1, plan.layout.devices - 1), .bytes = double(boundary_bytes)});
+  Result<DeviceOrders> orders = plan.schedule->generate(context);
+  if (!orders.ok()) return orders.error();
+  if (Status s = check_orders(orders.value(), plan.layout, m); !s.ok()) return s.error();
+
+  plan.graph = assemble(plan.layout, orders.value(), context.work, m, config.parallel.dp, boundary_bytes,
+                        config.precision.grad_bytes);
   if (Status s = validate(plan.graph, plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, s.error().message)};
   plan.static_bytes = static_memory_bytes(config, plan.layout);

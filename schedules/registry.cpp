@@ -5,13 +5,23 @@
 namespace pipesim {
 namespace {
 
-const std::array<ScheduleInfo, 3> kSchedules = {{
+const std::array<ScheduleInfo, 8> kSchedules = {{
     {"gpipe", "all forwards, then all backwards; activations of every microbatch stay alive", Placement::Loop, 1,
      generate_gpipe},
     {"1f1b", "PipeDream-flush: warm-up forwards, then one forward one backward; p-i microbatches alive",
      Placement::Loop, 1, generate_1f1b},
     {"interleaved-1f1b", "Megatron interleaved 1F1B: parallel.chunks (>= 2) chunks per device, loop placement",
      Placement::Loop, 0, generate_interleaved_1f1b},
+    {"zb-h1", "zero bubble H1: 1F1B with B and W split, W deferred into bubbles; 1F1B memory", Placement::Loop, 1,
+     generate_zb_h1},
+    {"v-half", "V placement, 2 chunks per device, half of 1F1B's activation memory, about half its bubble",
+     Placement::V, 2, generate_v_half},
+    {"v-min", "V placement, 2 chunks per device, about a third of 1F1B's activation memory", Placement::V, 2,
+     generate_v_min},
+    {"zb-v", "zero bubble V: 2 chunks per device, B and W split, 1F1B memory, almost no bubble", Placement::V, 2,
+     generate_zb_v},
+    {"dualpipe-v", "DeepSeek DualPipeV: V placement, overlapped F and B pairs, zero-bubble tail; m >= 2p",
+     Placement::V, 2, generate_dualpipe_v},
 }};
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config.h"
+#include "cost_model.h"
 #include "layout.h"
 #include "status.h"
 #include "task_graph.h"
@@ -22,13 +23,23 @@ struct ComputeStep {
 /// Per device, its compute ops in program order.
 using DeviceOrders = std::vector<std::vector<ComputeStep>>;
 
+/// What a generator may use: the layout and microbatch count, and per-stage costs and memory so
+/// that greedy generators can place ops by time under a memory budget.
+struct ScheduleContext {
+  const Layout& layout;
+  int microbatches;
+  std::vector<StageTimes> times;  ///< per virtual stage; backward is the input-gradient part
+  std::vector<StageWork> work;    ///< per virtual stage: activation_bytes, weight_held_bytes
+  TimeNs transfer_ns = 0;         ///< one activation or gradient between neighbouring devices
+};
+
 struct ScheduleInfo {
   std::string name;
   std::string description;
   Placement placement;
   int chunks;  ///< chunks per device the schedule needs; 0: parallel.chunks, which must be >= 2
   /// Refuses (p, m) it cannot schedule with an error that says what to change.
-  Result<DeviceOrders> (*generate)(const Layout& layout, int microbatches);
+  Result<DeviceOrders> (*generate)(const ScheduleContext& context);
 };
 
 /// The schedule table, in the order `pipesim list` shows it.
@@ -38,8 +49,13 @@ const ScheduleInfo* find_schedule(const std::string& name);
 std::vector<std::string> schedule_names();
 
 // Generators registered in the table (one file each).
-Result<DeviceOrders> generate_gpipe(const Layout& layout, int microbatches);
-Result<DeviceOrders> generate_1f1b(const Layout& layout, int microbatches);
-Result<DeviceOrders> generate_interleaved_1f1b(const Layout& layout, int microbatches);
+Result<DeviceOrders> generate_gpipe(const ScheduleContext& context);
+Result<DeviceOrders> generate_1f1b(const ScheduleContext& context);
+Result<DeviceOrders> generate_interleaved_1f1b(const ScheduleContext& context);
+Result<DeviceOrders> generate_zb_h1(const ScheduleContext& context);
+Result<DeviceOrders> generate_v_half(const ScheduleContext& context);
+Result<DeviceOrders> generate_v_min(const ScheduleContext& context);
+Result<DeviceOrders> generate_zb_v(const ScheduleContext& context);
+Result<DeviceOrders> generate_dualpipe_v(const ScheduleContext& context);
 
 }  // namespace pipesim

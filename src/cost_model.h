@@ -43,6 +43,8 @@ class CostModel {
   /// Duration of one op. `split_weight`: the graph has separate W ops.
   TimeNs duration(const TaskGraph& graph, TaskId id, bool split_weight) const;
   const StageTimes& stage(int s) const { return stages_[static_cast<std::size_t>(s)]; }
+  /// Duration of a SEND or RECV as it would appear in a graph.
+  TimeNs transfer(const Task& task) const { return p2p(task); }
   virtual std::string_view source() const = 0;
 
  protected:

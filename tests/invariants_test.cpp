@@ -54,6 +54,13 @@ TEST_CASE("every schedule's graph validates and simulates within the IR's rules"
                       (m / p + 1) * p));
     return;
   }
+  if (schedule == "dualpipe-v" && m < 2 * p) {
+    REQUIRE_FALSE(plan.ok());
+    CHECK(plan.error().message ==
+          fmt::format("parallel.microbatches: dualpipe-v needs at least 2 x pp ({}) microbatches, got {}; use {}", 2 * p,
+                      m, 2 * p));
+    return;
+  }
   if (!plan.ok()) FAIL(plan.error().message);
   const Plan& pl = plan.value();
   const std::vector<TimeNs> durations = op_durations(*make_cost_model(pl.config, pl.layout), pl.graph);

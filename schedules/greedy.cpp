@@ -1,0 +1,173 @@
+#include "greedy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+namespace pipesim {
+namespace {
+
+constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+
+class Greedy {
+ public:
+  Greedy(const ScheduleContext& context, const GreedyOptions& options)
+      : c_(context), o_(options), stages_(context.layout.stage_count()), m_(context.microbatches) {
+    const int devices = context.layout.devices;
+    stages_of_.resize(std::size_t(devices));
+    for (int s = 0; s < stages_; ++s) stages_of_[std::size_t(device_of(s))].push_back(s);
+    // A microbatch enters a device at its first stage there; it may return for a later chunk (V
+    // placement). Entering must leave room for one later-chunk forward, so that the oldest
+    // microbatch -- the next one every later stage forwards, in order -- can always go on.
+    headroom_.assign(std::size_t(devices), 0);
+    for (int d = 0; d < devices; ++d)
+      for (std::size_t k = 1; k < stages_of_[std::size_t(d)].size(); ++k)
+        headroom_[std::size_t(d)] = std::max(headroom_[std::size_t(d)], work(stages_of_[std::size_t(d)][k]).activation_bytes);
+    next_forward_.assign(std::size_t(stages_), 0);
+    next_backward_.assign(std::size_t(stages_), 0);
+    forward_ready_.assign(std::size_t(stages_) * m_, kNever);
+    backward_ready_.assign(std::size_t(stages_) * m_, kNever);
+    for (int mb = 0; mb < m_; ++mb) forward_ready_[std::size_t(mb)] = 0;  // stage 0 reads the batch
+    free_at_.assign(std::size_t(devices), 0);
+    memory_.assign(std::size_t(devices), 0);
+    weights_.resize(std::size_t(devices));
+    orders_.resize(std::size_t(devices));
+  }
+
+  Result<DeviceOrders> run() {
+    const std::size_t total = std::size_t(stages_) * m_ * 3;
+    std::size_t placed = 0;
+    TimeNs now = 0;
+    while (placed < total) {
+      bool started = true;
+      while (started) {  // zero-length ops can enable others at the same instant
+        started = false;
+        for (int d = 0; d < c_.layout.devices; ++d)
+          if (free_at_[std::size_t(d)] <= now && start_next(d, now)) started = true, ++placed;
+      }
+      if (placed == total) break;
+      const TimeNs next = next_event(now);
+      if (next == kNever) return Error{stuck_message()};
+      now = next;
+    }
+    return std::move(orders_);
+  }
+
+ private:
+  int device_of(int stage) const { return c_.layout.stages[std::size_t(stage)].device; }
+  std::size_t at(int stage, int mb) const { return std::size_t(stage) * m_ + std::size_t(mb); }
+  const StageWork& work(int stage) const { return c_.work[std::size_t(stage)]; }
+  TimeNs hop(int from, int to) const { return device_of(from) == device_of(to) ? 0 : c_.transfer_ns; }
+  bool fits(int d, int s) const {
+    const bool enters = s == stages_of_[std::size_t(d)].front();
+    return memory_[std::size_t(d)] + work(s).activation_bytes + (enters ? headroom_[std::size_t(d)] : 0) <=
+           o_.budget[std::size_t(d)];
+  }
+
+  /// Starts the best ready op on device d at `now`; false when nothing is ready.
+  bool start_next(int d, TimeNs now) {
+    int best_backward = -1, best_forward = -1;
+    TimeNs best_ready = kNever;
+    for (int s : stages_of_[std::size_t(d)]) {
+      const int b = next_backward_[std::size_t(s)];
+      if (b < next_forward_[std::size_t(s)] && backward_ready_[at(s, b)] <= now && backward_ready_[at(s, b)] < best_ready)
+        best_backward = s, best_ready = backward_ready_[at(s, b)];
+      const int f = next_forward_[std::size_t(s)];
+      // Among forwards: the oldest microbatch, then the later stage (it reaches the turn sooner).
+      if (f < m_ && forward_ready_[at(s, f)] <= now && fits(d, s) &&
+          (best_forward < 0 || f <= next_forward_[std::size_t(best_forward)]))
+        best_forward = s;
+    }
+    if (best_backward >= 0) return backward(d, best_backward, now), true;
+    if (best_forward >= 0) return forward(d, best_forward, now), true;
+    if (!weights_[std::size_t(d)].empty()) return weight(d, now), true;
+    return false;
+  }
+
+  void forward(int d, int s, TimeNs now) {
+    const int mb = next_forward_[std::size_t(s)]++;
+    const TimeNs end = now + c_.times[std::size_t(s)].forward;
+    orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
+    memory_[std::size_t(d)] += work(s).activation_bytes;
+    if (s + 1 < stages_) forward_ready_[at(s + 1, mb)] = end + hop(s, s + 1);
+    else backward_ready_[at(s, mb)] = end;  // the loss is computed in the last stage's forward
+    free_at_[std::size_t(d)] = end;
+  }
+
+  void backward(int d, int s, TimeNs now) {
+    const int mb = next_backward_[std::size_t(s)]++;
+    const TimeNs end = now + c_.times[std::size_t(s)].backward;
+    orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
+    memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
+    weights_[std::size_t(d)].push_back({s, mb});
+    if (s > 0) backward_ready_[at(s - 1, mb)] = end + hop(s, s - 1);
+    free_at_[std::size_t(d)] = end;
+  }
+
+  void weight(int d, TimeNs now) {
+    const auto [s, mb] = weights_[std::size_t(d)].front();
+    weights_[std::size_t(d)].pop_front();
+    orders_[std::size_t(d)].push_back({OpKind::W, s, mb});
+    memory_[std::size_t(d)] -= work(s).weight_held_bytes;
+    free_at_[std::size_t(d)] = now + c_.times[std::size_t(s)].weight;
+  }
+
+  /// The next time anything can change: a device frees up or an input arrives.
+  TimeNs next_event(TimeNs now) const {
+    TimeNs next = kNever;
+    for (TimeNs t : free_at_)
+      if (t > now) next = std::min(next, t);
+    for (int s = 0; s < stages_; ++s) {
+      if (const int f = next_forward_[std::size_t(s)]; f < m_ && forward_ready_[at(s, f)] > now)
+        next = std::min(next, forward_ready_[at(s, f)]);
+      if (const int b = next_backward_[std::size_t(s)]; b < m_ && backward_ready_[at(s, b)] > now)
+        next = std::min(next, backward_ready_[at(s, b)]);
+    }
+    return next;
+  }
+
+  std::string stuck_message() const {
+    for (int d = 0; d < c_.layout.devices; ++d)
+      for (int s : stages_of_[std::size_t(d)])
+        if (next_forward_[std::size_t(s)] < m_ && !fits(d, s))
+          return fmt::format("the activation budget of device {} ({} bytes) leaves no room for the next forward of "
+                             "stage {}; the schedule cannot progress with this memory limit",
+                             d, o_.budget[std::size_t(d)], s);
+    return "the schedule cannot progress: no op is ready on any device";
+  }
+
+  const ScheduleContext& c_;
+  const GreedyOptions& o_;
+  int stages_, m_;
+  std::vector<std::vector<int>> stages_of_;             ///< per device: its stages, in model order
+  std::vector<Bytes> headroom_;                         ///< per device: room kept for a later chunk
+  std::vector<int> next_forward_, next_backward_;      ///< per stage: next microbatch (in order)
+  std::vector<TimeNs> forward_ready_, backward_ready_;  ///< per (stage, mb): when its input arrives
+  std::vector<TimeNs> free_at_;
+  std::vector<Bytes> memory_;                           ///< per device: live activation bytes
+  std::vector<std::deque<std::pair<int, int>>> weights_;  ///< per device: deferred W, oldest first
+  DeviceOrders orders_;
+};
+
+}  // namespace
+
+Result<DeviceOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options) {
+  return Greedy(context, options).run();
+}
+
+std::vector<Bytes> activation_budget(const ScheduleContext& context, double (*units)(int device, int devices)) {
+  const Layout& layout = context.layout;
+  std::vector<Bytes> all_chunks(std::size_t(layout.devices), 0);
+  for (int s = 0; s < layout.stage_count(); ++s)
+    all_chunks[std::size_t(layout.stages[std::size_t(s)].device)] += context.work[std::size_t(s)].activation_bytes;
+  std::vector<Bytes> budget;
+  for (int d = 0; d < layout.devices; ++d) {
+    const double sum = double(all_chunks[std::size_t(d)]);
+    budget.push_back(std::max(Bytes(sum), Bytes(std::llround(units(d, layout.devices) * sum / layout.chunks))));
+  }
+  return budget;
+}
+
+}  // namespace pipesim

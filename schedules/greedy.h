@@ -1,0 +1,25 @@
+#pragma once
+/// A list scheduler shared by the zero-bubble and V-shaped schedules: it plays the pipeline forward
+/// in time with the stage costs and, whenever a device is free, starts the most useful op that is
+/// ready -- a backward first (it frees memory and unblocks the stages before), then a forward if
+/// it fits the device's activation budget, then a deferred weight-gradient pass (it fills what
+/// would be a bubble, and frees the inputs W keeps). A device's activations -- from F, through B,
+/// to W -- never exceed its budget, by construction.
+#include <vector>
+
+#include "schedule.h"
+
+namespace pipesim {
+
+struct GreedyOptions {
+  std::vector<Bytes> budget;  ///< per device: activation bytes it may hold at once
+};
+
+/// Fails, naming the device, when a budget is too small for the pipeline to make progress.
+Result<DeviceOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options);
+
+/// Per device d: units(d) times the average activation of one of its chunks for one microbatch, but
+/// never less than all its chunks' activations for one microbatch (the least that can progress).
+std::vector<Bytes> activation_budget(const ScheduleContext& context, double (*units)(int device, int devices));
+
+}  // namespace pipesim

@@ -1,0 +1,70 @@
+#include "order_eval.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace pipesim {
+
+Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders) {
+  const Layout& layout = context.layout;
+  const int stages = layout.stage_count(), m = context.microbatches;
+  constexpr TimeNs kPending = std::numeric_limits<TimeNs>::max();
+  std::vector<TimeNs> forward_end(std::size_t(stages) * m, kPending), backward_end(forward_end);
+  const auto at = [m](int stage, int mb) { return std::size_t(stage) * m + std::size_t(mb); };
+  const auto arrival = [&](TimeNs end, int from, int to) {
+    return end + (layout.stages[std::size_t(from)].device == layout.stages[std::size_t(to)].device ? 0 : context.transfer_ns);
+  };
+  bool split_weight = false;
+  for (const auto& order : orders)
+    for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
+
+  OrderCost cost;
+  std::vector<std::size_t> next(orders.size(), 0);
+  std::vector<TimeNs> free_at(orders.size(), 0);
+  std::vector<Bytes> live(orders.size(), 0);
+  cost.peak_activation.assign(orders.size(), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (std::size_t d = 0; d < orders.size(); ++d)
+      for (; next[d] < orders[d].size(); ++next[d]) {
+        const ComputeStep& s = orders[d][next[d]];
+        const StageTimes& t = context.times[std::size_t(s.stage)];
+        const StageWork& w = context.work[std::size_t(s.stage)];
+        TimeNs ready = 0, duration = 0;
+        if (s.kind == OpKind::F) {
+          if (s.stage > 0) {
+            if (forward_end[at(s.stage - 1, s.microbatch)] == kPending) break;
+            ready = arrival(forward_end[at(s.stage - 1, s.microbatch)], s.stage - 1, s.stage);
+          }
+          duration = t.forward;
+          live[d] += w.activation_bytes;
+          cost.peak_activation[d] = std::max(cost.peak_activation[d], live[d]);
+        } else if (s.kind == OpKind::B) {
+          if (forward_end[at(s.stage, s.microbatch)] == kPending) break;
+          ready = forward_end[at(s.stage, s.microbatch)];
+          if (s.stage + 1 < stages) {
+            if (backward_end[at(s.stage + 1, s.microbatch)] == kPending) break;
+            ready = std::max(ready, arrival(backward_end[at(s.stage + 1, s.microbatch)], s.stage + 1, s.stage));
+          }
+          duration = t.backward + (split_weight ? 0 : t.weight);
+          live[d] -= w.activation_bytes - (split_weight ? w.weight_held_bytes : 0);
+        } else {
+          if (backward_end[at(s.stage, s.microbatch)] == kPending) break;
+          ready = backward_end[at(s.stage, s.microbatch)];
+          duration = t.weight;
+          live[d] -= w.weight_held_bytes;
+        }
+        const TimeNs end = std::max(ready, free_at[d]) + duration;
+        free_at[d] = end;
+        if (s.kind == OpKind::F) forward_end[at(s.stage, s.microbatch)] = end;
+        if (s.kind == OpKind::B) backward_end[at(s.stage, s.microbatch)] = end;
+        cost.makespan = std::max(cost.makespan, end);
+        progressed = true;
+      }
+  }
+  for (std::size_t d = 0; d < orders.size(); ++d)
+    if (next[d] < orders[d].size()) return Error{"the orders wait on each other and cannot finish"};
+  return cost;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,19 @@
+#pragma once
+/// A quick, compute-only evaluation of per-device orders: each op starts when its device is free and
+/// its input has arrived (one transfer time across devices). Generators use it to choose between
+/// candidate orders; the simulator remains the judge of the final graph.
+#include <vector>
+
+#include "schedule.h"
+
+namespace pipesim {
+
+struct OrderCost {
+  TimeNs makespan = 0;
+  std::vector<Bytes> peak_activation;  ///< per device, from the order alone (F adds, B and W free)
+};
+
+/// Fails if the orders cannot run to the end (an op waits for one that comes after it).
+Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders);
+
+}  // namespace pipesim

@@ -1,0 +1,128 @@
+#include "v_block.h"
+
+#include <algorithm>
+
+#include "greedy.h"
+#include "order_eval.h"
+
+namespace pipesim {
+namespace {
+
+enum Pass { kF0, kF1, kB1, kB0, kW1, kW0 };
+
+/// Busy intervals of one device, modulo the period.
+class Ring {
+ public:
+  explicit Ring(TimeNs period) : period_(period) {}
+
+  /// The first start >= earliest at which [start, start + duration) is free modulo the period;
+  /// marks it busy. If a later start is free, one is where a busy interval ends.
+  TimeNs take(TimeNs earliest, TimeNs duration) {
+    std::vector<TimeNs> candidates{earliest};
+    for (const auto& [begin, end] : busy_) candidates.push_back(earliest + ((end - earliest) % period_ + period_) % period_);
+    std::sort(candidates.begin(), candidates.end());
+    for (TimeNs start : candidates)
+      if (is_free(start, duration)) {
+        busy_.emplace_back(start % period_, start % period_ + duration);
+        return start;
+      }
+    busy_.emplace_back(earliest % period_, earliest % period_ + duration);  // unreachable when work fits the period
+    return earliest;
+  }
+
+ private:
+  bool is_free(TimeNs start, TimeNs duration) const {
+    const TimeNs s = start % period_;
+    for (const auto& [begin, end] : busy_)
+      for (TimeNs shift : {-period_, TimeNs(0), period_})  // intervals may wrap around the period
+        if (s < end + shift && begin + shift < s + duration) return false;
+    return true;
+  }
+
+  TimeNs period_;
+  std::vector<std::pair<TimeNs, TimeNs>> busy_;  ///< [begin, end) with 0 <= begin < period
+};
+
+}  // namespace
+
+VBlock v_block(const ScheduleContext& context, VSpacing spacing) {
+  const Layout& layout = context.layout;
+  const int p = layout.devices;
+  const auto times = [&](int d, int chunk) { return context.times[std::size_t(layout.stage_of(d, chunk))]; };
+  VBlock block;
+  for (int d = 0; d < p; ++d) {
+    TimeNs work = 0;
+    for (int chunk : {0, 1}) work += times(d, chunk).forward + times(d, chunk).backward + times(d, chunk).weight;
+    block.period = std::max(block.period, work);
+  }
+  block.period = std::max<TimeNs>(block.period, 1);
+  block.start.assign(std::size_t(p), {});
+  std::vector<Ring> rings(std::size_t(p), Ring(block.period));
+  const TimeNs hop = context.transfer_ns;
+  TimeNs ready = 0;  // when the next pass's input is available
+  const auto place = [&](int d, Pass pass, TimeNs duration, double wait) {
+    const TimeNs start = rings[std::size_t(d)].take(ready, duration);
+    block.start[std::size_t(d)][pass] = start;
+    ready = start + duration + TimeNs(wait * double(duration));
+  };
+  for (int d = 0; d < p; ++d, ready += hop) place(d, kF0, times(d, 0).forward, spacing.forward_down);
+  ready -= hop;  // the turn at the last device stays on it
+  for (int d = p - 1; d >= 0; --d, ready += hop) place(d, kF1, times(d, 1).forward, 0);
+  ready -= hop;
+  for (int d = 0; d < p; ++d, ready += hop) place(d, kB1, times(d, 1).backward, spacing.backward_up);
+  ready -= hop;
+  for (int d = p - 1; d >= 0; --d, ready += hop) place(d, kB0, times(d, 0).backward, 0);
+  for (int d = 0; d < p; ++d) {
+    auto& start = block.start[std::size_t(d)];
+    start[kW1] = rings[std::size_t(d)].take(start[kB1] + times(d, 1).backward, times(d, 1).weight);
+    start[kW0] = rings[std::size_t(d)].take(start[kB0] + times(d, 0).backward, times(d, 0).weight);
+  }
+  return block;
+}
+
+DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& block) {
+  const Layout& layout = context.layout;
+  DeviceOrders orders(std::size_t(layout.devices));
+  for (int d = 0; d < layout.devices; ++d) {
+    const int chunk0 = layout.stage_of(d, 0), chunk1 = layout.stage_of(d, 1);
+    const std::array<ComputeStep, 6> passes = {{{OpKind::F, chunk0, 0}, {OpKind::F, chunk1, 0}, {OpKind::B, chunk1, 0},
+                                                {OpKind::B, chunk0, 0}, {OpKind::W, chunk1, 0}, {OpKind::W, chunk0, 0}}};
+    std::vector<std::pair<TimeNs, ComputeStep>> timed;
+    for (int mb = 0; mb < context.microbatches; ++mb)
+      for (std::size_t pass = 0; pass < passes.size(); ++pass) {
+        ComputeStep step = passes[pass];
+        step.microbatch = mb;
+        timed.emplace_back(block.start[std::size_t(d)][pass] + block.period * mb, step);
+      }
+    std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [start, step] : timed) orders[std::size_t(d)].push_back(step);
+  }
+  return orders;
+}
+
+Result<DeviceOrders> v_schedule(const ScheduleContext& context, VSpacing spacing) {
+  ScheduleContext unit = context;
+  std::fill(unit.times.begin(), unit.times.end(), StageTimes{1, 1, 1});
+  unit.transfer_ns = 0;
+  DeviceOrders best = orders_from_block(context, v_block(unit, spacing));
+  Result<OrderCost> bound = evaluate_orders(context, best);
+  if (!bound.ok()) return bound.error();
+  TimeNs best_makespan = bound.value().makespan;
+  const std::vector<Bytes>& limit = bound.value().peak_activation;
+
+  GreedyOptions options{limit};
+  std::vector<Result<DeviceOrders>> candidates;
+  candidates.emplace_back(orders_from_block(context, v_block(context, spacing)));
+  candidates.push_back(greedy_schedule(context, options));
+  for (Result<DeviceOrders>& candidate : candidates) {
+    if (!candidate.ok()) continue;
+    Result<OrderCost> cost = evaluate_orders(context, candidate.value());
+    if (!cost.ok() || cost.value().makespan >= best_makespan) continue;
+    bool within = true;
+    for (std::size_t d = 0; d < limit.size(); ++d) within &= cost.value().peak_activation[d] <= limit[d];
+    if (within) best = std::move(candidate).value(), best_makespan = cost.value().makespan;
+  }
+  return best;
+}
+
+}  // namespace pipesim

@@ -43,23 +43,29 @@ std::vector<std::string> vocab_mode_names() {
   return names;
 }
 
-Result<Plan> make_plan(const Config& requested) {
+Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   Plan plan;
   plan.config = requested;
   Config& config = plan.config;
-  plan.schedule = find_schedule(config.schedule.name);
-  if (!plan.schedule)
-    return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
-                             config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
+  if (custom) {
+    config.schedule.name = custom->name;
+  } else {
+    plan.schedule = find_schedule(config.schedule.name);
+    if (!plan.schedule)
+      return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
+                               config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
+  }
   const auto modes = vocab_mode_names();
   if (std::find(modes.begin(), modes.end(), config.schedule.vocab) == modes.end())
     return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{} `pipesim list` shows them all",
                              config.schedule.vocab, did_you_mean(config.schedule.vocab, modes))};
-  if (plan.schedule->chunks > 0) config.parallel.chunks = plan.schedule->chunks;
+  const int chunks = custom ? custom->chunks : plan.schedule->chunks;
+  if (chunks > 0) config.parallel.chunks = chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();
   if (std::optional<FieldError> e = check_config(config)) return Error{e->path + ": " + e->message};
 
-  Result<Layout> layout = make_layout(config, plan.schedule->placement, layer_split(config), stage_weights(config));
+  Result<Layout> layout = make_layout(config, custom ? custom->placement : plan.schedule->placement,
+                                      layer_split(config), stage_weights(config));
   if (!layout.ok()) return layout.error();
   plan.layout = std::move(layout).value();
   const int m = config.parallel.microbatches;
@@ -71,7 +77,7 @@ Result<Plan> make_plan(const Config& requested) {
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
   context.transfer_ns = costs->transfer(
       {.kind = OpKind::Send, .device = 0, .peer = std::min(1, plan.layout.devices - 1), .bytes = double(boundary_bytes)});
-  Result<DeviceOrders> orders = plan.schedule->generate(context);
+  Result<DeviceOrders> orders = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
   if (!orders.ok()) return orders.error();
   if (Status s = check_orders(orders.value(), plan.layout, m); !s.ok()) return s.error();
 

@@ -23,17 +23,26 @@ struct VocabModeInfo {
 std::span<const VocabModeInfo> vocab_modes();
 std::vector<std::string> vocab_mode_names();
 
+/// A schedule given as per-device orders instead of a generator (e.g. loaded from a file).
+struct CustomSchedule {
+  std::string name;  ///< reported as the schedule's name
+  Placement placement = Placement::Loop;
+  int chunks = 1;
+  DeviceOrders orders;
+};
+
 struct Plan {
   Config config;  ///< as run: parallel.chunks set to what the schedule uses
-  const ScheduleInfo* schedule = nullptr;
+  const ScheduleInfo* schedule = nullptr;  ///< nullptr for a custom schedule
   Layout layout;
   TaskGraph graph;
   std::vector<Bytes> static_bytes;  ///< per device
 };
 
-/// Builds and validates the graph for config.schedule.name and config.schedule.vocab. Errors start
-/// with the JSON path of the field to change (e.g. "schedule.name: unknown schedule ...").
-Result<Plan> make_plan(const Config& config);
+/// Builds and validates the graph for config.schedule.name (or `custom`, when given) and
+/// config.schedule.vocab. Errors start with the JSON path of the field to change (e.g.
+/// "schedule.name: unknown schedule ...").
+Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = nullptr);
 
 /// Adds to the per-device compute orders the P2P transfers between stages on different devices,
 /// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.

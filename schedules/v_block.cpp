@@ -80,6 +80,27 @@ VBlock v_block(const ScheduleContext& context, VSpacing spacing) {
   return block;
 }
 
+VBlock paper_v_half_block(int p) {
+  const int delta = p % 2 == 0 ? 3 : 0;
+  VBlock block{6, std::vector<std::array<TimeNs, 6>>(std::size_t(p))};
+  std::vector<Ring> rings(std::size_t(p), Ring(6));
+  for (int i = 0; i < p; ++i) {
+    auto& start = block.start[std::size_t(i)];
+    const std::array<TimeNs, 4> slots = {2 * i, 3 * p - i - 2, 3 * p + delta + 2 * i - 1, 6 * p + delta - i - 2};
+    for (int pass : {kF0, kF1, kB1, kB0}) start[std::size_t(pass)] = rings[std::size_t(i)].take(slots[std::size_t(pass)], 1);
+    start[kW1] = rings[std::size_t(i)].take(start[kB1] + 1, 1);
+    start[kW0] = rings[std::size_t(i)].take(start[kB0] + 1, 1);
+  }
+  return block;
+}
+
+ScheduleContext unit_costs(const ScheduleContext& context) {
+  ScheduleContext unit = context;
+  std::fill(unit.times.begin(), unit.times.end(), StageTimes{1, 1, 1});
+  unit.transfer_ns = 0;
+  return unit;
+}
+
 DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& block) {
   const Layout& layout = context.layout;
   DeviceOrders orders(std::size_t(layout.devices));
@@ -100,11 +121,8 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
   return orders;
 }
 
-Result<DeviceOrders> v_schedule(const ScheduleContext& context, VSpacing spacing) {
-  ScheduleContext unit = context;
-  std::fill(unit.times.begin(), unit.times.end(), StageTimes{1, 1, 1});
-  unit.transfer_ns = 0;
-  DeviceOrders best = orders_from_block(context, v_block(unit, spacing));
+Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing) {
+  DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);
   if (!bound.ok()) return bound.error();
   TimeNs best_makespan = bound.value().makespan;
@@ -112,6 +130,7 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, VSpacing spacing
 
   GreedyOptions options{limit};
   std::vector<Result<DeviceOrders>> candidates;
+  candidates.emplace_back(orders_from_block(context, v_block(unit_costs(context), spacing)));
   candidates.emplace_back(orders_from_block(context, v_block(context, spacing)));
   candidates.push_back(greedy_schedule(context, options));
   for (Result<DeviceOrders>& candidate : candidates) {

@@ -30,14 +30,20 @@ struct VSpacing {
 /// Every pass starts at the first time after its input arrives (and its spacing) at which it does
 /// not overlap, modulo the period, the passes already placed on its device; W right after its B.
 VBlock v_block(const ScheduleContext& context, VSpacing spacing);
+/// The paper's V-Half block in unit slots (period 6): F0 at 2i, F1 at 3p - i - 2, B1 at
+/// 3p + δ + 2i - 1, B0 at 6p + δ - i - 2 (δ = 3 for even p, 0 for odd p), each W in the first free
+/// slot after its B.
+VBlock paper_v_half_block(int devices);
+/// `context` with every pass one unit long and free transfers: blocks built on it are in unit slots.
+ScheduleContext unit_costs(const ScheduleContext& context);
 
 /// Per-device orders: the block for every microbatch, ordered by start time.
 DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& block);
 
-/// A V schedule for this spacing. The block laid out in unit slots (the paper's construction) fixes
-/// the memory bound: a device's peak activation depends on its order alone, not on the costs.
-/// Among that block's orders, the block laid out in the real costs, and the greedy scheduler with
-/// the same budget, the fastest within the bound wins (evaluate_orders).
-Result<DeviceOrders> v_schedule(const ScheduleContext& context, VSpacing spacing);
+/// A V schedule. `reference`, a block in unit slots, fixes the memory bound: a device's peak
+/// activation depends on its order alone, not on the costs. Among the reference's orders, the block
+/// for `spacing` in unit slots and in the real costs, and the greedy scheduler with the same budget,
+/// the fastest within the bound wins (evaluate_orders): never worse than the reference.
+Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing);
 
 }  // namespace pipesim

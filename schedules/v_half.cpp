@@ -7,7 +7,7 @@ namespace pipesim {
 /// activation memory ((p + 2) / 2 microbatches of a 1F1B stage) and about half its bubble. The
 /// greedy scheduler under the same memory replaces the block where it runs faster (unequal F/B/W).
 Result<DeviceOrders> generate_v_half(const ScheduleContext& context) {
-  return v_schedule(context, {.forward_down = 1, .backward_up = 1});
+  return v_schedule(context, paper_v_half_block(context.layout.devices), {.forward_down = 1, .backward_up = 1});
 }
 
 }  // namespace pipesim

@@ -7,7 +7,7 @@ namespace pipesim {
 /// collision-free slots allow -- for about a third of 1F1B's activation memory. The greedy
 /// scheduler under the same memory replaces the block where it runs faster.
 Result<DeviceOrders> generate_v_min(const ScheduleContext& context) {
-  return v_schedule(context, {});
+  return v_schedule(context, v_block(unit_costs(context), {}), {});
 }
 
 }  // namespace pipesim

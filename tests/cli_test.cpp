@@ -124,6 +124,22 @@ TEST_CASE("--trace writes a Chrome trace, replaces its own traces, and never a u
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("export writes a PyTorch CSV that simulate --schedule-file runs to the same result") {
+  const auto dir = scratch_dir();
+  const std::string csv = (dir / "zbv.csv").string();
+  REQUIRE(run("export " + config("examples/split-backward.json") + " --schedule zb-v --format pytorch-csv -o " + csv)
+              .exit_code == 0);
+  const Output generated = run("simulate " + config("examples/split-backward.json") + " --schedule zb-v --format json");
+  const Output loaded = run("simulate " + config("examples/split-backward.json") + " --schedule-file " + csv + " --format json");
+  REQUIRE(loaded.exit_code == 0);
+  CHECK(json::parse(loaded.text)["schedule"] == "file:" + csv);
+  CHECK(json::parse(loaded.text)["iteration_time_s"] == json::parse(generated.text)["iteration_time_s"]);
+  const Output again = run("export " + config("examples/split-backward.json") + " -o " + csv, true);
+  CHECK(again.exit_code == 1);
+  CHECK(again.text == "pipesim: error: " + csv + ": exists; refusing to overwrite it (choose another path or remove the file)\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("every shipped config simulates") {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(std::string(std::getenv("PIPESIM_SOURCE")) + "/configs")) {
     if (entry.path().extension() != ".json") continue;

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 
 #include "chrome_trace.h"
 #include "config_json.h"
 #include "files.h"
 #include "pipeline.h"
 #include "plan.h"
+#include "schedule_csv.h"
 #include "spellcheck.h"
 
 namespace pipesim {
@@ -51,7 +54,16 @@ ExitStatus run_simulate(const SimulateOptions& o) {
   if (!config.ok()) return fail(config.error().message);
   if (!o.schedule.empty()) config.value().schedule.name = o.schedule;
   if (!o.vocab.empty()) config.value().schedule.vocab = o.vocab;
-  Result<SimulatedRun> run = simulate_config(config.value());
+  std::optional<CustomSchedule> custom;
+  if (!o.schedule_file.empty()) {
+    Result<std::string> text = read_text_file(o.schedule_file);
+    if (!text.ok()) return fail(text.error().message);
+    Result<CustomSchedule> parsed = parse_schedule_csv(text.value(), o.schedule_file, config.value().parallel.pp,
+                                                       config.value().parallel.microbatches);
+    if (!parsed.ok()) return fail(parsed.error().message);
+    custom = std::move(parsed).value();
+  }
+  Result<SimulatedRun> run = simulate_config(config.value(), custom ? &*custom : nullptr);
   if (!run.ok()) return fail(run.error().message);
   if (!o.trace.empty()) {
     const SimulatedRun& r = run.value();
@@ -98,6 +110,28 @@ ExitStatus run_compare(const CompareOptions& o) {
   if (show_progress) fmt::print(stderr, "\r\033[K");
   if (reports.empty()) return fail("no schedule could run these configs (see the notes above)");
   fmt::print("{}", format_comparison(reports, o.format));
+  return ExitStatus::Success;
+}
+
+ExitStatus run_export(const ExportOptions& o) {
+  if (Status s = check_names("--schedule", o.schedule.empty() ? std::vector<std::string>{} : std::vector{o.schedule},
+                             schedule_names());
+      !s.ok())
+    return fail(s.error().message);
+  Result<Config> config = load_config(o.config, o.overrides);
+  if (!config.ok()) return fail(config.error().message);
+  if (!o.schedule.empty()) config.value().schedule.name = o.schedule;
+  if (!o.vocab.empty()) config.value().schedule.vocab = o.vocab;
+  Result<Plan> plan = make_plan(config.value());
+  if (!plan.ok()) return fail(fmt::format("{}: {}", o.config, plan.error().message));
+  const std::string csv = schedule_csv(plan.value().graph);
+  if (o.output.empty()) {
+    fmt::print("{}", csv);
+    return ExitStatus::Success;
+  }
+  if (std::filesystem::exists(o.output))
+    return fail(fmt::format("{}: exists; refusing to overwrite it (choose another path or remove the file)", o.output));
+  if (Status s = write_output_file(o.output, csv, ""); !s.ok()) return fail(s.error().message);
   return ExitStatus::Success;
 }
 

@@ -19,7 +19,8 @@ struct SimulateOptions {
   std::string vocab;     ///< empty: the config's
   std::vector<std::string> overrides;
   Format format = Format::Text;
-  std::string trace;  ///< empty: no trace
+  std::string trace;          ///< empty: no trace
+  std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
 };
 
 struct CompareOptions {
@@ -30,6 +31,14 @@ struct CompareOptions {
   Format format = Format::Text;
 };
 
+struct ExportOptions {
+  std::string config;
+  std::string schedule;  ///< empty: the config's
+  std::string vocab;     ///< empty: the config's
+  std::vector<std::string> overrides;
+  std::string output;    ///< empty: standard output
+};
+
 struct BenchOptions {
   bool quick = false;  ///< smaller graphs, for a smoke test
 };
@@ -37,6 +46,7 @@ struct BenchOptions {
 ExitStatus run_simulate(const SimulateOptions& options);
 ExitStatus run_compare(const CompareOptions& options);
 ExitStatus run_list();
+ExitStatus run_export(const ExportOptions& options);
 ExitStatus run_bench(const BenchOptions& options);
 
 }  // namespace pipesim

@@ -8,8 +8,8 @@
 
 namespace pipesim {
 
-Result<SimulatedRun> simulate_config(const Config& config) {
-  Result<Plan> plan = make_plan(config);
+Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom) {
+  Result<Plan> plan = make_plan(config, custom);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
   SimulatedRun run{std::move(plan).value(), {}, {}};
   const std::unique_ptr<CostModel> costs = make_cost_model(run.plan.config, run.plan.layout);

@@ -14,7 +14,7 @@ struct SimulatedRun {
   RunReport report;
 };
 
-/// Errors name the config source and the field to change.
-Result<SimulatedRun> simulate_config(const Config& config);
+/// Errors name the config source and the field to change. `custom` replaces the schedule generator.
+Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom = nullptr);
 
 }  // namespace pipesim

@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   sim->add_option("--set", simulate.overrides, "override a config field: key.path=value (repeatable)");
   add_format_option(sim, simulate.format, {"text", "json"});
   sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)");
+  sim->add_option("--schedule-file", simulate.schedule_file,
+                  "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
+      ->excludes("--schedule");
   sim->callback([&] { status = pipesim::run_simulate(simulate); });
 
   pipesim::CompareOptions compare;
@@ -50,6 +53,17 @@ int main(int argc, char** argv) {
   app.add_subcommand("list", "list schedules, vocabulary modes and hardware presets")->callback([&] {
     status = pipesim::run_list();
   });
+
+  pipesim::ExportOptions export_options;
+  CLI::App* exp = app.add_subcommand("export", "write a generated schedule for PyTorch's torch.distributed.pipelining");
+  exp->add_option("config", export_options.config, "JSON config file")->required();
+  exp->add_option("--schedule", export_options.schedule, "schedule name (default: the config's schedule.name)");
+  exp->add_option("--vocab", export_options.vocab, "vocabulary mode (default: the config's schedule.vocab)");
+  exp->add_option("--set", export_options.overrides, "override a config field: key.path=value (repeatable)");
+  exp->add_option("--format", "pytorch-csv: one row per rank, actions like 0F0, 1I3, 2W1 (the only format)")
+      ->check(CLI::IsMember({"pytorch-csv"}));
+  exp->add_option("-o,--output", export_options.output, "write to a new file instead of standard output");
+  exp->callback([&] { status = pipesim::run_export(export_options); });
 
   pipesim::BenchOptions bench;
   CLI::App* bch = app.add_subcommand("bench", "measure graph building and simulation speed on large pipelines");

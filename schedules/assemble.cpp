@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "plan.h"
+#include "vocab_assembly.h"
 
 namespace pipesim {
 namespace {
@@ -19,7 +20,7 @@ class OpTable {
 }  // namespace
 
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param) {
+                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param) {
   const int stages = layout.stage_count();
   const auto device_of = [&](int stage) { return layout.stages[std::size_t(stage)].device; };
   bool split_weight = false;
@@ -29,8 +30,13 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   TaskGraphBuilder builder(layout.devices);
   OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
   std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);
+  VocabPasses passes(layout.devices, microbatches);
   for (int d = 0; d < layout.devices; ++d)
     for (const ComputeStep& s : orders[std::size_t(d)]) {
+      if (s.stage < 0) {  // a vocabulary pass
+        last_compute[std::size_t(d)] = passes.add(builder, d, s, vocab);
+        continue;
+      }
       const StageWork& w = work[std::size_t(s.stage)];
       Task t{.kind = s.kind, .device = d, .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk,
              .microbatch = s.microbatch};
@@ -46,6 +52,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
       }
       const TaskId id = builder.add(t);
       last_compute[std::size_t(d)] = id;
+      passes.record_compute(d, id);
       if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
       if (s.kind == OpKind::B) backward.at(s.stage, s.microbatch) = id;
       if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
@@ -88,6 +95,10 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
       }
       if (split_weight) builder.depend(weight.at(s, m), backward.at(s, m));
     }
+
+  if (layout.vocab != VocabPlacement::OnStages)
+    passes.connect(builder, layout, vocab, [&](int stage, int mb) { return forward.at(stage, mb); },
+                   [&](int stage, int mb) { return backward.at(stage, mb); });
 
   // End of iteration: gradient all-reduce over the DP replicas, then the optimizer step.
   std::vector<double> device_params(std::size_t(layout.devices), 0.0);

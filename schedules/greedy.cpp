@@ -19,12 +19,15 @@ class Greedy {
     stages_of_.resize(std::size_t(devices));
     for (int s = 0; s < stages_; ++s) stages_of_[std::size_t(device_of(s))].push_back(s);
     // A microbatch enters a device at its first stage there; it may return for a later chunk (V
-    // placement). Entering must leave room for one later-chunk forward, so that the oldest
+    // placement). Entering must leave room for a later-chunk forward, so that the oldest
     // microbatch -- the next one every later stage forwards, in order -- can always go on.
+    // With vocabulary passes the oldest microbatch's backward also waits for vocab_delay later
+    // microbatches' forwards through the last stage: room for that many more.
     headroom_.assign(std::size_t(devices), 0);
     for (int d = 0; d < devices; ++d)
       for (std::size_t k = 1; k < stages_of_[std::size_t(d)].size(); ++k)
         headroom_[std::size_t(d)] = std::max(headroom_[std::size_t(d)], work(stages_of_[std::size_t(d)][k]).activation_bytes);
+    for (Bytes& room : headroom_) room *= 1 + context.vocab_delay;
     next_forward_.assign(std::size_t(stages_), 0);
     next_backward_.assign(std::size_t(stages_), 0);
     forward_ready_.assign(std::size_t(stages_) * m_, kNever);
@@ -91,8 +94,16 @@ class Greedy {
     const TimeNs end = now + c_.times[std::size_t(s)].forward;
     orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
     memory_[std::size_t(d)] += work(s).activation_bytes;
-    if (s + 1 < stages_) forward_ready_[at(s + 1, mb)] = end + hop(s, s + 1);
-    else backward_ready_[at(s, mb)] = end;  // the loss is computed in the last stage's forward
+    if (s + 1 < stages_) {
+      forward_ready_[at(s + 1, mb)] = end + hop(s, s + 1);
+    } else {
+      // The loss is computed in the last stage's forward; with vocabulary passes, the backward of
+      // a microbatch waits until the forward of the one `vocab_delay` later has run.
+      const int delay = c_.vocab_delay;
+      if (mb - delay >= 0) backward_ready_[at(s, mb - delay)] = end;
+      if (mb == m_ - 1)
+        for (int x = std::max(0, mb - delay + 1); x < m_; ++x) backward_ready_[at(s, x)] = end;
+    }
     free_at_[std::size_t(d)] = end;
   }
 
@@ -165,7 +176,9 @@ std::vector<Bytes> activation_budget(const ScheduleContext& context, double (*un
   std::vector<Bytes> budget;
   for (int d = 0; d < layout.devices; ++d) {
     const double sum = double(all_chunks[std::size_t(d)]);
-    budget.push_back(std::max(Bytes(sum), Bytes(std::llround(units(d, layout.devices) * sum / layout.chunks))));
+    // The delay keeps vocab_delay more microbatches in flight, and the headroom grows with it.
+    const double chunks = units(d, layout.devices) + double(context.vocab_delay * (layout.chunks + 1));
+    budget.push_back(std::max(Bytes(sum), Bytes(std::llround(chunks * sum / layout.chunks))));
   }
   return budget;
 }

@@ -18,8 +18,10 @@ struct GreedyOptions {
 /// Fails, naming the device, when a budget is too small for the pipeline to make progress.
 Result<DeviceOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options);
 
-/// Per device d: units(d) times the average activation of one of its chunks for one microbatch, but
-/// never less than all its chunks' activations for one microbatch (the least that can progress).
+/// Per device d: units(d) + vocab_delay x (chunks + 1) times the average activation of one of its
+/// chunks for one microbatch (the vocabulary passes hold the last stage's backward back by
+/// vocab_delay microbatches), but never less than all its chunks' activations for one microbatch
+/// (the least that can progress).
 std::vector<Bytes> activation_budget(const ScheduleContext& context, double (*units)(int device, int devices));
 
 }  // namespace pipesim

@@ -42,7 +42,7 @@ Result<DeviceOrders> generate_interleaved_1f1b(const ScheduleContext& context) {
       s.stage = layout.stage_of(d, s.stage);
       order.push_back(s);
     };
-    const int warmup = std::min(2 * (p - 1 - d) + (v - 1) * p, total);
+    const int warmup = std::min(2 * (p - 1 - d) + (v - 1) * p + context.vocab_delay, total);
     int forwards = 0, backwards = 0;
     while (forwards < warmup) push(OpKind::F, forwards++);
     while (forwards < total) {

@@ -14,7 +14,7 @@ Result<DeviceOrders> generate_1f1b(const ScheduleContext& context) {
   DeviceOrders orders(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {
     const int stage = layout.stage_of(d, 0);
-    const int warmup = std::min(p - 1 - d, microbatches);
+    const int warmup = std::min(p - 1 - d + context.vocab_delay, microbatches);
     auto& order = orders[static_cast<std::size_t>(d)];
     int next_forward = 0, next_backward = 0;
     while (next_forward < warmup) order.push_back({OpKind::F, stage, next_forward++});

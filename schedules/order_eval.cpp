@@ -23,6 +23,8 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
   std::vector<TimeNs> free_at(orders.size(), 0);
   std::vector<Bytes> live(orders.size(), 0);
   cost.peak_activation.assign(orders.size(), 0);
+  cost.start.resize(orders.size());
+  cost.end.resize(orders.size());
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (std::size_t d = 0; d < orders.size(); ++d)
@@ -48,13 +50,15 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
           }
           duration = t.backward + (split_weight ? 0 : t.weight);
           live[d] -= w.activation_bytes - (split_weight ? w.weight_held_bytes : 0);
-        } else {
+        } else if (s.kind == OpKind::W) {
           if (backward_end[at(s.stage, s.microbatch)] == kPending) break;
           ready = backward_end[at(s.stage, s.microbatch)];
           duration = t.weight;
           live[d] -= w.weight_held_bytes;
-        }
+        }  // vocabulary passes are not evaluated here: orders are evaluated before they are inserted
         const TimeNs end = std::max(ready, free_at[d]) + duration;
+        cost.start[d].push_back(end - duration);
+        cost.end[d].push_back(end);
         free_at[d] = end;
         if (s.kind == OpKind::F) forward_end[at(s.stage, s.microbatch)] = end;
         if (s.kind == OpKind::B) backward_end[at(s.stage, s.microbatch)] = end;

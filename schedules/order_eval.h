@@ -11,6 +11,7 @@ namespace pipesim {
 struct OrderCost {
   TimeNs makespan = 0;
   std::vector<Bytes> peak_activation;  ///< per device, from the order alone (F adds, B and W free)
+  std::vector<std::vector<TimeNs>> start, end;  ///< per device, per position in its order
 };
 
 /// Fails if the orders cannot run to the end (an op waits for one that comes after it).

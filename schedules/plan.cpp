@@ -7,18 +7,36 @@
 
 #include "spellcheck.h"
 #include "validate.h"
+#include "order_eval.h"
+#include "vocab_passes.h"
 
 namespace pipesim {
 namespace {
 
-const std::array<VocabModeInfo, 2> kVocabModes = {{
-    {"baseline", "embedding in the first stage, LM head and loss in the last; layers split evenly"},
+const std::array<VocabModeInfo, 5> kVocabModes = {{
+    {"baseline", "embedding in the first stage, LM head and loss in the last; layers split evenly",
+     VocabPlacement::OnStages},
     {"redistribute", "as baseline, but schedule.layers_per_stage (or \"auto\": balance the slowest stage) moves "
-                     "layers off the stages holding vocabulary layers"},
+                     "layers off the stages holding vocabulary layers",
+     VocabPlacement::OnStages},
+    {"vocab-1", "Vocabulary Parallelism, Algorithm 1: vocabulary layers split over all devices as S/T/IF/IB passes, "
+                "barriers C0 (softmax statistics) and C1 (input gradient), overlapped with the pipeline",
+     VocabPlacement::Vocab1},
+    {"vocab-2", "Vocabulary Parallelism, Algorithm 2: as vocab-1 with a single barrier carrying the input gradient",
+     VocabPlacement::Vocab2},
+    {"interlaced", "vocabulary layers split over all devices, computed tensor-parallel style with synchronous, "
+                   "non-overlapped all-reduces",
+     VocabPlacement::Interlaced},
 }};
 
+const VocabModeInfo* find_vocab_mode(const std::string& name) {
+  for (const VocabModeInfo& mode : kVocabModes)
+    if (mode.name == name) return &mode;
+  return nullptr;
+}
+
 LayerSplit layer_split(const Config& config) {
-  if (config.schedule.vocab == "baseline") return LayerSplit::Even;
+  if (config.schedule.vocab != "redistribute") return LayerSplit::Even;
   return config.schedule.layers_per_stage.empty() ? LayerSplit::Balanced : LayerSplit::Explicit;
 }
 
@@ -55,34 +73,40 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
       return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
                                config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
   }
-  const auto modes = vocab_mode_names();
-  if (std::find(modes.begin(), modes.end(), config.schedule.vocab) == modes.end())
+  const VocabModeInfo* vocab = find_vocab_mode(config.schedule.vocab);
+  if (!vocab)
     return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{} `pipesim list` shows them all",
-                             config.schedule.vocab, did_you_mean(config.schedule.vocab, modes))};
+                             config.schedule.vocab, did_you_mean(config.schedule.vocab, vocab_mode_names()))};
   const int chunks = custom ? custom->chunks : plan.schedule->chunks;
   if (chunks > 0) config.parallel.chunks = chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();
   if (std::optional<FieldError> e = check_config(config)) return Error{e->path + ": " + e->message};
 
   Result<Layout> layout = make_layout(config, custom ? custom->placement : plan.schedule->placement,
-                                      layer_split(config), stage_weights(config));
+                                      layer_split(config), stage_weights(config), vocab->placement);
   if (!layout.ok()) return layout.error();
   plan.layout = std::move(layout).value();
   const int m = config.parallel.microbatches;
   const ModelConfig& model = config.model;
   const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
                                                  config.precision.activation_bytes / config.parallel.tp);
-  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0};
+  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0, vocab_delay(vocab->placement)};
   const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
   context.transfer_ns = costs->transfer(
       {.kind = OpKind::Send, .device = 0, .peer = std::min(1, plan.layout.devices - 1), .bytes = double(boundary_bytes)});
-  Result<DeviceOrders> orders = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
+  Result<DeviceOrders> generated = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
+  if (!generated.ok()) return generated.error();
+  if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok()) return s.error();
+  // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
+  // where moving them keeps the orders executable.
+  DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);
+  if (!evaluate_orders(context, delayed).ok()) delayed = generated.value();
+  Result<DeviceOrders> orders = insert_vocab_passes(context, delayed, vocab->placement);
   if (!orders.ok()) return orders.error();
-  if (Status s = check_orders(orders.value(), plan.layout, m); !s.ok()) return s.error();
 
-  plan.graph = assemble(plan.layout, orders.value(), context.work, m, config.parallel.dp, boundary_bytes,
-                        config.precision.grad_bytes);
+  plan.graph = assemble(plan.layout, orders.value(), context.work, vocab_work(config, plan.layout), m,
+                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes);
   if (Status s = validate(plan.graph, plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, s.error().message)};
   plan.static_bytes = static_memory_bytes(config, plan.layout);

@@ -17,6 +17,7 @@ namespace pipesim {
 struct VocabModeInfo {
   std::string name;
   std::string description;
+  VocabPlacement placement;
 };
 
 /// The vocabulary placement table, in the order `pipesim list` shows it.
@@ -47,7 +48,8 @@ Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = null
 /// Adds to the per-device compute orders the P2P transfers between stages on different devices,
 /// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.
 /// `boundary_bytes` is the size of one activation (or its gradient) crossing a stage boundary.
+/// Vocabulary passes (S/T/IF/IB steps in `orders`) get the work in `vocab` and their collectives.
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param);
+                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param);
 
 }  // namespace pipesim

@@ -15,8 +15,8 @@
 namespace pipesim {
 
 struct ComputeStep {
-  OpKind kind;  ///< F, B or W
-  int stage;    ///< virtual stage
+  OpKind kind;  ///< F, B or W; or a vocabulary pass S, T, IF, IB
+  int stage;    ///< virtual stage; -1 for vocabulary passes (they run on every device)
   int microbatch;
 };
 
@@ -31,6 +31,10 @@ struct ScheduleContext {
   std::vector<StageTimes> times;  ///< per virtual stage; backward is the input-gradient part
   std::vector<StageWork> work;    ///< per virtual stage: activation_bytes, weight_held_bytes
   TimeNs transfer_ns = 0;         ///< one activation or gradient between neighbouring devices
+  /// Microbatches by which the last stage's backward trails its forward, waiting for the vocabulary
+  /// passes (0 when the vocabulary layers sit on the stages). 1F1B-style generators add it to
+  /// every device's warm-up; plan.cpp enforces it on the last stage for all schedules.
+  int vocab_delay = 0;
 };
 
 struct ScheduleInfo {

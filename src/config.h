@@ -70,6 +70,14 @@ struct ExplicitCosts {
   std::optional<double> activation_bytes;  ///< unset: the analytic activation model
   double optimizer_ms = 0;
   double dp_allreduce_ms = 0;
+  // Vocabulary layers, each for one microbatch over the whole vocabulary (one device holds it all in
+  // `baseline`; vocabulary-parallel modes split it evenly over the pp devices).
+  double output_forward_ms = 0;   ///< LM head + softmax cross-entropy forward
+  double output_backward_ms = 0;  ///< its backward
+  double input_forward_ms = 0;    ///< embedding lookup
+  double input_backward_ms = 0;   ///< embedding gradient
+  double allreduce_ms = 0;        ///< each collective of the vocabulary passes
+  double output_activation_bytes = 0;  ///< what the output layer keeps from forward to backward
 };
 
 struct Config {

@@ -60,6 +60,12 @@ double total(const std::vector<Piece>& pieces, double Piece::*field) {
   return sum;
 }
 
+/// Parameters of the vocabulary shards each device holds when the vocabulary is split over devices.
+double vocab_shard_params(const Config& c, const Layout& layout) {
+  if (layout.vocab == VocabPlacement::OnStages) return 0;
+  return 2.0 * layout.padded_vocab / layout.devices * c.model.hidden / c.parallel.tp;  // embedding + head rows
+}
+
 double stage_params(const Config& c, const VirtualStage& stage) {
   const ModelConfig& m = c.model;
   double params = stage.layers * layer_params(m);
@@ -100,8 +106,14 @@ class AnalyticCostModel final : public CostModel {
                            : global_rank(c_, c_.parallel.pp - 1) < h_.gpus_per_node;
     return ring(task.kind, task.bytes, ranks, intra);
   }
+  TimeNs vocab_pass(const Task& task) const override {
+    // GEMM, then memory-bound softmax or gather kernels: their times add.
+    return ns_from_s(task.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency) +
+                     task.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)) +
+           launch();
+  }
   TimeNs optimizer(int device) const override {
-    double params = 0;
+    double params = vocab_shard_params(c_, layout_);
     for (const VirtualStage& stage : layout_.stages)
       if (stage.device == device) params += stage_params(c_, stage);
     const PrecisionConfig& p = c_.precision;
@@ -151,22 +163,35 @@ class ExplicitCostModel final : public CostModel {
     };
     for (const VirtualStage& stage : layout.stages) {
       const double share = share_of_device(config, stage);
-      stages_.push_back({ns_from_ms(at(costs_.forward_ms, stage.device) * share),
-                         ns_from_ms(at(costs_.backward_ms, stage.device) * share),
+      const double forward = (stage.has_head ? costs_.output_forward_ms : 0) + (stage.has_embedding ? costs_.input_forward_ms : 0);
+      const double backward = (stage.has_head ? costs_.output_backward_ms : 0) + (stage.has_embedding ? costs_.input_backward_ms : 0);
+      stages_.push_back({ns_from_ms(at(costs_.forward_ms, stage.device) * share + forward),
+                         ns_from_ms(at(costs_.backward_ms, stage.device) * share + backward),
                          ns_from_ms(at(costs_.weight_ms, stage.device) * share)});
     }
+    shards_ = layout.devices;
   }
   std::string_view source() const override { return "explicit"; }
 
  protected:
   TimeNs p2p(const Task&) const override { return ns_from_ms(costs_.p2p_ms); }
   TimeNs collective(const Task& task, int) const override {
-    return task.kind == OpKind::DpAllReduce ? ns_from_ms(costs_.dp_allreduce_ms) : 0;
+    return ns_from_ms(task.kind == OpKind::DpAllReduce ? costs_.dp_allreduce_ms : costs_.allreduce_ms);
   }
   TimeNs optimizer(int) const override { return ns_from_ms(costs_.optimizer_ms); }
+  /// Each device runs 1/p of the vocabulary layers.
+  TimeNs vocab_pass(const Task& task) const override {
+    switch (task.kind) {
+      case OpKind::S: return ns_from_ms(costs_.output_forward_ms / shards_);
+      case OpKind::T: return ns_from_ms(costs_.output_backward_ms / shards_);
+      case OpKind::IF: return ns_from_ms(costs_.input_forward_ms / shards_);
+      default: return ns_from_ms(costs_.input_backward_ms / shards_);
+    }
+  }
 
  private:
   const ExplicitCosts& costs_;
+  int shards_ = 1;
 };
 
 }  // namespace
@@ -191,9 +216,10 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
     if (config.costs && config.costs->activation_bytes)
       layer_bytes = *config.costs->activation_bytes * share_of_device(config, stage);
     double head_bytes = 0;
-    if (stage.has_head && !config.costs)  // fp32 logits kept for the softmax gradient, plus its input
-      head_bytes = double(m.micro_batch_size) * m.seq_len *
-                   (4.0 * m.vocab + config.precision.activation_bytes * m.hidden) / config.parallel.tp;
+    if (stage.has_head)  // fp32 logits kept for the softmax gradient, plus its input
+      head_bytes = config.costs ? config.costs->output_activation_bytes
+                                : double(m.micro_batch_size) * m.seq_len *
+                                      (4.0 * m.vocab + config.precision.activation_bytes * m.hidden) / config.parallel.tp;
     w.activation_bytes = static_cast<Bytes>(std::llround(layer_bytes + head_bytes));
     w.weight_held_bytes = static_cast<Bytes>(std::llround(layer_bytes * std::min(1.0, weight_held_fraction)));
     w.params = stage_params(config, stage);
@@ -218,8 +244,32 @@ StageWeights stage_weights(const Config& config) {
   return {layer, time_of({0, 0, 0, 0, true, false}) - empty, time_of({0, 0, 0, 0, false, true}) - empty};
 }
 
+VocabWork vocab_work(const Config& config, const Layout& layout) {
+  const ModelConfig& m = config.model;
+  const PrecisionConfig& p = config.precision;
+  const double tokens = double(m.micro_batch_size) * m.seq_len, h = m.hidden, t = config.parallel.tp;
+  const double rows = double(layout.padded_vocab) / layout.devices / t;  // vocabulary rows per device
+  const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
+  VocabWork w;
+  const double gemm = 2 * tokens * h * rows, logits = 4 * tokens * rows;  // FLOPs; fp32 bytes
+  w.s_flops = gemm * (two_barriers ? 1 : 2);  // Algorithm 2 also forms softmax_local·W_i
+  w.s_bytes = 2 * logits + rows * h * p.param_bytes;
+  w.t_flops = gemm * (two_barriers ? 2 : 1);  // dW, and dX for Algorithm 1
+  w.t_bytes = 2 * logits;
+  w.input_forward_bytes = 2 * tokens * h / t * p.param_bytes;
+  w.input_backward_bytes = tokens * h / t * (p.activation_bytes + 2 * p.grad_bytes);
+  w.s_activation_bytes = config.costs ? Bytes(config.costs->output_activation_bytes / layout.devices)
+                                      : Bytes(logits + tokens * h * p.activation_bytes / t);
+  w.output_broadcast_bytes = tokens * h * p.activation_bytes / t;
+  w.barrier0_bytes = 3 * 4 * tokens + (two_barriers ? 0 : 4 * tokens * h / t);
+  w.barrier1_bytes = two_barriers ? 4 * tokens * h / t : 0;
+  w.input_reduce_bytes = tokens * h * p.activation_bytes / t;
+  w.grad_broadcast_bytes = tokens * h * p.activation_bytes / t;
+  return w;
+}
+
 std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layout) {
-  std::vector<double> params(static_cast<std::size_t>(layout.devices), 0.0);
+  std::vector<double> params(static_cast<std::size_t>(layout.devices), vocab_shard_params(config, layout));
   for (const VirtualStage& stage : layout.stages) params[static_cast<std::size_t>(stage.device)] += stage_params(config, stage);
   std::vector<Bytes> bytes;
   for (double p : params)
@@ -236,7 +286,7 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::S:
     case OpKind::T:
     case OpKind::IF:
-    case OpKind::IB: return 0;  // vocabulary passes are costed once they exist in a schedule
+    case OpKind::IB: return vocab_pass(task);
     case OpKind::Send:
     case OpKind::Recv: return p2p(task);
     case OpKind::AllReduce:

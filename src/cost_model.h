@@ -25,6 +25,23 @@ struct StageWork {
 /// Per-stage work under the analytic model; `costs.activation_bytes` overrides the memory.
 std::vector<StageWork> stage_work(const Config& config, const Layout& layout);
 
+/// Work of the vocabulary-parallel passes on one device for one microbatch (DESIGN.md §5), with
+/// the vocabulary split into layout.padded_vocab / p rows per device. GEMM FLOPs and memory-bound
+/// bytes are kept apart: the passes run them as separate kernels, one after the other.
+struct VocabWork {
+  double s_flops = 0, s_bytes = 0;    ///< S: logits (+ softmax·W for Algorithm 2), local softmax stats
+  double t_flops = 0, t_bytes = 0;    ///< T: dW (+ dX for Algorithm 1), softmax gradient
+  double input_forward_bytes = 0;     ///< IF: gather of the rows in this shard
+  double input_backward_bytes = 0;    ///< IB: scatter-add into this shard's gradient
+  Bytes s_activation_bytes = 0;       ///< kept from S to T: fp32 logits shard and the input X
+  double output_broadcast_bytes = 0;  ///< the last transformer output X, to every device
+  double barrier0_bytes = 0;          ///< C0: max, sum-exp, target logit (+ dX for Algorithm 2)
+  double barrier1_bytes = 0;          ///< C1 (Algorithm 1): dX
+  double input_reduce_bytes = 0;      ///< the summed embedding output, to the first stage
+  double grad_broadcast_bytes = 0;    ///< the embedding output's gradient, from the first stage
+};
+VocabWork vocab_work(const Config& config, const Layout& layout);
+
 /// Relative cost of one layer, the embedding and the head (forward + backward), for "auto" splits.
 StageWeights stage_weights(const Config& config);
 
@@ -51,6 +68,7 @@ class CostModel {
   virtual TimeNs p2p(const Task& task) const = 0;
   virtual TimeNs collective(const Task& task, int ranks) const = 0;
   virtual TimeNs optimizer(int device) const = 0;
+  virtual TimeNs vocab_pass(const Task& task) const = 0;  ///< S, T, IF, IB
   std::vector<StageTimes> stages_;
 };
 

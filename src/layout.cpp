@@ -64,12 +64,15 @@ std::vector<int> balanced_split(int layers, int stages, const StageWeights& w) {
   return split;
 }
 
-Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split,
-                           const StageWeights& weights) {
+Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split, const StageWeights& weights,
+                           VocabPlacement vocab) {
   Layout layout;
   layout.devices = config.parallel.pp;
   layout.chunks = config.parallel.chunks;
   layout.placement = placement;
+  layout.vocab = vocab;
+  const int shards = vocab == VocabPlacement::OnStages ? 1 : layout.devices;
+  layout.padded_vocab = (config.model.vocab + shards - 1) / shards * shards;
   const int stage_count = layout.devices * layout.chunks;
   if (placement == Placement::V && layout.chunks != 2)
     return Error{"parallel.chunks: V placement needs exactly 2 chunks per device; set parallel.chunks to 2"};
@@ -95,8 +98,8 @@ Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit
     stage.layers = layers[static_cast<std::size_t>(s)];
     next_layer += stage.layers;
   }
-  layout.stages.front().has_embedding = true;
-  layout.stages.back().has_head = true;
+  layout.stages.front().has_embedding = vocab == VocabPlacement::OnStages;
+  layout.stages.back().has_head = vocab == VocabPlacement::OnStages;
   return layout;
 }
 

@@ -13,6 +13,14 @@ namespace pipesim {
 /// V: chunk 0 of device i is stage i, chunk 1 is stage 2p-1-i (V-Half, ZB-V, ...).
 enum class Placement { Loop, V };
 
+/// Where the vocabulary layers (embedding, LM head + loss) run.
+enum class VocabPlacement {
+  OnStages,    ///< embedding inside stage 0's F/B, LM head inside the last stage's
+  Vocab1,      ///< split over all devices as S/T/IF/IB passes; two barriers (Algorithm 1)
+  Vocab2,      ///< split over all devices; one barrier (Algorithm 2)
+  Interlaced,  ///< split over all devices, computed synchronously, tensor-parallel style
+};
+
 struct VirtualStage {
   int device = 0;
   int chunk = 0;
@@ -27,6 +35,9 @@ struct Layout {
   int chunks = 1;
   Placement placement = Placement::Loop;
   std::vector<VirtualStage> stages;  ///< indexed by virtual stage, in model order
+  VocabPlacement vocab = VocabPlacement::OnStages;
+  /// The vocabulary as laid out: split over the devices, it is padded to a multiple of them.
+  int padded_vocab = 0;
 
   int stage_count() const { return static_cast<int>(stages.size()); }
   /// The virtual stage a device holds as its `chunk`.
@@ -47,8 +58,8 @@ enum class LayerSplit {
   Balanced,  ///< minimise the slowest stage given StageWeights ("auto")
 };
 
-Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split,
-                           const StageWeights& weights);
+Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split, const StageWeights& weights,
+                           VocabPlacement vocab = VocabPlacement::OnStages);
 
 /// The split that minimises max over stages of (layers·layer + embedding/head extras); ties keep
 /// layers early. Exposed for tests.

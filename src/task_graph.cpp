@@ -48,15 +48,17 @@ Stream stream_kind(OpKind kind) {
 
 bool is_compute(OpKind kind) { return stream_kind(kind) == Stream::Compute; }
 
-// Device d's streams, from first_stream(d): compute, collective, send to each device, receive from
-// each device (the entries for d itself stay empty).
+// Device d's streams, from first_stream(d): compute, the collective lanes, send to each device,
+// receive from each device (the entries for d itself stay empty).
+constexpr std::size_t kFirstSend = 1 + kCollectiveLanes;
+
 std::size_t TaskGraph::stream_of(const Task& t) const {
   const std::size_t base = first_stream(t.device);
   switch (stream_kind(t.kind)) {
     case Stream::Compute: return base;
-    case Stream::Collective: return base + 1;
-    case Stream::Send: return base + 2 + std::size_t(t.peer);
-    case Stream::Recv: return base + 2 + std::size_t(devices_) + std::size_t(t.peer);
+    case Stream::Collective: return base + 1 + std::size_t(t.lane);
+    case Stream::Send: return base + kFirstSend + std::size_t(t.peer);
+    case Stream::Recv: return base + kFirstSend + std::size_t(devices_) + std::size_t(t.peer);
   }
   return base;
 }
@@ -65,6 +67,7 @@ std::span<const TaskId> TaskGraph::stream_order(int device, Stream kind, int pee
   Task probe;
   probe.device = device;
   probe.peer = peer;
+  probe.lane = std::max(peer, 0);
   probe.kind = kind == Stream::Compute      ? OpKind::F
                : kind == Stream::Collective ? OpKind::AllReduce
                : kind == Stream::Send       ? OpKind::Send
@@ -75,17 +78,17 @@ std::span<const TaskId> TaskGraph::stream_order(int device, Stream kind, int pee
 Stream TaskGraph::stream_kind_of(std::size_t s) const {
   const std::size_t local = s % streams_per_device();
   if (local == 0) return Stream::Compute;
-  if (local == 1) return Stream::Collective;
-  return local < 2 + std::size_t(devices_) ? Stream::Send : Stream::Recv;
+  if (local < kFirstSend) return Stream::Collective;
+  return local < kFirstSend + std::size_t(devices_) ? Stream::Send : Stream::Recv;
 }
 
 std::string TaskGraph::stream_name(std::size_t s) const {
   const std::size_t local = s % streams_per_device();
   switch (stream_kind_of(s)) {
     case Stream::Compute: return "compute";
-    case Stream::Collective: return "collective";
-    case Stream::Send: return fmt::format("send->d{}", local - 2);
-    case Stream::Recv: return fmt::format("recv<-d{}", local - 2 - std::size_t(devices_));
+    case Stream::Collective: return fmt::format("collective {}", local - 1);
+    case Stream::Send: return fmt::format("send->d{}", local - kFirstSend);
+    case Stream::Recv: return fmt::format("recv<-d{}", local - kFirstSend - std::size_t(devices_));
   }
   return "?";
 }
@@ -101,6 +104,13 @@ std::string TaskGraph::describe(TaskId id) const {
     }
     case OpKind::DpAllReduce:
     case OpKind::Optimizer: return fmt::format("{}(d{})", op_kind_name(t.kind), t.device);
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Reduce: return fmt::format("{}(d{},lane{},m{})", op_kind_name(t.kind), t.device, t.lane, t.microbatch);
+    case OpKind::S:
+    case OpKind::T:
+    case OpKind::IF:
+    case OpKind::IB: return fmt::format("{}(d{},m{})", op_kind_name(t.kind), t.device, t.microbatch);
     default: break;
   }
   if (t.microbatch < 0) return fmt::format("{}(d{},s{})", op_kind_name(t.kind), t.device, t.stage);

@@ -35,10 +35,12 @@ enum class OpKind : std::uint8_t {
 constexpr int kOpKindCount = 14;
 std::string_view op_kind_name(OpKind kind);
 
-/// Kinds of stream. Every device has one compute and one collective stream, and towards every other
-/// device one send stream and one receive stream: a point-to-point channel per ordered device pair,
-/// whose SENDs and RECVs pair up in order, as NCCL matches them.
+/// Kinds of stream. Every device has one compute stream, kCollectiveLanes collective streams (one
+/// per communicator: collectives on different lanes never wait for each other), and towards every
+/// other device one send stream and one receive stream: a point-to-point channel per ordered device
+/// pair, whose SENDs and RECVs pair up in order, as NCCL matches them.
 enum class Stream : std::uint8_t { Compute, Collective, Send, Recv };
+constexpr int kCollectiveLanes = 6;
 Stream stream_kind(OpKind kind);
 bool is_compute(OpKind kind);
 
@@ -58,6 +60,7 @@ struct Task {
   std::int32_t peer = -1;        ///< SEND/RECV: the device at the other end
   TaskId partner = kNoTask;      ///< SEND/RECV: the matched op on the peer
   std::int32_t group = -1;       ///< collectives: index into TaskGraph::groups()
+  std::int32_t lane = 0;         ///< collectives: which collective stream, 0 .. kCollectiveLanes - 1
   double flops = 0;              ///< compute ops: floating-point operations
   double bytes = 0;              ///< compute ops: HBM traffic; comm ops: payload size
   Bytes alloc_bytes = 0;         ///< activation memory taken when the op starts
@@ -92,11 +95,12 @@ class TaskGraph {
   std::span<const TaskId> stream(std::size_t s) const {
     return {stream_ids_.data() + stream_offsets_[s], stream_ids_.data() + stream_offsets_[s + 1]};
   }
-  /// Ops of one device's stream of `kind` (towards `peer` for Send and Recv), in program order.
+  /// Ops of one device's stream of `kind` (towards `peer` for Send and Recv, on lane `peer` for
+  /// Collective), in program order.
   std::span<const TaskId> stream_order(int device, Stream kind, int peer = -1) const;
   Stream stream_kind_of(std::size_t s) const;
   int stream_device(std::size_t s) const { return int(s / streams_per_device()); }
-  /// "compute", "collective", "send->d3" or "recv<-d1".
+  /// "compute", "collective 2", "send->d3" or "recv<-d1".
   std::string stream_name(std::size_t s) const;
   std::span<const CollectiveGroup> groups() const { return groups_; }
   /// Short human name, e.g. `F(d0,s0,m1)` or `SEND(d0->d1,act,s0,m1)`.
@@ -104,7 +108,7 @@ class TaskGraph {
 
  private:
   friend class TaskGraphBuilder;
-  std::size_t streams_per_device() const { return 2 + 2 * std::size_t(devices_); }
+  std::size_t streams_per_device() const { return 1 + kCollectiveLanes + 2 * std::size_t(devices_); }
   static std::span<const TaskId> csr(const std::vector<std::int64_t>& offsets, const std::vector<TaskId>& ids,
                                      TaskId id) {
     const auto i = static_cast<std::size_t>(id);

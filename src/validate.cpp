@@ -10,6 +10,36 @@
 namespace pipesim {
 namespace {
 
+/// With vocabulary passes, every device runs one S and one T (S first), and one IF and one IB
+/// (IF first), for every microbatch.
+Status check_vocab_passes(const TaskGraph& graph, int microbatches) {
+  bool output = false, input = false;
+  for (const Task& t : graph.tasks()) output |= t.kind == OpKind::S, input |= t.kind == OpKind::IF;
+  const std::array<std::pair<OpKind, OpKind>, 2> pairs = {{{OpKind::S, OpKind::T}, {OpKind::IF, OpKind::IB}}};
+  for (int d = 0; d < graph.devices(); ++d)
+    for (const auto& [first, second] : pairs) {
+      if (!(first == OpKind::S ? output : input)) continue;
+      std::vector<std::int64_t> seen_first(std::size_t(microbatches), -1), seen_second(std::size_t(microbatches), -1);
+      const auto order = graph.stream_order(d, Stream::Compute);
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        const Task& t = graph.task(order[i]);
+        if (t.kind != first && t.kind != second) continue;
+        auto& seen = (t.kind == first ? seen_first : seen_second)[std::size_t(t.microbatch)];
+        if (seen >= 0) return Error{fmt::format("{} appears twice", graph.describe(order[i]))};
+        seen = std::int64_t(i);
+      }
+      for (int m = 0; m < microbatches; ++m) {
+        const auto f = seen_first[std::size_t(m)], s = seen_second[std::size_t(m)];
+        if (f < 0 || s < 0)
+          return Error{fmt::format("device {} misses {}(m{})", d, op_kind_name(f < 0 ? first : second), m)};
+        if (s < f)
+          return Error{fmt::format("{}(d{},m{}) comes before {}(d{},m{}) in program order", op_kind_name(second), d, m,
+                                   op_kind_name(first), d, m)};
+      }
+    }
+  return Status::Ok();
+}
+
 Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches) {
   const int stages = layout.stage_count();
   bool split_weight = false;
@@ -44,6 +74,7 @@ Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches)
       if (b < f) return Error{fmt::format("B{} comes before F{} in program order", op, op)};
       if (split_weight && w < b) return Error{fmt::format("W{} comes before B{} in program order", op, op)};
     }
+  if (Status s = check_vocab_passes(graph, microbatches); !s.ok()) return s;
   for (int d = 0; d < graph.devices(); ++d)
     if (optimizers[static_cast<std::size_t>(d)] != 1)
       return Error{fmt::format("device {} has {} OPTIMIZER ops; every device needs exactly one", d,

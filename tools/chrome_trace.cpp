@@ -21,6 +21,13 @@ std::string op_name(const Task& t) {
                          t.microbatch);
     case OpKind::DpAllReduce:
     case OpKind::Optimizer: return std::string(op_kind_name(t.kind));
+    case OpKind::S:
+    case OpKind::T:
+    case OpKind::IF:
+    case OpKind::IB:
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Reduce: return fmt::format("{} m{}", op_kind_name(t.kind), t.microbatch);
     default: return fmt::format("{} s{} m{}", op_kind_name(t.kind), t.stage, t.microbatch);
   }
 }

@@ -212,6 +212,12 @@ ExplicitCosts read_costs(ObjectReader r) {
   if (r.has("activation_bytes")) c.activation_bytes = r.number("activation_bytes", 0, 0);
   c.optimizer_ms = r.number("optimizer_ms", 0, 0);
   c.dp_allreduce_ms = r.number("dp_allreduce_ms", 0, 0);
+  c.output_forward_ms = r.number("output_forward_ms", 0, 0);
+  c.output_backward_ms = r.number("output_backward_ms", 0, 0);
+  c.input_forward_ms = r.number("input_forward_ms", 0, 0);
+  c.input_backward_ms = r.number("input_backward_ms", 0, 0);
+  c.allreduce_ms = r.number("allreduce_ms", 0, 0);
+  c.output_activation_bytes = r.number("output_activation_bytes", 0, 0);
   r.reject_unknown();
   return c;
 }

@@ -1,0 +1,78 @@
+#include "vocab_assembly.h"
+
+#include <algorithm>
+
+namespace pipesim {
+
+VocabPasses::VocabPasses(int devices, int microbatches)
+    : devices_(devices), microbatches_(microbatches), compute_(std::size_t(devices)) {
+  for (auto& table : passes_) table.assign(std::size_t(devices) * std::size_t(microbatches), kNoTask);
+}
+
+TaskId VocabPasses::add(TaskGraphBuilder& builder, int device, const ComputeStep& step, const VocabWork& work) {
+  Task t{.kind = step.kind, .device = device, .microbatch = step.microbatch};
+  Pass p = kS;
+  switch (step.kind) {
+    case OpKind::S: t.flops = work.s_flops, t.bytes = work.s_bytes, t.alloc_bytes = work.s_activation_bytes; break;
+    case OpKind::T: p = kT, t.flops = work.t_flops, t.bytes = work.t_bytes, t.free_bytes = work.s_activation_bytes; break;
+    case OpKind::IF: p = kIF, t.bytes = work.input_forward_bytes; break;
+    default: p = kIB, t.bytes = work.input_backward_bytes; break;
+  }
+  const TaskId id = builder.add(t);
+  pass(p, device, step.microbatch) = id;
+  record_compute(device, id);
+  return id;
+}
+
+void VocabPasses::record_compute(int device, TaskId id) { compute_[std::size_t(device)].push_back(id); }
+
+TaskId VocabPasses::next_compute(int device, TaskId id) const {
+  const auto& order = compute_[std::size_t(device)];
+  const auto it = std::find(order.begin(), order.end(), id);
+  return it != order.end() && it + 1 != order.end() ? *(it + 1) : kNoTask;
+}
+
+void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const VocabWork& work,
+                          const std::function<TaskId(int stage, int mb)>& forward,
+                          const std::function<TaskId(int stage, int mb)>& backward) {
+  const int last = layout.stage_count() - 1;
+  const int first_device = layout.stages.front().device, last_device = layout.stages.back().device;
+  const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
+  const bool synchronous = layout.vocab == VocabPlacement::Interlaced;
+  /// One collective of `kind` on `lane` for microbatch x: a member per device, each depending on
+  /// what that device must have finished (kNoTask: nothing).
+  const auto collective = [&](OpKind kind, int lane, int x, double bytes, const std::function<TaskId(int)>& after) {
+    std::vector<TaskId> members;
+    for (int d = 0; d < devices_; ++d) {
+      const TaskId member = builder.add({.kind = kind, .device = d, .microbatch = x, .lane = lane, .bytes = bytes});
+      if (const TaskId before = after(d); before != kNoTask) builder.depend(member, before);
+      members.push_back(member);
+    }
+    builder.add_group(members, devices_);
+    return members;
+  };
+  for (int x = 0; x < microbatches_; ++x) {
+    const auto input = collective(OpKind::Reduce, 1, x, work.input_reduce_bytes, [&](int d) { return pass(kIF, d, x); });
+    builder.depend(forward(0, x), input[std::size_t(first_device)]);
+    const auto output = collective(OpKind::Broadcast, 2, x, work.output_broadcast_bytes,
+                                   [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
+    const auto barrier0 = collective(OpKind::AllReduce, 3, x, work.barrier0_bytes, [&](int d) { return pass(kS, d, x); });
+    std::vector<TaskId> barrier1;
+    if (two_barriers)
+      barrier1 = collective(OpKind::AllReduce, 4, x, work.barrier1_bytes, [&](int d) { return pass(kT, d, x); });
+    const auto gradient = collective(OpKind::Broadcast, 5, x, work.grad_broadcast_bytes,
+                                     [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
+    builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0)[std::size_t(last_device)]);
+    for (int d = 0; d < devices_; ++d) {
+      builder.depend(pass(kS, d, x), output[std::size_t(d)]);
+      builder.depend(pass(kT, d, x), barrier0[std::size_t(d)]);
+      builder.depend(pass(kIB, d, x), gradient[std::size_t(d)]);
+      if (!synchronous) continue;
+      // Tensor-parallel style: after the output layer's T the device waits for its all-reduce before
+      // it computes on (T itself already waits for C0, right after S).
+      if (const TaskId next = next_compute(d, pass(kT, d, x)); next != kNoTask) builder.depend(next, barrier1[std::size_t(d)]);
+    }
+  }
+}
+
+}  // namespace pipesim

@@ -1,0 +1,43 @@
+#pragma once
+/// The vocabulary passes' part of assemble(): their tasks, and per microbatch the collectives that
+/// tie them together, each kind on its own collective lane (communicator) so that kinds never wait
+/// for each other:
+///   lane 1  REDUCE    IF outputs summed into the first stage's input      (after IF on each device)
+///   lane 2  BROADCAST the last stage's output X to every device           (after the last F)
+///   lane 3  ALLREDUCE C0: max, sum-exp, target logit (+ dX, Algorithm 2)  (after S on each device)
+///   lane 4  ALLREDUCE C1: dX (Algorithm 1 and interlaced)                  (after T on each device)
+///   lane 5  BROADCAST the first stage's input gradient dY                  (after the first B)
+/// Lane 0 is the data-parallel all-reduce.
+#include <functional>
+#include <vector>
+
+#include "cost_model.h"
+#include "schedule.h"
+#include "task_graph.h"
+
+namespace pipesim {
+
+class VocabPasses {
+ public:
+  VocabPasses(int devices, int microbatches);
+  /// Adds the task of one vocabulary pass (an S, T, IF or IB step); returns its id.
+  TaskId add(TaskGraphBuilder& builder, int device, const ComputeStep& step, const VocabWork& work);
+  /// Notes a transformer compute task, so that the op after a pass can be found.
+  void record_compute(int device, TaskId id);
+  /// Adds the collectives and all dependencies of the passes, once every compute task exists.
+  void connect(TaskGraphBuilder& builder, const Layout& layout, const VocabWork& work,
+               const std::function<TaskId(int stage, int mb)>& forward,
+               const std::function<TaskId(int stage, int mb)>& backward);
+
+ private:
+  enum Pass { kS, kT, kIF, kIB, kPasses };
+  TaskId& pass(Pass p, int device, int mb) { return passes_[std::size_t(p)][std::size_t(device) * microbatches_ + std::size_t(mb)]; }
+  /// The compute op that follows `id` on its device, or kNoTask.
+  TaskId next_compute(int device, TaskId id) const;
+
+  int devices_, microbatches_;
+  std::vector<TaskId> passes_[kPasses];
+  std::vector<std::vector<TaskId>> compute_;  ///< per device, every compute task in program order
+};
+
+}  // namespace pipesim

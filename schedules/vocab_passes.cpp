@@ -1,0 +1,301 @@
+#include "vocab_passes.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace pipesim {
+
+int vocab_delay(VocabPlacement vocab) {
+  switch (vocab) {
+    case VocabPlacement::OnStages: return 0;
+    case VocabPlacement::Vocab1: return 2;
+    case VocabPlacement::Vocab2:
+    case VocabPlacement::Interlaced: return 1;
+  }
+  return 0;
+}
+
+DeviceOrders delay_last_backward(const Layout& layout, const DeviceOrders& orders, int delay, int microbatches) {
+  if (delay == 0) return orders;
+  const int last = layout.stage_count() - 1;
+  DeviceOrders delayed = orders;
+  auto& order = delayed[std::size_t(layout.stages[std::size_t(last)].device)];
+  for (int x = 0; x < microbatches; ++x) {
+    const auto is = [&](OpKind kind, int mb) {
+      return [=](const ComputeStep& s) { return s.kind == kind && s.stage == last && s.microbatch == mb; };
+    };
+    const auto backward = std::find_if(order.begin(), order.end(), is(OpKind::B, x));
+    const auto anchor = std::find_if(order.begin(), order.end(), is(OpKind::F, std::min(x + delay, microbatches - 1)));
+    if (backward == order.end() || anchor == order.end() || backward > anchor) continue;
+    std::vector<ComputeStep> moved{*backward};
+    const auto weight = std::find_if(order.begin(), order.end(), is(OpKind::W, x));
+    if (weight != order.end() && weight < anchor) moved.push_back(*weight);
+    std::vector<ComputeStep> rest;
+    for (auto it = order.begin(); it != order.end(); ++it) {
+      if (it == backward || (moved.size() > 1 && it == weight)) continue;
+      rest.push_back(*it);
+      if (it == anchor) rest.insert(rest.end(), moved.begin(), moved.end());
+    }
+    order = std::move(rest);
+  }
+  return delayed;
+}
+
+namespace {
+
+struct Insertion {
+  std::size_t slot;  ///< goes before the op at this position of the original order
+  TimeNs time;       ///< desired start, orders insertions that share a slot
+  int rank;          ///< then this, so that S(x + 1) precedes T(x)
+  ComputeStep step;
+};
+
+/// Positions in one device's order, and the estimated times of its ops.
+class DeviceView {
+ public:
+  DeviceView(const std::vector<ComputeStep>& order, const std::vector<TimeNs>& start, int microbatches)
+      : order_(order), start_(start), last_forward_(std::size_t(microbatches), 0),
+        first_backward_(std::size_t(microbatches), order.size()), first_forward_(first_backward_),
+        last_backward_(last_forward_) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto x = std::size_t(order[i].microbatch);
+      if (order[i].kind == OpKind::F) {
+        last_forward_[x] = i + 1;
+        first_forward_[x] = std::min(first_forward_[x], i);
+      }
+      if (order[i].kind == OpKind::B) {
+        first_backward_[x] = std::min(first_backward_[x], i);
+        last_backward_[x] = i + 1;
+      }
+    }
+  }
+  /// The first slot in [low, high] whose op starts at `time` or later; `high` if none.
+  std::size_t slot_at(TimeNs time, std::size_t low, std::size_t high) const {
+    for (std::size_t i = low; i < high; ++i)
+      if (start_[i] >= time) return i;
+    return high;
+  }
+  std::size_t after_last_forward(int x) const { return last_forward_[std::size_t(x)]; }
+  std::size_t before_first_backward(int x) const { return first_backward_[std::size_t(x)]; }
+  std::size_t before_first_forward(int x) const { return first_forward_[std::size_t(x)]; }
+  std::size_t after_last_backward(int x) const { return last_backward_[std::size_t(x)]; }
+  std::size_t size() const { return order_.size(); }
+  /// The first position holding an op of microbatch y or later (size() if none).
+  std::size_t first_at_or_after(int y) const {
+    for (std::size_t i = 0; i < order_.size(); ++i)
+      if (order_[i].microbatch >= y) return i;
+    return order_.size();
+  }
+  /// Just past the last position holding an op of microbatch y or earlier (0 if none).
+  std::size_t past_last_at_or_before(int y) const {
+    for (std::size_t i = order_.size(); i > 0; --i)
+      if (order_[i - 1].microbatch <= y) return i;
+    return 0;
+  }
+
+ private:
+  const std::vector<ComputeStep>& order_;
+  const std::vector<TimeNs>& start_;
+  std::vector<std::size_t> last_forward_, first_backward_, first_forward_, last_backward_;
+};
+
+/// How each op of the transformer orders is tied, through the data flow and program order, to the
+/// ops the vocabulary passes hang on. Per device and position.
+struct Reach {
+  std::vector<std::vector<int>> waits_last_backward;  ///< greatest x: the op waits for B(last stage, x)
+  std::vector<std::vector<int>> waits_first_forward;  ///< greatest x: the op waits for F(stage 0, x)
+  std::vector<std::vector<int>> feeds_last_forward;   ///< least x: F(last stage, x) waits for the op
+  std::vector<std::vector<int>> feeds_first_backward; ///< least x: B(stage 0, x) waits for the op
+  std::vector<bool> last_forward_waits_backward;      ///< per x: F(last, x + 1) waits for B(last, x)
+};
+
+Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
+  constexpr int kNone = 1 << 30;
+  const int stages = layout.stage_count(), last = stages - 1;
+  // Positions of F, B, W of (stage, x); then the ops in an order where every op follows its inputs.
+  std::vector<std::pair<int, std::size_t>> where(std::size_t(3 * stages * m), {-1, 0});
+  const auto key = [&](OpKind kind, int stage, int x) {
+    return std::size_t((kind == OpKind::F ? 0 : kind == OpKind::B ? 1 : 2) * stages * m + stage * m + x);
+  };
+  for (std::size_t d = 0; d < orders.size(); ++d)
+    for (std::size_t i = 0; i < orders[d].size(); ++i)
+      where[key(orders[d][i].kind, orders[d][i].stage, orders[d][i].microbatch)] = {int(d), i};
+  const auto inputs = [&](const ComputeStep& s) {  // data inputs of an op, as (device, position)
+    std::vector<std::pair<int, std::size_t>> in;
+    if (s.kind == OpKind::F && s.stage > 0) in.push_back(where[key(OpKind::F, s.stage - 1, s.microbatch)]);
+    if (s.kind == OpKind::B) {
+      in.push_back(where[key(OpKind::F, s.stage, s.microbatch)]);
+      if (s.stage < last) in.push_back(where[key(OpKind::B, s.stage + 1, s.microbatch)]);
+    }
+    if (s.kind == OpKind::W) in.push_back(where[key(OpKind::B, s.stage, s.microbatch)]);
+    return in;
+  };
+  Reach r;
+  std::vector<std::vector<bool>> done(orders.size());
+  for (std::size_t d = 0; d < orders.size(); ++d) {
+    done[d].assign(orders[d].size(), false);
+    r.waits_last_backward.emplace_back(orders[d].size(), -1);
+    r.waits_first_forward.emplace_back(orders[d].size(), -1);
+    r.feeds_last_forward.emplace_back(orders[d].size(), kNone);
+    r.feeds_first_backward.emplace_back(orders[d].size(), kNone);
+  }
+  std::vector<std::pair<int, std::size_t>> topo;
+  std::vector<std::size_t> next(orders.size(), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (std::size_t d = 0; d < orders.size(); ++d)
+      for (; next[d] < orders[d].size(); ++next[d]) {
+        const auto in = inputs(orders[d][next[d]]);
+        if (std::any_of(in.begin(), in.end(), [&](const auto& at) { return !done[std::size_t(at.first)][at.second]; }))
+          break;
+        done[d][next[d]] = true;
+        topo.emplace_back(int(d), next[d]);
+        progressed = true;
+      }
+  }
+  for (const auto& [d, i] : topo) {  // forwards through the data flow and program order
+    const ComputeStep& s = orders[std::size_t(d)][i];
+    int& back = r.waits_last_backward[std::size_t(d)][i];
+    int& front = r.waits_first_forward[std::size_t(d)][i];
+    if (i > 0) back = r.waits_last_backward[std::size_t(d)][i - 1], front = r.waits_first_forward[std::size_t(d)][i - 1];
+    for (const auto& [e, j] : inputs(s)) {
+      back = std::max(back, r.waits_last_backward[std::size_t(e)][j]);
+      front = std::max(front, r.waits_first_forward[std::size_t(e)][j]);
+    }
+    if (s.kind == OpKind::B && s.stage == last) back = std::max(back, s.microbatch);
+    if (s.kind == OpKind::F && s.stage == 0) front = std::max(front, s.microbatch);
+  }
+  r.last_forward_waits_backward.assign(std::size_t(m), false);
+  for (int x = 0; x + 1 < m; ++x) {
+    const auto [d, i] = where[key(OpKind::F, last, x + 1)];
+    r.last_forward_waits_backward[std::size_t(x)] = r.waits_last_backward[std::size_t(d)][i] >= x;
+  }
+  for (auto it = topo.rbegin(); it != topo.rend(); ++it) {  // and backwards
+    const auto [d, i] = *it;
+    const ComputeStep& s = orders[std::size_t(d)][i];
+    int& forward = r.feeds_last_forward[std::size_t(d)][i];
+    int& backward = r.feeds_first_backward[std::size_t(d)][i];
+    if (s.kind == OpKind::F && s.stage == last) forward = std::min(forward, s.microbatch);
+    if (s.kind == OpKind::B && s.stage == 0) backward = std::min(backward, s.microbatch);
+    // Hand the values to the inputs and the program-order predecessor.
+    auto in = inputs(s);
+    if (i > 0) in.emplace_back(d, i - 1);
+    for (const auto& [e, j] : in) {
+      r.feeds_last_forward[std::size_t(e)][j] = std::min(r.feeds_last_forward[std::size_t(e)][j], forward);
+      r.feeds_first_backward[std::size_t(e)][j] = std::min(r.feeds_first_backward[std::size_t(e)][j], backward);
+    }
+  }
+  return r;
+}
+
+/// Per microbatch x: just past the last position whose value is <= x (a lower bound), or the first
+/// position whose value is >= x (an upper bound).
+std::vector<std::size_t> past_last_at_most(const std::vector<int>& values, int m) {
+  std::vector<std::size_t> bound(std::size_t(m), 0);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] < m) bound[std::size_t(values[i])] = std::max(bound[std::size_t(values[i])], i + 1);
+  for (int x = 1; x < m; ++x) bound[std::size_t(x)] = std::max(bound[std::size_t(x)], bound[std::size_t(x - 1)]);
+  return bound;
+}
+std::vector<std::size_t> first_at_least(const std::vector<int>& values, int m) {
+  std::vector<std::size_t> bound(std::size_t(m), values.size());
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] >= 0) bound[std::size_t(std::min(values[i], m - 1))] = std::min(bound[std::size_t(std::min(values[i], m - 1))], i);
+  for (int x = m - 2; x >= 0; --x) bound[std::size_t(x)] = std::min(bound[std::size_t(x)], bound[std::size_t(x + 1)]);
+  return bound;
+}
+
+/// When (in the estimate) the op (kind, stage, x) ends and starts.
+std::pair<TimeNs, TimeNs> op_time(const Layout& layout, const DeviceOrders& orders, const OrderCost& cost, OpKind kind,
+                                  int stage, int x) {
+  const auto d = std::size_t(layout.stages[std::size_t(stage)].device);
+  for (std::size_t i = 0; i < orders[d].size(); ++i)
+    if (orders[d][i].kind == kind && orders[d][i].stage == stage && orders[d][i].microbatch == x)
+      return {cost.start[d][i], cost.end[d][i]};
+  return {0, 0};
+}
+
+}  // namespace
+
+Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
+                                         VocabPlacement vocab) {
+  if (vocab == VocabPlacement::OnStages) return orders;
+  const Layout& layout = context.layout;
+  const int m = context.microbatches, last = layout.stage_count() - 1;
+  Result<OrderCost> estimate = evaluate_orders(context, orders);
+  if (!estimate.ok()) return estimate.error();
+  const OrderCost& cost = estimate.value();
+
+  const Reach reach_of_ops = reach_of(layout, orders, m);
+  DeviceOrders result(orders.size());
+  for (std::size_t d = 0; d < orders.size(); ++d) {
+    const DeviceView view(orders[d], cost.start[d], m);
+    // Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
+    // T) after every op the last stage's forward of x waits for, and before every op that waits for
+    // the last stage's backward of x; IF before every op that waits for the first stage's forward
+    // of x; IB after every op the first stage's backward of x waits for.
+    const auto s_low = past_last_at_most(reach_of_ops.feeds_last_forward[d], m);
+    const auto s_high = first_at_least(reach_of_ops.waits_last_backward[d], m);
+    const auto if_high = first_at_least(reach_of_ops.waits_first_forward[d], m);
+    const auto ib_low = past_last_at_most(reach_of_ops.feeds_first_backward[d], m);
+    const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
+      return std::max(low, std::min(slot, high));
+    };
+    std::vector<Insertion> insertions;
+    std::vector<std::size_t> s_slot(static_cast<std::size_t>(m));
+    std::vector<TimeNs> s_time(static_cast<std::size_t>(m));
+    for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices
+      const auto i = std::size_t(x);
+      s_time[i] = op_time(layout, orders, cost, OpKind::F, last, x).second;
+      s_slot[i] = clamp(view.slot_at(s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
+      insertions.push_back({s_slot[i], s_time[i], 0, {OpKind::S, -1, x}});
+    }
+    std::vector<std::size_t> t_slot(static_cast<std::size_t>(m));
+    for (int x = 0; x < m; ++x) {
+      const auto i = std::size_t(x);
+      const bool before_backward = vocab != VocabPlacement::Vocab2;  // T feeds C1, which the backward waits for
+      std::size_t slot = s_slot[i];  // interlaced, or the last microbatch: right after S(x)
+      TimeNs time = s_time[i];
+      // T(x) with S(x + 1) -- unless, for Algorithm 1, the last stage's forward of x + 1 waits for
+      // its backward of x (no delay between them in this schedule): then right after S(x) ...
+      if (vocab != VocabPlacement::Interlaced && x + 1 < m &&
+          (!before_backward || !reach_of_ops.last_forward_waits_backward[i])) {
+        slot = s_slot[i + 1], time = s_time[i + 1];
+        if (before_backward && slot > s_high[i]) slot = s_high[i], time = s_time[i];  // ... or before the backward
+      }
+      t_slot[i] = slot;
+      insertions.push_back({slot, time, 1, {OpKind::T, -1, x}});
+    }
+    // IF of x just before the first stage needs it, IB of x once its gradient has come back; and,
+    // because the barriers tie microbatches together, IF before and IB after the S and T passes of
+    // the microbatches within `reach` of x (no schedule runs forwards further ahead of backwards).
+    const int reach = 2 * layout.devices + context.vocab_delay + 2;
+    for (int x = 0; x < m; ++x) {
+      std::size_t latest = if_high[std::size_t(x)];
+      for (int y = std::max(0, x - reach); y < m; ++y) latest = std::min({latest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
+      const TimeNs needed = op_time(layout, orders, cost, OpKind::F, 0, x).first;
+      const std::size_t just_before = view.slot_at(needed, 0, latest);
+      insertions.push_back({std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
+
+      std::size_t earliest = ib_low[std::size_t(x)];
+      for (int y = 0; y <= std::min(m - 1, x + reach); ++y)
+        earliest = std::max({earliest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
+      const TimeNs returned = op_time(layout, orders, cost, OpKind::B, 0, x).second;
+      insertions.push_back({view.slot_at(returned, earliest, view.size()), returned, 2, {OpKind::IB, -1, x}});
+    }
+    std::stable_sort(insertions.begin(), insertions.end(), [](const Insertion& a, const Insertion& b) {
+      // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last.
+    const auto group = [](const Insertion& i) { return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1; };
+    return std::tuple(a.slot, group(a), a.time, a.rank) < std::tuple(b.slot, group(b), b.time, b.rank);
+    });
+    auto& out = result[d];
+    std::size_t next = 0;
+    for (std::size_t i = 0; i <= orders[d].size(); ++i) {
+      while (next < insertions.size() && insertions[next].slot == i) out.push_back(insertions[next++].step);
+      if (i < orders[d].size()) out.push_back(orders[d][i]);
+    }
+  }
+  return result;
+}
+
+}  // namespace pipesim

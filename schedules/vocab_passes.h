@@ -1,0 +1,28 @@
+#pragma once
+/// Vocabulary Parallelism (Yeung et al., MLSys 2025): the vocabulary layers split over all devices
+/// and run as extra passes -- S and T for the output layer, IF and IB for the input layer -- placed
+/// into any schedule's per-device orders. See docs/vocabulary-parallelism.md.
+#include "order_eval.h"
+#include "schedule.h"
+
+namespace pipesim {
+
+/// Microbatches the last stage's backward must trail its forward so that the passes between them
+/// can run: 2 for Algorithm 1 (S, then T a microbatch later, then barrier C1), 1 for Algorithm 2
+/// and for the interlaced baseline, 0 with the vocabulary on the stages.
+int vocab_delay(VocabPlacement vocab);
+
+/// Moves each backward of the last stage (with its W) after the forward `delay` microbatches
+/// later on the same device, where it is not already.
+DeviceOrders delay_last_backward(const Layout& layout, const DeviceOrders& orders, int delay, int microbatches);
+
+/// Inserts S, T, IF and IB for every microbatch into every device's order. Each pass goes where
+/// its input arrives in a time estimate of the transformer ops (S when the last stage's output X
+/// reaches the device, IF just before the first stage needs the embedding, IB when the first stage's
+/// gradient comes back), clamped to where it cannot wait for itself: S (and, for Algorithm 1, T)
+/// between the device's last forward and first backward of that microbatch, IF before its first
+/// forward, IB after its last backward. T of x runs with S of x + 1 (with S of x when interlaced).
+Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
+                                         VocabPlacement vocab);
+
+}  // namespace pipesim

@@ -45,12 +45,17 @@ class OpStates {
  public:
   explicit OpStates(std::size_t n) : size_(n) {
     constexpr std::size_t kHugePage = 2u << 20;
-    const std::size_t bytes = (n * sizeof(OpState) + kHugePage - 1) / kHugePage * kHugePage;
-    data_ = static_cast<OpState*>(std::aligned_alloc(kHugePage, std::max(bytes, kHugePage)));
-    if (!data_) throw std::bad_alloc();
+    const std::size_t bytes = std::max<std::size_t>(n * sizeof(OpState), 1);
+    if (bytes < 4 * kHugePage) {  // small graphs: an ordinary allocation is cheaper
+      data_ = static_cast<OpState*>(std::malloc(bytes));
+    } else {
+      const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+      data_ = static_cast<OpState*>(std::aligned_alloc(kHugePage, rounded));
 #ifdef MADV_HUGEPAGE
-    madvise(data_, std::max(bytes, kHugePage), MADV_HUGEPAGE);
+      if (data_) madvise(data_, rounded, MADV_HUGEPAGE);
 #endif
+    }
+    if (!data_) throw std::bad_alloc();
   }
   ~OpStates() { std::free(data_); }
   OpStates(const OpStates&) = delete;

@@ -48,6 +48,7 @@ json to_json(const RunReport& r) {
           {"chunks", r.parallel.chunks},
           {"microbatches", r.parallel.microbatches},
           {"layers_per_stage", r.layers_per_stage},
+          {"vocab_padding", r.vocab_padding},
           {"iteration_time_s", seconds(m.iteration_ns)},
           {"tokens_per_s", m.tokens_per_s},
           {"mfu", m.mfu},
@@ -116,6 +117,7 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
   r.cost_source = cost_source;
   r.parallel = plan.config.parallel;
   for (const VirtualStage& s : plan.layout.stages) r.layers_per_stage.push_back(s.layers);
+  r.vocab_padding = plan.layout.padded_vocab - plan.config.model.vocab;
   for (const DeviceMetrics& d : metrics.devices)
     r.peak_ops.push_back(d.peak_op == kNoTask ? "" : plan.graph.describe(d.peak_op));
   r.metrics = metrics;
@@ -127,12 +129,16 @@ std::string format_run(const RunReport& r, Format format) {
   const RunMetrics& m = r.metrics;
   std::string out = fmt::format(
       "{}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
-      "layers per stage: {}\n"
+      "layers per stage: {}{}\n"
       "iteration {:.3f} ms, {:.0f} tokens/s, MFU {:.1f}%, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
       "peak memory {:.2f} GiB of {:.2f} GiB{}, imbalance {:.2f}x\n\n",
       r.config, r.schedule, r.vocab, r.parallel.pp,
       r.parallel.tp, r.parallel.dp, r.parallel.microbatches, r.parallel.chunks, r.cost_source,
-      join(r.layers_per_stage), m.iteration_ns / 1e6, m.tokens_per_s, 100 * m.mfu, 100 * m.bubble_fraction,
+      join(r.layers_per_stage),
+      r.vocab_padding ? fmt::format("; vocabulary padded by {} rows to split evenly over {} devices", r.vocab_padding,
+                                    r.parallel.pp)
+                      : "",
+      m.iteration_ns / 1e6, m.tokens_per_s, 100 * m.mfu, 100 * m.bubble_fraction,
       max_exposed_comm(r) / 1e6, gib(max_peak(r)), gib(m.memory_capacity_bytes),
       m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
   std::vector<Row> rows;

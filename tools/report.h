@@ -15,6 +15,7 @@ struct RunReport {
   std::string cost_source;  ///< analytic or explicit
   ParallelConfig parallel;
   std::vector<int> layers_per_stage;
+  int vocab_padding = 0;  ///< rows added so the vocabulary splits evenly over the devices
   std::vector<std::string> peak_ops;  ///< per device: the op at which memory peaked
   RunMetrics metrics;
 };

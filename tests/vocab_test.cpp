@@ -1,0 +1,118 @@
+// Vocabulary Parallelism (DESIGN.md §5): every mode runs on 1F1B and V-Half over ranges of p and m;
+// with an output layer costing k transformer layers, baseline grows with k and the vocabulary-
+// parallel modes stay within a derived bound; barriers overlap compute except when interlaced;
+// the extra in-flight activations come out of the simulated schedule.
+#include "helpers.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+constexpr double kForwardMs = 1, kBackwardMs = 2;  // per device share (two layers)
+constexpr Bytes kActivation = 1000;
+
+/// Explicit costs; the output layer's forward and backward cost k layers' (k * F/2, k * B/2).
+Config vocab_config(int p, int m, double k, const std::string& schedule, const std::string& vocab, double allreduce_ms = 0) {
+  Config c = parse_or_fail(explicit_json(p, m, 2, kForwardMs, kBackwardMs, schedule, double(kActivation)));
+  c.model.layers = (schedule == "v-half" ? 4 : 2) * p;
+  c.schedule.vocab = vocab;
+  c.costs->output_forward_ms = k * kForwardMs / 2;
+  c.costs->output_backward_ms = k * kBackwardMs / 2;
+  c.costs->allreduce_ms = allreduce_ms;
+  return c;
+}
+
+/// Time during which a device's all-reduces (the barriers) ran with its compute stream idle.
+std::pair<TimeNs, TimeNs> barrier_exposure(const Simulated& s, int device) {
+  std::vector<std::pair<TimeNs, TimeNs>> compute;
+  for (TaskId id : s.plan.graph.stream_order(device, Stream::Compute))
+    compute.emplace_back(s.timeline.start[std::size_t(id)], s.timeline.end[std::size_t(id)]);
+  TimeNs total = 0, exposed = 0;
+  for (const Task& t : s.plan.graph.tasks()) {
+    if (t.kind != OpKind::AllReduce || t.device != device) continue;
+    const TaskId id = TaskId(&t - s.plan.graph.tasks().data());
+    const TimeNs a = s.timeline.start[std::size_t(id)], b = s.timeline.end[std::size_t(id)];
+    TimeNs covered = 0;
+    for (const auto& [c0, c1] : compute) covered += std::max<TimeNs>(0, std::min(b, c1) - std::max(a, c0));
+    total += b - a;
+    exposed += (b - a) - covered;
+  }
+  return {total, exposed};
+}
+
+}  // namespace
+
+TEST_CASE("every vocabulary mode validates and simulates on 1F1B and V-Half") {
+  const std::string schedule = GENERATE("1f1b", "v-half");
+  const std::string vocab = GENERATE("baseline", "redistribute", "vocab-1", "vocab-2", "interlaced");
+  const int p = GENERATE(2, 3, 4, 5, 7, 8, 12, 16);
+  const int k = GENERATE(1, 2, 4);
+  const int m = k * p;
+  CAPTURE(schedule, vocab, p, m);
+  const Simulated s = simulate_or_fail(vocab_config(p, m, 3, schedule, vocab, 0.05));
+  CHECK(s.metrics.iteration_ns > 0);
+}
+
+TEST_CASE("baseline grows with the output layer's cost; vocab-1 and vocab-2 stay within a derived bound") {
+  const int p = GENERATE(2, 4, 8);
+  const int rounds = GENERATE(1, 2, 4);
+  const int m = rounds * p;
+  const double k = GENERATE(0.0, 2.0, 4.0, 8.0);
+  CAPTURE(p, m, k);
+  const TimeNs layer_f = ns_from_ms(kForwardMs / 2), layer_b = ns_from_ms(kBackwardMs / 2);
+  // Baseline: the last stage runs F + kF_l and B + kB_l for every microbatch -- a lower bound that
+  // grows by m(F_l + B_l) per layer of output cost.
+  const Simulated baseline = simulate_or_fail(vocab_config(p, m, k, "1f1b", "baseline"));
+  CHECK(baseline.metrics.iteration_ns >= m * (ns_from_ms(kForwardMs + kBackwardMs) + TimeNs(k) * (layer_f + layer_b)));
+  // Vocabulary parallel: each device adds 1/p of the output layer; the pipeline is a 1F1B with
+  // F' = F + kF_l/p and B' = B + kB_l/p whose last stage trails by `delay` microbatches, so at most
+  // (m + p - 1 + delay)(F' + B').
+  for (const auto& [vocab, delay] : {std::pair{"vocab-1", 2}, std::pair{"vocab-2", 1}}) {
+    CAPTURE(vocab);
+    const Simulated parallel = simulate_or_fail(vocab_config(p, m, k, "1f1b", vocab));
+    const double per_step_ms = kForwardMs + kBackwardMs + k * (kForwardMs + kBackwardMs) / 2 / p;
+    CHECK(parallel.metrics.iteration_ns <= ns_from_ms((m + p - 1 + delay) * per_step_ms) + 1);
+    if (k >= 2) CHECK(parallel.metrics.iteration_ns < baseline.metrics.iteration_ns);
+  }
+}
+
+TEST_CASE("the barriers overlap compute in vocab-1 and vocab-2, and are fully exposed when interlaced") {
+  const int p = GENERATE(4, 8);
+  const int m = 2 * p;
+  CAPTURE(p);
+  for (const std::string vocab : {"vocab-1", "vocab-2", "interlaced"}) {
+    CAPTURE(vocab);
+    const Simulated s = simulate_or_fail(vocab_config(p, m, 4, "1f1b", vocab, 0.25));
+    TimeNs total = 0, exposed = 0;
+    for (int d = 0; d < p; ++d) {
+      const auto [t, e] = barrier_exposure(s, d);
+      total += t, exposed += e;
+    }
+    REQUIRE(total > 0);
+    // Interlaced waits for each all-reduce before computing on (T waits for C0, the next op for C1).
+    if (vocab == "interlaced") CHECK(exposed == total);
+    else CHECK(2 * exposed < total);
+  }
+}
+
+TEST_CASE("the extra in-flight activations come out of the schedule: 1F1B p, Vocab-1 p + 2, Vocab-2 p + 1") {
+  const int p = GENERATE(2, 4, 6, 8);
+  const int m = 4 * p;
+  CAPTURE(p);
+  const auto first_device_peak = [&](const std::string& vocab) {
+    return simulate_or_fail(vocab_config(p, m, 2, "1f1b", vocab)).metrics.devices[0].peak_activation_bytes;
+  };
+  CHECK(first_device_peak("baseline") == p * kActivation);
+  CHECK(first_device_peak("vocab-1") == (p + 2) * kActivation);
+  CHECK(first_device_peak("vocab-2") == (p + 1) * kActivation);
+}
+
+TEST_CASE("a vocabulary that does not split evenly is padded, and the padding is reported") {
+  Config c = vocab_config(3, 6, 2, "1f1b", "vocab-1");
+  c.model.vocab = 1000;  // 1000 = 3 x 333 + 1
+  const Plan plan = plan_or_fail(c);
+  CHECK(plan.layout.padded_vocab == 1002);
+  c.schedule.vocab = "baseline";
+  CHECK(plan_or_fail(c).layout.padded_vocab == 1000);
+}

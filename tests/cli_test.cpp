@@ -18,10 +18,8 @@ struct Output {
   std::string text;  ///< stdout, and stderr when asked
 };
 
-Output run(const std::string& args, bool with_stderr = false) {
-  const char* binary = std::getenv("PIPESIM");
-  REQUIRE(binary);
-  const std::string command = std::string(binary) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+Output run_command(const std::string& line, bool with_stderr = false) {
+  const std::string command = line + (with_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe);
   std::string text;
@@ -29,6 +27,13 @@ Output run(const std::string& args, bool with_stderr = false) {
   while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+/// Runs the pipesim binary ($PIPESIM) with `args`.
+Output run(const std::string& args, bool with_stderr = false) {
+  const char* binary = std::getenv("PIPESIM");
+  REQUIRE(binary);
+  return run_command(std::string(binary) + " " + args, with_stderr);
 }
 
 std::string config(const std::string& name) { return std::string(std::getenv("PIPESIM_SOURCE")) + "/configs/" + name; }
@@ -147,6 +152,14 @@ TEST_CASE("every shipped config simulates") {
     const Output out = run("compare " + entry.path().string() + " --format json", true);
     CHECK(out.exit_code == 0);
   }
+}
+
+TEST_CASE("tools/paper-table.sh gives a row per paper setup x sequence x vocabulary x method") {
+  const std::string source = std::getenv("PIPESIM_SOURCE");
+  const Output out = run_command("bash " + source + "/tools/paper-table.sh " + std::getenv("PIPESIM"));
+  REQUIRE(out.exit_code == 0);
+  // 1F1B: 3 setups x 2 sequences x 4 vocabularies x 5 methods; V-Half: 3 x 2 x 4 x 3; plus 2 header lines.
+  CHECK(std::count(out.text.begin(), out.text.end(), '\n') == 3 * 2 * 4 * 5 + 3 * 2 * 4 * 3 + 2);
 }
 
 TEST_CASE("bench --quick runs and prints its table") {

@@ -15,6 +15,7 @@
 #include "plan.h"
 #include "schedule_csv.h"
 #include "spellcheck.h"
+#include "svg_timeline.h"
 
 namespace pipesim {
 namespace {
@@ -71,6 +72,12 @@ ExitStatus run_simulate(const SimulateOptions& o) {
     if (Status s = write_output_file(o.trace, chrome_trace(r.plan.graph, r.timeline, r.plan.static_bytes, title),
                                      kTraceGenerator);
         !s.ok())
+      return fail(s.error().message);
+  }
+  if (!o.svg.empty()) {
+    const SimulatedRun& r = run.value();
+    const std::string title = fmt::format("{}: {} / {}", o.config, r.report.schedule, r.report.vocab);
+    if (Status s = write_output_file(o.svg, svg_timeline(r.plan.graph, r.timeline, title), "<svg xmlns"); !s.ok())
       return fail(s.error().message);
   }
   fmt::print("{}", format_run(run.value().report, o.format));

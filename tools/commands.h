@@ -20,6 +20,7 @@ struct SimulateOptions {
   std::vector<std::string> overrides;
   Format format = Format::Text;
   std::string trace;          ///< empty: no trace
+  std::string svg;            ///< empty: no picture
   std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
 };
 

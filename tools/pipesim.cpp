@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   sim->add_option("--set", simulate.overrides, "override a config field: key.path=value (repeatable)");
   add_format_option(sim, simulate.format, {"text", "json"});
   sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)");
+  sim->add_option("--svg", simulate.svg, "write an SVG timeline (compute and collectives per device)");
   sim->add_option("--schedule-file", simulate.schedule_file,
                   "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule");

@@ -40,21 +40,24 @@ Status check_names(const std::string& flag, const std::vector<std::string>& name
   return Status::Ok();
 }
 
+/// The config with --schedule and --vocab (when given) applied, after checking their names.
+Result<Config> load_selected_config(const std::string& path, const std::vector<std::string>& overrides,
+                                    const std::string& schedule, const std::string& vocab) {
+  const auto given = [](const std::string& name) { return name.empty() ? std::vector<std::string>{} : std::vector{name}; };
+  if (Status s = check_names("--schedule", given(schedule), schedule_names()); !s.ok()) return s.error();
+  if (Status s = check_names("--vocab", given(vocab), vocab_mode_names()); !s.ok()) return s.error();
+  Result<Config> config = load_config(path, overrides);
+  if (!config.ok()) return config;
+  if (!schedule.empty()) config.value().schedule.name = schedule;
+  if (!vocab.empty()) config.value().schedule.vocab = vocab;
+  return config;
+}
+
 }  // namespace
 
 ExitStatus run_simulate(const SimulateOptions& o) {
-  if (Status s = check_names("--schedule", o.schedule.empty() ? std::vector<std::string>{} : std::vector{o.schedule},
-                             schedule_names());
-      !s.ok())
-    return fail(s.error().message);
-  if (Status s = check_names("--vocab", o.vocab.empty() ? std::vector<std::string>{} : std::vector{o.vocab},
-                             vocab_mode_names());
-      !s.ok())
-    return fail(s.error().message);
-  Result<Config> config = load_config(o.config, o.overrides);
+  Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
-  if (!o.schedule.empty()) config.value().schedule.name = o.schedule;
-  if (!o.vocab.empty()) config.value().schedule.vocab = o.vocab;
   std::optional<CustomSchedule> custom;
   if (!o.schedule_file.empty()) {
     Result<std::string> text = read_text_file(o.schedule_file);
@@ -121,14 +124,8 @@ ExitStatus run_compare(const CompareOptions& o) {
 }
 
 ExitStatus run_export(const ExportOptions& o) {
-  if (Status s = check_names("--schedule", o.schedule.empty() ? std::vector<std::string>{} : std::vector{o.schedule},
-                             schedule_names());
-      !s.ok())
-    return fail(s.error().message);
-  Result<Config> config = load_config(o.config, o.overrides);
+  Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
-  if (!o.schedule.empty()) config.value().schedule.name = o.schedule;
-  if (!o.vocab.empty()) config.value().schedule.vocab = o.vocab;
   Result<Plan> plan = make_plan(config.value());
   if (!plan.ok()) return fail(fmt::format("{}: {}", o.config, plan.error().message));
   const std::string csv = schedule_csv(plan.value().graph);

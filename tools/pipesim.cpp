@@ -20,6 +20,15 @@ void add_format_option(CLI::App* command, pipesim::Format& format, const std::ve
       ->check(CLI::IsMember(names));
 }
 
+/// The positional config and --schedule, --vocab, --set, shared by simulate and export.
+void add_selection_options(CLI::App* command, std::string& config, std::string& schedule, std::string& vocab,
+                           std::vector<std::string>& overrides) {
+  command->add_option("config", config, "JSON config file")->required();
+  command->add_option("--schedule", schedule, "schedule name (default: the config's schedule.name)");
+  command->add_option("--vocab", vocab, "vocabulary mode (default: the config's schedule.vocab)");
+  command->add_option("--set", overrides, "override a config field: key.path=value (repeatable)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -29,10 +38,7 @@ int main(int argc, char** argv) {
 
   pipesim::SimulateOptions simulate;
   CLI::App* sim = app.add_subcommand("simulate", "simulate one schedule on one config");
-  sim->add_option("config", simulate.config, "JSON config file")->required();
-  sim->add_option("--schedule", simulate.schedule, "schedule name (default: the config's schedule.name)");
-  sim->add_option("--vocab", simulate.vocab, "vocabulary mode (default: the config's schedule.vocab)");
-  sim->add_option("--set", simulate.overrides, "override a config field: key.path=value (repeatable)");
+  add_selection_options(sim, simulate.config, simulate.schedule, simulate.vocab, simulate.overrides);
   add_format_option(sim, simulate.format, {"text", "json"});
   sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)");
   sim->add_option("--svg", simulate.svg, "write an SVG timeline (compute and collectives per device)");
@@ -57,10 +63,8 @@ int main(int argc, char** argv) {
 
   pipesim::ExportOptions export_options;
   CLI::App* exp = app.add_subcommand("export", "write a generated schedule for PyTorch's torch.distributed.pipelining");
-  exp->add_option("config", export_options.config, "JSON config file")->required();
-  exp->add_option("--schedule", export_options.schedule, "schedule name (default: the config's schedule.name)");
-  exp->add_option("--vocab", export_options.vocab, "vocabulary mode (default: the config's schedule.vocab)");
-  exp->add_option("--set", export_options.overrides, "override a config field: key.path=value (repeatable)");
+  add_selection_options(exp, export_options.config, export_options.schedule, export_options.vocab,
+                        export_options.overrides);
   exp->add_option("--format", "pytorch-csv: one row per rank, actions like 0F0, 1I3, 2W1 (the only format)")
       ->check(CLI::IsMember({"pytorch-csv"}));
   exp->add_option("-o,--output", export_options.output, "write to a new file instead of standard output");

@@ -30,6 +30,7 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
     for (std::size_t d = 0; d < orders.size(); ++d)
       for (; next[d] < orders[d].size(); ++next[d]) {
         const ComputeStep& s = orders[d][next[d]];
+        if (s.stage < 0) return Error{"evaluate_orders: vocabulary passes are evaluated by the simulator, not here"};
         const StageTimes& t = context.times[std::size_t(s.stage)];
         const StageWork& w = context.work[std::size_t(s.stage)];
         TimeNs ready = 0, duration = 0;
@@ -55,7 +56,7 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
           ready = backward_end[at(s.stage, s.microbatch)];
           duration = t.weight;
           live[d] -= w.weight_held_bytes;
-        }  // vocabulary passes are not evaluated here: orders are evaluated before they are inserted
+        }
         const TimeNs end = std::max(ready, free_at[d]) + duration;
         cost.start[d].push_back(end - duration);
         cost.end[d].push_back(end);

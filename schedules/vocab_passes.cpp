@@ -50,54 +50,13 @@ struct Insertion {
   ComputeStep step;
 };
 
-/// Positions in one device's order, and the estimated times of its ops.
-class DeviceView {
- public:
-  DeviceView(const std::vector<ComputeStep>& order, const std::vector<TimeNs>& start, int microbatches)
-      : order_(order), start_(start), last_forward_(std::size_t(microbatches), 0),
-        first_backward_(std::size_t(microbatches), order.size()), first_forward_(first_backward_),
-        last_backward_(last_forward_) {
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      const auto x = std::size_t(order[i].microbatch);
-      if (order[i].kind == OpKind::F) {
-        last_forward_[x] = i + 1;
-        first_forward_[x] = std::min(first_forward_[x], i);
-      }
-      if (order[i].kind == OpKind::B) {
-        first_backward_[x] = std::min(first_backward_[x], i);
-        last_backward_[x] = i + 1;
-      }
-    }
-  }
-  /// The first slot in [low, high] whose op starts at `time` or later; `high` if none.
-  std::size_t slot_at(TimeNs time, std::size_t low, std::size_t high) const {
-    for (std::size_t i = low; i < high; ++i)
-      if (start_[i] >= time) return i;
-    return high;
-  }
-  std::size_t after_last_forward(int x) const { return last_forward_[std::size_t(x)]; }
-  std::size_t before_first_backward(int x) const { return first_backward_[std::size_t(x)]; }
-  std::size_t before_first_forward(int x) const { return first_forward_[std::size_t(x)]; }
-  std::size_t after_last_backward(int x) const { return last_backward_[std::size_t(x)]; }
-  std::size_t size() const { return order_.size(); }
-  /// The first position holding an op of microbatch y or later (size() if none).
-  std::size_t first_at_or_after(int y) const {
-    for (std::size_t i = 0; i < order_.size(); ++i)
-      if (order_[i].microbatch >= y) return i;
-    return order_.size();
-  }
-  /// Just past the last position holding an op of microbatch y or earlier (0 if none).
-  std::size_t past_last_at_or_before(int y) const {
-    for (std::size_t i = order_.size(); i > 0; --i)
-      if (order_[i - 1].microbatch <= y) return i;
-    return 0;
-  }
-
- private:
-  const std::vector<ComputeStep>& order_;
-  const std::vector<TimeNs>& start_;
-  std::vector<std::size_t> last_forward_, first_backward_, first_forward_, last_backward_;
-};
+/// The first position in [low, high) whose op starts (in the estimate) at `time` or later; `high`
+/// if none.
+std::size_t slot_at(const std::vector<TimeNs>& start, TimeNs time, std::size_t low, std::size_t high) {
+  for (std::size_t i = low; i < high; ++i)
+    if (start[i] >= time) return i;
+  return high;
+}
 
 /// How each op of the transformer orders is tied, through the data flow and program order, to the
 /// ops the vocabulary passes hang on. Per device and position.
@@ -229,7 +188,6 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
   const Reach reach_of_ops = reach_of(layout, orders, m);
   DeviceOrders result(orders.size());
   for (std::size_t d = 0; d < orders.size(); ++d) {
-    const DeviceView view(orders[d], cost.start[d], m);
     // Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
     // T) after every op the last stage's forward of x waits for, and before every op that waits for
     // the last stage's backward of x; IF before every op that waits for the first stage's forward
@@ -247,7 +205,7 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
     for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices
       const auto i = std::size_t(x);
       s_time[i] = op_time(layout, orders, cost, OpKind::F, last, x).second;
-      s_slot[i] = clamp(view.slot_at(s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
+      s_slot[i] = clamp(slot_at(cost.start[d], s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
       insertions.push_back({s_slot[i], s_time[i], 0, {OpKind::S, -1, x}});
     }
     std::vector<std::size_t> t_slot(static_cast<std::size_t>(m));
@@ -274,14 +232,14 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
       std::size_t latest = if_high[std::size_t(x)];
       for (int y = std::max(0, x - reach); y < m; ++y) latest = std::min({latest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
       const TimeNs needed = op_time(layout, orders, cost, OpKind::F, 0, x).first;
-      const std::size_t just_before = view.slot_at(needed, 0, latest);
+      const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
       insertions.push_back({std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
 
       std::size_t earliest = ib_low[std::size_t(x)];
       for (int y = 0; y <= std::min(m - 1, x + reach); ++y)
         earliest = std::max({earliest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
       const TimeNs returned = op_time(layout, orders, cost, OpKind::B, 0, x).second;
-      insertions.push_back({view.slot_at(returned, earliest, view.size()), returned, 2, {OpKind::IB, -1, x}});
+      insertions.push_back({slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
     }
     std::stable_sort(insertions.begin(), insertions.end(), [](const Insertion& a, const Insertion& b) {
       // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last.

@@ -82,18 +82,22 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     }
 
   // Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B.
+  // An op missing from the orders (a hand-written schedule file) gets no edges; validation names it.
+  const auto depend = [&builder](TaskId task, TaskId on) {
+    if (task != kNoTask && on != kNoTask) builder.depend(task, on);
+  };
   for (int s = 0; s < stages; ++s)
     for (int m = 0; m < microbatches; ++m) {
       if (s > 0) {
         const TaskId recv = activation_recv.at(s, m);
-        builder.depend(forward.at(s, m), recv != kNoTask ? recv : forward.at(s - 1, m));  // same device: direct
+        depend(forward.at(s, m), recv != kNoTask ? recv : forward.at(s - 1, m));  // same device: direct
       }
-      builder.depend(backward.at(s, m), forward.at(s, m));
+      depend(backward.at(s, m), forward.at(s, m));
       if (s + 1 < stages) {
         const TaskId recv = gradient_recv.at(s, m);
-        builder.depend(backward.at(s, m), recv != kNoTask ? recv : backward.at(s + 1, m));
+        depend(backward.at(s, m), recv != kNoTask ? recv : backward.at(s + 1, m));
       }
-      if (split_weight) builder.depend(weight.at(s, m), backward.at(s, m));
+      if (split_weight) depend(weight.at(s, m), backward.at(s, m));
     }
 
   if (layout.vocab != VocabPlacement::OnStages)

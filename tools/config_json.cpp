@@ -42,7 +42,7 @@ class ObjectReader {
   std::string at(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
   const json& value(const std::string& key) const { return object_.at(key); }
 
-  int integer(const std::string& key, int fallback, int min, bool required = false) {
+  int integer(const std::string& key, int fallback, int min, bool required = false, int max = std::numeric_limits<int>::max()) {
     if (!has(key)) {
       if (required) throw ConfigError{at(key), fmt::format("required; give an integer >= {}", min)};
       return fallback;
@@ -52,7 +52,7 @@ class ObjectReader {
       throw ConfigError{at(key), "expected an integer, got " + describe(v)};
     const double d = v.get<double>();
     if (d < min) throw ConfigError{at(key), fmt::format("must be at least {}, got {}", min, v.dump())};
-    if (d > std::numeric_limits<int>::max()) throw ConfigError{at(key), "is too large, got " + v.dump()};
+    if (d > max) throw ConfigError{at(key), fmt::format("must be at most {}, got {}", max, v.dump())};
     return static_cast<int>(d);
   }
 
@@ -113,7 +113,7 @@ ModelConfig read_model(ObjectReader r) {
 
 ParallelConfig read_parallel(ObjectReader r) {
   ParallelConfig p;
-  p.pp = r.integer("pp", 1, 1);
+  p.pp = r.integer("pp", 1, 1, false, 1024);  // streams grow with pp² (one channel per device pair)
   p.tp = r.integer("tp", 1, 1);
   p.dp = r.integer("dp", 1, 1);
   p.microbatches = r.integer("microbatches", 1, 1, true);

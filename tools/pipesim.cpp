@@ -1,6 +1,8 @@
 // pipesim command line: argument parsing only; the commands live in commands.cpp.
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <map>
+#include <new>
 
 #include "commands.h"
 
@@ -79,6 +81,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    std::fputs("pipesim: error: out of memory; try fewer microbatches or pipeline stages\n", stderr);
+    return static_cast<int>(pipesim::ExitStatus::Failure);
   }
   return static_cast<int>(status);
 }

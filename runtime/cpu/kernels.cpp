@@ -1,0 +1,192 @@
+#include "kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pipesim::cpu {
+namespace {
+constexpr float kLayerNormEpsilon = 1e-5f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+}  // namespace
+
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate) {
+  if (!accumulate) std::fill(c.begin(), c.begin() + std::ptrdiff_t(n) * m, 0.0f);
+  for (int i = 0; i < n; ++i)
+    for (int p = 0; p < k; ++p) {
+      const float x = a[std::size_t(i) * k + p];
+      const float* row = &b[std::size_t(p) * m];
+      float* out = &c[std::size_t(i) * m];
+      for (int j = 0; j < m; ++j) out[j] += x * row[j];  // i-p-j order: contiguous inner loop
+    }
+}
+
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) {
+      float sum = 0;
+      for (int p = 0; p < k; ++p) sum += a[std::size_t(i) * k + p] * b[std::size_t(j) * k + p];
+      c[std::size_t(i) * m + j] += sum;
+    }
+}
+
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  for (int i = 0; i < n; ++i)
+    for (int p = 0; p < k; ++p) {
+      const float x = a[std::size_t(i) * k + p];
+      for (int j = 0; j < m; ++j) c[std::size_t(p) * m + j] += x * b[std::size_t(i) * m + j];
+    }
+}
+
+void layernorm_forward(std::span<const float> x, std::span<const float> gamma, std::span<const float> beta,
+                       std::span<float> y, std::span<float> mean, std::span<float> rstd, int n, int h) {
+  for (int i = 0; i < n; ++i) {
+    const float* row = &x[std::size_t(i) * h];
+    double sum = 0, squares = 0;
+    for (int j = 0; j < h; ++j) sum += row[j];
+    const double mu = sum / h;
+    for (int j = 0; j < h; ++j) squares += (row[j] - mu) * (row[j] - mu);
+    const float r = float(1.0 / std::sqrt(squares / h + kLayerNormEpsilon));
+    mean[std::size_t(i)] = float(mu), rstd[std::size_t(i)] = r;
+    for (int j = 0; j < h; ++j) y[std::size_t(i) * h + j] = (row[j] - float(mu)) * r * gamma[std::size_t(j)] + beta[std::size_t(j)];
+  }
+}
+
+void layernorm_backward(std::span<const float> x, std::span<const float> gamma, std::span<const float> mean,
+                        std::span<const float> rstd, std::span<const float> dy, std::span<float> dx,
+                        std::span<float> dgamma, std::span<float> dbeta, int n, int h) {
+  for (int i = 0; i < n; ++i) {
+    const float mu = mean[std::size_t(i)], r = rstd[std::size_t(i)];
+    // With xhat = (x - mu) r and g = dy · gamma: dx = r (g - mean(g) - xhat · mean(g · xhat)).
+    double g_mean = 0, gx_mean = 0;
+    for (int j = 0; j < h; ++j) {
+      const std::size_t at = std::size_t(i) * h + j;
+      const float xhat = (x[at] - mu) * r, g = dy[at] * gamma[std::size_t(j)];
+      g_mean += g, gx_mean += g * xhat;
+      dgamma[std::size_t(j)] += dy[at] * xhat;
+      dbeta[std::size_t(j)] += dy[at];
+    }
+    g_mean /= h, gx_mean /= h;
+    for (int j = 0; j < h; ++j) {
+      const std::size_t at = std::size_t(i) * h + j;
+      const float xhat = (x[at] - mu) * r, g = dy[at] * gamma[std::size_t(j)];
+      dx[at] += r * (g - float(g_mean) - xhat * float(gx_mean));
+    }
+  }
+}
+
+void gelu_forward(std::span<const float> x, std::span<float> y) {
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1 + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+  }
+}
+
+void gelu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx) {
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float v = x[i], inner = kSqrt2OverPi * (v + kGeluCubic * v * v * v), t = std::tanh(inner);
+    const float d_inner = kSqrt2OverPi * (1 + 3 * kGeluCubic * v * v);
+    dx[i] += dy[i] * (0.5f * (1 + t) + 0.5f * v * (1 - t * t) * d_inner);
+  }
+}
+
+void attention_forward(std::span<const float> qkv, std::span<float> out, std::span<float> probs, int batch, int seq,
+                       int h, int heads) {
+  const int d = h / heads;
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int b = 0; b < batch; ++b)
+    for (int hd = 0; hd < heads; ++hd)
+      for (int i = 0; i < seq; ++i) {
+        const float* q = &qkv[(std::size_t(b) * seq + i) * 3 * h + std::size_t(hd) * d];
+        float* p = &probs[((std::size_t(b) * heads + hd) * seq + i) * seq];
+        float max = -INFINITY;
+        for (int j = 0; j <= i; ++j) {  // causal: only keys up to the query
+          const float* k = &qkv[(std::size_t(b) * seq + j) * 3 * h + h + std::size_t(hd) * d];
+          float dot = 0;
+          for (int e = 0; e < d; ++e) dot += q[e] * k[e];
+          p[j] = dot * scale;
+          max = std::max(max, p[j]);
+        }
+        float sum = 0;
+        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - max));
+        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        for (int j = i + 1; j < seq; ++j) p[j] = 0;
+        float* o = &out[(std::size_t(b) * seq + i) * h + std::size_t(hd) * d];
+        std::fill(o, o + d, 0.0f);
+        for (int j = 0; j <= i; ++j) {
+          const float* v = &qkv[(std::size_t(b) * seq + j) * 3 * h + 2 * h + std::size_t(hd) * d];
+          for (int e = 0; e < d; ++e) o[e] += p[j] * v[e];
+        }
+      }
+}
+
+void attention_backward(std::span<const float> qkv, std::span<const float> probs, std::span<const float> dout,
+                        std::span<float> dqkv, int batch, int seq, int h, int heads) {
+  const int d = h / heads;
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<float> dp(static_cast<std::size_t>(seq));
+  for (int b = 0; b < batch; ++b)
+    for (int hd = 0; hd < heads; ++hd)
+      for (int i = 0; i < seq; ++i) {
+        const std::size_t qrow = (std::size_t(b) * seq + i) * 3 * h + std::size_t(hd) * d;
+        const float* p = &probs[((std::size_t(b) * heads + hd) * seq + i) * seq];
+        const float* go = &dout[(std::size_t(b) * seq + i) * h + std::size_t(hd) * d];
+        float weighted = 0;  // Σ_j p_j dp_j, for the softmax backward
+        for (int j = 0; j <= i; ++j) {
+          const std::size_t vrow = (std::size_t(b) * seq + j) * 3 * h + 2 * h + std::size_t(hd) * d;
+          float dot = 0;
+          for (int e = 0; e < d; ++e) {
+            dot += go[e] * qkv[vrow + e];
+            dqkv[vrow + e] += p[j] * go[e];  // dV
+          }
+          dp[std::size_t(j)] = dot;
+          weighted += p[j] * dot;
+        }
+        for (int j = 0; j <= i; ++j) {
+          const float ds = p[j] * (dp[std::size_t(j)] - weighted) * scale;  // through softmax and scale
+          const std::size_t krow = (std::size_t(b) * seq + j) * 3 * h + h + std::size_t(hd) * d;
+          for (int e = 0; e < d; ++e) {
+            dqkv[qrow + e] += ds * qkv[krow + e];  // dQ
+            dqkv[krow + e] += ds * qkv[qrow + e];  // dK
+          }
+        }
+      }
+}
+
+double cross_entropy(std::span<const float> logits, std::span<const int> targets, std::span<float> dlogits, int n,
+                     int vocab) {
+  double loss = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = &logits[std::size_t(i) * vocab];
+    const float max = *std::max_element(row, row + vocab);
+    double sum = 0;
+    for (int j = 0; j < vocab; ++j) sum += std::exp(double(row[j] - max));
+    const int target = targets[std::size_t(i)];
+    loss += max + std::log(sum) - row[target];
+    for (int j = 0; j < vocab; ++j)
+      dlogits[std::size_t(i) * vocab + j] = float((std::exp(double(row[j] - max)) / sum - (j == target)) / n);
+  }
+  return loss / n;
+}
+
+void embedding_forward(std::span<const float> table, std::span<const int> tokens, std::span<float> out, int h,
+                       int first_row, int rows) {
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const int row = tokens[i] - first_row;
+    float* o = &out[i * std::size_t(h)];
+    if (row < 0 || row >= rows) std::fill(o, o + h, 0.0f);
+    else std::copy_n(&table[std::size_t(row) * h], h, o);
+  }
+}
+
+void embedding_backward(std::span<const int> tokens, std::span<const float> dout, std::span<float> dtable, int h,
+                        int first_row, int rows) {
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const int row = tokens[i] - first_row;
+    if (row < 0 || row >= rows) continue;
+    for (int j = 0; j < h; ++j) dtable[std::size_t(row) * h + j] += dout[i * std::size_t(h) + j];
+  }
+}
+
+}  // namespace pipesim::cpu

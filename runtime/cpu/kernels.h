@@ -1,0 +1,52 @@
+#pragma once
+/// fp32 CPU kernels of a GPT-style decoder, forward and backward written out, for the CPU runtime to
+/// execute the task graph with real math. Matrices are row-major; a microbatch of b sequences of
+/// length s is n = b·s rows. Backward kernels accumulate into their gradient outputs (+=), so
+/// gradients from several microbatches sum without extra buffers.
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace pipesim::cpu {
+
+/// C (n×m) = A (n×k) · B (k×m); `accumulate` adds to C instead of overwriting it.
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate = false);
+/// C (n×m) += A (n×k) · Bᵀ, with B stored m×k.
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
+/// C (k×m) += Aᵀ · B, with A stored n×k and B n×m.
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
+
+/// LayerNorm over rows of width h: y = (x - mean) · rstd · gamma + beta. Keeps mean and rstd for
+/// the backward.
+void layernorm_forward(std::span<const float> x, std::span<const float> gamma, std::span<const float> beta,
+                       std::span<float> y, std::span<float> mean, std::span<float> rstd, int n, int h);
+void layernorm_backward(std::span<const float> x, std::span<const float> gamma, std::span<const float> mean,
+                        std::span<const float> rstd, std::span<const float> dy, std::span<float> dx,
+                        std::span<float> dgamma, std::span<float> dbeta, int n, int h);
+
+/// GELU, tanh approximation (GPT-2).
+void gelu_forward(std::span<const float> x, std::span<float> y);
+void gelu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx);
+
+/// Causal multi-head self-attention on a fused QKV (n×3h, per row [q | k | v], heads of width
+/// h / heads) for `batch` sequences of length `seq` (n = batch·seq). Keeps the attention
+/// probabilities (batch·heads·seq·seq) for the backward.
+void attention_forward(std::span<const float> qkv, std::span<float> out, std::span<float> probs, int batch, int seq,
+                       int h, int heads);
+void attention_backward(std::span<const float> qkv, std::span<const float> probs, std::span<const float> dout,
+                        std::span<float> dqkv, int batch, int seq, int h, int heads);
+
+/// Softmax cross-entropy over rows of `vocab` logits; returns the mean loss over the n rows and
+/// writes dlogits = (softmax - onehot) / n.
+double cross_entropy(std::span<const float> logits, std::span<const int> targets, std::span<float> dlogits, int n,
+                     int vocab);
+
+/// Embedding rows for tokens in [first_row, first_row + rows) -- one device's shard of the table;
+/// tokens outside it give zero rows (DESIGN.md §5, input layer).
+void embedding_forward(std::span<const float> table, std::span<const int> tokens, std::span<float> out, int h,
+                       int first_row, int rows);
+void embedding_backward(std::span<const int> tokens, std::span<const float> dout, std::span<float> dtable, int h,
+                        int first_row, int rows);
+
+}  // namespace pipesim::cpu

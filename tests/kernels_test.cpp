@@ -22,8 +22,8 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float scale = 1.0
 
 /// Compares `analytic` with central differences of `loss` at `x`; reports the worst relative error
 /// against the largest gradient entry (fp32 forwards: differences of step 1e-2 are good to ~1e-3).
-double worst_gradient_error(std::vector<float>& x, const std::function<double()>& loss, const std::vector<float>& analytic) {
-  const float step = 1e-2f;
+double worst_gradient_error(std::vector<float>& x, const std::function<double()>& loss, const std::vector<float>& analytic,
+                            float step = 1e-2f) {
   double scale = 1e-6, worst = 0;
   for (float g : analytic) scale = std::max(scale, double(std::abs(g)));
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -139,4 +139,48 @@ TEST_CASE("a sharded embedding gives its own rows and zeros elsewhere; shards su
   const std::vector<float> dout(tokens.size() * h, 1.0f);
   embedding_backward(tokens, dout, dtable, h, 2, 2);  // shard 1: rows 2 and 3, each hit once
   CHECK(dtable == std::vector<float>(2 * h, 1.0f));
+}
+
+#include "model.h"
+
+TEST_CASE("the reference model's gradients match directional finite differences of its loss") {
+  // Per tensor, a random direction d: (L(w + εd) - L(w - εd)) / 2ε must equal g·d. A whole-tensor
+  // direction moves the fp32 loss far more than one entry would, above its rounding noise.
+  const ModelShape shape{.layers = 2, .hidden = 8, .heads = 2, .ffn = 16, .vocab = 11, .batch = 2, .seq = 3};
+  Model model = make_model(shape, 7);
+  const std::vector<int> tokens = {1, 4, 9, 4, 0, 10}, targets = {4, 9, 2, 0, 10, 3};
+  Model grad = zero_model(shape);
+  reference_step(shape, model, tokens, targets, grad);
+  std::vector<std::pair<std::vector<float>*, std::vector<float>*>> checked = {
+      {&model.head, &grad.head}, {&model.final_gain, &grad.final_gain}, {&model.embedding, &grad.embedding}};
+  for (int l = 0; l < shape.layers; ++l) {
+    auto weights = model.layers[std::size_t(l)].tensors(), grads = grad.layers[std::size_t(l)].tensors();
+    for (std::size_t t = 0; t < weights.size(); ++t) checked.emplace_back(weights[t], grads[t]);
+  }
+  for (std::size_t i = 0; i < checked.size(); ++i) {
+    CAPTURE(i);
+    std::vector<float>& w = *checked[i].first;
+    const std::vector<float> direction = random_values(w.size(), 100 + unsigned(i)), saved = w;
+    const double expected = dot(*checked[i].second, direction);
+    const auto loss_at = [&](float epsilon) {
+      for (std::size_t k = 0; k < w.size(); ++k) w[k] = saved[k] + epsilon * direction[k];
+      Model scratch = zero_model(shape);
+      return reference_step(shape, model, tokens, targets, scratch);
+    };
+    const float epsilon = 1e-3f;
+    const double measured = (loss_at(epsilon) - loss_at(-epsilon)) / (2 * epsilon);
+    w = saved;
+    CHECK(measured == Approx(expected).epsilon(5e-2).margin(2e-5));
+    CHECK(std::abs(expected) > 1e-4);  // the check is not vacuous
+  }
+}
+
+TEST_CASE("a layer's weights depend only on the seed and its index, so any partition builds the same model") {
+  const ModelShape shape{.layers = 4, .hidden = 8, .heads = 2, .ffn = 16, .vocab = 11, .batch = 1, .seq = 3};
+  const Model model = make_model(shape, 42);
+  Layer alone = make_layer(shape, 42, 2);
+  Layer from_model = model.layers[2];
+  CHECK(*alone.tensors()[2] == *from_model.tensors()[2]);
+  CHECK(*alone.tensors()[8] == *from_model.tensors()[8]);
+  CHECK(*make_layer(shape, 42, 1).tensors()[2] != *alone.tensors()[2]);
 }

@@ -1,0 +1,165 @@
+#include "model.h"
+
+#include <cmath>
+
+#include "kernels.h"
+
+namespace pipesim::cpu {
+namespace {
+
+/// splitmix64: a counter-based generator, so value i of tensor t never depends on what else exists.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// Normal(0, scale) by Box-Muller from two hashed uniforms.
+std::vector<float> normal_tensor(std::size_t n, std::uint64_t seed, std::uint64_t tensor, float scale) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t key = mix(mix(seed ^ (tensor << 40)) + i);
+    const double u1 = (double(key >> 11) + 0.5) / 9007199254740992.0, u2 = (double(mix(key) >> 11) + 0.5) / 9007199254740992.0;
+    v[i] = float(scale * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+  }
+  return v;
+}
+
+std::vector<float> constant(std::size_t n, float value) { return std::vector<float>(n, value); }
+
+// Tensor ids: 0 embedding, 1 head, 2 final LN, then 16 per layer.
+constexpr std::uint64_t kLayerTensors = 16;
+
+}  // namespace
+
+std::vector<std::vector<float>*> Layer::tensors() {
+  return {&ln1_gain, &ln1_bias, &qkv_weight, &qkv_bias, &proj_weight, &proj_bias,
+          &ln2_gain, &ln2_bias, &fc1_weight, &fc1_bias, &fc2_weight, &fc2_bias};
+}
+
+Layer make_layer(const ModelShape& s, std::uint64_t seed, int index) {
+  const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.ffn);
+  const std::uint64_t base = 3 + kLayerTensors * std::uint64_t(index);
+  const float scale = 0.02f, residual_scale = 0.02f / std::sqrt(2.0f * float(s.layers));  // GPT-2 style
+  Layer w;
+  w.ln1_gain = constant(h, 1), w.ln1_bias = constant(h, 0);
+  w.qkv_weight = normal_tensor(h * 3 * h, seed, base + 0, scale), w.qkv_bias = constant(3 * h, 0);
+  w.proj_weight = normal_tensor(h * h, seed, base + 1, residual_scale), w.proj_bias = constant(h, 0);
+  w.ln2_gain = constant(h, 1), w.ln2_bias = constant(h, 0);
+  w.fc1_weight = normal_tensor(h * f, seed, base + 2, scale), w.fc1_bias = constant(f, 0);
+  w.fc2_weight = normal_tensor(f * h, seed, base + 3, residual_scale), w.fc2_bias = constant(h, 0);
+  return w;
+}
+
+Layer zero_layer(const ModelShape& s) {
+  Layer w = make_layer(s, 0, 0);
+  for (std::vector<float>* t : w.tensors()) std::fill(t->begin(), t->end(), 0.0f);
+  return w;
+}
+
+namespace {
+
+/// y = x·W + bias (bias broadcast over rows).
+void linear(std::span<const float> x, const std::vector<float>& weight, const std::vector<float>& bias, std::span<float> y,
+            int n, int in, int out) {
+  for (int i = 0; i < n; ++i) std::copy(bias.begin(), bias.end(), y.begin() + std::ptrdiff_t(i) * out);
+  matmul(x, weight, y, n, in, out, true);
+}
+
+/// Gradients of y = x·W + b: dW += xᵀ·dy, db += Σ dy, dx += dy·Wᵀ.
+void linear_backward(std::span<const float> x, const std::vector<float>& weight, std::span<const float> dy,
+                     std::span<float> dx, std::vector<float>& dweight, std::vector<float>& dbias, int n, int in, int out) {
+  matmul_at(x, dy, dweight, n, in, out);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < out; ++j) dbias[std::size_t(j)] += dy[std::size_t(i) * out + j];
+  matmul_bt(dy, weight, dx, n, out, in);
+}
+
+}  // namespace
+
+void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c) {
+  const int n = s.tokens(), h = s.hidden, f = s.ffn;
+  c.input.assign(x.begin(), x.end());
+  c.ln1.resize(std::size_t(n) * h), c.mean1.resize(std::size_t(n)), c.rstd1.resize(std::size_t(n));
+  layernorm_forward(x, w.ln1_gain, w.ln1_bias, c.ln1, c.mean1, c.rstd1, n, h);
+  c.qkv.resize(std::size_t(n) * 3 * h);
+  linear(c.ln1, w.qkv_weight, w.qkv_bias, c.qkv, n, h, 3 * h);
+  c.probs.resize(std::size_t(s.batch) * s.heads * s.seq * s.seq), c.attention.resize(std::size_t(n) * h);
+  attention_forward(c.qkv, c.attention, c.probs, s.batch, s.seq, h, s.heads);
+  c.middle.resize(std::size_t(n) * h);
+  linear(c.attention, w.proj_weight, w.proj_bias, c.middle, n, h, h);
+  for (std::size_t i = 0; i < c.middle.size(); ++i) c.middle[i] += x[i];  // residual
+  c.ln2.resize(std::size_t(n) * h), c.mean2.resize(std::size_t(n)), c.rstd2.resize(std::size_t(n));
+  layernorm_forward(c.middle, w.ln2_gain, w.ln2_bias, c.ln2, c.mean2, c.rstd2, n, h);
+  c.fc1.resize(std::size_t(n) * f), c.gelu.resize(std::size_t(n) * f);
+  linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, f);
+  gelu_forward(c.fc1, c.gelu);
+  linear(c.gelu, w.fc2_weight, w.fc2_bias, y, n, f, h);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] += c.middle[i];  // residual
+}
+
+void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
+                    std::span<float> dx, Layer& g) {
+  const int n = s.tokens(), h = s.hidden, f = s.ffn;
+  std::vector<float> dgelu(std::size_t(n) * f, 0.0f), dfc1(std::size_t(n) * f, 0.0f);
+  linear_backward(c.gelu, w.fc2_weight, dy, dgelu, g.fc2_weight, g.fc2_bias, n, f, h);
+  gelu_backward(c.fc1, dgelu, dfc1);
+  std::vector<float> dln2(std::size_t(n) * h, 0.0f);
+  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2, g.fc1_weight, g.fc1_bias, n, h, f);
+  std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
+  layernorm_backward(c.middle, w.ln2_gain, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, n, h);
+  std::vector<float> dattention(std::size_t(n) * h, 0.0f), dqkv(std::size_t(n) * 3 * h, 0.0f);
+  linear_backward(c.attention, w.proj_weight, dmiddle, dattention, g.proj_weight, g.proj_bias, n, h, h);
+  attention_backward(c.qkv, c.probs, dattention, dqkv, s.batch, s.seq, h, s.heads);
+  std::vector<float> dln1(std::size_t(n) * h, 0.0f);
+  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1, g.qkv_weight, g.qkv_bias, n, h, 3 * h);
+  std::copy(dmiddle.begin(), dmiddle.end(), dx.begin());  // through the first residual
+  layernorm_backward(c.input, w.ln1_gain, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, n, h);
+}
+
+Model make_model(const ModelShape& s, std::uint64_t seed) {
+  Model m;
+  m.embedding = normal_tensor(std::size_t(s.vocab) * s.hidden, seed, 0, 0.02f);
+  for (int l = 0; l < s.layers; ++l) m.layers.push_back(make_layer(s, seed, l));
+  m.final_gain = constant(std::size_t(s.hidden), 1), m.final_bias = constant(std::size_t(s.hidden), 0);
+  m.head = normal_tensor(std::size_t(s.vocab) * s.hidden, seed, 1, 0.02f);
+  return m;
+}
+
+Model zero_model(const ModelShape& s) {
+  Model m = make_model(s, 0);
+  for (std::vector<float>* t : {&m.embedding, &m.final_gain, &m.final_bias, &m.head}) std::fill(t->begin(), t->end(), 0.0f);
+  for (Layer& l : m.layers)
+    for (std::vector<float>* t : l.tensors()) std::fill(t->begin(), t->end(), 0.0f);
+  return m;
+}
+
+double reference_step(const ModelShape& s, const Model& m, std::span<const int> tokens, std::span<const int> targets,
+                      Model& grad) {
+  const int n = s.tokens(), h = s.hidden;
+  std::vector<std::vector<float>> activations(std::size_t(s.layers) + 1, std::vector<float>(std::size_t(n) * h));
+  embedding_forward(m.embedding, tokens, activations[0], h, 0, s.vocab);
+  std::vector<LayerCache> caches(std::size_t(s.layers));
+  for (int l = 0; l < s.layers; ++l)
+    layer_forward(s, m.layers[std::size_t(l)], activations[std::size_t(l)], activations[std::size_t(l) + 1], caches[std::size_t(l)]);
+  std::vector<float> normed(std::size_t(n) * h), mean(static_cast<std::size_t>(n)), rstd(static_cast<std::size_t>(n));
+  layernorm_forward(activations.back(), m.final_gain, m.final_bias, normed, mean, rstd, n, h);
+  std::vector<float> logits(std::size_t(n) * s.vocab, 0.0f), dlogits(logits.size());
+  matmul_bt(normed, m.head, logits, n, h, s.vocab);
+  const double loss = cross_entropy(logits, targets, dlogits, n, s.vocab);
+
+  std::vector<float> dnormed(std::size_t(n) * h, 0.0f), dx(std::size_t(n) * h, 0.0f);
+  matmul_at(dlogits, normed, grad.head, n, s.vocab, h);  // dHead = dlogitsᵀ · normed
+  matmul(dlogits, m.head, dnormed, n, s.vocab, h, true);  // dNormed = dlogits · Head
+  layernorm_backward(activations.back(), m.final_gain, mean, rstd, dnormed, dx, grad.final_gain, grad.final_bias, n, h);
+  for (int l = s.layers - 1; l >= 0; --l) {
+    std::vector<float> below(std::size_t(n) * h, 0.0f);
+    layer_backward(s, m.layers[std::size_t(l)], caches[std::size_t(l)], dx, below, grad.layers[std::size_t(l)]);
+    dx = std::move(below);
+  }
+  embedding_backward(tokens, dx, grad.embedding, h, 0, s.vocab);
+  return loss;
+}
+
+}  // namespace pipesim::cpu

@@ -164,14 +164,15 @@ std::vector<std::size_t> first_at_least(const std::vector<int>& values, int m) {
   return bound;
 }
 
-/// When (in the estimate) the op (kind, stage, x) ends and starts.
-std::pair<TimeNs, TimeNs> op_time(const Layout& layout, const DeviceOrders& orders, const OrderCost& cost, OpKind kind,
-                                  int stage, int x) {
+/// When (in the estimate) the op (kind, stage, x) starts and ends, for every microbatch x.
+std::vector<std::pair<TimeNs, TimeNs>> op_times(const Layout& layout, const DeviceOrders& orders, const OrderCost& cost,
+                                                OpKind kind, int stage, int m) {
+  std::vector<std::pair<TimeNs, TimeNs>> times(std::size_t(m), {0, 0});
   const auto d = std::size_t(layout.stages[std::size_t(stage)].device);
   for (std::size_t i = 0; i < orders[d].size(); ++i)
-    if (orders[d][i].kind == kind && orders[d][i].stage == stage && orders[d][i].microbatch == x)
-      return {cost.start[d][i], cost.end[d][i]};
-  return {0, 0};
+    if (orders[d][i].kind == kind && orders[d][i].stage == stage)
+      times[std::size_t(orders[d][i].microbatch)] = {cost.start[d][i], cost.end[d][i]};
+  return times;
 }
 
 }  // namespace
@@ -186,6 +187,9 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
   const OrderCost& cost = estimate.value();
 
   const Reach reach_of_ops = reach_of(layout, orders, m);
+  const auto last_forward = op_times(layout, orders, cost, OpKind::F, last, m);  // X leaves the last stage
+  const auto first_forward = op_times(layout, orders, cost, OpKind::F, 0, m);    // the embedding is needed
+  const auto first_backward = op_times(layout, orders, cost, OpKind::B, 0, m);   // dY comes back
   DeviceOrders result(orders.size());
   for (std::size_t d = 0; d < orders.size(); ++d) {
     // Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
@@ -204,7 +208,7 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
     std::vector<TimeNs> s_time(static_cast<std::size_t>(m));
     for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices
       const auto i = std::size_t(x);
-      s_time[i] = op_time(layout, orders, cost, OpKind::F, last, x).second;
+      s_time[i] = last_forward[i].second;
       s_slot[i] = clamp(slot_at(cost.start[d], s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
       insertions.push_back({s_slot[i], s_time[i], 0, {OpKind::S, -1, x}});
     }
@@ -231,14 +235,14 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
     for (int x = 0; x < m; ++x) {
       std::size_t latest = if_high[std::size_t(x)];
       for (int y = std::max(0, x - reach); y < m; ++y) latest = std::min({latest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
-      const TimeNs needed = op_time(layout, orders, cost, OpKind::F, 0, x).first;
+      const TimeNs needed = first_forward[std::size_t(x)].first;
       const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
       insertions.push_back({std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
 
       std::size_t earliest = ib_low[std::size_t(x)];
       for (int y = 0; y <= std::min(m - 1, x + reach); ++y)
         earliest = std::max({earliest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
-      const TimeNs returned = op_time(layout, orders, cost, OpKind::B, 0, x).second;
+      const TimeNs returned = first_backward[std::size_t(x)].second;
       insertions.push_back({slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
     }
     std::stable_sort(insertions.begin(), insertions.end(), [](const Insertion& a, const Insertion& b) {

@@ -5,6 +5,19 @@
 
 namespace pipesim {
 
+std::vector<ComputeStep> data_inputs(const ComputeStep& s, int stages) {
+  switch (s.kind) {
+    case OpKind::F:
+      if (s.stage > 0) return {{OpKind::F, s.stage - 1, s.microbatch}};
+      return {};
+    case OpKind::B:
+      if (s.stage + 1 < stages) return {{OpKind::F, s.stage, s.microbatch}, {OpKind::B, s.stage + 1, s.microbatch}};
+      return {{OpKind::F, s.stage, s.microbatch}};
+    case OpKind::W: return {{OpKind::B, s.stage, s.microbatch}};
+    default: return {};
+  }
+}
+
 Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders) {
   const Layout& layout = context.layout;
   const int stages = layout.stage_count(), m = context.microbatches;
@@ -34,26 +47,21 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
         const StageTimes& t = context.times[std::size_t(s.stage)];
         const StageWork& w = context.work[std::size_t(s.stage)];
         TimeNs ready = 0, duration = 0;
+        bool waiting = false;
+        for (const ComputeStep& in : data_inputs(s, stages)) {
+          const TimeNs end = (in.kind == OpKind::F ? forward_end : backward_end)[at(in.stage, in.microbatch)];
+          if (end == kPending) waiting = true;
+          else ready = std::max(ready, arrival(end, in.stage, s.stage));
+        }
+        if (waiting) break;
         if (s.kind == OpKind::F) {
-          if (s.stage > 0) {
-            if (forward_end[at(s.stage - 1, s.microbatch)] == kPending) break;
-            ready = arrival(forward_end[at(s.stage - 1, s.microbatch)], s.stage - 1, s.stage);
-          }
           duration = t.forward;
           live[d] += w.activation_bytes;
           cost.peak_activation[d] = std::max(cost.peak_activation[d], live[d]);
         } else if (s.kind == OpKind::B) {
-          if (forward_end[at(s.stage, s.microbatch)] == kPending) break;
-          ready = forward_end[at(s.stage, s.microbatch)];
-          if (s.stage + 1 < stages) {
-            if (backward_end[at(s.stage + 1, s.microbatch)] == kPending) break;
-            ready = std::max(ready, arrival(backward_end[at(s.stage + 1, s.microbatch)], s.stage + 1, s.stage));
-          }
           duration = t.backward + (split_weight ? 0 : t.weight);
           live[d] -= w.activation_bytes - (split_weight ? w.weight_held_bytes : 0);
         } else if (s.kind == OpKind::W) {
-          if (backward_end[at(s.stage, s.microbatch)] == kPending) break;
-          ready = backward_end[at(s.stage, s.microbatch)];
           duration = t.weight;
           live[d] -= w.weight_held_bytes;
         }

@@ -14,6 +14,10 @@ struct OrderCost {
   std::vector<std::vector<TimeNs>> start, end;  ///< per device, per position in its order
 };
 
+/// The transformer ops whose results `step` consumes: F(s-1) for F(s); F(s) and B(s+1) for B(s);
+/// B(s) for W(s) -- the data flow every analysis of the orders follows.
+std::vector<ComputeStep> data_inputs(const ComputeStep& step, int stages);
+
 /// Fails if the orders cannot run to the end (an op waits for one that comes after it).
 Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders);
 

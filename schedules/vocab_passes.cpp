@@ -81,12 +81,7 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
       where[key(orders[d][i].kind, orders[d][i].stage, orders[d][i].microbatch)] = {int(d), i};
   const auto inputs = [&](const ComputeStep& s) {  // data inputs of an op, as (device, position)
     std::vector<std::pair<int, std::size_t>> in;
-    if (s.kind == OpKind::F && s.stage > 0) in.push_back(where[key(OpKind::F, s.stage - 1, s.microbatch)]);
-    if (s.kind == OpKind::B) {
-      in.push_back(where[key(OpKind::F, s.stage, s.microbatch)]);
-      if (s.stage < last) in.push_back(where[key(OpKind::B, s.stage + 1, s.microbatch)]);
-    }
-    if (s.kind == OpKind::W) in.push_back(where[key(OpKind::B, s.stage, s.microbatch)]);
+    for (const ComputeStep& input : data_inputs(s, stages)) in.push_back(where[key(input.kind, input.stage, input.microbatch)]);
     return in;
   };
   Reach r;

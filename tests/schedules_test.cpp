@@ -9,6 +9,10 @@ namespace {
 
 constexpr Bytes kActivation = 1'000'000;  // one microbatch on one device's share (a 1F1B stage)
 
+/// F, B (input gradient), W in ms per device share: all equal, B = 2F, and all different.
+using SplitCosts = std::tuple<double, double, double>;
+const std::vector<SplitCosts> kEqualAndUnequalCosts = {{2.0, 2.0, 2.0}, {2.0, 4.0, 2.0}, {1.0, 2.0, 1.5}};
+
 Config split_costs(int p, int m, double f, double b, double w) {
   Config c = parse_or_fail(explicit_json(p, m, 2, f, b, "1f1b", double(kActivation)));
   c.costs->weight_ms = {w};
@@ -37,8 +41,7 @@ Outcome run(Config c, const std::string& schedule) {
 }  // namespace
 
 TEST_CASE("ZB-H1: bubble (p - 1)(F + B - W) with B the full backward, at 1F1B's memory") {
-  const std::tuple<double, double, double> costs =
-      GENERATE(std::tuple{2.0, 2.0, 2.0}, std::tuple{2.0, 4.0, 2.0}, std::tuple{1.0, 2.0, 1.5});
+  const SplitCosts costs = GENERATE(from_range(kEqualAndUnequalCosts));
   const auto [f, b, w] = costs;
   const int p = GENERATE(2, 3, 4, 6, 8);
   const int k = GENERATE(1, 2, 4);
@@ -107,8 +110,7 @@ TEST_CASE("V schedules hold their memory bound for any F, B, W (it depends on th
 }
 
 TEST_CASE("DualPipeV: bubble within (p - 1)(F&B + B - 3W) per chunk, activation 2p + 1 chunks") {
-  const std::tuple<double, double, double> costs =
-      GENERATE(std::tuple{2.0, 2.0, 2.0}, std::tuple{2.0, 4.0, 2.0}, std::tuple{1.0, 2.0, 1.5});
+  const SplitCosts costs = GENERATE(from_range(kEqualAndUnequalCosts));
   const auto [f, b, w] = costs;
   const int p = GENERATE(2, 3, 4, 6, 8);
   const int k = GENERATE(2, 3, 4);

@@ -52,15 +52,15 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const
     return members;
   };
   for (int x = 0; x < microbatches_; ++x) {
-    const auto input = collective(OpKind::Reduce, 1, x, work.input_reduce_bytes, [&](int d) { return pass(kIF, d, x); });
+    const auto input = collective(OpKind::Reduce, vocab_lane::kInputReduce, x, work.input_reduce_bytes, [&](int d) { return pass(kIF, d, x); });
     builder.depend(forward(0, x), input[std::size_t(first_device)]);
-    const auto output = collective(OpKind::Broadcast, 2, x, work.output_broadcast_bytes,
+    const auto output = collective(OpKind::Broadcast, vocab_lane::kOutputBroadcast, x, work.output_broadcast_bytes,
                                    [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
-    const auto barrier0 = collective(OpKind::AllReduce, 3, x, work.barrier0_bytes, [&](int d) { return pass(kS, d, x); });
+    const auto barrier0 = collective(OpKind::AllReduce, vocab_lane::kBarrier0, x, work.barrier0_bytes, [&](int d) { return pass(kS, d, x); });
     std::vector<TaskId> barrier1;
     if (two_barriers)
-      barrier1 = collective(OpKind::AllReduce, 4, x, work.barrier1_bytes, [&](int d) { return pass(kT, d, x); });
-    const auto gradient = collective(OpKind::Broadcast, 5, x, work.grad_broadcast_bytes,
+      barrier1 = collective(OpKind::AllReduce, vocab_lane::kBarrier1, x, work.barrier1_bytes, [&](int d) { return pass(kT, d, x); });
+    const auto gradient = collective(OpKind::Broadcast, vocab_lane::kGradBroadcast, x, work.grad_broadcast_bytes,
                                      [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
     builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0)[std::size_t(last_device)]);
     for (int d = 0; d < devices_; ++d) {

@@ -17,6 +17,12 @@
 
 namespace pipesim {
 
+/// The collective lanes, named for the executors that give each collective its meaning.
+namespace vocab_lane {
+constexpr int kDataParallel = 0, kInputReduce = 1, kOutputBroadcast = 2, kBarrier0 = 3, kBarrier1 = 4,
+              kGradBroadcast = 5;
+}  // namespace vocab_lane
+
 class VocabPasses {
  public:
   VocabPasses(int devices, int microbatches);

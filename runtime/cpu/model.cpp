@@ -16,10 +16,12 @@ std::uint64_t mix(std::uint64_t x) {
 }
 
 /// Normal(0, scale) by Box-Muller from two hashed uniforms.
-std::vector<float> normal_tensor(std::size_t n, std::uint64_t seed, std::uint64_t tensor, float scale) {
+/// Elements [first, first + n) of the tensor.
+std::vector<float> normal_tensor(std::size_t n, std::uint64_t seed, std::uint64_t tensor, float scale,
+                                 std::size_t first = 0) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t key = mix(mix(seed ^ (tensor << 40)) + i);
+    const std::uint64_t key = mix(mix(seed ^ (tensor << 40)) + first + i);
     const double u1 = (double(key >> 11) + 0.5) / 9007199254740992.0, u2 = (double(mix(key) >> 11) + 0.5) / 9007199254740992.0;
     v[i] = float(scale * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
   }
@@ -36,6 +38,12 @@ constexpr std::uint64_t kLayerTensors = 16;
 std::vector<std::vector<float>*> Layer::tensors() {
   return {&ln1_gain, &ln1_bias, &qkv_weight, &qkv_bias, &proj_weight, &proj_bias,
           &ln2_gain, &ln2_bias, &fc1_weight, &fc1_bias, &fc2_weight, &fc2_bias};
+}
+
+std::vector<const std::vector<float>*> Layer::tensors() const {
+  std::vector<const std::vector<float>*> out;
+  for (std::vector<float>* t : const_cast<Layer*>(this)->tensors()) out.push_back(t);
+  return out;
 }
 
 Layer make_layer(const ModelShape& s, std::uint64_t seed, int index) {
@@ -67,12 +75,23 @@ void linear(std::span<const float> x, const std::vector<float>& weight, const st
   matmul(x, weight, y, n, in, out, true);
 }
 
-/// Gradients of y = x·W + b: dW += xᵀ·dy, db += Σ dy, dx += dy·Wᵀ.
-void linear_backward(std::span<const float> x, const std::vector<float>& weight, std::span<const float> dy,
-                     std::span<float> dx, std::vector<float>& dweight, std::vector<float>& dbias, int n, int in, int out) {
+/// Weight gradients of y = x·W + b: dW += xᵀ·dy, db += Σ dy.
+void linear_weight_backward(std::span<const float> x, std::span<const float> dy, std::vector<float>& dweight,
+                            std::vector<float>& dbias, int n, int in, int out) {
   matmul_at(x, dy, dweight, n, in, out);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < out; ++j) dbias[std::size_t(j)] += dy[std::size_t(i) * out + j];
+}
+
+/// Gradients of y = x·W + b: dx += dy·Wᵀ, and the weight gradients now or, with `keep`, later (the
+/// output gradient is copied into `keep`).
+void linear_backward(std::span<const float> x, const std::vector<float>& weight, std::span<const float> dy,
+                     std::span<float> dx, std::vector<float>& dweight, std::vector<float>& dbias, int n, int in, int out,
+                     std::vector<float>* keep) {
+  if (keep)
+    keep->assign(dy.begin(), dy.end());
+  else
+    linear_weight_backward(x, dy, dweight, dbias, n, in, out);
   matmul_bt(dy, weight, dx, n, out, in);
 }
 
@@ -100,31 +119,52 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
 }
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
-                    std::span<float> dx, Layer& g) {
+                    std::span<float> dx, Layer& g, DeferredWeightGrad* deferred) {
   const int n = s.tokens(), h = s.hidden, f = s.ffn;
+  const auto keep = [deferred](std::vector<float> DeferredWeightGrad::*field) {
+    return deferred ? &(deferred->*field) : nullptr;
+  };
   std::vector<float> dgelu(std::size_t(n) * f, 0.0f), dfc1(std::size_t(n) * f, 0.0f);
-  linear_backward(c.gelu, w.fc2_weight, dy, dgelu, g.fc2_weight, g.fc2_bias, n, f, h);
+  linear_backward(c.gelu, w.fc2_weight, dy, dgelu, g.fc2_weight, g.fc2_bias, n, f, h, keep(&DeferredWeightGrad::fc2_dy));
   gelu_backward(c.fc1, dgelu, dfc1);
   std::vector<float> dln2(std::size_t(n) * h, 0.0f);
-  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2, g.fc1_weight, g.fc1_bias, n, h, f);
+  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2, g.fc1_weight, g.fc1_bias, n, h, f, keep(&DeferredWeightGrad::fc1_dy));
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
   layernorm_backward(c.middle, w.ln2_gain, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, n, h);
   std::vector<float> dattention(std::size_t(n) * h, 0.0f), dqkv(std::size_t(n) * 3 * h, 0.0f);
-  linear_backward(c.attention, w.proj_weight, dmiddle, dattention, g.proj_weight, g.proj_bias, n, h, h);
+  linear_backward(c.attention, w.proj_weight, dmiddle, dattention, g.proj_weight, g.proj_bias, n, h, h,
+                  keep(&DeferredWeightGrad::proj_dy));
   attention_backward(c.qkv, c.probs, dattention, dqkv, s.batch, s.seq, h, s.heads);
   std::vector<float> dln1(std::size_t(n) * h, 0.0f);
-  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1, g.qkv_weight, g.qkv_bias, n, h, 3 * h);
+  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1, g.qkv_weight, g.qkv_bias, n, h, 3 * h,
+                  keep(&DeferredWeightGrad::qkv_dy));
   std::copy(dmiddle.begin(), dmiddle.end(), dx.begin());  // through the first residual
   layernorm_backward(c.input, w.ln1_gain, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, n, h);
 }
 
+void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g) {
+  const int n = s.tokens(), h = s.hidden, f = s.ffn;
+  linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, f, h);
+  linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, f);
+  linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, h, h);
+  linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, 3 * h);
+}
+
 Model make_model(const ModelShape& s, std::uint64_t seed) {
   Model m;
-  m.embedding = normal_tensor(std::size_t(s.vocab) * s.hidden, seed, 0, 0.02f);
+  m.embedding = embedding_rows(s, seed, 0, s.vocab);
   for (int l = 0; l < s.layers; ++l) m.layers.push_back(make_layer(s, seed, l));
   m.final_gain = constant(std::size_t(s.hidden), 1), m.final_bias = constant(std::size_t(s.hidden), 0);
-  m.head = normal_tensor(std::size_t(s.vocab) * s.hidden, seed, 1, 0.02f);
+  m.head = head_rows(s, seed, 0, s.vocab);
   return m;
+}
+
+std::vector<float> embedding_rows(const ModelShape& s, std::uint64_t seed, int first, int rows) {
+  return normal_tensor(std::size_t(rows) * s.hidden, seed, 0, 0.02f, std::size_t(first) * s.hidden);
+}
+
+std::vector<float> head_rows(const ModelShape& s, std::uint64_t seed, int first, int rows) {
+  return normal_tensor(std::size_t(rows) * s.hidden, seed, 1, 0.02f, std::size_t(first) * s.hidden);
 }
 
 Model zero_model(const ModelShape& s) {

@@ -1,0 +1,113 @@
+#pragma once
+/// A rank's live tensors between ops, keyed as DESIGN.md §3 has it -- (kind, stage, microbatch) --
+/// with the bytes they hold counted, so the runtime reports the memory it really used. A missing
+/// buffer is an error that names it, never a crash.
+#include <fmt/format.h>
+
+#include <compare>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "units.h"
+
+namespace pipesim::runtime {
+
+enum class Buf {
+  StageInput,   ///< activation entering a stage (received, or from the stage before on this device)
+  StageOutput,  ///< activation leaving a stage, to send
+  GradInput,    ///< gradient of a stage's output (received, or from the stage after)
+  GradOutput,   ///< gradient of a stage's input, to send
+  VocabInput,   ///< IF: this shard's embedding rows of the microbatch
+  VocabX,       ///< the last stage's output X, broadcast to every device
+  VocabLogits,  ///< S: this shard's logits
+  VocabLocal,   ///< S: local max | sum-exp | target logit
+  VocabTerms,   ///< S, Algorithm 2: A | Y
+  VocabStats,   ///< after C0: global max | global sum-exp
+  VocabDxPart,  ///< T, Algorithm 1: this shard's dX
+  VocabDx,      ///< dX summed, for the last stage's backward
+  VocabDy,      ///< the first stage's input gradient, broadcast for IB
+};
+
+struct Key {
+  Buf buf;
+  int stage;  ///< -1 for vocabulary buffers
+  int microbatch;
+  auto operator<=>(const Key&) const = default;
+};
+
+/// An op that cannot run: a buffer that should exist and does not (or the reverse) -- a bug in a
+/// schedule or the executor -- or an op kind this runtime does not execute. Reported with the op.
+struct OpError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline std::string describe(const Key& k) {
+  static const char* const kNames[] = {"stage input",  "stage output",  "output gradient", "input gradient",
+                                       "IF output",    "X",             "logits",          "local softmax stats",
+                                       "A and Y",      "global softmax stats", "dX share",  "dX",
+                                       "dY"};
+  return k.stage >= 0 ? fmt::format("{} of stage {}, microbatch {}", kNames[int(k.buf)], k.stage, k.microbatch)
+                      : fmt::format("{} of microbatch {}", kNames[int(k.buf)], k.microbatch);
+}
+
+/// `Cache` is what a stage keeps from F to B; it must have `Bytes bytes() const`.
+template <class Cache>
+class BufferStore {
+ public:
+  std::vector<float>& put(const Key& key, std::vector<float> data) {
+    const auto [it, added] = tensors_.try_emplace(key, std::move(data));
+    if (!added) throw OpError(describe(key) + " exists already");
+    live_ += bytes(it->second);
+    return it->second;
+  }
+  std::vector<float>& get(const Key& key) {
+    const auto it = tensors_.find(key);
+    if (it == tensors_.end()) throw OpError(describe(key) + " is missing: no earlier op produced it");
+    return it->second;
+  }
+  std::vector<float> take(const Key& key) {
+    std::vector<float> data = std::move(get(key));
+    tensors_.erase(key);
+    live_ -= bytes(data);
+    return data;
+  }
+
+  using CacheKey = std::pair<int, int>;  ///< (stage, microbatch)
+  void put_cache(CacheKey key, Cache cache) {
+    const Bytes size = cache.bytes();
+    if (!caches_.try_emplace(key, std::move(cache), size).second)
+      throw OpError(fmt::format("the forward cache of stage {}, microbatch {} exists already", key.first, key.second));
+    live_ += size;
+  }
+  Cache& cache(CacheKey key) { return find(key).first; }
+  /// Call after shrinking a cache in place.
+  void recount_cache(CacheKey key) {
+    auto& [cache, counted] = find(key);
+    live_ += cache.bytes() - counted;
+    counted = cache.bytes();
+  }
+  void drop_cache(CacheKey key) {
+    live_ -= find(key).second;
+    caches_.erase(key);
+  }
+
+  Bytes live() const { return live_; }
+
+ private:
+  static Bytes bytes(const std::vector<float>& v) { return Bytes(v.size() * sizeof(float)); }
+  std::pair<Cache, Bytes>& find(CacheKey key) {
+    const auto it = caches_.find(key);
+    if (it == caches_.end())
+      throw OpError(fmt::format("the forward cache of stage {}, microbatch {} is missing: its F has not run",
+                                    key.first, key.second));
+    return it->second;
+  }
+
+  std::map<Key, std::vector<float>> tensors_;
+  std::map<CacheKey, std::pair<Cache, Bytes>> caches_;
+  Bytes live_ = 0;
+};
+
+}  // namespace pipesim::runtime

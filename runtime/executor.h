@@ -1,0 +1,63 @@
+#pragma once
+/// Runs a plan's task graph with real math: each rank walks its own streams of the IR, op by op in
+/// program order, calling the CPU kernels for compute ops and the communicator for SEND/RECV and the
+/// collectives. The same function runs under every backend (threads or MPI processes), so what the
+/// in-process tests check is what `mpirun` runs.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "plan.h"
+#include "status.h"
+#include "timeline.h"
+
+namespace pipesim::runtime {
+
+/// A deliberate failure, to show that a failing or hung rank ends the run instead of hanging it.
+struct InjectedFault {
+  int rank = 0;
+  OpKind kind = OpKind::F;
+  int microbatch = 0;
+  bool hang = false;  ///< stop responding instead of failing
+};
+
+struct RunOptions {
+  int steps = 1;
+  std::uint64_t seed = 1234;
+  float learning_rate = 0.1f;
+  bool check = false;      ///< compare the first step with a single-device reference
+  double timeout_s = 60;   ///< a rank that sees no progress for this long ends the run
+  std::optional<InjectedFault> fault;
+  /// Called on rank 0 after each step with (step, loss, step time).
+  std::function<void(int, double, TimeNs)> on_step;
+};
+
+struct CheckResult {
+  double loss = 0, reference_loss = 0;
+  double max_grad_rel_err = 0;  ///< max over tensors of ‖g − g_ref‖ / ‖g_ref‖
+  std::string worst_tensor;
+};
+
+/// What a run measured; complete on rank 0 (other ranks hold their own part).
+struct RunResult {
+  std::vector<double> losses;           ///< per step: mean loss over every token of the iteration
+  std::vector<TimeNs> step_ns;          ///< per step: wall time of the slowest rank
+  Timeline timeline;                    ///< the last step, every op
+  std::vector<TimeNs> vocab_layer_ns;   ///< per op: time an F or B spent in the embedding or LM head
+  std::vector<Bytes> peak_activation_bytes;  ///< per rank, the last step
+  std::vector<TaskId> peak_op;
+  std::vector<Bytes> static_bytes;      ///< per rank: fp32 weights and gradients
+  std::optional<CheckResult> check;
+};
+
+/// Whether this runtime can execute the plan (one pipeline replica, no tensor parallelism, a model
+/// that fits in this machine's memory); the error names the config field to change.
+Status check_runnable(const Plan& plan);
+
+/// Runs `options.steps` training steps of the plan as rank comm.rank().
+Result<RunResult> run_rank(Communicator& comm, const Plan& plan, const RunOptions& options);
+
+}  // namespace pipesim::runtime

@@ -1,0 +1,27 @@
+#pragma once
+/// Starting the ranks of a run: threads of this process, or (under mpirun/srun) this process as one
+/// MPI rank among many.
+#include <functional>
+
+#include "executor.h"
+
+namespace pipesim::runtime {
+
+/// One thread per pipeline device, talking through an in-process communicator. A failure on any
+/// rank ends all of them; the error is the failing rank's (rank and op).
+Result<RunResult> run_in_process(const Plan& plan, const RunOptions& options);
+
+/// Whether this binary was built with MPI, and whether this process was started by an MPI launcher.
+bool mpi_available();
+bool launched_by_mpi();
+
+/// This process as one rank of an MPI job (MPI_Init .. MPI_Finalize inside). `ranks` is set to the
+/// job's size before `plan_for` builds the plan, so the pipeline has one device per process.
+/// A failure on any rank aborts the job (MPI_Abort) after printing the failing rank's message.
+struct MpiRun {
+  int rank = 0, size = 1;
+  Result<RunResult> result = Error{"not run"};
+};
+MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options);
+
+}  // namespace pipesim::runtime

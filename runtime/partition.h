@@ -1,0 +1,46 @@
+#pragma once
+/// One rank's part of the model: the transformer layers of the virtual stages it holds, plus the
+/// vocabulary layers where the layout puts them (whole on the first/last stage in `baseline`, a row
+/// shard of the embedding and the LM head on every device in the vocabulary-parallel modes). Weights
+/// come from the same seeded generator as the single-device model, so they are the same numbers.
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cpu/model.h"
+#include "cpu/vocab.h"
+#include "layout.h"
+
+namespace pipesim::runtime {
+
+struct RankParams {
+  std::map<int, cpu::Layer> layers;  ///< by global layer index
+  std::vector<float> embedding;      ///< shard rows (vocabulary-parallel) or the whole table (first stage), or empty
+  std::vector<float> head;           ///< likewise for the LM head (last stage)
+  std::vector<float> final_gain, final_bias;  ///< final LayerNorm, on the last stage's device
+};
+
+struct RankModel {
+  cpu::ModelShape shape;
+  cpu::VocabShard shard;  ///< rows of `embedding`/`head` (the whole vocabulary in baseline)
+  RankParams params, grads;
+
+  /// Parameters held, for the static-memory figure (weights + gradients, fp32).
+  std::size_t parameter_count() const;
+  /// Plain SGD, then zeroes the gradients for the next step.
+  void sgd_step(float learning_rate);
+};
+
+cpu::ModelShape model_shape(const Config& config);
+RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed);
+
+/// Names of the model's tensors in the order grad_error_terms reports them.
+std::vector<std::string> tensor_names(const cpu::ModelShape& shape);
+/// For every tensor of the model: Σ (g − g_ref)² and Σ g_ref² over the elements this rank holds
+/// (2 values per tensor, zeros for tensors it does not hold). Summed over ranks they give each
+/// tensor's norm-wise relative error.
+std::vector<float> grad_error_terms(const RankModel& model, const cpu::Model& reference);
+
+}  // namespace pipesim::runtime

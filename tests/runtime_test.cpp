@@ -1,0 +1,119 @@
+// The CPU runtime executes the simulator's task graphs with real math: every schedule with every
+// vocabulary mode reproduces the single-device loss and gradients, and a failing or hung rank ends
+// the run with an error that names it.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "config_json.h"
+#include "launch.h"
+#include "plan.h"
+
+using namespace pipesim;
+
+namespace {
+
+Config tiny_config(const std::vector<std::string>& overrides = {}) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  REQUIRE(root);
+  std::ifstream file(std::string(root) + "/configs/tiny.json");
+  std::stringstream text;
+  text << file.rdbuf();
+  Result<Config> config = parse_config(text.str(), "configs/tiny.json", overrides);
+  REQUIRE(config.ok());
+  return config.value();
+}
+
+Plan plan_for(Config config, const std::string& schedule, const std::string& vocab) {
+  config.schedule.name = schedule, config.schedule.vocab = vocab;
+  Result<Plan> plan = make_plan(config);
+  INFO((plan.ok() ? "" : plan.error().message));
+  REQUIRE(plan.ok());
+  return std::move(plan).value();
+}
+
+runtime::RunOptions options(int steps = 1, double timeout_s = 60) {
+  runtime::RunOptions o;
+  o.steps = steps, o.timeout_s = timeout_s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("every schedule and vocabulary mode trains like a single device") {
+  const Config config = tiny_config();
+  for (const std::string& schedule : schedule_names())
+    for (const std::string& vocab : vocab_mode_names()) {
+      const Plan plan = plan_for(config, schedule, vocab);
+      runtime::RunOptions o = options();
+      o.check = true;
+      Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+      INFO(schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
+      REQUIRE(run.ok());
+      const runtime::CheckResult& check = *run.value().check;
+      INFO("loss " << check.loss << " reference " << check.reference_loss << ", gradient error "
+                   << check.max_grad_rel_err << " in " << check.worst_tensor);
+      CHECK(std::abs(check.loss - check.reference_loss) <= 1e-5 * std::abs(check.reference_loss));
+      CHECK(check.max_grad_rel_err <= 1e-4);
+      // log(250): the model starts near uniform, so a wrong loss cannot pass by being small.
+      CHECK(check.reference_loss == Approx(std::log(250.0)).epsilon(0.05));
+    }
+}
+
+TEST_CASE("training steps lower the loss") {
+  const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-2");
+  runtime::RunOptions o = options(3);
+  o.learning_rate = 0.5f;
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  REQUIRE(run.ok());
+  const std::vector<double>& losses = run.value().losses;
+  REQUIRE(losses.size() == 3);
+  CHECK(losses[2] < losses[0]);  // SGD on a learnable token map lowers the loss
+}
+
+TEST_CASE("measurements cover every op of the last step") {
+  const Plan plan = plan_for(tiny_config(), "zb-h1", "vocab-1");
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, options(2));
+  REQUIRE(run.ok());
+  const runtime::RunResult& r = run.value();
+  for (TaskId id = 0; id < TaskId(plan.graph.size()); ++id) {
+    INFO(plan.graph.describe(id));
+    CHECK(r.timeline.end[std::size_t(id)] >= r.timeline.start[std::size_t(id)]);
+    for (TaskId dep : plan.graph.deps(id)) CHECK(r.timeline.start[std::size_t(id)] >= r.timeline.end[std::size_t(dep)]);
+  }
+  for (int d = 0; d < plan.layout.devices; ++d) {
+    CHECK(r.peak_activation_bytes[std::size_t(d)] > 0);
+    CHECK(r.static_bytes[std::size_t(d)] > 0);
+  }
+}
+
+TEST_CASE("a failing rank ends every rank with an error naming it") {
+  const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-1");
+  const runtime::InjectedFault fault{.rank = 1, .kind = OpKind::B, .microbatch = 2, .hang = false};
+  runtime::RunOptions o = options(1, 10);
+  o.fault = fault;
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  REQUIRE_FALSE(run.ok());
+  INFO(run.error().message);
+  CHECK(run.error().message.starts_with("rank 1 failed at B(d1,s1,m2): injected fault\n"));
+  for (int rank : {0, 2, 3}) CHECK_THAT(run.error().message, Catch::Contains(fmt::format("rank {} stopped waiting on ", rank)));
+}
+
+TEST_CASE("a hung rank ends the run after the timeout, naming what the others wait for") {
+  const Plan plan = plan_for(tiny_config(), "1f1b", "baseline");
+  const runtime::InjectedFault fault{.rank = 2, .kind = OpKind::F, .microbatch = 1, .hang = true};
+  const auto start = std::chrono::steady_clock::now();
+  runtime::RunOptions o = options(1, 0.5);
+  o.fault = fault;
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE_FALSE(run.ok());
+  INFO(run.error().message);
+  CHECK(seconds < 5);
+  CHECK_THAT(run.error().message, Catch::StartsWith("rank ") && Catch::Contains(": no progress for 0.5 s; waiting on "));
+  CHECK_THAT(run.error().message, Catch::Contains("rank 2 hung at F(d2,s2,m1) (injected fault)"));
+}

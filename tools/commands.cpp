@@ -9,8 +9,9 @@
 #include <optional>
 
 #include "chrome_trace.h"
-#include "config_json.h"
+#include "cli_support.h"
 #include "files.h"
+#include "measured.h"
 #include "pipeline.h"
 #include "plan.h"
 #include "schedule_csv.h"
@@ -18,46 +19,16 @@
 #include "svg_timeline.h"
 
 namespace pipesim {
-namespace {
-
-ExitStatus fail(const std::string& message) {
-  fmt::print(stderr, "pipesim: error: {}\n", message);
-  return ExitStatus::Failure;
-}
-
-Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  Result<std::string> text = read_text_file(path);
-  if (!text.ok()) return text.error();
-  return parse_config(text.value(), path, overrides);
-}
-
-/// Checks names given on the command line against a table, with a did-you-mean.
-Status check_names(const std::string& flag, const std::vector<std::string>& names, const std::vector<std::string>& known) {
-  for (const std::string& name : names)
-    if (std::find(known.begin(), known.end(), name) == known.end())
-      return Error{fmt::format("{}: unknown name '{}'{} `pipesim list` shows them all", flag, name,
-                               did_you_mean(name, known))};
-  return Status::Ok();
-}
-
-/// The config with --schedule and --vocab (when given) applied, after checking their names.
-Result<Config> load_selected_config(const std::string& path, const std::vector<std::string>& overrides,
-                                    const std::string& schedule, const std::string& vocab) {
-  const auto given = [](const std::string& name) { return name.empty() ? std::vector<std::string>{} : std::vector{name}; };
-  if (Status s = check_names("--schedule", given(schedule), schedule_names()); !s.ok()) return s.error();
-  if (Status s = check_names("--vocab", given(vocab), vocab_mode_names()); !s.ok()) return s.error();
-  Result<Config> config = load_config(path, overrides);
-  if (!config.ok()) return config;
-  if (!schedule.empty()) config.value().schedule.name = schedule;
-  if (!vocab.empty()) config.value().schedule.vocab = vocab;
-  return config;
-}
-
-}  // namespace
 
 ExitStatus run_simulate(const SimulateOptions& o) {
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
+  if (!o.profile.empty()) {
+    Result<std::string> text = read_text_file(o.profile);
+    if (!text.ok()) return fail(text.error().message);
+    config = apply_profile(std::move(config).value(), text.value(), o.profile);
+    if (!config.ok()) return fail(config.error().message);
+  }
   std::optional<CustomSchedule> custom;
   if (!o.schedule_file.empty()) {
     Result<std::string> text = read_text_file(o.schedule_file);

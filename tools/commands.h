@@ -1,5 +1,6 @@
 #pragma once
 /// The CLI's commands as plain functions over option structs; main only parses arguments.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct SimulateOptions {
   std::string trace;          ///< empty: no trace
   std::string svg;            ///< empty: no picture
   std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
+  std::string profile;        ///< measured costs from `pipesim run --profile` to use instead of the config's
 };
 
 struct CompareOptions {
@@ -40,6 +42,24 @@ struct ExportOptions {
   std::string output;    ///< empty: standard output
 };
 
+/// `pipesim run`: execute the schedule on the CPU runtime (threads, or MPI processes under mpirun).
+struct RunOptions {
+  std::string config;
+  std::string schedule;  ///< empty: the config's
+  std::string vocab;     ///< empty: the config's
+  std::vector<std::string> overrides;
+  int ranks = 0;         ///< pipeline devices, one rank each; 0: parallel.pp (under MPI: the job's size)
+  int steps = 1;
+  bool check = false;    ///< compare the first step with a single-device reference
+  std::string trace;     ///< measured Chrome trace; empty: none
+  std::string profile;   ///< measured per-op costs for `simulate --profile`; empty: none
+  Format format = Format::Text;
+  std::uint64_t seed = 1234;
+  double learning_rate = 0.1;
+  double timeout_s = 60;
+  std::string inject_fault;  ///< RANK:KIND:MICROBATCH[:hang], for testing fault handling
+};
+
 struct BenchOptions {
   bool quick = false;  ///< smaller graphs, for a smoke test
 };
@@ -49,5 +69,6 @@ ExitStatus run_compare(const CompareOptions& options);
 ExitStatus run_list();
 ExitStatus run_export(const ExportOptions& options);
 ExitStatus run_bench(const BenchOptions& options);
+ExitStatus run_run(const RunOptions& options);
 
 }  // namespace pipesim

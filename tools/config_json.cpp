@@ -302,4 +302,14 @@ Result<Config> parse_config(std::string_view text, const std::string& source, co
   }
 }
 
+Result<ExplicitCosts> parse_costs(std::string_view text, const std::string& source) {
+  try {
+    return read_costs(ObjectReader(json::parse(text), "costs"));
+  } catch (const json::parse_error& e) {
+    return Error{fmt::format("{}: costs: invalid JSON: {}", source, e.what())};
+  } catch (const ConfigError& e) {
+    return Error{fmt::format("{}: {}: {}", source, e.path, e.message)};
+  }
+}
+
 }  // namespace pipesim

@@ -15,4 +15,7 @@ namespace pipesim {
 Result<Config> parse_config(std::string_view text, const std::string& source,
                             const std::vector<std::string>& overrides = {});
 
+/// A `costs` block alone (e.g. from a measured profile); errors name `source` and the `costs.` path.
+Result<ExplicitCosts> parse_costs(std::string_view text, const std::string& source);
+
 }  // namespace pipesim

@@ -47,7 +47,30 @@ int main(int argc, char** argv) {
   sim->add_option("--schedule-file", simulate.schedule_file,
                   "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule");
+  sim->add_option("--profile", simulate.profile,
+                  "use measured op times from `pipesim run --profile FILE` as the cost source");
   sim->callback([&] { status = pipesim::run_simulate(simulate); });
+
+  pipesim::RunOptions run;
+  CLI::App* rn = app.add_subcommand(
+      "run", "execute the schedule with real math on CPU threads (or MPI processes: mpirun -np N pipesim run ...)");
+  add_selection_options(rn, run.config, run.schedule, run.vocab, run.overrides);
+  add_format_option(rn, run.format, {"text", "json"});
+  rn->add_option("--ranks", run.ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
+      ->check(CLI::Range(1, 64));
+  rn->add_option("--steps", run.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
+  rn->add_flag("--check", run.check,
+               "compare the first step with a single-device reference: loss and max gradient relative error");
+  rn->add_option("--trace", run.trace, "write the measured Chrome trace of the last step (open in ui.perfetto.dev)");
+  rn->add_option("--profile", run.profile, "write measured op times for `pipesim simulate --profile`");
+  rn->add_option("--seed", run.seed, "seed of the weights and the data (default 1234)");
+  rn->add_option("--lr", run.learning_rate, "SGD learning rate (default 0.1)")->check(CLI::PositiveNumber);
+  rn->add_option("--timeout", run.timeout_s, "seconds without progress after which a rank ends the run (default 60)")
+      ->check(CLI::PositiveNumber);
+  rn->add_option("--inject-fault", run.inject_fault,
+                 "make a rank fail (RANK:KIND:MICROBATCH, e.g. 1:B:2) or hang (2:F:0:hang) in the first step, to "
+                 "test fault handling");
+  rn->callback([&] { status = pipesim::run_run(run); });
 
   pipesim::CompareOptions compare;
   CLI::App* cmp = app.add_subcommand("compare", "simulate schedules x vocabulary modes side by side");

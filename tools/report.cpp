@@ -24,7 +24,9 @@ TimeNs max_exposed_comm(const RunReport& r) {
   return most;
 }
 
-json to_json(const RunReport& r) {
+}  // namespace
+
+json run_json(const RunReport& r) {
   const RunMetrics& m = r.metrics;
   json devices = json::array();
   for (const DeviceMetrics& d : m.devices)
@@ -60,6 +62,8 @@ json to_json(const RunReport& r) {
           {"fits_in_memory", m.fits_in_memory},
           {"devices", devices}};
 }
+
+namespace {
 
 std::string join(const std::vector<int>& values) {
   std::string out;
@@ -125,29 +129,35 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
 }
 
 std::string format_run(const RunReport& r, Format format) {
-  if (format == Format::Json) return to_json(r).dump(2) + "\n";
+  if (format == Format::Json) return run_json(r).dump(2) + "\n";
   const RunMetrics& m = r.metrics;
+  const bool measured = r.cost_source.starts_with("measured");
+  // Small models (the CPU runtime's) read better in MiB.
+  const bool small = max_peak(r) < Bytes(1) << 30;
+  const char* unit = small ? "MiB" : "GiB";
+  const auto mem = [small](Bytes b) { return small ? double(b) / double(1 << 20) : gib(b); };
   std::string out = fmt::format(
       "{}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
       "layers per stage: {}{}\n"
-      "iteration {:.3f} ms, {:.0f} tokens/s, MFU {:.1f}%, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
-      "peak memory {:.2f} GiB of {:.2f} GiB{}, imbalance {:.2f}x\n\n",
+      "iteration {:.3f} ms, {:.0f} tokens/s, MFU {}, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
+      "peak memory {:.2f} {} of {:.2f} {}{}, imbalance {:.2f}x\n\n",
       r.config, r.schedule, r.vocab, r.parallel.pp,
       r.parallel.tp, r.parallel.dp, r.parallel.microbatches, r.parallel.chunks, r.cost_source,
       join(r.layers_per_stage),
       r.vocab_padding ? fmt::format("; vocabulary padded by {} rows to split evenly over {} devices", r.vocab_padding,
                                     r.parallel.pp)
                       : "",
-      m.iteration_ns / 1e6, m.tokens_per_s, 100 * m.mfu, 100 * m.bubble_fraction,
-      max_exposed_comm(r) / 1e6, gib(max_peak(r)), gib(m.memory_capacity_bytes),
+      m.iteration_ns / 1e6, m.tokens_per_s, measured ? "n/a" : fmt::format("{:.1f}%", 100 * m.mfu),
+      100 * m.bubble_fraction, max_exposed_comm(r) / 1e6, mem(max_peak(r)), unit, mem(m.memory_capacity_bytes), unit,
       m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
   std::vector<Row> rows;
   for (const DeviceMetrics& d : m.devices)
     rows.push_back({{std::to_string(d.rank), r.peak_ops[std::size_t(d.rank)], fmt::format("{:.3f}", d.busy_ns / 1e6),
-                     fmt::format("{:.1f}", 100 * d.bubble_fraction), fmt::format("{:.2f}", gib(d.static_bytes)),
-                     fmt::format("{:.2f}", gib(d.peak_activation_bytes)), fmt::format("{:.2f}", gib(d.peak_memory_bytes)),
+                     fmt::format("{:.1f}", 100 * d.bubble_fraction), fmt::format("{:.2f}", mem(d.static_bytes)),
+                     fmt::format("{:.2f}", mem(d.peak_activation_bytes)), fmt::format("{:.2f}", mem(d.peak_memory_bytes)),
                      fmt::format("{:.3f}", d.exposed_comm_ns / 1e6)}});
-  return out + table({"rank", "memory peaks at", "busy_ms", "bubble_pct", "static_gib", "activation_gib", "peak_gib",
+  const std::string u = small ? "mib" : "gib";
+  return out + table({"rank", "memory peaks at", "busy_ms", "bubble_pct", "static_" + u, "activation_" + u, "peak_" + u,
                       "exposed_comm_ms"},
                      rows, Format::Text, 2);
 }
@@ -155,7 +165,7 @@ std::string format_run(const RunReport& r, Format format) {
 std::string format_comparison(const std::vector<RunReport>& reports, Format format) {
   if (format == Format::Json) {
     json all = json::array();
-    for (const RunReport& r : reports) all.push_back(to_json(r));
+    for (const RunReport& r : reports) all.push_back(run_json(r));
     return all.dump(2) + "\n";
   }
   std::vector<Row> rows;

@@ -1,5 +1,6 @@
 #pragma once
 /// One run's results as the user sees them: JSON (the stable shape), text, CSV and Markdown.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ enum class Format { Text, Json, Csv, Markdown };
 
 /// simulate: one object (JSON) or a readable summary with a per-device table (text).
 std::string format_run(const RunReport& report, Format format);
+/// The JSON object of one run, keys in documented order (what `simulate --format json` prints).
+nlohmann::ordered_json run_json(const RunReport& report);
 /// compare: one row per run, speedup and memory against the first row.
 std::string format_comparison(const std::vector<RunReport>& reports, Format format);
 

@@ -1,0 +1,45 @@
+#include "cli_support.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "config_json.h"
+#include "files.h"
+#include "plan.h"
+#include "spellcheck.h"
+
+namespace pipesim {
+
+ExitStatus fail(const std::string& message) {
+  fmt::print(stderr, "pipesim: error: {}\n", message);
+  return ExitStatus::Failure;
+}
+
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Result<std::string> text = read_text_file(path);
+  if (!text.ok()) return text.error();
+  return parse_config(text.value(), path, overrides);
+}
+
+Status check_names(const std::string& flag, const std::vector<std::string>& names, const std::vector<std::string>& known) {
+  for (const std::string& name : names)
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      return Error{fmt::format("{}: unknown name '{}'{} `pipesim list` shows them all", flag, name,
+                               did_you_mean(name, known))};
+  return Status::Ok();
+}
+
+Result<Config> load_selected_config(const std::string& path, const std::vector<std::string>& overrides,
+                                    const std::string& schedule, const std::string& vocab) {
+  const auto given = [](const std::string& name) { return name.empty() ? std::vector<std::string>{} : std::vector{name}; };
+  if (Status s = check_names("--schedule", given(schedule), schedule_names()); !s.ok()) return s.error();
+  if (Status s = check_names("--vocab", given(vocab), vocab_mode_names()); !s.ok()) return s.error();
+  Result<Config> config = load_config(path, overrides);
+  if (!config.ok()) return config;
+  if (!schedule.empty()) config.value().schedule.name = schedule;
+  if (!vocab.empty()) config.value().schedule.vocab = vocab;
+  return config;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,24 @@
+#pragma once
+/// What the CLI's commands share: error reporting and loading a config with the selection options.
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "config.h"
+#include "status.h"
+
+namespace pipesim {
+
+/// Prints "pipesim: error: MESSAGE" and returns the failure status.
+ExitStatus fail(const std::string& message);
+
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+/// Checks names given on the command line against a table, with a did-you-mean.
+Status check_names(const std::string& flag, const std::vector<std::string>& names, const std::vector<std::string>& known);
+
+/// The config with --schedule and --vocab (when given) applied, after checking their names.
+Result<Config> load_selected_config(const std::string& path, const std::vector<std::string>& overrides,
+                                    const std::string& schedule, const std::string& vocab);
+
+}  // namespace pipesim

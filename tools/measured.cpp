@@ -1,0 +1,126 @@
+#include "measured.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "config_json.h"
+#include "metrics.h"
+
+namespace pipesim {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+/// A communication op is timed from its post to its completion, which includes waiting for the
+/// peers; the fastest one observed is the closest to the transfer itself.
+double fastest(const std::vector<double>& values) {
+  return values.empty() ? 0 : *std::min_element(values.begin(), values.end());
+}
+
+double mean(const std::vector<double>& values) {
+  double total = 0;
+  for (double v : values) total += v;
+  return values.empty() ? 0 : total / double(values.size());
+}
+
+}  // namespace
+
+RunReport measured_report(const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
+  RunMetrics m = compute_metrics(plan.config, plan.graph, r.timeline, r.static_bytes);
+  Bytes most = 0, least = std::numeric_limits<Bytes>::max();
+  for (DeviceMetrics& d : m.devices) {
+    const std::size_t rank = std::size_t(d.rank);
+    d.static_bytes = r.static_bytes[rank];
+    d.peak_activation_bytes = r.peak_activation_bytes[rank];
+    d.peak_memory_bytes = d.static_bytes + d.peak_activation_bytes;
+    d.peak_op = r.peak_op[rank];
+    d.peak_time_ns = d.peak_op == kNoTask ? 0 : r.timeline.end[std::size_t(d.peak_op)];
+    most = std::max(most, d.peak_memory_bytes), least = std::min(least, d.peak_memory_bytes);
+  }
+  m.memory_imbalance = least > 0 ? double(most) / double(least) : 1.0;
+  m.mfu = 0;
+  m.memory_capacity_bytes = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
+  m.fits_in_memory = most <= m.memory_capacity_bytes;
+  return make_report(plan, "measured (" + backend + ")", m);
+}
+
+json measured_profile(const Plan& plan, const runtime::RunResult& r) {
+  const TaskGraph& g = plan.graph;
+  const Config& c = plan.config;
+  const int devices = plan.layout.devices;
+  const auto ms = [&](TaskId id) { return double(r.timeline.end[std::size_t(id)] - r.timeline.start[std::size_t(id)]) / 1e6; };
+  const auto vocab_ms = [&](TaskId id) { return double(r.vocab_layer_ns[std::size_t(id)]) / 1e6; };
+  // Transformer compute per device, per even share of the layers (what costs.forward_ms means).
+  using PerDevice = std::vector<std::vector<double>>;
+  PerDevice forward(static_cast<std::size_t>(devices)), backward = forward, weight = forward;
+  std::vector<double> sends, collectives, optimizer, out_f, out_b, in_f, in_b;
+  for (TaskId id = 0; id < TaskId(g.size()); ++id) {
+    const Task& t = g.task(id);
+    if (t.kind == OpKind::F || t.kind == OpKind::B || t.kind == OpKind::W) {
+      const VirtualStage& stage = plan.layout.stages[std::size_t(t.stage)];
+      if (stage.has_head) (t.kind == OpKind::F ? out_f : out_b).push_back(vocab_ms(id));
+      if (stage.has_embedding) (t.kind == OpKind::F ? in_f : in_b).push_back(vocab_ms(id));
+      if (stage.layers == 0) continue;
+      const double share = double(stage.layers) * devices / c.model.layers;
+      auto& into = t.kind == OpKind::F ? forward : t.kind == OpKind::B ? backward : weight;
+      into[std::size_t(t.device)].push_back((ms(id) - vocab_ms(id)) / share);
+      continue;
+    }
+    switch (t.kind) {  // vocabulary passes run 1/p of the layer each; costs give the whole layer
+      case OpKind::S: out_f.push_back(ms(id) * devices); break;
+      case OpKind::T: out_b.push_back(ms(id) * devices); break;
+      case OpKind::IF: in_f.push_back(ms(id) * devices); break;
+      case OpKind::IB: in_b.push_back(ms(id) * devices); break;
+      case OpKind::Send: sends.push_back(ms(id)); break;
+      case OpKind::AllReduce:
+      case OpKind::Broadcast:
+      case OpKind::Reduce: collectives.push_back(ms(id)); break;
+      case OpKind::Optimizer: optimizer.push_back(ms(id)); break;
+      default: break;
+    }
+  }
+  const auto per_device = [](const std::vector<std::vector<double>>& values) {
+    json out = json::array();
+    for (const auto& v : values) out.push_back(mean(v));
+    return out;
+  };
+  std::vector<int> layers;
+  for (const VirtualStage& s : plan.layout.stages) layers.push_back(s.layers);
+  return {{"generator", "pipesim run"},
+          {"config", c.source},
+          {"schedule", c.schedule.name},
+          {"vocab", c.schedule.vocab},
+          {"layers_per_stage", layers},
+          {"costs",
+           {{"forward_ms", per_device(forward)},
+            {"backward_ms", per_device(backward)},
+            {"weight_ms", per_device(weight)},
+            {"p2p_ms", fastest(sends)},
+            {"optimizer_ms", mean(optimizer)},
+            {"output_forward_ms", mean(out_f)},
+            {"output_backward_ms", mean(out_b)},
+            {"input_forward_ms", mean(in_f)},
+            {"input_backward_ms", mean(in_b)},
+            {"allreduce_ms", fastest(collectives)}}}};
+}
+
+Result<Config> apply_profile(Config config, std::string_view text, const std::string& path) {
+  const json profile = json::parse(text, nullptr, false);
+  if (profile.is_discarded() || !profile.is_object() || !profile.contains("costs") || !profile["costs"].is_object())
+    return Error{fmt::format("{}: not a profile: expected a JSON object with a \"costs\" object, as `pipesim run "
+                             "--profile` writes",
+                             path)};
+  // The costs go through the config reader, so a hand-edited profile gets the same field errors.
+  Result<ExplicitCosts> costs = parse_costs(profile["costs"].dump(), path);
+  if (!costs.ok()) return costs.error();
+  config.costs = std::move(costs).value();
+  if (std::optional<FieldError> e = check_config(config)) return Error{fmt::format("{}: {}: {}", path, e->path, e->message)};
+  if (config.schedule.vocab == "redistribute" && profile.contains("layers_per_stage") &&
+      profile["layers_per_stage"].is_array() && config.schedule.layers_per_stage.empty())
+    config.schedule.layers_per_stage = profile["layers_per_stage"].get<std::vector<int>>();
+  return config;
+}
+
+}  // namespace pipesim

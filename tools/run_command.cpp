@@ -1,0 +1,163 @@
+// `pipesim run`: the schedule executed for real on the CPU runtime, reported like a simulation.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <optional>
+
+#include "chrome_trace.h"
+#include "cli_support.h"
+#include "commands.h"
+#include "files.h"
+#include "launch.h"
+#include "measured.h"
+#include "pipeline.h"
+
+namespace pipesim {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+/// The marker in every profile pipesim writes; files carrying it may be replaced by a new profile.
+constexpr std::string_view kProfileGenerator = R"("generator": "pipesim run")";
+
+/// RANK:KIND:MICROBATCH[:hang], e.g. 1:B:2 or 2:F:0:hang.
+Result<runtime::InjectedFault> parse_fault(const std::string& text) {
+  const std::string usage = fmt::format(
+      "--inject-fault '{}': expected RANK:KIND:MICROBATCH[:hang], e.g. 1:B:2 (rank 1 fails at its backward of "
+      "microbatch 2) or 2:F:0:hang",
+      text);
+  std::vector<std::string> parts;
+  for (std::size_t begin = 0;;) {
+    const std::size_t colon = text.find(':', begin);
+    parts.push_back(text.substr(begin, colon == std::string::npos ? std::string::npos : colon - begin));
+    if (colon == std::string::npos) break;
+    begin = colon + 1;
+  }
+  if (parts.size() < 3 || parts.size() > 4 || (parts.size() == 4 && parts[3] != "hang")) return Error{usage};
+  runtime::InjectedFault fault;
+  try {
+    fault.rank = std::stoi(parts[0]), fault.microbatch = std::stoi(parts[2]);
+  } catch (const std::exception&) {
+    return Error{usage};
+  }
+  bool known = false;
+  for (int k = 0; k < kOpKindCount; ++k)
+    if (op_kind_name(OpKind(k)) == parts[1]) fault.kind = OpKind(k), known = true;
+  if (!known) return Error{usage};
+  fault.hang = parts.size() == 4;
+  return fault;
+}
+
+/// The plan for `ranks` pipeline devices, checked for this runtime.
+Result<Plan> runnable_plan(Config config, int ranks) {
+  config.parallel.pp = ranks;
+  Result<Plan> plan = make_plan(config);
+  if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
+  if (Status s = runtime::check_runnable(plan.value()); !s.ok()) return s.error();
+  return plan;
+}
+
+/// Progress on multi-step runs, on a terminal, in text mode only.
+std::function<void(int, double, TimeNs)> progress_bar(const RunOptions& o) {
+  if (o.steps < 2 || o.format != Format::Text || !isatty(fileno(stderr))) return {};
+  return [steps = o.steps](int step, double loss, TimeNs ns) {
+    const int width = 30, filled = (step + 1) * width / steps;
+    fmt::print(stderr, "\r[{:=<{}}{:<{}}] step {}/{}  loss {:.4f}  {:.1f} ms/step\033[K", "", filled, "", width - filled,
+               step + 1, steps, loss, double(ns) / 1e6);
+    if (step + 1 == steps) fmt::print(stderr, "\r\033[K");
+  };
+}
+
+/// Text or JSON report of a finished run, and the files it asked for; on rank 0 only.
+ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
+  const RunReport measured = measured_report(plan, r, backend);
+  if (!o.trace.empty()) {
+    const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
+    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title), kTraceGenerator);
+        !s.ok())
+      return fail(s.error().message);
+  }
+  // The simulator fed with what was just measured: how far its prediction is from the measurement.
+  const json profile = measured_profile(plan, r);
+  Result<Config> profiled = apply_profile(plan.config, profile.dump(), "the measured profile");
+  std::optional<TimeNs> predicted;
+  if (profiled.ok())
+    if (Result<SimulatedRun> sim = simulate_config(profiled.value()); sim.ok()) predicted = sim.value().report.metrics.iteration_ns;
+  if (!o.profile.empty())
+    if (Status s = write_output_file(o.profile, profile.dump(2) + "\n", kProfileGenerator); !s.ok()) return fail(s.error().message);
+
+  if (o.format == Format::Json) {
+    json out = run_json(measured);
+    out["mfu"] = nullptr;  // defined against the config's GPU, which a CPU run does not use
+    out["runtime"] = backend;
+    out["steps"] = o.steps;
+    out["loss"] = r.losses.back();
+    out["losses"] = r.losses;
+    json times = json::array();
+    for (TimeNs ns : r.step_ns) times.push_back(seconds(ns));
+    out["step_times_s"] = times;
+    out["simulated_iteration_time_s"] = predicted ? json(seconds(*predicted)) : json(nullptr);
+    if (r.check) {
+      out["reference_loss"] = r.check->reference_loss;
+      out["max_grad_rel_err"] = r.check->max_grad_rel_err;
+      out["worst_tensor"] = r.check->worst_tensor;
+    }
+    fmt::print("{}\n", out.dump(2));
+    return ExitStatus::Success;
+  }
+  fmt::print("{}", format_run(measured, Format::Text));
+  fmt::print("\nloss per step:");
+  for (std::size_t i = 0; i < r.losses.size(); ++i) fmt::print("{}{:.6f}", i % 10 ? " " : "\n  ", r.losses[i]);
+  fmt::print("\nstep time: {:.3f} ms (last), {:.3f} ms (first)\n", r.step_ns.back() / 1e6, r.step_ns.front() / 1e6);
+  if (predicted)
+    fmt::print("simulated with the measured op times: {:.3f} ms ({:+.1f}% against the measured last step)\n",
+               *predicted / 1e6, 100.0 * (double(*predicted) - double(r.step_ns.back())) / double(r.step_ns.back()));
+  if (r.check)
+    fmt::print("check against a single-device reference: loss {:.9g} vs {:.9g} (relative difference {:.2e}), "
+               "max gradient relative error {:.2e} ({})\n",
+               r.check->loss, r.check->reference_loss,
+               std::abs(r.check->loss - r.check->reference_loss) / std::abs(r.check->reference_loss),
+               r.check->max_grad_rel_err, r.check->worst_tensor);
+  if (!o.trace.empty()) fmt::print("trace written to {} (open in ui.perfetto.dev)\n", o.trace);
+  if (!o.profile.empty()) fmt::print("profile written to {} (use: pipesim simulate {} --profile {})\n", o.profile, o.config, o.profile);
+  return ExitStatus::Success;
+}
+
+}  // namespace
+
+ExitStatus run_run(const RunOptions& o) {
+  Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
+  if (!config.ok()) return fail(config.error().message);
+  runtime::RunOptions options{.steps = o.steps, .seed = o.seed, .learning_rate = float(o.learning_rate), .check = o.check,
+                              .timeout_s = o.timeout_s, .fault = std::nullopt, .on_step = progress_bar(o)};
+  if (!o.inject_fault.empty()) {
+    Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);
+    if (!fault.ok()) return fail(fault.error().message);
+    options.fault = fault.value();
+  }
+
+  if (runtime::launched_by_mpi()) {
+    std::optional<Plan> plan;
+    const runtime::MpiRun run = runtime::run_mpi(
+        [&](int ranks) -> Result<Plan> {
+          if (o.ranks != 0 && o.ranks != ranks)
+            return Error{fmt::format("--ranks {}: this MPI job has {} processes; give mpirun -np {} or drop --ranks",
+                                     o.ranks, ranks, o.ranks)};
+          Result<Plan> p = runnable_plan(config.value(), ranks);
+          if (p.ok()) plan = p.value();
+          return p;
+        },
+        options);
+    if (run.rank != 0) return run.result.ok() ? ExitStatus::Success : ExitStatus::Failure;
+    if (!run.result.ok()) return fail(run.result.error().message);
+    return report(o, *plan, run.result.value(), fmt::format("mpi, {} processes", run.size));
+  }
+
+  Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp);
+  if (!plan.ok()) return fail(plan.error().message);
+  Result<runtime::RunResult> run = runtime::run_in_process(plan.value(), options);
+  if (!run.ok()) return fail(run.error().message);
+  return report(o, plan.value(), run.value(), fmt::format("cpu, {} threads", plan.value().layout.devices));
+}
+
+}  // namespace pipesim

@@ -167,3 +167,77 @@ TEST_CASE("bench --quick runs and prints its table") {
   CHECK(out.exit_code == 0);
   CHECK(out.text.find("Mtasks_per_s") != std::string::npos);
 }
+
+TEST_CASE("run --check reports the loss and gradients of the reference, in simulate's JSON shape") {
+  const Output out = run("run " + config("tiny.json") + " --schedule interleaved-1f1b --vocab vocab-2 --check --steps 2 --format json");
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  for (const char* key : {"schedule", "vocab", "pp", "iteration_time_s", "bubble_fraction", "peak_memory_bytes", "devices",
+                          "loss", "losses", "step_times_s", "reference_loss", "max_grad_rel_err", "runtime"})
+    CHECK(r.contains(key));
+  CHECK(r["losses"].size() == 2);
+  CHECK(r["loss"].get<double>() == r["losses"][1].get<double>());
+  CHECK(std::abs(r["losses"][0].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  CHECK(r["devices"].size() == 4);
+  CHECK(r["devices"][0]["peak_memory_bytes"].get<double>() > r["devices"][0]["static_memory_bytes"].get<double>());
+}
+
+TEST_CASE("run writes a measured trace and a profile that simulate takes as its costs") {
+  const auto dir = scratch_dir();
+  const std::string trace = (dir / "measured.json").string(), profile = (dir / "profile.json").string();
+  std::filesystem::remove(trace), std::filesystem::remove(profile);
+  const Output out = run("run " + config("tiny.json") + " --schedule zb-h1 --trace " + trace + " --profile " + profile);
+  REQUIRE(out.exit_code == 0);
+  const json events = json::parse(std::ifstream(trace))["traceEvents"];
+  CHECK(events.size() > 100);
+  const json p = json::parse(std::ifstream(profile));
+  CHECK(p["costs"]["forward_ms"].size() == 4);
+  CHECK(p["costs"]["weight_ms"][0].get<double>() > 0);  // zb-h1 splits W off B, and W does real work
+  const Output sim = run("simulate " + config("tiny.json") + " --schedule zb-h1 --profile " + profile + " --format json");
+  REQUIRE(sim.exit_code == 0);
+  CHECK(json::parse(sim.text)["cost_source"] == "explicit");
+  // A profile that is not one is refused with the file named.
+  std::ofstream(dir / "bad.json") << R"({"costs": {"forward_ms": "fast"}})";
+  const Output bad = run("simulate " + config("tiny.json") + " --profile " + (dir / "bad.json").string(), true);
+  CHECK(bad.exit_code == 1);
+  CHECK_THAT(bad.text, Catch::Contains("bad.json: costs.forward_ms: expected a number"));
+}
+
+TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
+  const Output dp = run("run " + config("tiny.json") + " --set parallel.dp=2", true);
+  CHECK(dp.exit_code == 1);
+  CHECK_THAT(dp.text, Catch::Contains("parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1"));
+  const Output big = run("run " + config("default.json"), true);
+  CHECK(big.exit_code == 1);
+  CHECK_THAT(big.text, Catch::Contains("model: the CPU runtime would need about"));
+  const Output fault = run("run " + config("tiny.json") + " --inject-fault 1:X:0", true);
+  CHECK(fault.exit_code == 1);
+  CHECK_THAT(fault.text, Catch::Contains("expected RANK:KIND:MICROBATCH[:hang]"));
+}
+
+TEST_CASE("an injected fault ends the run with the failing rank and op, exit 1") {
+  const Output out = run("run " + config("tiny.json") + " --inject-fault 2:F:3 --timeout 5", true);
+  CHECK(out.exit_code == 1);
+  CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: rank 2 failed at F(d2,s2,m3): injected fault"));
+}
+
+TEST_CASE("mpirun -np 4 runs the same check across processes") {
+  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
+  if (!mpirun || !*mpirun) {
+    WARN("built without MPI: skipped");
+    return;
+  }
+  const Output out = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                 " --schedule v-half --vocab vocab-1 --check --format json");
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["runtime"] == "mpi, 4 processes");
+  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  // A failing process ends the job: mpirun exits non-zero and the failing rank says where.
+  const Output fault = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                   " --inject-fault 3:B:1 --timeout 5", true);
+  CHECK(fault.exit_code != 0);
+  CHECK_THAT(fault.text, Catch::Contains("pipesim: error: rank 3 failed at B(d3,s3,m1): injected fault"));
+}

@@ -2,18 +2,12 @@
 
 #include <cmath>
 
+#include "hash.h"
 #include "kernels.h"
 
 namespace pipesim::cpu {
 namespace {
 
-/// splitmix64: a counter-based generator, so value i of tensor t never depends on what else exists.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 /// Normal(0, scale) by Box-Muller from two hashed uniforms.
 /// Elements [first, first + n) of the tensor.
@@ -21,8 +15,8 @@ std::vector<float> normal_tensor(std::size_t n, std::uint64_t seed, std::uint64_
                                  std::size_t first = 0) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t key = mix(mix(seed ^ (tensor << 40)) + first + i);
-    const double u1 = (double(key >> 11) + 0.5) / 9007199254740992.0, u2 = (double(mix(key) >> 11) + 0.5) / 9007199254740992.0;
+    const std::uint64_t key = splitmix64(splitmix64(seed ^ (tensor << 40)) + first + i);
+    const double u1 = (double(key >> 11) + 0.5) / 9007199254740992.0, u2 = (double(splitmix64(key) >> 11) + 0.5) / 9007199254740992.0;
     v[i] = float(scale * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
   }
   return v;

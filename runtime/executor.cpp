@@ -79,6 +79,10 @@ Result<RunResult> RankExecutor::run() {
   } catch (const RankFailure& e) {
     comm_.abort(e.what());
     return Error{e.what()};
+  } catch (const std::exception& e) {  // e.g. out of memory: still end every rank, never hang them
+    const std::string why = fmt::format("rank {} failed: {}", rank_, e.what());
+    comm_.abort(why);
+    return Error{why};
   }
 }
 
@@ -116,30 +120,11 @@ void RankExecutor::walk(std::vector<std::size_t>& cursor, std::vector<InFlight>&
     bool progressed = false;
     for (std::size_t i = 0; i < streams_.size(); ++i) {
       const auto ops = graph_.stream(streams_[i]);
-      InFlight& flight = in_flight[i];
-      if (flight.id != kNoTask) {
-        if (!advance(flight)) continue;
-        complete(flight.id);
-        flight = InFlight{};
-        ++cursor[i], --remaining, progressed = true;
-      }
       if (cursor[i] == ops.size()) continue;
-      const TaskId id = ops[cursor[i]];
-      if (!ready(id)) continue;
-      progressed = true;
-      inject_fault(id);
-      timeline_->start[std::size_t(id)] = now();
       try {
-        if (is_compute(graph_.task(id).kind)) {
-          compute(id);
-          complete(id);
-          ++cursor[i], --remaining;
-        } else {
-          flight.id = id;
-          start_comm(flight);
-        }
+        progressed |= step(ops[cursor[i]], in_flight[i], cursor[i], remaining);
       } catch (const OpError& e) {
-        throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(id), e.what()));
+        throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(ops[cursor[i]]), e.what()));
       }
     }
     if (progressed) {
@@ -149,6 +134,28 @@ void RankExecutor::walk(std::vector<std::size_t>& cursor, std::vector<InFlight>&
     if (std::chrono::duration<double>(Clock::now() - last_progress).count() > options_.timeout_s) timed_out(cursor, in_flight);
     comm_.wait_for_progress(0.001);
   }
+}
+
+bool RankExecutor::step(TaskId id, InFlight& flight, std::size_t& cursor, std::size_t& remaining) {
+  if (flight.id != kNoTask) {  // a communication op in flight: poll it
+    if (!advance(flight)) return false;
+    complete(id);
+    flight = InFlight{};
+    ++cursor, --remaining;
+    return true;
+  }
+  if (!ready(id)) return false;
+  inject_fault(id);
+  timeline_->start[std::size_t(id)] = now();
+  if (is_compute(graph_.task(id).kind)) {
+    compute(id);
+    complete(id);
+    ++cursor, --remaining;
+  } else {
+    flight.id = id;
+    start_comm(flight);
+  }
+  return true;
 }
 
 bool RankExecutor::ready(TaskId id) const {

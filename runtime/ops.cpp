@@ -236,43 +236,39 @@ bool RankExecutor::advance(InFlight& f) {
 bool RankExecutor::barrier0_round(InFlight& f) {
   const int mb = graph_.task(f.id).microbatch;
   const std::size_t n = std::size_t(n_);
-  try {
-    switch (f.phase++) {
-      case 0: {  // have M; next Σ s_i·exp(m_i − M) and Σ z_i
-        f.global_max = std::move(f.data);
-        const std::span<const float> local(buffers_.get({Buf::VocabLocal, -1, mb}));
-        f.data.assign(2 * n, 0.0f);
-        cpu::rescale_sum_exp(local.subspan(0, n), local.subspan(n, n), f.global_max, std::span(f.data).subspan(0, n));
-        std::copy(local.begin() + std::ptrdiff_t(2 * n), local.end(), f.data.begin() + std::ptrdiff_t(n));
-        f.request = comm_.all_reduce(f.data, ReduceOp::Sum, graph_.task(f.id).lane);
-        return false;
-      }
-      case 1: {  // have S and z: the loss, and what T needs
-        const std::span<const float> sums(f.data);
-        if (rank_ == last_device_) loss_part_ += cpu::loss_sum(f.global_max, sums.subspan(0, n), sums.subspan(n)) * token_weight();
-        std::vector<float> stats(f.global_max);
-        stats.insert(stats.end(), f.data.begin(), f.data.begin() + std::ptrdiff_t(n));
-        const std::vector<float> local = buffers_.take({Buf::VocabLocal, -1, mb});
-        buffers_.put({Buf::VocabStats, -1, mb}, std::move(stats));
-        if (layout_.vocab != VocabPlacement::Vocab2) return true;
-        // Algorithm 2: this shard's term of dX, summed in a last round.
-        const std::vector<float> terms = buffers_.take({Buf::VocabTerms, -1, mb});
-        const std::span<const float> ay(terms);
-        std::vector<float> scaled(n);
-        cpu::rescale_sum_exp(std::span(local).subspan(0, n), std::span(local).subspan(n, n), f.global_max, scaled);
-        std::vector<float> dx(activation_size());
-        cpu::input_grad_share(scaled, sums.subspan(0, n), ay.subspan(0, activation_size()), ay.subspan(activation_size()),
-                              token_weight(), n_, h_, dx);
-        f.data = std::move(dx);
-        f.request = comm_.all_reduce(f.data, ReduceOp::Sum, graph_.task(f.id).lane);
-        return false;
-      }
-      default:
-        if (rank_ == last_device_) buffers_.put({Buf::VocabDx, -1, mb}, std::move(f.data));
-        return true;
+  switch (f.phase++) {
+    case 0: {  // have M; next Σ s_i·exp(m_i − M) and Σ z_i
+      f.global_max = std::move(f.data);
+      const std::span<const float> local(buffers_.get({Buf::VocabLocal, -1, mb}));
+      f.data.assign(2 * n, 0.0f);
+      cpu::rescale_sum_exp(local.subspan(0, n), local.subspan(n, n), f.global_max, std::span(f.data).subspan(0, n));
+      std::copy(local.begin() + std::ptrdiff_t(2 * n), local.end(), f.data.begin() + std::ptrdiff_t(n));
+      f.request = comm_.all_reduce(f.data, ReduceOp::Sum, graph_.task(f.id).lane);
+      return false;
     }
-  } catch (const OpError& e) {
-    throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(f.id), e.what()));
+    case 1: {  // have S and z: the loss, and what T needs
+      const std::span<const float> sums(f.data);
+      if (rank_ == last_device_) loss_part_ += cpu::loss_sum(f.global_max, sums.subspan(0, n), sums.subspan(n)) * token_weight();
+      std::vector<float> stats(f.global_max);
+      stats.insert(stats.end(), f.data.begin(), f.data.begin() + std::ptrdiff_t(n));
+      const std::vector<float> local = buffers_.take({Buf::VocabLocal, -1, mb});
+      buffers_.put({Buf::VocabStats, -1, mb}, std::move(stats));
+      if (layout_.vocab != VocabPlacement::Vocab2) return true;
+      // Algorithm 2: this shard's term of dX, summed in a last round.
+      const std::vector<float> terms = buffers_.take({Buf::VocabTerms, -1, mb});
+      const std::span<const float> ay(terms);
+      std::vector<float> scaled(n);
+      cpu::rescale_sum_exp(std::span(local).subspan(0, n), std::span(local).subspan(n, n), f.global_max, scaled);
+      std::vector<float> dx(activation_size());
+      cpu::input_grad_share(scaled, sums.subspan(0, n), ay.subspan(0, activation_size()), ay.subspan(activation_size()),
+                            token_weight(), n_, h_, dx);
+      f.data = std::move(dx);
+      f.request = comm_.all_reduce(f.data, ReduceOp::Sum, graph_.task(f.id).lane);
+      return false;
+    }
+    default:
+      if (rank_ == last_device_) buffers_.put({Buf::VocabDx, -1, mb}, std::move(f.data));
+      return true;
   }
 }
 

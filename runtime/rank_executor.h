@@ -84,6 +84,9 @@ class RankExecutor {
   // ---- the walk over this rank's streams ----
   void run_graph();
   void walk(std::vector<std::size_t>& cursor, std::vector<InFlight>& in_flight);
+  /// One step of one stream whose next op is `id`: poll it if in flight, else start it if ready.
+  /// True when something happened.
+  bool step(TaskId id, InFlight& flight, std::size_t& cursor, std::size_t& remaining);
   bool ready(TaskId id) const;
   void complete(TaskId id);
   void inject_fault(TaskId id);

@@ -26,7 +26,7 @@ class Request {
  public:
   virtual ~Request() = default;
   /// True once the operation has completed (its buffer may be reused). Throws CommError when the
-  /// run was aborted by another rank.
+  /// run was aborted by another rank, std::logic_error when the peers disagree on the sizes.
   virtual bool done() = 0;
 };
 

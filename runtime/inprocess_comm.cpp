@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace pipesim::runtime {
@@ -59,7 +60,7 @@ class InProcessComm final : public Communicator {
       if (queue.empty()) return false;
       World::Message& message = queue.front();
       if (message.data.size() != data.size())
-        throw CommError("rank " + std::to_string(rank_) + " expected " + std::to_string(data.size()) +
+        throw std::logic_error("rank " + std::to_string(rank_) + " expected " + std::to_string(data.size()) +
                         " bytes from rank " + std::to_string(peer) + ", got " + std::to_string(message.data.size()));
       std::memcpy(data.data(), message.data.data(), data.size());
       *message.taken = true;
@@ -118,7 +119,7 @@ class InProcessComm final : public Communicator {
       if (!it->second.ready) return false;
       if (receives) {
         if (it->second.result.size() != data.size())
-          throw CommError("rank " + std::to_string(rank_) + ": collective on lane " + std::to_string(key.first) +
+          throw std::logic_error("rank " + std::to_string(rank_) + ": collective on lane " + std::to_string(key.first) +
                           " has " + std::to_string(data.size()) + " values here and " +
                           std::to_string(it->second.result.size()) + " elsewhere");
         std::copy(it->second.result.begin(), it->second.result.end(), data.begin());

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "kernels.h"
+#include "vocab.h"
 
 using namespace pipesim::cpu;
 
@@ -183,4 +184,63 @@ TEST_CASE("a layer's weights depend only on the seed and its index, so any parti
   CHECK(*alone.tensors()[2] == *from_model.tensors()[2]);
   CHECK(*alone.tensors()[8] == *from_model.tensors()[8]);
   CHECK(*make_layer(shape, 42, 1).tensors()[2] != *alone.tensors()[2]);
+}
+
+TEST_CASE("the vocabulary-parallel output layer over shards (one of them empty) equals the full softmax") {
+  // V = 5 over p = 4 devices: padded to 8, shards of rows {0,1}, {2,3}, {4}, {} -- the last holds none.
+  const int n = 6, h = 4, vocab = 5;
+  const std::vector<VocabShard> shards{{0, 2}, {2, 2}, {4, 1}, {6, 0}};
+  const std::vector<float> x = random_values(std::size_t(n) * h, 21), w = random_values(std::size_t(vocab) * h, 22);
+  const std::vector<int> targets{0, 4, 2, 4, 3, 1};
+  const auto rows_of = [&](VocabShard s) {  // the empty shard's rows lie past the table: an empty span
+    return s.rows == 0 ? std::span<const float>() : std::span<const float>(w).subspan(std::size_t(s.first) * h, std::size_t(s.rows) * h);
+  };
+  // The reference: full logits, cross-entropy, dW = dlogitsᵀ·X, dX = dlogits·W.
+  std::vector<float> logits(std::size_t(n) * vocab, 0.0f), dlogits(logits.size());
+  matmul_bt(x, w, logits, n, h, vocab);
+  const double loss = cross_entropy(logits, targets, dlogits, n, vocab);
+  std::vector<float> dw(w.size(), 0.0f), dx(x.size(), 0.0f);
+  matmul_at(dlogits, x, dw, n, vocab, h);
+  matmul(dlogits, w, dx, n, vocab, h);
+
+  // S on every shard, then the barrier's reductions done here by hand.
+  const std::size_t t = std::size_t(n);
+  struct Local {
+    std::vector<float> logits, max, sum, target, a, y;
+  };
+  std::vector<Local> local(shards.size());
+  std::vector<float> global_max(t, -INFINITY), global_sum(t, 0.0f), target(t, 0.0f);
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const VocabShard s = shards[i];
+    const std::span<const float> wi = rows_of(s);
+    Local& l = local[i];
+    l.logits.resize(t * std::size_t(s.rows)), l.max.resize(t), l.sum.resize(t), l.target.resize(t);
+    l.a.resize(t * h), l.y.resize(t * h);
+    output_logits(x, wi, targets, s, n, h, l.logits, l.max, l.sum, l.target);
+    output_input_grad_terms(l.logits, l.max, l.sum, wi, targets, s, n, h, l.a, l.y);
+    for (std::size_t k = 0; k < t; ++k) global_max[k] = std::max(global_max[k], l.max[k]), target[k] += l.target[k];
+  }
+  std::vector<std::vector<float>> scaled(shards.size(), std::vector<float>(t));
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    rescale_sum_exp(local[i].max, local[i].sum, global_max, scaled[i]);
+    for (std::size_t k = 0; k < t; ++k) global_sum[k] += scaled[i][k];
+  }
+  CHECK(loss_sum(global_max, global_sum, target) / n == Approx(loss).epsilon(1e-6));
+
+  // T per shard (Algorithm 1's dX_i), and Algorithm 2's dX from S's terms; both sum to the reference.
+  const float g = 1.0f / n;
+  std::vector<float> dx_alg1(x.size(), 0.0f), dx_alg2(x.size(), 0.0f);
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const VocabShard s = shards[i];
+    const std::span<const float> wi = rows_of(s);
+    std::vector<float> dwi(wi.size(), 0.0f), dxi(x.size()), share(x.size());
+    output_backward(local[i].logits, global_max, global_sum, targets, s, g, x, wi, n, h, dwi, dxi);
+    input_grad_share(scaled[i], global_sum, local[i].a, local[i].y, g, n, h, share);
+    for (std::size_t k = 0; k < dwi.size(); ++k) CHECK(dwi[k] == Approx(dw[std::size_t(s.first) * h + k]).margin(1e-6));
+    for (std::size_t k = 0; k < x.size(); ++k) dx_alg1[k] += dxi[k], dx_alg2[k] += share[k];
+  }
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    CHECK(dx_alg1[k] == Approx(dx[k]).margin(1e-6));
+    CHECK(dx_alg2[k] == Approx(dx[k]).margin(1e-6));
+  }
 }

@@ -6,10 +6,12 @@
 
 #include <compare>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "task_graph.h"
 #include "units.h"
 
 namespace pipesim::runtime {
@@ -52,62 +54,89 @@ inline std::string describe(const Key& k) {
                       : fmt::format("{} of microbatch {}", kNames[int(k.buf)], k.microbatch);
 }
 
-/// `Cache` is what a stage keeps from F to B; it must have `Bytes bytes() const`.
+/// `Cache` is what a stage keeps from F to B; it must have `Bytes bytes() const`. Safe to use from a
+/// rank's compute and communication threads at once: the maps are locked, and the IR's dependencies
+/// keep two threads from using the same entry at the same time.
 template <class Cache>
 class BufferStore {
  public:
   std::vector<float>& put(const Key& key, std::vector<float> data) {
+    std::lock_guard lock(mutex_);
     const auto [it, added] = tensors_.try_emplace(key, std::move(data));
     if (!added) throw OpError(describe(key) + " exists already");
     live_ += bytes(it->second);
     return it->second;
   }
   std::vector<float>& get(const Key& key) {
-    const auto it = tensors_.find(key);
-    if (it == tensors_.end()) throw OpError(describe(key) + " is missing: no earlier op produced it");
-    return it->second;
+    std::lock_guard lock(mutex_);
+    return find(key)->second;
   }
   std::vector<float> take(const Key& key) {
-    std::vector<float> data = std::move(get(key));
-    tensors_.erase(key);
+    std::lock_guard lock(mutex_);
+    const auto it = find(key);
+    std::vector<float> data = std::move(it->second);
+    tensors_.erase(it);
     live_ -= bytes(data);
     return data;
   }
 
   using CacheKey = std::pair<int, int>;  ///< (stage, microbatch)
   void put_cache(CacheKey key, Cache cache) {
+    std::lock_guard lock(mutex_);
     const Bytes size = cache.bytes();
     if (!caches_.try_emplace(key, std::move(cache), size).second)
       throw OpError(fmt::format("the forward cache of stage {}, microbatch {} exists already", key.first, key.second));
     live_ += size;
   }
-  Cache& cache(CacheKey key) { return find(key).first; }
+  Cache& cache(CacheKey key) {
+    std::lock_guard lock(mutex_);
+    return find(key).first;
+  }
   /// Call after shrinking a cache in place.
   void recount_cache(CacheKey key) {
+    std::lock_guard lock(mutex_);
     auto& [cache, counted] = find(key);
     live_ += cache.bytes() - counted;
     counted = cache.bytes();
   }
   void drop_cache(CacheKey key) {
+    std::lock_guard lock(mutex_);
     live_ -= find(key).second;
     caches_.erase(key);
   }
 
-  Bytes live() const { return live_; }
+  /// Records the bytes held now if they are the most so far, with the op that just completed.
+  void note_peak(TaskId op) {
+    std::lock_guard lock(mutex_);
+    if (live_ > peak_) peak_ = live_, peak_op_ = op;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    peak_ = 0, peak_op_ = kNoTask;
+  }
+  Bytes peak() const { return peak_; }
+  TaskId peak_op() const { return peak_op_; }
 
  private:
   static Bytes bytes(const std::vector<float>& v) { return Bytes(v.size() * sizeof(float)); }
+  std::map<Key, std::vector<float>>::iterator find(const Key& key) {
+    const auto it = tensors_.find(key);
+    if (it == tensors_.end()) throw OpError(describe(key) + " is missing: no earlier op produced it");
+    return it;
+  }
   std::pair<Cache, Bytes>& find(CacheKey key) {
     const auto it = caches_.find(key);
     if (it == caches_.end())
       throw OpError(fmt::format("the forward cache of stage {}, microbatch {} is missing: its F has not run",
-                                    key.first, key.second));
+                                key.first, key.second));
     return it->second;
   }
 
+  std::mutex mutex_;
   std::map<Key, std::vector<float>> tensors_;
   std::map<CacheKey, std::pair<Cache, Bytes>> caches_;
-  Bytes live_ = 0;
+  Bytes live_ = 0, peak_ = 0;
+  TaskId peak_op_ = kNoTask;
 };
 
 }  // namespace pipesim::runtime

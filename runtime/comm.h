@@ -45,8 +45,12 @@ class Communicator {
   /// The reduced values land in `data` on `root`; other ranks' `data` is left as it was.
   virtual std::unique_ptr<Request> reduce(std::span<float> data, ReduceOp op, int root, int lane) = 0;
 
-  /// Sleeps until communication may have progressed, at most `seconds`: idle ranks wait here.
+  /// Sleeps until communication may have progressed or wake() was called, at most `seconds`: a
+  /// rank's communication thread waits here when it has nothing to do. Call from one thread only.
   virtual void wait_for_progress(double seconds) = 0;
+  /// Ends a wait_for_progress early; callable from any thread (the rank's compute thread calls it
+  /// when an op completes that communication may be waiting for).
+  virtual void wake() = 0;
   /// True once any rank has aborted the run.
   virtual bool aborted() = 0;
   /// Ends the run on every rank: their pending and later requests throw CommError(`why`). Never

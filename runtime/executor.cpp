@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <thread>
 
 #include "cpu/hash.h"
 #include "rank_executor.h"
@@ -101,10 +102,10 @@ void RankExecutor::barrier() {
 }
 
 void RankExecutor::run_graph() {
-  std::fill(done_.begin(), done_.end(), 0);
+  for (std::atomic<char>& done : done_) done.store(0);
   std::vector<std::size_t> cursor(streams_.size(), 0);
   std::vector<InFlight> in_flight(streams_.size());
-  peak_ = 0, peak_op_ = kNoTask;
+  buffers_.reset_peak();
   try {
     walk(cursor, in_flight);
   } catch (const CommError&) {
@@ -113,12 +114,20 @@ void RankExecutor::run_graph() {
   }
 }
 
+// The compute stream runs on a thread of its own while this one drives the communication streams,
+// as a GPU's compute stream runs while NCCL progresses on its own: a transfer never waits for the
+// compute op in progress to end, so what is measured is the schedule, not the polling.
 void RankExecutor::walk(std::vector<std::size_t>& cursor, std::vector<InFlight>& in_flight) {
-  std::size_t remaining = own_tasks_;
+  compute_cursor_ = 0, computed_ = 0, compute_failed_ = false;
+  std::jthread worker([this](std::stop_token stop) { run_compute_stream(stop); });
+  const std::size_t compute_ops = graph_.stream(streams_[0]).size();
+  std::size_t remaining = own_tasks_ - compute_ops;  // communication ops
+  std::size_t seen_computed = 0;
   auto last_progress = Clock::now();
-  while (remaining > 0) {
+  while (remaining > 0 || computed_ < compute_ops) {
+    if (compute_failed_) std::rethrow_exception(compute_error_);
     bool progressed = false;
-    for (std::size_t i = 0; i < streams_.size(); ++i) {
+    for (std::size_t i = 1; i < streams_.size(); ++i) {
       const auto ops = graph_.stream(streams_[i]);
       if (cursor[i] == ops.size()) continue;
       try {
@@ -127,17 +136,47 @@ void RankExecutor::walk(std::vector<std::size_t>& cursor, std::vector<InFlight>&
         throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(ops[cursor[i]]), e.what()));
       }
     }
-    if (progressed) {
+    if (progressed || computed_ != seen_computed || compute_busy_) {
+      seen_computed = computed_;
       last_progress = Clock::now();
-      continue;
+      if (progressed) continue;
     }
     if (std::chrono::duration<double>(Clock::now() - last_progress).count() > options_.timeout_s) timed_out(cursor, in_flight);
     comm_.wait_for_progress(0.001);
   }
+  if (compute_failed_) std::rethrow_exception(compute_error_);
+}
+
+void RankExecutor::run_compute_stream(const std::stop_token& stop) {
+  try {
+    const auto ops = graph_.stream(streams_[0]);
+    for (; compute_cursor_ < ops.size(); ++compute_cursor_) {
+      const TaskId id = ops[compute_cursor_];
+      {
+        std::unique_lock lock(wake_mutex_);
+        if (!wake_.wait(lock, stop, [&] { return ready(id); })) return;  // stopped
+      }
+      inject_fault(id, stop);
+      compute_busy_ = true;
+      timeline_->start[std::size_t(id)] = now();
+      try {
+        compute(id);
+      } catch (const OpError& e) {
+        throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(id), e.what()));
+      }
+      compute_busy_ = false;
+      complete(id);
+      ++computed_;
+    }
+  } catch (...) {
+    compute_error_ = std::current_exception();
+    compute_failed_ = true;
+    comm_.wake();
+  }
 }
 
 bool RankExecutor::step(TaskId id, InFlight& flight, std::size_t& cursor, std::size_t& remaining) {
-  if (flight.id != kNoTask) {  // a communication op in flight: poll it
+  if (flight.id != kNoTask) {  // in flight: poll it
     if (!advance(flight)) return false;
     complete(id);
     flight = InFlight{};
@@ -145,38 +184,36 @@ bool RankExecutor::step(TaskId id, InFlight& flight, std::size_t& cursor, std::s
     return true;
   }
   if (!ready(id)) return false;
-  inject_fault(id);
+  inject_fault(id, {});
   timeline_->start[std::size_t(id)] = now();
-  if (is_compute(graph_.task(id).kind)) {
-    compute(id);
-    complete(id);
-    ++cursor, --remaining;
-  } else {
-    flight.id = id;
-    start_comm(flight);
-  }
+  flight.id = id;
+  start_comm(flight);
   return true;
 }
 
 bool RankExecutor::ready(TaskId id) const {
   for (TaskId dep : graph_.deps(id))
-    if (!done_[std::size_t(dep)]) return false;
+    if (!done_[std::size_t(dep)].load(std::memory_order_acquire)) return false;
   return true;
 }
 
 void RankExecutor::complete(TaskId id) {
-  done_[std::size_t(id)] = 1;
   timeline_->end[std::size_t(id)] = now();
-  if (buffers_.live() > peak_) peak_ = buffers_.live(), peak_op_ = id;
+  buffers_.note_peak(id);
+  done_[std::size_t(id)].store(1, std::memory_order_release);
+  { std::lock_guard lock(wake_mutex_); }  // a waiter between its check and its wait sees the flag
+  wake_.notify_all();
+  comm_.wake();
 }
 
-void RankExecutor::inject_fault(TaskId id) {
+void RankExecutor::inject_fault(TaskId id, const std::stop_token& stop) {
   const Task& t = graph_.task(id);
   if (!options_.fault || options_.fault->rank != rank_ || options_.fault->kind != t.kind ||
       options_.fault->microbatch != t.microbatch || step_ != 0)
     return;
   if (!options_.fault->hang) throw RankFailure(fmt::format("rank {} failed at {}: injected fault", rank_, graph_.describe(id)));
-  while (!comm_.aborted()) comm_.wait_for_progress(0.01);  // a hung rank: it answers nothing
+  // A hung rank answers nothing until the run is ended around it.
+  while (!comm_.aborted() && !stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   throw RankFailure(fmt::format("rank {} hung at {} (injected fault)", rank_, graph_.describe(id)));
 }
 
@@ -184,13 +221,17 @@ std::string RankExecutor::waiting_on(const std::vector<std::size_t>& cursor, con
   std::vector<std::string> waiting;
   for (std::size_t i = 0; i < streams_.size(); ++i) {
     const auto ops = graph_.stream(streams_[i]);
-    if (cursor[i] == ops.size()) continue;
-    const TaskId id = ops[cursor[i]];
+    const std::size_t next = i == 0 ? compute_cursor_.load() : cursor[i];
+    if (next == ops.size()) continue;
+    const TaskId id = ops[next];
     const Task& t = graph_.task(id);
     if (in_flight[i].id == kNoTask && !ready(id)) continue;  // waits on this rank's own ops
-    waiting.push_back(t.kind == OpKind::Send || t.kind == OpKind::Recv
-                          ? fmt::format("{} (rank {})", graph_.describe(id), t.peer)
-                          : graph_.describe(id));
+    if (i == 0)
+      waiting.push_back(fmt::format("its own {} (started, not finished)", graph_.describe(id)));
+    else if (t.kind == OpKind::Send || t.kind == OpKind::Recv)
+      waiting.push_back(fmt::format("{} (rank {})", graph_.describe(id), t.peer));
+    else
+      waiting.push_back(graph_.describe(id));
   }
   return waiting.empty() ? std::string("nothing it can name") : fmt::format("{}", fmt::join(waiting, ", "));
 }
@@ -231,7 +272,7 @@ void RankExecutor::gather(RunResult& result) {
     field(result.peak_activation_bytes[std::size_t(rank)]), field(result.peak_op[std::size_t(rank)]),
         field(result.static_bytes[std::size_t(rank)]);
   };
-  result.peak_activation_bytes[std::size_t(rank_)] = peak_, result.peak_op[std::size_t(rank_)] = peak_op_;
+  result.peak_activation_bytes[std::size_t(rank_)] = buffers_.peak(), result.peak_op[std::size_t(rank_)] = buffers_.peak_op();
   result.static_bytes[std::size_t(rank_)] = Bytes(model_.parameter_count() * 2 * sizeof(float));
   std::vector<double> record;
   if (rank_ != 0) {

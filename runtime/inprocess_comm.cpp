@@ -79,7 +79,11 @@ class InProcessComm final : public Communicator {
     return collective(Collective::Reduce, data, op, root, lane);
   }
 
-  void wait_for_progress(double seconds) override { world_.wait_for_change(seconds); }
+  void wait_for_progress(double seconds) override { world_.wait_for_change(seconds, seen_); }
+  void wake() override {
+    std::lock_guard lock(world_.mutex_);
+    world_.notify();
+  }
   bool aborted() override {
     std::lock_guard lock(world_.mutex_);
     return world_.aborted_.has_value();
@@ -132,15 +136,17 @@ class InProcessComm final : public Communicator {
   World& world_;
   int rank_;
   std::vector<long> next_index_;  ///< per lane: the index of this rank's next collective
+  std::uint64_t seen_ = 0;        ///< the last world change wait_for_progress saw
 };
 
 World::World(int ranks, int lanes) : ranks_(ranks), lanes_(lanes), channels_(std::size_t(ranks) * std::size_t(ranks)) {
   for (int r = 0; r < ranks; ++r) comms_.push_back(std::make_unique<InProcessComm>(*this, r));
 }
 
-void World::wait_for_change(double seconds) {
+void World::wait_for_change(double seconds, std::uint64_t& seen) {
   std::unique_lock lock(mutex_);
-  changed_.wait_for(lock, std::chrono::duration<double>(seconds));
+  changed_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return changes_ != seen; });
+  seen = changes_;
 }
 
 std::optional<std::string> World::abort_reason() {
@@ -148,7 +154,10 @@ std::optional<std::string> World::abort_reason() {
   return aborted_;
 }
 
-void World::notify() { changed_.notify_all(); }
+void World::notify() {
+  ++changes_;
+  changed_.notify_all();
+}
 
 void World::check_aborted() const {
   if (aborted_) throw CommError(*aborted_);

@@ -3,6 +3,7 @@
 /// Messages are copied through per-channel queues; collectives meet in slots keyed by (lane, index on
 /// the lane) and reduce in rank order, so results do not depend on which thread arrives first.
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
@@ -22,9 +23,10 @@ class World {
   int lanes() const { return lanes_; }
   /// The communicator of one rank; lives as long as the World.
   Communicator& rank(int r) { return *comms_[std::size_t(r)]; }
-  /// Waits until something changes in the world (a message, a collective, an abort) or `seconds`
-  /// pass, so idle ranks sleep instead of spinning.
-  void wait_for_change(double seconds);
+  /// Waits until something changed in the world (a message, a collective, an abort, a wake-up)
+  /// since the change numbered `seen`, or `seconds` pass, so idle ranks sleep instead of spinning.
+  /// Updates `seen`; no change is missed between two calls.
+  void wait_for_change(double seconds, std::uint64_t& seen);
   /// Why the run was aborted (the first rank's message), if it was.
   std::optional<std::string> abort_reason();
 
@@ -41,7 +43,7 @@ class World {
     std::vector<float> result;
     bool ready = false;
   };
-  void notify();
+  void notify();  ///< call with mutex_ held
   void check_aborted() const;  ///< throws CommError; call with mutex_ held
 
   int ranks_, lanes_;
@@ -50,6 +52,7 @@ class World {
   std::vector<std::deque<Message>> channels_;  ///< [from * ranks + to], FIFO
   std::map<std::pair<int, long>, Slot> slots_;  ///< (lane, index)
   std::optional<std::string> aborted_;
+  std::uint64_t changes_ = 0;
   std::vector<std::unique_ptr<Communicator>> comms_;
 };
 

@@ -77,6 +77,7 @@ class MpiComm final : public Communicator {
   void wait_for_progress(double seconds) override {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));
   }
+  void wake() override {}  // waits are 50 µs at most
   bool aborted() override { return false; }  // an aborted job is killed, not told
   [[noreturn]] void abort(const std::string& why) override {
     std::fprintf(stderr, "pipesim: error: %s\n", why.c_str());
@@ -98,7 +99,7 @@ bool mpi_available() { return true; }
 
 MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options) {
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);  // only this thread calls MPI
   MpiRun run;
   {
     MpiComm comm(kCollectiveLanes);

@@ -1,8 +1,13 @@
 #pragma once
 /// Internal to the runtime: one rank's executor. executor.cpp has the walk over the rank's streams,
 /// faults, timeouts and results; ops.cpp what each op computes or communicates.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <stop_token>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,7 +66,7 @@ class RankExecutor {
         shape_(model_shape(plan.config)), n_(shape_.tokens()), h_(shape_.hidden),
         model_(make_rank_model(shape_, layout_, rank_, options.seed)),
         first_device_(layout_.stages.front().device), last_device_(layout_.stages.back().device),
-        last_stage_(layout_.stage_count() - 1), done_(graph_.size(), 0) {
+        last_stage_(layout_.stage_count() - 1), done_(graph_.size()) {
     for (const Task& t : graph_.tasks()) split_weight_ |= t.kind == OpKind::W;
     for (std::size_t s = graph_.first_stream(rank_); s < graph_.first_stream(rank_ + 1); ++s)
       if (!graph_.stream(s).empty()) streams_.push_back(s);
@@ -84,12 +89,14 @@ class RankExecutor {
   // ---- the walk over this rank's streams ----
   void run_graph();
   void walk(std::vector<std::size_t>& cursor, std::vector<InFlight>& in_flight);
-  /// One step of one stream whose next op is `id`: poll it if in flight, else start it if ready.
-  /// True when something happened.
+  /// The compute stream's ops in order, each when its dependencies are done; on its own thread.
+  void run_compute_stream(const std::stop_token& stop);
+  /// One step of a communication stream whose next op is `id`: poll it if in flight, else start it
+  /// if ready. True when something happened.
   bool step(TaskId id, InFlight& flight, std::size_t& cursor, std::size_t& remaining);
   bool ready(TaskId id) const;
   void complete(TaskId id);
-  void inject_fault(TaskId id);
+  void inject_fault(TaskId id, const std::stop_token& stop);
   /// The ops at the heads of this rank's streams that wait on another rank.
   std::string waiting_on(const std::vector<std::size_t>& cursor, const std::vector<InFlight>& in_flight) const;
   [[noreturn]] void timed_out(const std::vector<std::size_t>& cursor, const std::vector<InFlight>& in_flight);
@@ -138,18 +145,23 @@ class RankExecutor {
   std::vector<std::size_t> streams_;  ///< this rank's non-empty streams
   std::size_t own_tasks_ = 0;
 
-  std::vector<char> done_;
+  std::vector<std::atomic<char>> done_;  ///< per op, this step; set by either thread
   BufferStore<StageCache> buffers_;
   std::vector<Batch> batches_;
   int step_ = 0;
   Clock::time_point epoch_;
-  double loss_part_ = 0;
-  Bytes peak_ = 0;
-  TaskId peak_op_ = kNoTask;
+  std::atomic<double> loss_part_ = 0;  ///< this rank's share of the loss (the head runs on either thread)
   Timeline* timeline_ = nullptr;
   std::vector<TimeNs>* vocab_layer_ns_ = nullptr;
   const cpu::Model* reference_ = nullptr;
   std::vector<float> grad_terms_;
+
+  // The compute thread: where it is, and how it tells the communication thread.
+  std::atomic<std::size_t> compute_cursor_ = 0, computed_ = 0;
+  std::atomic<bool> compute_busy_ = false, compute_failed_ = false;
+  std::exception_ptr compute_error_;
+  std::mutex wake_mutex_;
+  std::condition_variable_any wake_;  ///< signalled when any op of this rank completes
 };
 
 }  // namespace pipesim::runtime

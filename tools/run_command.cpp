@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "chrome_trace.h"
@@ -10,7 +11,7 @@
 #include "files.h"
 #include "launch.h"
 #include "measured.h"
-#include "pipeline.h"
+#include "simulator.h"
 
 namespace pipesim {
 namespace {
@@ -77,12 +78,16 @@ ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResul
         !s.ok())
       return fail(s.error().message);
   }
-  // The simulator fed with what was just measured: how far its prediction is from the measurement.
+  // The simulator on the graph just executed, with the op times just measured: how far its
+  // prediction is from the measurement.
   const json profile = measured_profile(plan, r);
   Result<Config> profiled = apply_profile(plan.config, profile.dump(), "the measured profile");
   std::optional<TimeNs> predicted;
-  if (profiled.ok())
-    if (Result<SimulatedRun> sim = simulate_config(profiled.value()); sim.ok()) predicted = sim.value().report.metrics.iteration_ns;
+  if (profiled.ok()) {
+    const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), plan.layout);
+    if (Result<Timeline> sim = simulate(plan.graph, op_durations(*costs, plan.graph)); sim.ok())
+      predicted = *std::max_element(sim.value().end.begin(), sim.value().end.end());
+  }
   if (!o.profile.empty())
     if (Status s = write_output_file(o.profile, profile.dump(2) + "\n", kProfileGenerator); !s.ok()) return fail(s.error().message);
 

@@ -240,4 +240,9 @@ TEST_CASE("mpirun -np 4 runs the same check across processes") {
                                    " --inject-fault 3:B:1 --timeout 5", true);
   CHECK(fault.exit_code != 0);
   CHECK_THAT(fault.text, Catch::Contains("pipesim: error: rank 3 failed at B(d3,s3,m1): injected fault"));
+  // A hung process is found by the others' timeout, which ends the job.
+  const Output hang = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                  " --inject-fault 1:F:2:hang --timeout 2", true);
+  CHECK(hang.exit_code != 0);
+  CHECK_THAT(hang.text, Catch::Contains(": no progress for 2 s; waiting on "));
 }

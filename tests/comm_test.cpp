@@ -1,0 +1,139 @@
+// The in-process communicator keeps MPI's rules: messages between two ranks arrive in order,
+// collectives on one lane match by their order there, lanes are independent, and reductions run in
+// rank order whatever the threads' timing; an abort reaches every rank. (Catch2's assertions are not
+// thread-safe: the ranks record what they saw, and the checks run after they join.)
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "inprocess_comm.h"
+
+using namespace pipesim::runtime;
+
+namespace {
+
+void wait(Communicator& comm, Request& request) {
+  while (!request.done()) comm.wait_for_progress(0.001);
+}
+
+/// Runs `body(comm)` on one thread per rank; returns what each rank recorded.
+std::vector<std::vector<float>> on_ranks(World& world, const std::function<std::vector<float>(Communicator&)>& body) {
+  std::vector<std::vector<float>> seen(static_cast<std::size_t>(world.ranks()));
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < world.ranks(); ++r) threads.emplace_back([&, r] { seen[std::size_t(r)] = body(world.rank(r)); });
+  }
+  return seen;
+}
+
+/// What `wait` threw, or "" when it did not.
+std::string error_of(Communicator& comm, Request& request) {
+  try {
+    wait(comm, request);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("messages between two ranks arrive in the order they were sent") {
+  World world(2, 1);
+  const auto seen = on_ranks(world, [](Communicator& comm) {
+    std::vector<float> got;
+    std::vector<std::vector<float>> data;
+    for (int i = 0; i < 5; ++i) data.push_back({float(i), float(i * i)});
+    if (comm.rank() == 0) {
+      std::vector<std::unique_ptr<Request>> sends;
+      for (auto& d : data) sends.push_back(comm.send(bytes_of(std::span<const float>(d)), 1));
+      for (auto& s : sends) wait(comm, *s);
+    } else {
+      for (auto& d : data) {
+        auto r = comm.recv(bytes_of(std::span<float>(d)), 0);
+        wait(comm, *r);
+        got.insert(got.end(), d.begin(), d.end());
+      }
+    }
+    return got;
+  });
+  CHECK(seen[1] == std::vector<float>{0, 0, 1, 1, 2, 4, 3, 9, 4, 16});
+}
+
+TEST_CASE("all-reduce, broadcast and reduce give every rank what MPI would") {
+  World world(4, 2);
+  const auto seen = on_ranks(world, [](Communicator& comm) {
+    const float r = float(comm.rank());
+    std::vector<float> sum{r, 10 * r}, max{r, -r}, bcast{r, r}, reduced{r + 1, 0};
+    auto a = comm.all_reduce(sum, ReduceOp::Sum, 0);
+    auto b = comm.all_reduce(max, ReduceOp::Max, 0);
+    auto c = comm.broadcast(bcast, 2, 1);  // another lane: completes independently of lane 0
+    auto d = comm.reduce(reduced, ReduceOp::Sum, 3, 1);
+    for (Request* q : {a.get(), b.get(), c.get(), d.get()}) wait(comm, *q);
+    return std::vector<float>{sum[0], sum[1], max[0], max[1], bcast[0], bcast[1], reduced[0], reduced[1]};
+  });
+  for (int r = 0; r < 4; ++r) {
+    // Only the reduce's root gets the sum (1 + 2 + 3 + 4); the others keep their input.
+    const float reduced = r == 3 ? 10.0f : float(r + 1);
+    CHECK(seen[std::size_t(r)] == std::vector<float>{6, 60, 3, 0, 2, 2, reduced, 0});
+  }
+}
+
+TEST_CASE("sums are taken in rank order, so they do not depend on thread timing") {
+  // In fp32 (1e8 + 1) - 1e8 = 0 but 1e8 + (1 - 1e8) = 1 - 1: only rank order gives 0 every time.
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    World world(3, 1);
+    const auto seen = on_ranks(world, [&](Communicator& comm) {
+      const float values[] = {1e8f, 1.0f, -1e8f};
+      std::vector<float> v{values[comm.rank()]};
+      if (comm.rank() == repeat % 3) std::this_thread::sleep_for(std::chrono::microseconds(repeat * 50));
+      auto q = comm.all_reduce(v, ReduceOp::Sum, 0);
+      wait(comm, *q);
+      return v;
+    });
+    for (const auto& v : seen) CHECK(v[0] == 0.0f);
+  }
+}
+
+TEST_CASE("an abort reaches every rank's pending requests with the first rank's reason") {
+  World world(3, 1);
+  std::vector<std::string> errors(3);
+  on_ranks(world, [&](Communicator& comm) {
+    if (comm.rank() == 1) {
+      comm.abort("rank 1 failed at F(d1,s1,m0): test");
+      return std::vector<float>{};
+    }
+    std::vector<float> v{1};
+    try {
+      auto q = comm.all_reduce(v, ReduceOp::Sum, 0);  // rank 1 never joins
+      errors[std::size_t(comm.rank())] = error_of(comm, *q);
+    } catch (const CommError& e) {  // or the abort came first, and posting says so
+      errors[std::size_t(comm.rank())] = e.what();
+    }
+    return v;
+  });
+  CHECK(errors[0] == "rank 1 failed at F(d1,s1,m0): test");
+  CHECK(errors[2] == "rank 1 failed at F(d1,s1,m0): test");
+  CHECK(world.abort_reason() == "rank 1 failed at F(d1,s1,m0): test");
+}
+
+TEST_CASE("ranks that disagree on a message's size get an error, not a silent truncation") {
+  World world(2, 1);
+  std::string error;
+  on_ranks(world, [&](Communicator& comm) {
+    std::vector<float> data(comm.rank() == 0 ? 3 : 2);
+    if (comm.rank() == 0) {
+      try {
+        auto s = comm.send(bytes_of(std::span<const float>(data)), 1);
+        error_of(comm, *s);  // ends when the receiver aborts
+      } catch (const CommError&) {
+      }
+    } else {
+      auto r = comm.recv(bytes_of(std::span<float>(data)), 0);
+      error = error_of(comm, *r);
+      comm.abort(error);
+    }
+    return data;
+  });
+  CHECK(error == "rank 1 expected 8 bytes from rank 0, got 12");
+}

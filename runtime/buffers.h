@@ -105,10 +105,12 @@ class BufferStore {
     caches_.erase(key);
   }
 
-  /// Records the bytes held now if they are the most so far, with the op that just completed.
-  void note_peak(TaskId op) {
+  /// Records the bytes held now if they are the most so far, with the op that just completed;
+  /// returns them.
+  Bytes note_peak(TaskId op) {
     std::lock_guard lock(mutex_);
     if (live_ > peak_) peak_ = live_, peak_op_ = op;
+    return live_;
   }
   void reset_peak() {
     std::lock_guard lock(mutex_);

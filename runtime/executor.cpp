@@ -43,8 +43,8 @@ double reference_iteration(const cpu::ModelShape& shape, const cpu::Model& model
 Result<RunResult> RankExecutor::run() {
   RunResult result;
   result.timeline.start.assign(graph_.size(), 0), result.timeline.end.assign(graph_.size(), 0);
-  result.vocab_layer_ns.assign(graph_.size(), 0);
-  timeline_ = &result.timeline, vocab_layer_ns_ = &result.vocab_layer_ns;
+  result.vocab_layer_ns.assign(graph_.size(), 0), result.live_after.assign(graph_.size(), 0);
+  timeline_ = &result.timeline, vocab_layer_ns_ = &result.vocab_layer_ns, live_after_ = result.live_after.data();
   try {
     std::optional<cpu::Model> reference_grad;
     cpu::Model reference_model;
@@ -199,7 +199,7 @@ bool RankExecutor::ready(TaskId id) const {
 
 void RankExecutor::complete(TaskId id) {
   timeline_->end[std::size_t(id)] = now();
-  buffers_.note_peak(id);
+  live_after_[std::size_t(id)] = buffers_.note_peak(id);
   done_[std::size_t(id)].store(1, std::memory_order_release);
   { std::lock_guard lock(wake_mutex_); }  // a waiter between its check and its wait sees the flag
   wake_.notify_all();
@@ -268,7 +268,7 @@ void RankExecutor::gather(RunResult& result) {
     for (TaskId id = 0; id < TaskId(graph_.size()); ++id)
       if (graph_.task(id).device == rank)
         field(result.timeline.start[std::size_t(id)]), field(result.timeline.end[std::size_t(id)]),
-            field(result.vocab_layer_ns[std::size_t(id)]);
+            field(result.vocab_layer_ns[std::size_t(id)]), field(result.live_after[std::size_t(id)]);
     field(result.peak_activation_bytes[std::size_t(rank)]), field(result.peak_op[std::size_t(rank)]),
         field(result.static_bytes[std::size_t(rank)]);
   };

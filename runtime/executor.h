@@ -47,6 +47,7 @@ struct RunResult {
   std::vector<TimeNs> step_ns;          ///< per step: wall time of the slowest rank
   Timeline timeline;                    ///< the last step, every op
   std::vector<TimeNs> vocab_layer_ns;   ///< per op: time an F or B spent in the embedding or LM head
+  std::vector<Bytes> live_after;        ///< per op: activation bytes its rank held when it completed
   std::vector<Bytes> peak_activation_bytes;  ///< per rank, the last step
   std::vector<TaskId> peak_op;
   std::vector<Bytes> static_bytes;      ///< per rank: fp32 weights and gradients

@@ -153,6 +153,7 @@ class RankExecutor {
   std::atomic<double> loss_part_ = 0;  ///< this rank's share of the loss (the head runs on either thread)
   Timeline* timeline_ = nullptr;
   std::vector<TimeNs>* vocab_layer_ns_ = nullptr;
+  Bytes* live_after_ = nullptr;
   const cpu::Model* reference_ = nullptr;
   std::vector<float> grad_terms_;
 

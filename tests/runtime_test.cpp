@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "chrome_trace.h"
 #include "config_json.h"
 #include "launch.h"
 #include "plan.h"
@@ -89,6 +91,13 @@ TEST_CASE("measurements cover every op of the last step") {
     CHECK(r.peak_activation_bytes[std::size_t(d)] > 0);
     CHECK(r.static_bytes[std::size_t(d)] > 0);
   }
+  // The measured trace's memory counter peaks where the run says its memory peaked.
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace(plan.graph, r.timeline, r.static_bytes, "t", r.live_after));
+  std::vector<Bytes> highest(std::size_t(plan.layout.devices), 0);
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "C") highest[e["pid"].get<std::size_t>()] = std::max(highest[e["pid"].get<std::size_t>()], e["args"]["bytes"].get<Bytes>());
+  for (int d = 0; d < plan.layout.devices; ++d)
+    CHECK(highest[std::size_t(d)] == r.static_bytes[std::size_t(d)] + r.peak_activation_bytes[std::size_t(d)]);
 }
 
 TEST_CASE("a failing rank ends every rank with an error naming it") {

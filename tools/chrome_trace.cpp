@@ -48,7 +48,7 @@ std::size_t tid(const TaskGraph& graph, std::size_t stream) {
 }  // namespace
 
 std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
-                         const std::string& title) {
+                         const std::string& title, std::span<const Bytes> live_after) {
   fmt::memory_buffer out;
   fmt::format_to(std::back_inserter(out), R"({{"otherData":{{{},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)",
                  kTraceGenerator, nlohmann::json(title).dump());
@@ -78,10 +78,18 @@ std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const
             tid(graph, graph.stream_of(r)), us(timeline.start[std::size_t(t.partner)]));
     }
   }
-  // Memory counter: static + live activations, stepping at each allocation and release.
+  // Memory counter: static + live activations, stepping at each allocation and release (modelled) or
+  // at each op's end (measured).
   for (int d = 0; d < graph.devices(); ++d) {
     std::vector<MemoryChange> changes{{0, 0, kNoTask}};
-    for (const MemoryChange& c : memory_changes(graph, timeline, d)) changes.push_back(c);
+    if (live_after.empty()) {
+      for (const MemoryChange& c : memory_changes(graph, timeline, d)) changes.push_back(c);
+    } else {
+      for (TaskId id = 0; id < TaskId(graph.size()); ++id)
+        if (graph.task(id).device == d) changes.push_back({timeline.end[std::size_t(id)], live_after[std::size_t(id)], id});
+      std::stable_sort(changes.begin(), changes.end(), [](const MemoryChange& a, const MemoryChange& b) { return a.time < b.time; });
+      for (std::size_t k = changes.size() - 1; k > 0; --k) changes[k].delta -= changes[k - 1].delta;  // levels -> steps
+    }
     Bytes live = static_bytes[std::size_t(d)];
     for (std::size_t k = 0; k < changes.size(); ++k) {
       live += changes[k].delta;

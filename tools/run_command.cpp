@@ -74,7 +74,8 @@ ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResul
   const RunReport measured = measured_report(plan, r, backend);
   if (!o.trace.empty()) {
     const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
-    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title), kTraceGenerator);
+    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title, r.live_after),
+                                     kTraceGenerator);
         !s.ok())
       return fail(s.error().message);
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace pipesim::cpu {
 namespace {
@@ -23,12 +24,11 @@ void matmul(std::span<const float> a, std::span<const float> b, std::span<float>
 }
 
 void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < m; ++j) {
-      float sum = 0;
-      for (int p = 0; p < k; ++p) sum += a[std::size_t(i) * k + p] * b[std::size_t(j) * k + p];
-      c[std::size_t(i) * m + j] += sum;
-    }
+  // Transposing B once lets the product run as matmul's contiguous, vectorisable inner loop.
+  std::vector<float> bt(std::size_t(k) * std::size_t(m));
+  for (int j = 0; j < m; ++j)
+    for (int p = 0; p < k; ++p) bt[std::size_t(p) * m + j] = b[std::size_t(j) * k + p];
+  matmul(a, bt, c, n, k, m, true);
 }
 
 void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {

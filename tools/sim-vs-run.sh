@@ -10,7 +10,7 @@ ranks=${1:-$(nproc)}
 shift || true
 pipesim=build/tools/pipesim
 [[ -x $pipesim ]] || tools/setup.sh
-model=(--set model.hidden=96 --set model.ffn_hidden=384 --set model.seq_len=32 --set parallel.microbatches=8)
+model=(--set model.hidden=128 --set model.ffn_hidden=512 --set model.seq_len=64 --set parallel.microbatches=8)
 echo "| schedule | vocab | measured ms | simulated ms | difference |"
 echo "|---|---|---:|---:|---:|"
 for schedule in gpipe 1f1b interleaved-1f1b zb-h1 v-half v-min zb-v dualpipe-v; do

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "hash.h"
 #include "kernels.h"
@@ -29,16 +30,17 @@ constexpr std::uint64_t kLayerTensors = 16;
 
 }  // namespace
 
-std::vector<std::vector<float>*> Layer::tensors() {
-  return {&ln1_gain, &ln1_bias, &qkv_weight, &qkv_bias, &proj_weight, &proj_bias,
-          &ln2_gain, &ln2_bias, &fc1_weight, &fc1_bias, &fc2_weight, &fc2_bias};
+/// Both tensors() overloads: the list of a layer's tensors, in one place.
+template <class L>
+auto tensors_of(L& layer) {
+  using Tensor = std::conditional_t<std::is_const_v<L>, const std::vector<float>, std::vector<float>>;
+  return std::vector<Tensor*>{&layer.ln1_gain, &layer.ln1_bias, &layer.qkv_weight, &layer.qkv_bias,
+                              &layer.proj_weight, &layer.proj_bias, &layer.ln2_gain, &layer.ln2_bias,
+                              &layer.fc1_weight, &layer.fc1_bias, &layer.fc2_weight, &layer.fc2_bias};
 }
 
-std::vector<const std::vector<float>*> Layer::tensors() const {
-  std::vector<const std::vector<float>*> out;
-  for (std::vector<float>* t : const_cast<Layer*>(this)->tensors()) out.push_back(t);
-  return out;
-}
+std::vector<std::vector<float>*> Layer::tensors() { return tensors_of(*this); }
+std::vector<const std::vector<float>*> Layer::tensors() const { return tensors_of(*this); }
 
 Layer make_layer(const ModelShape& s, std::uint64_t seed, int index) {
   const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.ffn);

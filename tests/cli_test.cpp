@@ -246,3 +246,15 @@ TEST_CASE("mpirun -np 4 runs the same check across processes") {
   CHECK(hang.exit_code != 0);
   CHECK_THAT(hang.text, Catch::Contains(": no progress for 2 s; waiting on "));
 }
+
+TEST_CASE("run executes a schedule file as it executes the generated schedule") {
+  const auto dir = scratch_dir();
+  const std::string csv = (dir / "zbv.csv").string();
+  std::filesystem::remove(csv);
+  REQUIRE(run("export " + config("tiny.json") + " --schedule zb-v -o " + csv).exit_code == 0);
+  const Output out = run("run " + config("tiny.json") + " --schedule-file " + csv + " --check --format json");
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["schedule"] == "file:" + csv);
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+}

@@ -7,6 +7,7 @@
 #include "config_json.h"
 #include "files.h"
 #include "plan.h"
+#include "schedule_csv.h"
 #include "spellcheck.h"
 
 namespace pipesim {
@@ -40,6 +41,15 @@ Result<Config> load_selected_config(const std::string& path, const std::vector<s
   if (!schedule.empty()) config.value().schedule.name = schedule;
   if (!vocab.empty()) config.value().schedule.vocab = vocab;
   return config;
+}
+
+Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path, const Config& config) {
+  if (path.empty()) return std::optional<CustomSchedule>{};
+  Result<std::string> text = read_text_file(path);
+  if (!text.ok()) return text.error();
+  Result<CustomSchedule> parsed = parse_schedule_csv(text.value(), path, config.parallel.pp, config.parallel.microbatches);
+  if (!parsed.ok()) return parsed.error();
+  return std::optional<CustomSchedule>(std::move(parsed).value());
 }
 
 }  // namespace pipesim

@@ -1,10 +1,12 @@
 #pragma once
 /// What the CLI's commands share: error reporting and loading a config with the selection options.
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "config.h"
+#include "plan.h"
 #include "status.h"
 
 namespace pipesim {
@@ -20,5 +22,9 @@ Status check_names(const std::string& flag, const std::vector<std::string>& name
 /// The config with --schedule and --vocab (when given) applied, after checking their names.
 Result<Config> load_selected_config(const std::string& path, const std::vector<std::string>& overrides,
                                     const std::string& schedule, const std::string& vocab);
+
+/// A PyTorch compute-only CSV schedule (--schedule-file) for `config`'s pp and microbatches; none
+/// when `path` is empty.
+Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path, const Config& config);
 
 }  // namespace pipesim

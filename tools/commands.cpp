@@ -15,7 +15,6 @@
 #include "pipeline.h"
 #include "plan.h"
 #include "schedule_csv.h"
-#include "spellcheck.h"
 #include "svg_timeline.h"
 
 namespace pipesim {
@@ -29,16 +28,9 @@ ExitStatus run_simulate(const SimulateOptions& o) {
     config = apply_profile(std::move(config).value(), text.value(), o.profile);
     if (!config.ok()) return fail(config.error().message);
   }
-  std::optional<CustomSchedule> custom;
-  if (!o.schedule_file.empty()) {
-    Result<std::string> text = read_text_file(o.schedule_file);
-    if (!text.ok()) return fail(text.error().message);
-    Result<CustomSchedule> parsed = parse_schedule_csv(text.value(), o.schedule_file, config.value().parallel.pp,
-                                                       config.value().parallel.microbatches);
-    if (!parsed.ok()) return fail(parsed.error().message);
-    custom = std::move(parsed).value();
-  }
-  Result<SimulatedRun> run = simulate_config(config.value(), custom ? &*custom : nullptr);
+  Result<std::optional<CustomSchedule>> custom = load_schedule_file(o.schedule_file, config.value());
+  if (!custom.ok()) return fail(custom.error().message);
+  Result<SimulatedRun> run = simulate_config(config.value(), custom.value() ? &*custom.value() : nullptr);
   if (!run.ok()) return fail(run.error().message);
   if (!o.trace.empty()) {
     const SimulatedRun& r = run.value();

@@ -49,6 +49,7 @@ struct RunOptions {
   std::string vocab;     ///< empty: the config's
   std::vector<std::string> overrides;
   int ranks = 0;         ///< pipeline devices, one rank each; 0: parallel.pp (under MPI: the job's size)
+  std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
   int steps = 1;
   bool check = false;    ///< compare the first step with a single-device reference
   std::string trace;     ///< measured Chrome trace; empty: none

@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   add_format_option(rn, run.format, {"text", "json"});
   rn->add_option("--ranks", run.ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
       ->check(CLI::Range(1, 64));
+  rn->add_option("--schedule-file", run.schedule_file,
+                 "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
+      ->excludes("--schedule");
   rn->add_option("--steps", run.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
   rn->add_flag("--check", run.check,
                "compare the first step with a single-device reference: loss and max gradient relative error");

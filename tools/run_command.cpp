@@ -49,10 +49,13 @@ Result<runtime::InjectedFault> parse_fault(const std::string& text) {
   return fault;
 }
 
-/// The plan for `ranks` pipeline devices, checked for this runtime.
-Result<Plan> runnable_plan(Config config, int ranks) {
+/// The plan for `ranks` pipeline devices (from a schedule file when `schedule_file` is given),
+/// checked for this runtime.
+Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule_file) {
   config.parallel.pp = ranks;
-  Result<Plan> plan = make_plan(config);
+  Result<std::optional<CustomSchedule>> custom = load_schedule_file(schedule_file, config);
+  if (!custom.ok()) return custom.error();
+  Result<Plan> plan = make_plan(config, custom.value() ? &*custom.value() : nullptr);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
   if (Status s = runtime::check_runnable(plan.value()); !s.ok()) return s.error();
   return plan;
@@ -149,7 +152,7 @@ ExitStatus run_run(const RunOptions& o) {
           if (o.ranks != 0 && o.ranks != ranks)
             return Error{fmt::format("--ranks {}: this MPI job has {} processes; give mpirun -np {} or drop --ranks",
                                      o.ranks, ranks, o.ranks)};
-          Result<Plan> p = runnable_plan(config.value(), ranks);
+          Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file);
           if (p.ok()) plan = p.value();
           return p;
         },
@@ -159,7 +162,7 @@ ExitStatus run_run(const RunOptions& o) {
     return report(o, *plan, run.result.value(), fmt::format("mpi, {} processes", run.size));
   }
 
-  Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp);
+  Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp, o.schedule_file);
   if (!plan.ok()) return fail(plan.error().message);
   Result<runtime::RunResult> run = runtime::run_in_process(plan.value(), options);
   if (!run.ok()) return fail(run.error().message);

@@ -214,6 +214,9 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   const Output fault = run("run " + config("tiny.json") + " --inject-fault 1:X:0", true);
   CHECK(fault.exit_code == 1);
   CHECK_THAT(fault.text, Catch::Contains("expected RANK:KIND:MICROBATCH[:hang]"));
+  const Output nowhere = run("run " + config("tiny.json") + " --inject-fault 9:F:0", true);
+  CHECK(nowhere.exit_code == 1);
+  CHECK_THAT(nowhere.text, Catch::Contains("--inject-fault '9:F:0': rank 9 has no F op of microbatch 0 (ranks 0..3"));
 }
 
 TEST_CASE("an injected fault ends the run with the failing rank and op, exit 1") {

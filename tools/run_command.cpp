@@ -49,6 +49,17 @@ Result<runtime::InjectedFault> parse_fault(const std::string& text) {
   return fault;
 }
 
+/// An injected fault must name an op that exists, or it would silently never fire.
+Status check_fault(const std::optional<runtime::InjectedFault>& fault, const Plan& plan, const std::string& text) {
+  if (!fault) return Status::Ok();
+  for (const Task& t : plan.graph.tasks())
+    if (t.device == fault->rank && t.kind == fault->kind && t.microbatch == fault->microbatch) return Status::Ok();
+  return Error{fmt::format("--inject-fault '{}': rank {} has no {} op of microbatch {} (ranks 0..{}, microbatches "
+                           "0..{}; OPTIMIZER and other per-iteration ops have microbatch -1)",
+                           text, fault->rank, op_kind_name(fault->kind), fault->microbatch, plan.layout.devices - 1,
+                           plan.config.parallel.microbatches - 1)};
+}
+
 /// The plan for `ranks` pipeline devices (from a schedule file when `schedule_file` is given),
 /// checked for this runtime.
 Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule_file) {
@@ -153,7 +164,9 @@ ExitStatus run_run(const RunOptions& o) {
             return Error{fmt::format("--ranks {}: this MPI job has {} processes; give mpirun -np {} or drop --ranks",
                                      o.ranks, ranks, o.ranks)};
           Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file);
-          if (p.ok()) plan = p.value();
+          if (!p.ok()) return p;
+          if (Status s = check_fault(options.fault, p.value(), o.inject_fault); !s.ok()) return s.error();
+          plan = p.value();
           return p;
         },
         options);
@@ -164,6 +177,7 @@ ExitStatus run_run(const RunOptions& o) {
 
   Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp, o.schedule_file);
   if (!plan.ok()) return fail(plan.error().message);
+  if (Status s = check_fault(options.fault, plan.value(), o.inject_fault); !s.ok()) return fail(s.error().message);
   Result<runtime::RunResult> run = runtime::run_in_process(plan.value(), options);
   if (!run.ok()) return fail(run.error().message);
   return report(o, plan.value(), run.value(), fmt::format("cpu, {} threads", plan.value().layout.devices));

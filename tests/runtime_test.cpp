@@ -128,3 +128,19 @@ TEST_CASE("a hung rank ends the run after the timeout, naming what the others wa
   CHECK_THAT(run.error().message, Catch::Contains("its own F(d2,s2,m1) (started, not finished)"));
   CHECK_THAT(run.error().message, Catch::Contains("(rank 2)"));
 }
+
+TEST_CASE("measured in-flight activations on 1F1B's first device: p, p + 2 (vocab-1), p + 1 (vocab-2) microbatches") {
+  // Baseline holds p microbatches' stage caches on device 0 (1F1B's warm-up); the paper's Algorithms 1
+  // and 2 hold p + 2 and p + 1. Measured in units of baseline's peak / p; the vocabulary buffers (X,
+  // a logits shard, softmax statistics) add less than one microbatch's caches at this size.
+  const Config config = tiny_config();
+  const int p = config.parallel.pp;
+  const auto peak = [&](const std::string& vocab) {
+    Result<runtime::RunResult> run = runtime::run_in_process(plan_for(config, "1f1b", vocab), options());
+    REQUIRE(run.ok());
+    return double(run.value().peak_activation_bytes[0]);
+  };
+  const double microbatch = peak("baseline") / p;
+  CHECK(int(peak("vocab-1") / microbatch) == p + 2);
+  CHECK(int(peak("vocab-2") / microbatch) == p + 1);
+}

@@ -83,48 +83,40 @@ std::function<void(int, double, TimeNs)> progress_bar(const RunOptions& o) {
   };
 }
 
-/// Text or JSON report of a finished run, and the files it asked for; on rank 0 only.
-ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
-  const RunReport measured = measured_report(plan, r, backend);
-  if (!o.trace.empty()) {
-    const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
-    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title, r.live_after),
-                                     kTraceGenerator);
-        !s.ok())
-      return fail(s.error().message);
-  }
-  // The simulator on the graph just executed, with the op times just measured: how far its
-  // prediction is from the measurement.
-  const json profile = measured_profile(plan, r);
+/// The simulator on the graph just executed, with the op times just measured (the profile): how far
+/// its prediction is from the measurement.
+std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile) {
   Result<Config> profiled = apply_profile(plan.config, profile.dump(), "the measured profile");
-  std::optional<TimeNs> predicted;
-  if (profiled.ok()) {
-    const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), plan.layout);
-    if (Result<Timeline> sim = simulate(plan.graph, op_durations(*costs, plan.graph)); sim.ok())
-      predicted = *std::max_element(sim.value().end.begin(), sim.value().end.end());
-  }
-  if (!o.profile.empty())
-    if (Status s = write_output_file(o.profile, profile.dump(2) + "\n", kProfileGenerator); !s.ok()) return fail(s.error().message);
+  if (!profiled.ok()) return std::nullopt;
+  const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), plan.layout);
+  Result<Timeline> sim = simulate(plan.graph, op_durations(*costs, plan.graph));
+  if (!sim.ok()) return std::nullopt;
+  return *std::max_element(sim.value().end.begin(), sim.value().end.end());
+}
 
-  if (o.format == Format::Json) {
-    json out = run_json(measured);
-    out["mfu"] = nullptr;  // defined against the config's GPU, which a CPU run does not use
-    out["runtime"] = backend;
-    out["steps"] = o.steps;
-    out["loss"] = r.losses.back();
-    out["losses"] = r.losses;
-    json times = json::array();
-    for (TimeNs ns : r.step_ns) times.push_back(seconds(ns));
-    out["step_times_s"] = times;
-    out["simulated_iteration_time_s"] = predicted ? json(seconds(*predicted)) : json(nullptr);
-    if (r.check) {
-      out["reference_loss"] = r.check->reference_loss;
-      out["max_grad_rel_err"] = r.check->max_grad_rel_err;
-      out["worst_tensor"] = r.check->worst_tensor;
-    }
-    fmt::print("{}\n", out.dump(2));
-    return ExitStatus::Success;
+/// `simulate`'s JSON object with the measured values, plus the run's own fields.
+json run_result_json(const RunOptions& o, const RunReport& measured, const runtime::RunResult& r,
+                     const std::string& backend, std::optional<TimeNs> predicted) {
+  json out = run_json(measured);
+  out["mfu"] = nullptr;  // defined against the config's GPU, which a CPU run does not use
+  out["runtime"] = backend;
+  out["steps"] = o.steps;
+  out["loss"] = r.losses.back();
+  out["losses"] = r.losses;
+  json times = json::array();
+  for (TimeNs ns : r.step_ns) times.push_back(seconds(ns));
+  out["step_times_s"] = times;
+  out["simulated_iteration_time_s"] = predicted ? json(seconds(*predicted)) : json(nullptr);
+  if (r.check) {
+    out["reference_loss"] = r.check->reference_loss;
+    out["max_grad_rel_err"] = r.check->max_grad_rel_err;
+    out["worst_tensor"] = r.check->worst_tensor;
   }
+  return out;
+}
+
+void print_text(const RunOptions& o, const RunReport& measured, const runtime::RunResult& r,
+                std::optional<TimeNs> predicted) {
   fmt::print("{}", format_run(measured, Format::Text));
   fmt::print("\nloss per step:");
   for (std::size_t i = 0; i < r.losses.size(); ++i) fmt::print("{}{:.6f}", i % 10 ? " " : "\n  ", r.losses[i]);
@@ -140,6 +132,26 @@ ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResul
                r.check->max_grad_rel_err, r.check->worst_tensor);
   if (!o.trace.empty()) fmt::print("trace written to {} (open in ui.perfetto.dev)\n", o.trace);
   if (!o.profile.empty()) fmt::print("profile written to {} (use: pipesim simulate {} --profile {})\n", o.profile, o.config, o.profile);
+}
+
+/// The report of a finished run and the files it asked for; on rank 0 only.
+ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
+  const RunReport measured = measured_report(plan, r, backend);
+  const json profile = measured_profile(plan, r);
+  if (!o.trace.empty()) {
+    const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
+    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title, r.live_after),
+                                     kTraceGenerator);
+        !s.ok())
+      return fail(s.error().message);
+  }
+  if (!o.profile.empty())
+    if (Status s = write_output_file(o.profile, profile.dump(2) + "\n", kProfileGenerator); !s.ok()) return fail(s.error().message);
+  const std::optional<TimeNs> predicted = predicted_iteration(plan, profile);
+  if (o.format == Format::Json)
+    fmt::print("{}\n", run_result_json(o, measured, r, backend, predicted).dump(2));
+  else
+    print_text(o, measured, r, predicted);
   return ExitStatus::Success;
 }
 

@@ -289,6 +289,8 @@ void RankExecutor::gather(RunResult& result) {
 }
 
 
+Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
+
 Status check_runnable(const Plan& plan) {
   const Config& c = plan.config;
   if (c.parallel.tp != 1)
@@ -302,7 +304,7 @@ Status check_runnable(const Plan& plan) {
   const double activations = double(c.parallel.microbatches) * s.layers *
                              (n * (10.0 * h + 2.0 * s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
   const double needed = 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches);
-  const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const double available = double(machine_memory_bytes());
   if (needed > 0.5 * available)
     return Error{fmt::format("{}: model: the CPU runtime would need about {:.1f} GiB for this model (fp32 weights, "
                              "gradients and activations), more than half of this machine's {:.1f} GiB; shrink model.* "

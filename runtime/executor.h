@@ -54,6 +54,9 @@ struct RunResult {
   std::optional<CheckResult> check;
 };
 
+/// Physical memory of this machine.
+Bytes machine_memory_bytes();
+
 /// Whether this runtime can execute the plan (one pipeline replica, no tensor parallelism, a model
 /// that fits in this machine's memory); the error names the config field to change.
 Status check_runnable(const Plan& plan);

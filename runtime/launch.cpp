@@ -23,6 +23,8 @@ Result<RunResult> run_in_process(const Plan& plan, const RunOptions& options) {
       if (!r->ok() && r->error().message != *why) message += "\n  " + r->error().message;
     return Error{message};
   }
+  for (const auto& r : results)
+    if (!r->ok()) return r->error();
   return std::move(*results[0]);
 }
 

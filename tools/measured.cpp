@@ -1,8 +1,6 @@
 #include "measured.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "config_json.h"
@@ -41,7 +39,7 @@ RunReport measured_report(const Plan& plan, const runtime::RunResult& r, const s
   }
   m.memory_imbalance = least > 0 ? double(most) / double(least) : 1.0;
   m.mfu = 0;
-  m.memory_capacity_bytes = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
+  m.memory_capacity_bytes = runtime::machine_memory_bytes();
   m.fits_in_memory = most <= m.memory_capacity_bytes;
   return make_report(plan, "measured (" + backend + ")", m);
 }

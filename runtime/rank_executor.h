@@ -31,6 +31,7 @@ struct RankFailure : std::runtime_error {
 struct Batch {
   std::vector<int> tokens, targets;
 };
+
 /// A communication op between its start and its completion. Collectives of the vocabulary barrier
 /// take several rounds (max, then sums, then dX); `phase` counts them.
 struct InFlight {

@@ -205,18 +205,18 @@ TEST_CASE("run writes a measured trace and a profile that simulate takes as its 
 }
 
 TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
-  const Output dp = run("run " + config("tiny.json") + " --set parallel.dp=2", true);
-  CHECK(dp.exit_code == 1);
-  CHECK_THAT(dp.text, Catch::Contains("parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1"));
-  const Output big = run("run " + config("default.json"), true);
-  CHECK(big.exit_code == 1);
-  CHECK_THAT(big.text, Catch::Contains("model: the CPU runtime would need about"));
-  const Output fault = run("run " + config("tiny.json") + " --inject-fault 1:X:0", true);
-  CHECK(fault.exit_code == 1);
-  CHECK_THAT(fault.text, Catch::Contains("expected RANK:KIND:MICROBATCH[:hang]"));
-  const Output nowhere = run("run " + config("tiny.json") + " --inject-fault 9:F:0", true);
-  CHECK(nowhere.exit_code == 1);
-  CHECK_THAT(nowhere.text, Catch::Contains("--inject-fault '9:F:0': rank 9 has no F op of microbatch 0 (ranks 0..3"));
+  const std::pair<std::string, std::string> cases[] = {
+      {"tiny.json --set parallel.dp=2", "parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1"},
+      {"default.json", "model: the CPU runtime would need about"},
+      {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang]"},
+      {"tiny.json --inject-fault 9:F:0", "--inject-fault '9:F:0': rank 9 has no F op of microbatch 0 (ranks 0..3"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Output out = run("run " + config(args), true);
+    INFO(args);
+    CHECK(out.exit_code == 1);
+    CHECK_THAT(out.text, Catch::Contains(message));
+  }
 }
 
 TEST_CASE("an injected fault ends the run with the failing rank and op, exit 1") {

@@ -35,8 +35,6 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// Number of independent collective lanes.
-  virtual int lanes() const = 0;
 
   virtual std::unique_ptr<Request> send(std::span<const std::byte> data, int peer) = 0;
   virtual std::unique_ptr<Request> recv(std::span<std::byte> data, int peer) = 0;

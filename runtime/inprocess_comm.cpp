@@ -41,7 +41,6 @@ class InProcessComm final : public Communicator {
   InProcessComm(World& world, int rank) : world_(world), rank_(rank), next_index_(std::size_t(world.lanes()), 0) {}
   int rank() const override { return rank_; }
   int size() const override { return world_.ranks(); }
-  int lanes() const override { return world_.lanes(); }
 
   std::unique_ptr<Request> send(std::span<const std::byte> data, int peer) override {
     auto taken = std::make_shared<bool>(false);

@@ -11,8 +11,7 @@ namespace pipesim::runtime {
 /// rank ends all of them; the error is the failing rank's (rank and op).
 Result<RunResult> run_in_process(const Plan& plan, const RunOptions& options);
 
-/// Whether this binary was built with MPI, and whether this process was started by an MPI launcher.
-bool mpi_available();
+/// Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx).
 bool launched_by_mpi();
 
 /// This process as one rank of an MPI job (MPI_Init .. MPI_Finalize inside). `ranks` is set to the

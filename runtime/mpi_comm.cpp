@@ -44,7 +44,6 @@ class MpiComm final : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  int lanes() const override { return int(lanes_.size()); }
 
   std::unique_ptr<Request> send(std::span<const std::byte> data, int peer) override {
     auto r = std::make_unique<MpiRequest>();
@@ -94,8 +93,6 @@ class MpiComm final : public Communicator {
 };
 
 }  // namespace
-
-bool mpi_available() { return true; }
 
 MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options) {
   int provided = 0;

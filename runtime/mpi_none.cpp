@@ -3,8 +3,6 @@
 
 namespace pipesim::runtime {
 
-bool mpi_available() { return false; }
-
 MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>&, const RunOptions&) {
   return {.rank = 0, .size = 1,
           .result = Error{"this pipesim was built without MPI; install libopenmpi-dev and rebuild, or run without mpirun "

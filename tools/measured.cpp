@@ -41,7 +41,9 @@ RunReport measured_report(const Plan& plan, const runtime::RunResult& r, const s
   m.mfu = 0;
   m.memory_capacity_bytes = runtime::machine_memory_bytes();
   m.fits_in_memory = most <= m.memory_capacity_bytes;
-  return make_report(plan, "measured (" + backend + ")", m);
+  RunReport report = make_report(plan, "measured (" + backend + ")", m);
+  report.measured = true;
+  return report;
 }
 
 json measured_profile(const Plan& plan, const runtime::RunResult& r) {

@@ -12,7 +12,7 @@
 namespace pipesim {
 
 /// Metrics from the measured timeline; memory is what the runtime held (fp32 weights, gradients and
-/// live activations), not the cost model's estimate. MFU is left at 0: it is defined against the
+/// live activations), not the cost model's estimate. MFU is not reported: it is defined against the
 /// config's GPU, which a CPU run does not use.
 RunReport measured_report(const Plan& plan, const runtime::RunResult& result, const std::string& backend);
 

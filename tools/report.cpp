@@ -53,7 +53,7 @@ json run_json(const RunReport& r) {
           {"vocab_padding", r.vocab_padding},
           {"iteration_time_s", seconds(m.iteration_ns)},
           {"tokens_per_s", m.tokens_per_s},
-          {"mfu", m.mfu},
+          {"mfu", r.measured ? json(nullptr) : json(m.mfu)},
           {"bubble_fraction", m.bubble_fraction},
           {"exposed_comm_s", seconds(max_exposed_comm(r))},
           {"peak_memory_bytes", max_peak(r)},
@@ -131,7 +131,6 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
 std::string format_run(const RunReport& r, Format format) {
   if (format == Format::Json) return run_json(r).dump(2) + "\n";
   const RunMetrics& m = r.metrics;
-  const bool measured = r.cost_source.starts_with("measured");
   // Small models (the CPU runtime's) read better in MiB.
   const bool small = max_peak(r) < Bytes(1) << 30;
   const char* unit = small ? "MiB" : "GiB";
@@ -147,7 +146,7 @@ std::string format_run(const RunReport& r, Format format) {
       r.vocab_padding ? fmt::format("; vocabulary padded by {} rows to split evenly over {} devices", r.vocab_padding,
                                     r.parallel.pp)
                       : "",
-      m.iteration_ns / 1e6, m.tokens_per_s, measured ? "n/a" : fmt::format("{:.1f}%", 100 * m.mfu),
+      m.iteration_ns / 1e6, m.tokens_per_s, r.measured ? "n/a" : fmt::format("{:.1f}%", 100 * m.mfu),
       100 * m.bubble_fraction, max_exposed_comm(r) / 1e6, mem(max_peak(r)), unit, mem(m.memory_capacity_bytes), unit,
       m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
   std::vector<Row> rows;

@@ -13,7 +13,8 @@ struct RunReport {
   std::string config;  ///< config source (file name)
   std::string schedule;
   std::string vocab;
-  std::string cost_source;  ///< analytic or explicit
+  std::string cost_source;  ///< analytic, explicit, or measured (...)
+  bool measured = false;    ///< from a real run: MFU is not reported (it is defined against the config's GPU)
   ParallelConfig parallel;
   std::vector<int> layers_per_stage;
   int vocab_padding = 0;  ///< rows added so the vocabulary splits evenly over the devices

@@ -98,7 +98,6 @@ std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile)
 json run_result_json(const RunOptions& o, const RunReport& measured, const runtime::RunResult& r,
                      const std::string& backend, std::optional<TimeNs> predicted) {
   json out = run_json(measured);
-  out["mfu"] = nullptr;  // defined against the config's GPU, which a CPU run does not use
   out["runtime"] = backend;
   out["steps"] = o.steps;
   out["loss"] = r.losses.back();

@@ -46,8 +46,6 @@ Result<RunResult> RankExecutor::run() {
   result.vocab_layer_ns.assign(graph_.size(), 0), result.live_after.assign(graph_.size(), 0);
   timeline_ = &result.timeline, vocab_layer_ns_ = &result.vocab_layer_ns, live_after_ = result.live_after.data();
   try {
-    std::optional<cpu::Model> reference_grad;
-    cpu::Model reference_model;
     double reference_loss = 0;
     for (int step = 0; step < options_.steps; ++step) {
       step_ = step;
@@ -55,10 +53,8 @@ Result<RunResult> RankExecutor::run() {
       for (int mb = 0; mb < plan_.config.parallel.microbatches; ++mb)
         batches_.push_back(make_batch(options_.seed, step, mb, n_, shape_.vocab));
       if (options_.check && step == 0) {
-        reference_model = cpu::make_model(shape_, options_.seed);
-        reference_grad = cpu::zero_model(shape_);
-        reference_loss = reference_iteration(shape_, reference_model, batches_, *reference_grad);
-        reference_ = &*reference_grad;
+        reference_grad_ = cpu::zero_model(shape_);
+        reference_loss = reference_iteration(shape_, cpu::make_model(shape_, options_.seed), batches_, *reference_grad_);
       }
       barrier();
       epoch_ = Clock::now();

@@ -173,7 +173,7 @@ void RankExecutor::input_backward(int mb) {
 }
 
 void RankExecutor::optimizer() {
-  if (options_.check && step_ == 0) grad_terms_ = grad_error_terms(model_, *reference_);
+  if (options_.check && step_ == 0) grad_terms_ = grad_error_terms(model_, *reference_grad_);
   model_.sgd_step(options_.learning_rate);
 }
 

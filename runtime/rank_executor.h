@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <stdexcept>
 #include <string>
@@ -155,7 +156,7 @@ class RankExecutor {
   Timeline* timeline_ = nullptr;
   std::vector<TimeNs>* vocab_layer_ns_ = nullptr;
   Bytes* live_after_ = nullptr;
-  const cpu::Model* reference_ = nullptr;
+  std::optional<cpu::Model> reference_grad_;  ///< --check: the single-device gradients of step 0
   std::vector<float> grad_terms_;
 
   // The compute thread: where it is, and how it tells the communication thread.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "task_graph.h"
 #include "units.h"
 
@@ -54,50 +55,50 @@ inline std::string describe(const Key& k) {
                       : fmt::format("{} of microbatch {}", kNames[int(k.buf)], k.microbatch);
 }
 
-/// `Cache` is what a stage keeps from F to B; it must have `Bytes bytes() const`. Safe to use from a
-/// rank's compute and communication threads at once: the maps are locked, and the IR's dependencies
-/// keep two threads from using the same entry at the same time.
-template <class Cache>
+/// Safe to use from a rank's compute and communication threads at once: the maps are locked, and
+/// the IR's dependencies keep two threads from using the same entry at the same time. Entries keep
+/// their address until removed (std::map), so a reference from get() stays valid meanwhile.
 class BufferStore {
  public:
-  std::vector<float>& put(const Key& key, std::vector<float> data) {
+  Tensor& put(const Key& key, Tensor data) {
     std::lock_guard lock(mutex_);
     const auto [it, added] = tensors_.try_emplace(key, std::move(data));
     if (!added) throw OpError(describe(key) + " exists already");
-    live_ += bytes(it->second);
+    live_ += Bytes(it->second.bytes());
     return it->second;
   }
-  std::vector<float>& get(const Key& key) {
+  Tensor& get(const Key& key) {
     std::lock_guard lock(mutex_);
     return find(key)->second;
   }
-  std::vector<float> take(const Key& key) {
+  Tensor take(const Key& key) {
     std::lock_guard lock(mutex_);
     const auto it = find(key);
-    std::vector<float> data = std::move(it->second);
+    Tensor data = std::move(it->second);
     tensors_.erase(it);
-    live_ -= bytes(data);
+    live_ -= Bytes(data.bytes());
     return data;
   }
 
   using CacheKey = std::pair<int, int>;  ///< (stage, microbatch)
+  using Cache = std::unique_ptr<StageActivations>;
   void put_cache(CacheKey key, Cache cache) {
     std::lock_guard lock(mutex_);
-    const Bytes size = cache.bytes();
+    const Bytes size = cache->bytes();
     if (!caches_.try_emplace(key, std::move(cache), size).second)
       throw OpError(fmt::format("the forward cache of stage {}, microbatch {} exists already", key.first, key.second));
     live_ += size;
   }
-  Cache& cache(CacheKey key) {
+  StageActivations& cache(CacheKey key) {
     std::lock_guard lock(mutex_);
-    return find(key).first;
+    return *find(key).first;
   }
   /// Call after shrinking a cache in place.
   void recount_cache(CacheKey key) {
     std::lock_guard lock(mutex_);
     auto& [cache, counted] = find(key);
-    live_ += cache.bytes() - counted;
-    counted = cache.bytes();
+    live_ += cache->bytes() - counted;
+    counted = cache->bytes();
   }
   void drop_cache(CacheKey key) {
     std::lock_guard lock(mutex_);
@@ -120,8 +121,7 @@ class BufferStore {
   TaskId peak_op() const { return peak_op_; }
 
  private:
-  static Bytes bytes(const std::vector<float>& v) { return Bytes(v.size() * sizeof(float)); }
-  std::map<Key, std::vector<float>>::iterator find(const Key& key) {
+  std::map<Key, Tensor>::iterator find(const Key& key) {
     const auto it = tensors_.find(key);
     if (it == tensors_.end()) throw OpError(describe(key) + " is missing: no earlier op produced it");
     return it;
@@ -135,7 +135,7 @@ class BufferStore {
   }
 
   std::mutex mutex_;
-  std::map<Key, std::vector<float>> tensors_;
+  std::map<Key, Tensor> tensors_;
   std::map<CacheKey, std::pair<Cache, Bytes>> caches_;
   Bytes live_ = 0, peak_ = 0;
   TaskId peak_op_ = kNoTask;

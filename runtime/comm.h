@@ -1,26 +1,29 @@
 #pragma once
-/// The communicator the executor talks to: point-to-point and collective operations, each
-/// asynchronous, returning a Request that is polled for completion. Backends: in-process (one thread
-/// per rank, inprocess_comm.h), MPI (one process per rank, mpi_comm.h); a NCCL backend implements the
-/// same interface. Buffers passed in must stay alive and untouched until their request is done.
+/// How ranks talk. A Transport joins one rank to the others; it holds one Communicator per lane (as
+/// NCCL holds one communicator per lane): the collective lanes of the IR plus one lane for
+/// point-to-point messages. Every call is asynchronous and returns a Request that is polled for
+/// completion; buffers are untyped (pointer, count, dtype) and may live in host or device memory,
+/// as the backend that made them decides. They must stay alive and untouched until their request is
+/// done. Backends: in-process (threads, inprocess_comm.h), MPI (processes, mpi_comm.cpp).
 ///
 /// Ordering follows MPI/NCCL: messages from one rank to another arrive in the order they were sent;
 /// collectives on one lane are matched across ranks by their order on that lane, so every rank must
 /// issue a lane's collectives in the same order. Lanes are independent of each other.
-#include <cstddef>
 #include <memory>
-#include <span>
 #include <stdexcept>
 #include <string>
 
+#include "task_graph.h"
+#include "tensor.h"
+
 namespace pipesim::runtime {
+
+using pipesim::ReduceOp;  ///< Sum and Max here; the IR's MaxThenSum is run as rounds of those
 
 /// A peer failed or the run was aborted: what the failing rank said.
 struct CommError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-enum class ReduceOp { Sum, Max };
 
 class Request {
  public:
@@ -30,18 +33,40 @@ class Request {
   virtual bool done() = 0;
 };
 
+/// One lane between all ranks.
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  virtual std::unique_ptr<Request> send(Buffer data, int peer) = 0;
+  virtual std::unique_ptr<Request> recv(Buffer data, int peer) = 0;
+  virtual std::unique_ptr<Request> all_reduce(Buffer data, ReduceOp op) = 0;
+  virtual std::unique_ptr<Request> broadcast(Buffer data, int root) = 0;
+  /// The reduced values land in `data` on `root`; other ranks' `data` is left as it was.
+  virtual std::unique_ptr<Request> reduce(Buffer data, ReduceOp op, int root) = 0;
+  /// Point-to-point calls between these two are issued as one group, so that a send and a receive
+  /// between the same two ranks cannot wait on each other (NCCL's ncclGroupStart/End). Backends
+  /// whose calls never block on their peer need not do anything.
+  virtual void group_start() {}
+  virtual void group_end() {}
+};
+
+/// After the IR's collective lanes: the point-to-point lane, and the control lane, which carries the
+/// executor's own messages (step barriers, the loss, reports) in host memory whatever the backend.
+constexpr int kPointToPointLane = kCollectiveLanes;
+constexpr int kControlLane = kCollectiveLanes + 1;
+constexpr int kLanes = kCollectiveLanes + 2;
+
+/// One rank's connection to the others: its lanes, progress and failure.
+class Transport {
+ public:
+  virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-
-  virtual std::unique_ptr<Request> send(std::span<const std::byte> data, int peer) = 0;
-  virtual std::unique_ptr<Request> recv(std::span<std::byte> data, int peer) = 0;
-  virtual std::unique_ptr<Request> all_reduce(std::span<float> data, ReduceOp op, int lane) = 0;
-  virtual std::unique_ptr<Request> broadcast(std::span<float> data, int root, int lane) = 0;
-  /// The reduced values land in `data` on `root`; other ranks' `data` is left as it was.
-  virtual std::unique_ptr<Request> reduce(std::span<float> data, ReduceOp op, int root, int lane) = 0;
+  /// Lane 0 .. kCollectiveLanes - 1 for collectives, kPointToPointLane for send and recv,
+  /// kControlLane for host buffers.
+  virtual Communicator& lane(int lane) = 0;
+  Communicator& p2p() { return lane(kPointToPointLane); }
+  Communicator& control() { return lane(kControlLane); }
 
   /// Sleeps until communication may have progressed or wake() was called, at most `seconds`: a
   /// rank's communication thread waits here when it has nothing to do. Call from one thread only.
@@ -56,8 +81,11 @@ class Communicator {
   virtual void abort(const std::string& why) = 0;
 };
 
-/// Byte views of float data, for send and recv.
-inline std::span<const std::byte> bytes_of(std::span<const float> data) { return std::as_bytes(data); }
-inline std::span<std::byte> bytes_of(std::span<float> data) { return std::as_writable_bytes(data); }
+/// A host buffer of plain values, for the control lane.
+template <class T>
+Buffer host_buffer(std::span<T> values) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  return {const_cast<std::remove_const_t<T>*>(values.data()), values.size(), sizeof(T) == 4 ? DType::F32 : DType::F64};
+}
 
 }  // namespace pipesim::runtime

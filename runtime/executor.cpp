@@ -6,7 +6,7 @@
 
 #include "cpu/hash.h"
 #include "rank_executor.h"
-#include "vocab_assembly.h"
+#include "cpu_backend.h"
 
 namespace pipesim::runtime {
 namespace {
@@ -40,6 +40,17 @@ double reference_iteration(const cpu::ModelShape& shape, const cpu::Model& model
 
 }  // namespace
 
+RankExecutor::RankExecutor(Transport& comm, std::unique_ptr<Backend> backend, const Plan& plan, const RunOptions& options)
+    : comm_(comm), plan_(plan), graph_(plan.graph), layout_(plan.layout), options_(options), rank_(comm.rank()),
+      shape_(model_shape(plan.config)), n_(shape_.tokens()), h_(shape_.hidden), backend_(std::move(backend)),
+      first_device_(layout_.stages.front().device), last_device_(layout_.stages.back().device),
+      last_stage_(layout_.stage_count() - 1), done_(graph_.size()) {
+  for (const Task& t : graph_.tasks()) split_weight_ |= t.kind == OpKind::W;
+  for (std::size_t s = graph_.first_stream(rank_); s < graph_.first_stream(rank_ + 1); ++s)
+    if (!graph_.stream(s).empty()) streams_.push_back(s);
+  for (const Task& t : graph_.tasks()) own_tasks_ += t.device == rank_;
+}
+
 Result<RunResult> RankExecutor::run() {
   RunResult result;
   result.timeline.start.assign(graph_.size(), 0), result.timeline.end.assign(graph_.size(), 0);
@@ -52,6 +63,7 @@ Result<RunResult> RankExecutor::run() {
       batches_.clear();
       for (int mb = 0; mb < plan_.config.parallel.microbatches; ++mb)
         batches_.push_back(make_batch(options_.seed, step, mb, n_, shape_.vocab));
+      backend_->set_batches(batches_);
       if (options_.check && step == 0) {
         reference_grad_ = cpu::zero_model(shape_);
         reference_loss = reference_iteration(shape_, cpu::make_model(shape_, options_.seed), batches_, *reference_grad_);
@@ -62,8 +74,8 @@ Result<RunResult> RankExecutor::run() {
       run_graph();
       const TimeNs elapsed = now();
       std::vector<float> loss{float(loss_part_)}, time{float(elapsed)};
-      wait(comm_.all_reduce(loss, ReduceOp::Sum, vocab_lane::kDataParallel), "the loss all-reduce");
-      wait(comm_.all_reduce(time, ReduceOp::Max, vocab_lane::kDataParallel), "the step-time all-reduce");
+      wait(comm_.control().all_reduce(host_buffer(std::span(loss)), ReduceOp::Sum), "the loss all-reduce");
+      wait(comm_.control().all_reduce(host_buffer(std::span(time)), ReduceOp::Max), "the step-time all-reduce");
       result.losses.push_back(loss[0]);
       result.step_ns.push_back(TimeNs(time[0]));
       if (step == 0 && options_.check) result.check = finish_check(reference_loss, loss[0]);
@@ -94,7 +106,7 @@ void RankExecutor::wait(std::unique_ptr<Request> request, const std::string& wha
 
 void RankExecutor::barrier() {
   std::vector<float> token{1.0f};
-  wait(comm_.all_reduce(token, ReduceOp::Sum, vocab_lane::kDataParallel), "the start-of-step barrier");
+  wait(comm_.control().all_reduce(host_buffer(std::span(token)), ReduceOp::Sum), "the start-of-step barrier");
 }
 
 void RankExecutor::run_graph() {
@@ -238,7 +250,7 @@ void RankExecutor::timed_out(const std::vector<std::size_t>& cursor, const std::
 }
 
 CheckResult RankExecutor::finish_check(double reference_loss, double loss) {
-  wait(comm_.all_reduce(grad_terms_, ReduceOp::Sum, vocab_lane::kDataParallel), "the gradient-check all-reduce");
+  wait(comm_.control().all_reduce(host_buffer(std::span(grad_terms_)), ReduceOp::Sum), "the gradient-check all-reduce");
   CheckResult check{.loss = loss, .reference_loss = reference_loss, .max_grad_rel_err = 0, .worst_tensor = ""};
   const std::vector<std::string> names = tensor_names(shape_);
   for (std::size_t t = 0; t < names.size(); ++t) {
@@ -269,17 +281,17 @@ void RankExecutor::gather(RunResult& result) {
         field(result.static_bytes[std::size_t(rank)]);
   };
   result.peak_activation_bytes[std::size_t(rank_)] = buffers_.peak(), result.peak_op[std::size_t(rank_)] = buffers_.peak_op();
-  result.static_bytes[std::size_t(rank_)] = Bytes(model_.parameter_count() * 2 * sizeof(float));
+  result.static_bytes[std::size_t(rank_)] = backend_->static_bytes();
   std::vector<double> record;
   if (rank_ != 0) {
     pack(rank_, record, false);
-    wait(comm_.send(std::as_bytes(std::span<const double>(record)), 0), "rank 0 to take this rank's measurements");
+    wait(comm_.control().send(host_buffer(std::span(record)), 0), "rank 0 to take this rank's measurements");
     return;
   }
   for (int r = 1; r < ranks; ++r) {
     std::vector<double> theirs;
     pack(r, theirs, false);  // sizes the record
-    wait(comm_.recv(std::as_writable_bytes(std::span<double>(theirs)), r), fmt::format("rank {}'s measurements", r));
+    wait(comm_.control().recv(host_buffer(std::span(theirs)), r), fmt::format("rank {}'s measurements", r));
     pack(r, theirs, true);
   }
 }
@@ -309,10 +321,10 @@ Status check_runnable(const Plan& plan) {
   return Status::Ok();
 }
 
-Result<RunResult> run_rank(Communicator& comm, const Plan& plan, const RunOptions& options) {
+Result<RunResult> run_rank(Transport& comm, const Plan& plan, const RunOptions& options) {
   if (comm.size() != plan.layout.devices)
     return Error{fmt::format("{} ranks cannot run a pipeline of {} devices", comm.size(), plan.layout.devices)};
-  RankExecutor executor(comm, plan, options);
+  RankExecutor executor(comm, make_cpu_backend(model_shape(plan.config), plan.layout, comm.rank(), options.seed), plan, options);
   return executor.run();
 }
 

@@ -62,6 +62,6 @@ Bytes machine_memory_bytes();
 Status check_runnable(const Plan& plan);
 
 /// Runs `options.steps` training steps of the plan as rank comm.rank().
-Result<RunResult> run_rank(Communicator& comm, const Plan& plan, const RunOptions& options);
+Result<RunResult> run_rank(Transport& comm, const Plan& plan, const RunOptions& options);
 
 }  // namespace pipesim::runtime

@@ -1,11 +1,12 @@
 #pragma once
 /// In-process communicator: every rank is a thread of this process and all of them share one World.
-/// Messages are copied through per-channel queues; collectives meet in slots keyed by (lane, index on
-/// the lane) and reduce in rank order, so results do not depend on which thread arrives first.
+/// A receive copies straight from the sender's buffer; collectives meet in slots keyed by (lane,
+/// index on the lane), and the last rank to arrive reduces in rank order, so results do not depend
+/// on which thread arrives first. Where the buffers live is the World's `Memory`: host memory by
+/// default, device memory when a GPU backend gives its own copies and reductions.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,13 +17,29 @@
 
 namespace pipesim::runtime {
 
+/// How a World reads, writes and combines buffers of one memory space.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void free(void* data) noexcept = 0;
+  virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
+  /// into[i] = op(into[i], from[i]) for `count` elements of `dtype`.
+  virtual void combine(void* into, const void* from, std::size_t count, DType dtype, ReduceOp op) = 0;
+};
+
+/// Host memory, fp32 and fp64 reductions.
+Memory& host_memory();
+
 class World {
  public:
-  World(int ranks, int lanes);
+  /// `data` holds the buffers of the IR's lanes (collective and point-to-point); the control lane
+  /// is always host memory.
+  explicit World(int ranks, Memory& data = host_memory());
+  ~World();
   int ranks() const { return ranks_; }
-  int lanes() const { return lanes_; }
-  /// The communicator of one rank; lives as long as the World.
-  Communicator& rank(int r) { return *comms_[std::size_t(r)]; }
+  /// The transport of one rank; lives as long as the World.
+  Transport& rank(int r) { return *transports_[std::size_t(r)]; }
   /// Waits until something changed in the world (a message, a collective, an abort, a wake-up)
   /// since the change numbered `seen`, or `seconds` pass, so idle ranks sleep instead of spinning.
   /// Updates `seen`; no change is missed between two calls.
@@ -31,29 +48,32 @@ class World {
   std::optional<std::string> abort_reason();
 
  private:
-  friend class InProcessComm;
+  friend class InProcessLane;
+  friend class InProcessTransport;
   friend class InProcessRequest;
   struct Message {
-    std::vector<std::byte> data;
+    Buffer data;  ///< the sender's buffer, read by the receiver
     std::shared_ptr<bool> taken;
   };
   struct Slot {
-    std::vector<std::vector<float>> inputs;  ///< by rank; empty until it arrives
+    std::vector<Buffer> inputs;  ///< by rank
     int arrived = 0, collected = 0;
-    std::vector<float> result;
+    void* result = nullptr;      ///< in the lane's memory
+    std::size_t count = 0;
     bool ready = false;
   };
   void notify();  ///< call with mutex_ held
   void check_aborted() const;  ///< throws CommError; call with mutex_ held
 
-  int ranks_, lanes_;
+  int ranks_;
+  Memory& data_memory_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::deque<Message>> channels_;  ///< [from * ranks + to], FIFO
   std::map<std::pair<int, long>, Slot> slots_;  ///< (lane, index)
   std::optional<std::string> aborted_;
   std::uint64_t changes_ = 0;
-  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<std::unique_ptr<Transport>> transports_;
 };
 
 }  // namespace pipesim::runtime

@@ -9,7 +9,7 @@ namespace pipesim::runtime {
 
 Result<RunResult> run_in_process(const Plan& plan, const RunOptions& options) {
   const int ranks = plan.layout.devices;
-  World world(ranks, kCollectiveLanes);
+  World world(ranks);
   std::vector<std::optional<Result<RunResult>>> results(static_cast<std::size_t>(ranks));
   {
     std::vector<std::jthread> threads;

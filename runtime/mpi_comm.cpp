@@ -1,10 +1,11 @@
-// The MPI backend: one process per rank. Point-to-point messages use one duplicated communicator
-// (MPI keeps messages between two ranks in order, as the IR's channels need); each collective lane
-// has its own duplicate, so lanes never wait for each other, while ranks issue each lane's
-// collectives in the same order as MPI requires.
+// The MPI backend: one process per rank, host buffers. Every lane is its own duplicate of
+// MPI_COMM_WORLD: point-to-point messages between two ranks stay in order, as the IR's channels
+// need, and lanes never wait for each other, while ranks issue each lane's collectives in the same
+// order as MPI requires.
 #include <mpi.h>
 
 #include <cstdio>
+#include <stdexcept>
 #include <thread>
 
 #include "launch.h"
@@ -28,51 +29,67 @@ class MpiRequest final : public Request {
   bool done_ = false;
 };
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
 
-class MpiComm final : public Communicator {
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::BF16: break;
+  }
+  throw std::logic_error("the MPI communicator moves host fp32 and fp64 buffers, not bf16");
+}
+
+/// One lane: a duplicate of MPI_COMM_WORLD, so lanes never match each other's messages.
+class MpiLane final : public Communicator {
  public:
-  explicit MpiComm(int lanes) : lanes_(std::size_t(lanes)) {
+  explicit MpiLane(int rank) : rank_(rank) { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
+  ~MpiLane() override { MPI_Comm_free(&comm_); }
+
+  std::unique_ptr<Request> send(Buffer data, int peer) override {
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Isend(data.data, int(data.count), mpi_type(data.dtype), peer, 0, comm_, r->handle());
+    return r;
+  }
+  std::unique_ptr<Request> recv(Buffer data, int peer) override {
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Irecv(data.data, int(data.count), mpi_type(data.dtype), peer, 0, comm_, r->handle());
+    return r;
+  }
+  std::unique_ptr<Request> all_reduce(Buffer data, ReduceOp op) override {
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Iallreduce(MPI_IN_PLACE, data.data, int(data.count), mpi_type(data.dtype), mpi_op(op), comm_, r->handle());
+    return r;
+  }
+  std::unique_ptr<Request> broadcast(Buffer data, int root) override {
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Ibcast(data.data, int(data.count), mpi_type(data.dtype), root, comm_, r->handle());
+    return r;
+  }
+  std::unique_ptr<Request> reduce(Buffer data, ReduceOp op, int root) override {
+    auto r = std::make_unique<MpiRequest>();
+    if (rank_ == root)
+      MPI_Ireduce(MPI_IN_PLACE, data.data, int(data.count), mpi_type(data.dtype), mpi_op(op), root, comm_, r->handle());
+    else
+      MPI_Ireduce(data.data, nullptr, int(data.count), mpi_type(data.dtype), mpi_op(op), root, comm_, r->handle());
+    return r;
+  }
+
+ private:
+  int rank_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+class MpiTransport final : public Transport {
+ public:
+  MpiTransport() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MPI_Comm_dup(MPI_COMM_WORLD, &p2p_);
-    for (MPI_Comm& lane : lanes_) MPI_Comm_dup(MPI_COMM_WORLD, &lane);
-  }
-  ~MpiComm() override {
-    for (MPI_Comm& lane : lanes_) MPI_Comm_free(&lane);
-    MPI_Comm_free(&p2p_);
+    for (int lane = 0; lane < kLanes; ++lane) lanes_.push_back(std::make_unique<MpiLane>(rank_));
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-
-  std::unique_ptr<Request> send(std::span<const std::byte> data, int peer) override {
-    auto r = std::make_unique<MpiRequest>();
-    MPI_Isend(data.data(), int(data.size()), MPI_BYTE, peer, 0, p2p_, r->handle());
-    return r;
-  }
-  std::unique_ptr<Request> recv(std::span<std::byte> data, int peer) override {
-    auto r = std::make_unique<MpiRequest>();
-    MPI_Irecv(data.data(), int(data.size()), MPI_BYTE, peer, 0, p2p_, r->handle());
-    return r;
-  }
-  std::unique_ptr<Request> all_reduce(std::span<float> data, ReduceOp op, int lane) override {
-    auto r = std::make_unique<MpiRequest>();
-    MPI_Iallreduce(MPI_IN_PLACE, data.data(), int(data.size()), MPI_FLOAT, mpi_op(op), comm(lane), r->handle());
-    return r;
-  }
-  std::unique_ptr<Request> broadcast(std::span<float> data, int root, int lane) override {
-    auto r = std::make_unique<MpiRequest>();
-    MPI_Ibcast(data.data(), int(data.size()), MPI_FLOAT, root, comm(lane), r->handle());
-    return r;
-  }
-  std::unique_ptr<Request> reduce(std::span<float> data, ReduceOp op, int root, int lane) override {
-    auto r = std::make_unique<MpiRequest>();
-    if (rank_ == root)
-      MPI_Ireduce(MPI_IN_PLACE, data.data(), int(data.size()), MPI_FLOAT, mpi_op(op), root, comm(lane), r->handle());
-    else
-      MPI_Ireduce(data.data(), nullptr, int(data.size()), MPI_FLOAT, mpi_op(op), root, comm(lane), r->handle());
-    return r;
-  }
+  Communicator& lane(int lane) override { return *lanes_.at(std::size_t(lane)); }
   void wait_for_progress(double seconds) override {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));
   }
@@ -86,10 +103,8 @@ class MpiComm final : public Communicator {
   }
 
  private:
-  MPI_Comm comm(int lane) { return lanes_[std::size_t(lane)]; }
   int rank_ = 0, size_ = 1;
-  MPI_Comm p2p_ = MPI_COMM_NULL;
-  std::vector<MPI_Comm> lanes_;
+  std::vector<std::unique_ptr<Communicator>> lanes_;
 };
 
 }  // namespace
@@ -99,7 +114,7 @@ MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const Run
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);  // only this thread calls MPI
   MpiRun run;
   {
-    MpiComm comm(kCollectiveLanes);
+    MpiTransport comm;
     run.rank = comm.rank(), run.size = comm.size();
     Result<Plan> plan = plan_for(comm.size());
     if (!plan.ok()) {

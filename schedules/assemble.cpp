@@ -112,7 +112,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     if (dp > 1) {
       const TaskId reduce = builder.add({.kind = OpKind::DpAllReduce, .device = d,
                                          .bytes = device_params[std::size_t(d)] * grad_bytes_per_param});
-      builder.add_group({reduce}, dp);
+      builder.add_group({.members = {reduce}, .ranks = dp, .data = CollectiveData::Gradients, .op = ReduceOp::Sum});
       if (before != kNoTask) builder.depend(reduce, before);
       before = reduce;
     }

@@ -39,28 +39,36 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const
   const int first_device = layout.stages.front().device, last_device = layout.stages.back().device;
   const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
   const bool synchronous = layout.vocab == VocabPlacement::Interlaced;
-  /// One collective of `kind` on `lane` for microbatch x: a member per device, each depending on
-  /// what that device must have finished (kNoTask: nothing).
-  const auto collective = [&](OpKind kind, int lane, int x, double bytes, const std::function<TaskId(int)>& after) {
+  /// One collective for microbatch x on the lane of its kind: a member per device, each depending
+  /// on what that device must have finished (kNoTask: nothing).
+  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x, double bytes,
+                               const std::function<TaskId(int)>& after) {
+    const OpKind kind = op == ReduceOp::None ? OpKind::Broadcast : root >= 0 ? OpKind::Reduce : OpKind::AllReduce;
     std::vector<TaskId> members;
     for (int d = 0; d < devices_; ++d) {
       const TaskId member = builder.add({.kind = kind, .device = d, .microbatch = x, .lane = lane, .bytes = bytes});
       if (const TaskId before = after(d); before != kNoTask) builder.depend(member, before);
       members.push_back(member);
     }
-    builder.add_group(members, devices_);
+    builder.add_group({.members = members, .ranks = devices_, .data = data, .op = op, .root = root});
     return members;
   };
+  using enum CollectiveData;
   for (int x = 0; x < microbatches_; ++x) {
-    const auto input = collective(OpKind::Reduce, vocab_lane::kInputReduce, x, work.input_reduce_bytes, [&](int d) { return pass(kIF, d, x); });
+    const auto input = collective(vocab_lane::kInputReduce, InputEmbedding, ReduceOp::Sum, first_device,
+                                  x, work.input_reduce_bytes, [&](int d) { return pass(kIF, d, x); });
     builder.depend(forward(0, x), input[std::size_t(first_device)]);
-    const auto output = collective(OpKind::Broadcast, vocab_lane::kOutputBroadcast, x, work.output_broadcast_bytes,
+    const auto output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device,
+                                   x, work.output_broadcast_bytes,
                                    [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
-    const auto barrier0 = collective(OpKind::AllReduce, vocab_lane::kBarrier0, x, work.barrier0_bytes, [&](int d) { return pass(kS, d, x); });
+    const auto barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
+                                     work.barrier0_bytes, [&](int d) { return pass(kS, d, x); });
     std::vector<TaskId> barrier1;
     if (two_barriers)
-      barrier1 = collective(OpKind::AllReduce, vocab_lane::kBarrier1, x, work.barrier1_bytes, [&](int d) { return pass(kT, d, x); });
-    const auto gradient = collective(OpKind::Broadcast, vocab_lane::kGradBroadcast, x, work.grad_broadcast_bytes,
+      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x, work.barrier1_bytes,
+                            [&](int d) { return pass(kT, d, x); });
+    const auto gradient = collective(vocab_lane::kGradBroadcast, InputGrad, ReduceOp::None, first_device,
+                                     x, work.grad_broadcast_bytes,
                                      [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
     builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0)[std::size_t(last_device)]);
     for (int d = 0; d < devices_; ++d) {

@@ -131,10 +131,10 @@ void TaskGraphBuilder::pair(TaskId send, TaskId recv) {
   tasks_[static_cast<std::size_t>(recv)].partner = send;
 }
 
-int TaskGraphBuilder::add_group(std::vector<TaskId> members, int ranks) {
+int TaskGraphBuilder::add_group(CollectiveGroup group) {
   const int index = static_cast<int>(groups_.size());
-  for (TaskId member : members) tasks_[static_cast<std::size_t>(member)].group = index;
-  groups_.push_back({std::move(members), ranks});
+  for (TaskId member : group.members) tasks_[static_cast<std::size_t>(member)].group = index;
+  groups_.push_back(std::move(group));
   return index;
 }
 

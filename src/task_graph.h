@@ -67,11 +67,32 @@ struct Task {
   Bytes free_bytes = 0;          ///< activation memory returned when the op ends
 };
 
+/// What a collective combines. Every executor reads a collective's meaning from here (the runtime
+/// picks its buffers by it), never from the lane it runs on.
+enum class CollectiveData : std::uint8_t {
+  Gradients,       ///< DP_ALLREDUCE: weight gradients over the data-parallel replicas
+  InputEmbedding,  ///< REDUCE: the IF outputs summed into the first stage's input
+  OutputX,         ///< BROADCAST: the last stage's output X to every device
+  SoftmaxStats,    ///< ALLREDUCE, barrier C0: M, then S and z (+ dX with Algorithm 2)
+  OutputGrad,      ///< ALLREDUCE, barrier C1: Σ dX_i (Algorithm 1, interlaced)
+  InputGrad,       ///< BROADCAST: the first stage's input gradient dY to every device
+};
+
+enum class ReduceOp : std::uint8_t {
+  None,        ///< BROADCAST
+  Sum,
+  Max,
+  MaxThenSum,  ///< barrier C0: a max round (M), then sum rounds of values rescaled by it
+};
+
 /// Members of one collective, plus the number of ranks the collective spans (which may exceed the
 /// members simulated here: a DP all-reduce runs over `ranks` replicas of which one is simulated).
 struct CollectiveGroup {
   std::vector<TaskId> members;
   int ranks = 1;
+  CollectiveData data = CollectiveData::Gradients;
+  ReduceOp op = ReduceOp::Sum;
+  int root = -1;  ///< BROADCAST and REDUCE: the device that holds the source or gets the result; -1 otherwise
 };
 
 /// Frozen, index-based graph: copies and compares cheaply, borrowed by const&.
@@ -103,6 +124,8 @@ class TaskGraph {
   /// "compute", "collective 2", "send->d3" or "recv<-d1".
   std::string stream_name(std::size_t s) const;
   std::span<const CollectiveGroup> groups() const { return groups_; }
+  /// The collective `id` is a member of (a collective op's group).
+  const CollectiveGroup& group_of(TaskId id) const { return groups_[static_cast<std::size_t>(task(id).group)]; }
   /// Short human name, e.g. `F(d0,s0,m1)` or `SEND(d0->d1,act,s0,m1)`.
   std::string describe(TaskId id) const;
 
@@ -135,7 +158,7 @@ class TaskGraphBuilder {
   /// Matches a SEND with its RECV; both start together.
   void pair(TaskId send, TaskId recv);
   /// Registers a collective; each member's `group` is set.
-  int add_group(std::vector<TaskId> members, int ranks);
+  int add_group(CollectiveGroup group);
   Task& task(TaskId id) { return tasks_[static_cast<std::size_t>(id)]; }
   TaskGraph build() &&;
 

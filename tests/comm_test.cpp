@@ -12,12 +12,12 @@ using namespace pipesim::runtime;
 
 namespace {
 
-void wait(Communicator& comm, Request& request) {
+void wait(Transport& comm, Request& request) {
   while (!request.done()) comm.wait_for_progress(0.001);
 }
 
 /// Runs `body(comm)` on one thread per rank; returns what each rank recorded.
-std::vector<std::vector<float>> on_ranks(World& world, const std::function<std::vector<float>(Communicator&)>& body) {
+std::vector<std::vector<float>> on_ranks(World& world, const std::function<std::vector<float>(Transport&)>& body) {
   std::vector<std::vector<float>> seen(static_cast<std::size_t>(world.ranks()));
   {
     std::vector<std::jthread> threads;
@@ -27,7 +27,7 @@ std::vector<std::vector<float>> on_ranks(World& world, const std::function<std::
 }
 
 /// What `wait` threw, or "" when it did not.
-std::string error_of(Communicator& comm, Request& request) {
+std::string error_of(Transport& comm, Request& request) {
   try {
     wait(comm, request);
   } catch (const std::exception& e) {
@@ -39,18 +39,18 @@ std::string error_of(Communicator& comm, Request& request) {
 }  // namespace
 
 TEST_CASE("messages between two ranks arrive in the order they were sent") {
-  World world(2, 1);
-  const auto seen = on_ranks(world, [](Communicator& comm) {
+  World world(2);
+  const auto seen = on_ranks(world, [](Transport& comm) {
     std::vector<float> got;
     std::vector<std::vector<float>> data;
     for (int i = 0; i < 5; ++i) data.push_back({float(i), float(i * i)});
     if (comm.rank() == 0) {
       std::vector<std::unique_ptr<Request>> sends;
-      for (auto& d : data) sends.push_back(comm.send(bytes_of(std::span<const float>(d)), 1));
+      for (auto& d : data) sends.push_back(comm.p2p().send(host_buffer(std::span(d)), 1));
       for (auto& s : sends) wait(comm, *s);
     } else {
       for (auto& d : data) {
-        auto r = comm.recv(bytes_of(std::span<float>(d)), 0);
+        auto r = comm.p2p().recv(host_buffer(std::span(d)), 0);
         wait(comm, *r);
         got.insert(got.end(), d.begin(), d.end());
       }
@@ -61,14 +61,14 @@ TEST_CASE("messages between two ranks arrive in the order they were sent") {
 }
 
 TEST_CASE("all-reduce, broadcast and reduce give every rank what MPI would") {
-  World world(4, 2);
-  const auto seen = on_ranks(world, [](Communicator& comm) {
+  World world(4);
+  const auto seen = on_ranks(world, [](Transport& comm) {
     const float r = float(comm.rank());
     std::vector<float> sum{r, 10 * r}, max{r, -r}, bcast{r, r}, reduced{r + 1, 0};
-    auto a = comm.all_reduce(sum, ReduceOp::Sum, 0);
-    auto b = comm.all_reduce(max, ReduceOp::Max, 0);
-    auto c = comm.broadcast(bcast, 2, 1);  // another lane: completes independently of lane 0
-    auto d = comm.reduce(reduced, ReduceOp::Sum, 3, 1);
+    auto a = comm.lane(0).all_reduce(host_buffer(std::span(sum)), ReduceOp::Sum);
+    auto b = comm.lane(0).all_reduce(host_buffer(std::span(max)), ReduceOp::Max);
+    auto c = comm.lane(1).broadcast(host_buffer(std::span(bcast)), 2);  // another lane: completes independently of lane 0
+    auto d = comm.lane(1).reduce(host_buffer(std::span(reduced)), ReduceOp::Sum, 3);
     for (Request* q : {a.get(), b.get(), c.get(), d.get()}) wait(comm, *q);
     return std::vector<float>{sum[0], sum[1], max[0], max[1], bcast[0], bcast[1], reduced[0], reduced[1]};
   });
@@ -82,12 +82,12 @@ TEST_CASE("all-reduce, broadcast and reduce give every rank what MPI would") {
 TEST_CASE("sums are taken in rank order, so they do not depend on thread timing") {
   // In fp32 (1e8 + 1) - 1e8 = 0 but 1e8 + (1 - 1e8) = 1 - 1: only rank order gives 0 every time.
   for (int repeat = 0; repeat < 20; ++repeat) {
-    World world(3, 1);
-    const auto seen = on_ranks(world, [&](Communicator& comm) {
+    World world(3);
+    const auto seen = on_ranks(world, [&](Transport& comm) {
       const float values[] = {1e8f, 1.0f, -1e8f};
       std::vector<float> v{values[comm.rank()]};
       if (comm.rank() == repeat % 3) std::this_thread::sleep_for(std::chrono::microseconds(repeat * 50));
-      auto q = comm.all_reduce(v, ReduceOp::Sum, 0);
+      auto q = comm.lane(0).all_reduce(host_buffer(std::span(v)), ReduceOp::Sum);
       wait(comm, *q);
       return v;
     });
@@ -96,16 +96,16 @@ TEST_CASE("sums are taken in rank order, so they do not depend on thread timing"
 }
 
 TEST_CASE("an abort reaches every rank's pending requests with the first rank's reason") {
-  World world(3, 1);
+  World world(3);
   std::vector<std::string> errors(3);
-  on_ranks(world, [&](Communicator& comm) {
+  on_ranks(world, [&](Transport& comm) {
     if (comm.rank() == 1) {
       comm.abort("rank 1 failed at F(d1,s1,m0): test");
       return std::vector<float>{};
     }
     std::vector<float> v{1};
     try {
-      auto q = comm.all_reduce(v, ReduceOp::Sum, 0);  // rank 1 never joins
+      auto q = comm.lane(0).all_reduce(host_buffer(std::span(v)), ReduceOp::Sum);  // rank 1 never joins
       errors[std::size_t(comm.rank())] = error_of(comm, *q);
     } catch (const CommError& e) {  // or the abort came first, and posting says so
       errors[std::size_t(comm.rank())] = e.what();
@@ -118,18 +118,18 @@ TEST_CASE("an abort reaches every rank's pending requests with the first rank's 
 }
 
 TEST_CASE("ranks that disagree on a message's size get an error, not a silent truncation") {
-  World world(2, 1);
+  World world(2);
   std::string error;
-  on_ranks(world, [&](Communicator& comm) {
+  on_ranks(world, [&](Transport& comm) {
     std::vector<float> data(comm.rank() == 0 ? 3 : 2);
     if (comm.rank() == 0) {
       try {
-        auto s = comm.send(bytes_of(std::span<const float>(data)), 1);
+        auto s = comm.p2p().send(host_buffer(std::span(data)), 1);
         error_of(comm, *s);  // ends when the receiver aborts
       } catch (const CommError&) {
       }
     } else {
-      auto r = comm.recv(bytes_of(std::span<float>(data)), 0);
+      auto r = comm.p2p().recv(host_buffer(std::span(data)), 0);
       error = error_of(comm, *r);
       comm.abort(error);
     }

@@ -139,7 +139,7 @@ TEST_CASE("a collective starts when its last member arrives and ends together on
   const TaskId f1 = builder.add({.kind = OpKind::F, .device = 1, .stage = 1, .chunk = 0, .microbatch = 0});
   const TaskId r0 = builder.add({.kind = OpKind::AllReduce, .device = 0});
   const TaskId r1 = builder.add({.kind = OpKind::AllReduce, .device = 1});
-  builder.add_group({r0, r1}, 2);
+  builder.add_group({.members = {r0, r1}, .ranks = 2, .data = CollectiveData::OutputGrad, .op = ReduceOp::Sum, .root = -1});
   builder.depend(r0, f0);
   builder.depend(r1, f1);
   const TaskGraph graph = std::move(builder).build();

@@ -1,0 +1,106 @@
+#pragma once
+/// The seam between the executor, which walks the task graph, and a backend, which computes and
+/// owns memory. The executor decides which op runs when and which buffers it reads and writes; a
+/// backend (CPU: cpu_backend.h; CUDA: cuda/cuda_backend.h) holds one rank's part of the model and
+/// runs each op's math on Tensors it allocated. Tokens and targets are host data given once per
+/// step; everything else stays where the backend keeps it, except the few scalars the executor
+/// reads (losses, gradient-check terms).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "cpu/model.h"
+#include "tensor.h"
+#include "units.h"
+
+namespace pipesim::runtime {
+
+/// Tokens of one microbatch and their targets, on the host.
+struct Batch {
+  std::vector<int> tokens, targets;
+};
+
+/// What a stage keeps from its F for its B (and W): the backend's own layout.
+class StageActivations {
+ public:
+  virtual ~StageActivations() = default;
+  virtual Bytes bytes() const = 0;
+  /// After an input-gradient-only B: drops all but what the W pass still needs.
+  virtual void keep_for_weight_pass() = 0;
+};
+
+/// What the S pass leaves for the barrier and the T pass.
+struct OutputShard {
+  Tensor logits;  ///< n × shard rows
+  Tensor local;   ///< fp32, 3n: local max | local sum-exp | target logit
+  Tensor terms;   ///< Algorithm 2: A | Y (2 · n × h); empty otherwise
+};
+
+class Backend : public Allocator {
+ public:
+  virtual std::string_view name() const = 0;
+
+  // ---- memory ----
+  /// `count` zeros of `dtype`.
+  virtual Tensor allocate(std::size_t count, DType dtype) = 0;
+  /// The dtype of the activations and gradients that stages pass on.
+  virtual DType activation_dtype() const = 0;
+  /// dst[dst_at .. dst_at + count) = src[src_at .. src_at + count); same dtype.
+  virtual void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) = 0;
+  /// Returns once every op issued so far has completed: the executor's time stamps then bound it.
+  virtual void synchronize() = 0;
+  /// This step's tokens and targets, by microbatch.
+  virtual void set_batches(std::span<const Batch> batches) = 0;
+
+  // ---- transformer stages ----
+  /// The embedding rows this rank holds for microbatch `mb`'s tokens (the whole table on the first
+  /// stage in baseline, the rank's shard in the vocabulary-parallel modes: IF); other rows are 0.
+  virtual Tensor embed(int mb) = 0;
+  /// Adds dy's rows into the gradient of the embedding rows this rank holds (baseline B, IB).
+  virtual void embed_backward(int mb, const Tensor& dy) = 0;
+  /// Runs the layers of virtual stage `stage` on x, which becomes their output.
+  virtual std::unique_ptr<StageActivations> stage_forward(int stage, Tensor& x) = 0;
+  /// dy (the stage output's gradient) becomes the stage input's gradient; adds weight gradients,
+  /// except the linear maps' when `defer_weights` (the schedule's W does those).
+  virtual void stage_backward(int stage, StageActivations& cache, Tensor& dy, bool defer_weights) = 0;
+  virtual void stage_weight(int stage, StageActivations& cache) = 0;
+  /// Last stage: the final LayerNorm of x (both kept in `cache`).
+  virtual void final_norm(StageActivations& cache, Tensor x) = 0;
+  /// A copy of the final LayerNorm's output: the X that the vocabulary passes read.
+  virtual Tensor final_output(const StageActivations& cache) = 0;
+  /// The gradient of the last stage's layers' output from that of the final LayerNorm's.
+  virtual Tensor final_norm_backward(StageActivations& cache, const Tensor& dnormed) = 0;
+  /// Baseline: the LM head over the whole vocabulary and the loss of microbatch `mb`, both scaled by
+  /// `scale`; returns the mean token loss × scale and keeps the logits' gradient in `cache`.
+  virtual double head_forward(StageActivations& cache, int mb, float scale) = 0;
+  /// Baseline: adds the LM head's weight gradient; returns the gradient of the LayerNorm output.
+  virtual Tensor head_backward(StageActivations& cache) = 0;
+
+  // ---- vocabulary passes (DESIGN.md §5), on this rank's shard ----
+  /// S: logits and local statistics of microbatch `mb` from X; Algorithm 2 also A and Y.
+  virtual OutputShard output_forward(int mb, const Tensor& x, bool algorithm2) = 0;
+  /// Barrier C0 after its max round: [s_i·exp(m_i − M) | z_i], what its sum round adds up.
+  virtual Tensor softmax_sums(const Tensor& local, const Tensor& global_max) = 0;
+  /// Σ over tokens of M + log S − z: the loss of a microbatch, summed.
+  virtual double loss_sum(const Tensor& global_max, const Tensor& sums) = 0;
+  /// Algorithm 2: this shard's term of dX, for the barrier's last round; `g` is dloss/dtoken.
+  virtual Tensor input_grad_share(const Tensor& local, const Tensor& global_max, const Tensor& sums,
+                                  const Tensor& terms, float g) = 0;
+  /// T: adds this shard's dW; with `input_grad` (Algorithm 1) returns its dX_i, else an empty tensor.
+  /// `stats` is [M | S], fp32.
+  virtual Tensor output_backward(int mb, const Tensor& logits, const Tensor& stats, const Tensor& x, float g,
+                                 bool input_grad) = 0;
+
+  // ---- per iteration ----
+  /// Plain SGD, then zeroes the gradients for the next step.
+  virtual void optimizer_step(float learning_rate) = 0;
+  /// For every tensor of the model, Σ (g − g_ref)² and Σ g_ref² over the elements this rank holds
+  /// (tensor_names' order; zeros for tensors it does not hold).
+  virtual std::vector<float> grad_error_terms(const cpu::Model& reference) = 0;
+  /// Bytes of this rank's weights and gradients.
+  virtual Bytes static_bytes() const = 0;
+};
+
+}  // namespace pipesim::runtime

@@ -1,0 +1,222 @@
+// The CPU backend: each op's math on host fp32 tensors, with the model's rank part in a RankModel.
+#include "cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "cpu/kernels.h"
+#include "cpu/vocab.h"
+#include "partition.h"
+
+namespace pipesim::runtime {
+namespace {
+
+/// What a stage keeps from F to B (and to W when it is split off).
+struct CpuActivations final : StageActivations {
+  std::vector<cpu::LayerCache> layers;
+  std::vector<cpu::DeferredWeightGrad> deferred;
+  std::vector<float> final_input, final_mean, final_rstd, normed;  ///< final LayerNorm (last stage)
+  std::vector<float> dlogits;                                      ///< baseline LM head (last stage)
+
+  Bytes bytes() const override {
+    std::size_t floats = final_input.size() + final_mean.size() + final_rstd.size() + normed.size() + dlogits.size();
+    for (const cpu::LayerCache& c : layers)
+      for (const auto* v : {&c.input, &c.ln1, &c.mean1, &c.rstd1, &c.qkv, &c.probs, &c.attention, &c.middle, &c.ln2,
+                            &c.mean2, &c.rstd2, &c.fc1, &c.gelu})
+        floats += v->size();
+    for (const cpu::DeferredWeightGrad& d : deferred) floats += d.fc2_dy.size() + d.fc1_dy.size() + d.proj_dy.size() + d.qkv_dy.size();
+    return Bytes(floats * sizeof(float));
+  }
+  void keep_for_weight_pass() override {
+    // W needs the layer inputs and the linear maps' output gradients; the rest can go now.
+    final_input = {}, normed = {}, dlogits = {};
+  }
+};
+
+CpuActivations& cpu_cache(StageActivations& cache) { return static_cast<CpuActivations&>(cache); }
+const CpuActivations& cpu_cache(const StageActivations& cache) { return static_cast<const CpuActivations&>(cache); }
+
+std::span<const float> f32(const Tensor& t) { return t.as<const float>(); }
+std::span<float> f32(Tensor& t) { return t.as<float>(); }
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed)
+      : shape_(shape), layout_(layout), model_(make_rank_model(shape, layout, rank, seed)), n_(shape.tokens()),
+        h_(shape.hidden) {}
+
+  std::string_view name() const override { return "cpu"; }
+
+  Tensor allocate(std::size_t count, DType dtype) override {
+    const std::size_t bytes = count * size_of(dtype);
+    void* data = ::operator new(std::max<std::size_t>(bytes, 1));
+    std::memset(data, 0, bytes);
+    return Tensor(data, count, dtype, this);
+  }
+  void free(void* data, std::size_t) noexcept override { ::operator delete(data); }
+  DType activation_dtype() const override { return DType::F32; }
+  void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) override {
+    const std::size_t element = size_of(src.dtype());
+    std::memcpy(static_cast<std::byte*>(dst.data()) + dst_at * element,
+                static_cast<const std::byte*>(src.data()) + src_at * element, count * element);
+  }
+  void synchronize() override {}  // every op has finished when its call returns
+  void set_batches(std::span<const Batch> batches) override { batches_.assign(batches.begin(), batches.end()); }
+
+  Tensor embed(int mb) override {
+    Tensor x = activation();
+    cpu::embedding_forward(model_.params.embedding, tokens(mb), f32(x), h_, model_.shard.first, model_.shard.rows);
+    return x;
+  }
+  void embed_backward(int mb, const Tensor& dy) override {
+    cpu::embedding_backward(tokens(mb), f32(dy), model_.grads.embedding, h_, model_.shard.first, model_.shard.rows);
+  }
+
+  std::unique_ptr<StageActivations> stage_forward(int stage, Tensor& x) override {
+    const VirtualStage& s = layout_.stages[std::size_t(stage)];
+    auto cache = std::make_unique<CpuActivations>();
+    cache->layers.resize(std::size_t(s.layers));
+    for (int l = 0; l < s.layers; ++l) {
+      Tensor y = activation();
+      cpu::layer_forward(shape_, model_.params.layers.at(s.first_layer + l), f32(x), f32(y), cache->layers[std::size_t(l)]);
+      x = std::move(y);
+    }
+    return cache;
+  }
+
+  void stage_backward(int stage, StageActivations& base, Tensor& dy, bool defer_weights) override {
+    const VirtualStage& s = layout_.stages[std::size_t(stage)];
+    CpuActivations& cache = cpu_cache(base);
+    if (defer_weights) cache.deferred.resize(std::size_t(s.layers));
+    for (int l = s.layers - 1; l >= 0; --l) {
+      Tensor dx = activation();
+      cpu::layer_backward(shape_, model_.params.layers.at(s.first_layer + l), cache.layers[std::size_t(l)], f32(dy),
+                          f32(dx), model_.grads.layers.at(s.first_layer + l),
+                          defer_weights ? &cache.deferred[std::size_t(l)] : nullptr);
+      dy = std::move(dx);
+    }
+  }
+
+  void stage_weight(int stage, StageActivations& base) override {
+    const VirtualStage& s = layout_.stages[std::size_t(stage)];
+    CpuActivations& cache = cpu_cache(base);
+    for (int l = 0; l < s.layers; ++l)
+      cpu::layer_weight_backward(shape_, cache.layers[std::size_t(l)], cache.deferred[std::size_t(l)],
+                                 model_.grads.layers.at(s.first_layer + l));
+  }
+
+  void final_norm(StageActivations& base, Tensor x) override {
+    CpuActivations& cache = cpu_cache(base);
+    const auto floats = f32(x);
+    cache.final_input.assign(floats.begin(), floats.end());
+    cache.normed.resize(activation_size()), cache.final_mean.resize(std::size_t(n_)), cache.final_rstd.resize(std::size_t(n_));
+    cpu::layernorm_forward(cache.final_input, model_.params.final_gain, model_.params.final_bias, cache.normed,
+                           cache.final_mean, cache.final_rstd, n_, h_);
+  }
+  Tensor final_output(const StageActivations& base) override {
+    const CpuActivations& cache = cpu_cache(base);
+    Tensor x = activation();
+    std::copy(cache.normed.begin(), cache.normed.end(), f32(x).begin());
+    return x;
+  }
+  Tensor final_norm_backward(StageActivations& base, const Tensor& dnormed) override {
+    CpuActivations& cache = cpu_cache(base);
+    Tensor dy = activation();
+    cpu::layernorm_backward(cache.final_input, model_.params.final_gain, cache.final_mean, cache.final_rstd, f32(dnormed),
+                            f32(dy), model_.grads.final_gain, model_.grads.final_bias, n_, h_);
+    return dy;
+  }
+
+  double head_forward(StageActivations& base, int mb, float scale) override {
+    CpuActivations& cache = cpu_cache(base);
+    std::vector<float> logits(std::size_t(n_) * std::size_t(shape_.vocab), 0.0f);
+    cpu::matmul_bt(cache.normed, model_.params.head, logits, n_, h_, shape_.vocab);
+    cache.dlogits.resize(logits.size());
+    const double loss = cpu::cross_entropy(logits, targets(mb), cache.dlogits, n_, shape_.vocab);
+    for (float& g : cache.dlogits) g *= scale;
+    return loss * scale;
+  }
+  Tensor head_backward(StageActivations& base) override {
+    CpuActivations& cache = cpu_cache(base);
+    Tensor dnormed = activation();
+    cpu::matmul_at(cache.dlogits, cache.normed, model_.grads.head, n_, shape_.vocab, h_);
+    cpu::matmul(cache.dlogits, model_.params.head, f32(dnormed), n_, shape_.vocab, h_, true);
+    return dnormed;
+  }
+
+  OutputShard output_forward(int mb, const Tensor& x, bool algorithm2) override {
+    const std::size_t n = std::size_t(n_);
+    OutputShard out{.logits = allocate(n * std::size_t(model_.shard.rows), DType::F32), .local = allocate(3 * n, DType::F32),
+                    .terms = {}};
+    const std::span<float> l = f32(out.local);
+    cpu::output_logits(f32(x), model_.params.head, targets(mb), model_.shard, n_, h_, f32(out.logits), l.subspan(0, n),
+                       l.subspan(n, n), l.subspan(2 * n, n));
+    if (algorithm2) {
+      out.terms = allocate(2 * activation_size(), DType::F32);
+      const std::span<float> a = f32(out.terms);
+      cpu::output_input_grad_terms(f32(out.logits), l.subspan(0, n), l.subspan(n, n), model_.params.head, targets(mb),
+                                   model_.shard, n_, h_, a.subspan(0, activation_size()), a.subspan(activation_size()));
+    }
+    return out;
+  }
+  Tensor softmax_sums(const Tensor& local, const Tensor& global_max) override {
+    const std::size_t n = std::size_t(n_);
+    Tensor sums = allocate(2 * n, DType::F32);
+    const std::span<const float> l = f32(local);
+    cpu::rescale_sum_exp(l.subspan(0, n), l.subspan(n, n), f32(global_max), f32(sums).subspan(0, n));
+    std::copy(l.begin() + std::ptrdiff_t(2 * n), l.end(), f32(sums).begin() + std::ptrdiff_t(n));
+    return sums;
+  }
+  double loss_sum(const Tensor& global_max, const Tensor& sums) override {
+    const std::span<const float> s = f32(sums);
+    return cpu::loss_sum(f32(global_max), s.subspan(0, std::size_t(n_)), s.subspan(std::size_t(n_)));
+  }
+  Tensor input_grad_share(const Tensor& local, const Tensor& global_max, const Tensor& sums, const Tensor& terms,
+                          float g) override {
+    const std::size_t n = std::size_t(n_);
+    const std::span<const float> l = f32(local), ay = f32(terms);
+    std::vector<float> scaled(n);
+    cpu::rescale_sum_exp(l.subspan(0, n), l.subspan(n, n), f32(global_max), scaled);
+    Tensor dx = activation();
+    cpu::input_grad_share(scaled, f32(sums).subspan(0, n), ay.subspan(0, activation_size()), ay.subspan(activation_size()),
+                          g, n_, h_, f32(dx));
+    return dx;
+  }
+  Tensor output_backward(int mb, const Tensor& logits, const Tensor& stats, const Tensor& x, float g,
+                         bool input_grad) override {
+    const std::span<const float> s = f32(stats);
+    Tensor dx = input_grad ? activation() : Tensor();
+    cpu::output_backward(f32(logits), s.subspan(0, std::size_t(n_)), s.subspan(std::size_t(n_)), targets(mb), model_.shard,
+                         g, f32(x), model_.params.head, n_, h_, model_.grads.head,
+                         input_grad ? f32(dx) : std::span<float>());
+    return dx;
+  }
+
+  void optimizer_step(float learning_rate) override { model_.sgd_step(learning_rate); }
+  std::vector<float> grad_error_terms(const cpu::Model& reference) override {
+    return runtime::grad_error_terms(model_, reference);
+  }
+  Bytes static_bytes() const override { return Bytes(model_.parameter_count() * 2 * sizeof(float)); }
+
+ private:
+  std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
+  Tensor activation() { return allocate(activation_size(), DType::F32); }
+  const std::vector<int>& tokens(int mb) const { return batches_.at(std::size_t(mb)).tokens; }
+  const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }
+
+  cpu::ModelShape shape_;
+  const Layout& layout_;
+  RankModel model_;
+  int n_, h_;
+  std::vector<Batch> batches_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,
+                                          std::uint64_t seed) {
+  return std::make_unique<CpuBackend>(shape, layout, rank, seed);
+}
+
+}  // namespace pipesim::runtime

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "comm.h"
 #include "plan.h"
 #include "status.h"
@@ -24,7 +25,12 @@ struct InjectedFault {
   bool hang = false;  ///< stop responding instead of failing
 };
 
+/// Where each rank computes.
+enum class BackendKind { Cpu, Cuda };
+
 struct RunOptions {
+  BackendKind backend = BackendKind::Cpu;
+  DType dtype = DType::F32;  ///< weights and activations (the CPU backend runs fp32 only)
   int steps = 1;
   std::uint64_t seed = 1234;
   float learning_rate = 0.1f;
@@ -39,6 +45,10 @@ struct CheckResult {
   double loss = 0, reference_loss = 0;
   double max_grad_rel_err = 0;  ///< max over tensors of ‖g − g_ref‖ / ‖g_ref‖
   std::string worst_tensor;
+  /// The bounds the run is held to: fp32 must match the fp32 reference to rounding; bf16 only in
+  /// its loss, since bf16 weights and activations round every value to 8 bits of mantissa.
+  double loss_tolerance = 0, grad_tolerance = 0;  ///< grad_tolerance 0: not checked
+  bool passed() const;
 };
 
 /// What a run measured; complete on rank 0 (other ranks hold their own part).
@@ -60,6 +70,10 @@ Bytes machine_memory_bytes();
 /// Whether this runtime can execute the plan (one pipeline replica, no tensor parallelism, a model
 /// that fits in this machine's memory); the error names the config field to change.
 Status check_runnable(const Plan& plan);
+/// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
+Status check_backend(const RunOptions& options);
+/// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present.
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Plan& plan, int rank);
 
 /// Runs `options.steps` training steps of the plan as rank comm.rank().
 Result<RunResult> run_rank(Transport& comm, const Plan& plan, const RunOptions& options);

@@ -3,13 +3,14 @@
 #include <cstdlib>
 #include <thread>
 
+#include "cuda/cuda_backend.h"
 #include "inprocess_comm.h"
 
 namespace pipesim::runtime {
 
 Result<RunResult> run_in_process(const Plan& plan, const RunOptions& options) {
   const int ranks = plan.layout.devices;
-  World world(ranks);
+  World world(ranks, options.backend == BackendKind::Cuda ? cuda::device_memory() : host_memory());
   std::vector<std::optional<Result<RunResult>>> results(static_cast<std::size_t>(ranks));
   {
     std::vector<std::jthread> threads;

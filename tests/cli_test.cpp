@@ -210,6 +210,7 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
       {"default.json", "model: the CPU runtime would need about"},
       {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang]"},
       {"tiny.json --inject-fault 9:F:0", "--inject-fault '9:F:0': rank 9 has no F op of microbatch 0 (ranks 0..3"},
+      {"tiny.json --dtype bf16", "--dtype bf16: the CPU backend computes in fp32; use --dtype fp32 or --backend cuda"},
   };
   for (const auto& [args, message] : cases) {
     const Output out = run("run " + config(args), true);
@@ -217,6 +218,18 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
     CHECK(out.exit_code == 1);
     CHECK_THAT(out.text, Catch::Contains(message));
   }
+}
+
+TEST_CASE("run --backend cuda matches the reference on a GPU, and says why it cannot run without one") {
+  const Output out = run("run " + config("tiny.json") + " --backend cuda --check", true);
+  if (out.exit_code == 0) {  // a GPU is here
+    CHECK_THAT(out.text, Catch::Contains("check passed"));
+    return;
+  }
+  CHECK(out.exit_code == 1);
+  const bool built = std::string(std::getenv("PIPESIM_CUDA_BUILT")) == "1";
+  CHECK_THAT(out.text, Catch::StartsWith(built ? "pipesim: error: --backend cuda: no CUDA device"
+                                               : "pipesim: error: --backend cuda: this pipesim was built without CUDA"));
 }
 
 TEST_CASE("an injected fault ends the run with the failing rank and op, exit 1") {

@@ -61,9 +61,26 @@ TEST_CASE("every schedule and vocabulary mode trains like a single device") {
                    << check.max_grad_rel_err << " in " << check.worst_tensor);
       CHECK(std::abs(check.loss - check.reference_loss) <= 1e-5 * std::abs(check.reference_loss));
       CHECK(check.max_grad_rel_err <= 1e-4);
+      CHECK(check.passed());
       // log(250): the model starts near uniform, so a wrong loss cannot pass by being small.
       CHECK(check.reference_loss == Approx(std::log(250.0)).epsilon(0.05));
     }
+}
+
+TEST_CASE("a check passes only within its bounds, and never on NaN") {
+  runtime::CheckResult c{.loss = 2.0, .reference_loss = 2.0, .max_grad_rel_err = 0, .worst_tensor = "head",
+                         .loss_tolerance = 1e-5, .grad_tolerance = 1e-4};
+  CHECK(c.passed());
+  c.loss = 2.0 * (1 + 2e-5);  // twice the loss bound off
+  CHECK_FALSE(c.passed());
+  c.loss = 2.0, c.max_grad_rel_err = 2e-4;
+  CHECK_FALSE(c.passed());
+  c.max_grad_rel_err = std::nan("");
+  CHECK_FALSE(c.passed());
+  c.grad_tolerance = 0;  // bf16: the loss alone is held to its bound
+  CHECK(c.passed());
+  c.loss = std::nan("");
+  CHECK_FALSE(c.passed());
 }
 
 TEST_CASE("training steps lower the loss") {

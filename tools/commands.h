@@ -42,9 +42,12 @@ struct ExportOptions {
   std::string output;    ///< empty: standard output
 };
 
-/// `pipesim run`: execute the schedule on the CPU runtime (threads, or MPI processes under mpirun).
+/// `pipesim run`: execute the schedule on the runtime (CPU or CUDA; threads, or MPI processes under
+/// mpirun).
 struct RunOptions {
   std::string config;
+  std::string backend = "cpu";  ///< cpu or cuda
+  std::string dtype = "fp32";   ///< fp32 or bf16
   std::string schedule;  ///< empty: the config's
   std::string vocab;     ///< empty: the config's
   std::vector<std::string> overrides;

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
 
   pipesim::RunOptions run;
   CLI::App* rn = app.add_subcommand(
-      "run", "execute the schedule with real math on CPU threads (or MPI processes: mpirun -np N pipesim run ...)");
+      "run", "execute the schedule with real math on CPU threads or GPUs (or MPI processes: mpirun -np N pipesim run ...)");
   add_selection_options(rn, run.config, run.schedule, run.vocab, run.overrides);
   add_format_option(rn, run.format, {"text", "json"});
   rn->add_option("--ranks", run.ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
   rn->add_option("--schedule-file", run.schedule_file,
                  "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule");
+  rn->add_option("--backend", run.backend, "cpu (threads or MPI processes) or cuda (GPUs: in-process ranks share "
+                 "the GPUs present; under mpirun, one process per GPU over NCCL) (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  rn->add_option("--dtype", run.dtype, "fp32 or bf16 weights and activations (bf16: cuda only; default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   rn->add_option("--steps", run.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
   rn->add_flag("--check", run.check,
                "compare the first step with a single-device reference: loss and max gradient relative error");

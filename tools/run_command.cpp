@@ -9,6 +9,7 @@
 #include "cli_support.h"
 #include "commands.h"
 #include "files.h"
+#include "cuda/cuda_backend.h"
 #include "launch.h"
 #include "measured.h"
 #include "simulator.h"
@@ -110,6 +111,7 @@ json run_result_json(const RunOptions& o, const RunReport& measured, const runti
     out["reference_loss"] = r.check->reference_loss;
     out["max_grad_rel_err"] = r.check->max_grad_rel_err;
     out["worst_tensor"] = r.check->worst_tensor;
+    out["check_passed"] = r.check->passed();
   }
   return out;
 }
@@ -129,6 +131,9 @@ void print_text(const RunOptions& o, const RunReport& measured, const runtime::R
                r.check->loss, r.check->reference_loss,
                std::abs(r.check->loss - r.check->reference_loss) / std::abs(r.check->reference_loss),
                r.check->max_grad_rel_err, r.check->worst_tensor);
+  if (r.check)
+    fmt::print("check {}: bounds {:g} on the loss{}\n", r.check->passed() ? "passed" : "FAILED", r.check->loss_tolerance,
+               r.check->grad_tolerance > 0 ? fmt::format(", {:g} on every gradient", r.check->grad_tolerance) : "");
   if (!o.trace.empty()) fmt::print("trace written to {} (open in ui.perfetto.dev)\n", o.trace);
   if (!o.profile.empty()) fmt::print("profile written to {} (use: pipesim simulate {} --profile {})\n", o.profile, o.config, o.profile);
 }
@@ -151,6 +156,10 @@ ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResul
     fmt::print("{}\n", run_result_json(o, measured, r, backend, predicted).dump(2));
   else
     print_text(o, measured, r, predicted);
+  if (r.check && !r.check->passed())
+    return fail(fmt::format("--check: the run does not match the single-device reference (loss {:.9g} vs {:.9g}, max "
+                            "gradient relative error {:.2e} in {})",
+                            r.check->loss, r.check->reference_loss, r.check->max_grad_rel_err, r.check->worst_tensor));
   return ExitStatus::Success;
 }
 
@@ -159,7 +168,9 @@ ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResul
 ExitStatus run_run(const RunOptions& o) {
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
-  runtime::RunOptions options{.steps = o.steps, .seed = o.seed, .learning_rate = float(o.learning_rate), .check = o.check,
+  runtime::RunOptions options{.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu,
+                              .dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32,
+                              .steps = o.steps, .seed = o.seed, .learning_rate = float(o.learning_rate), .check = o.check,
                               .timeout_s = o.timeout_s, .fault = std::nullopt, .on_step = progress_bar(o)};
   if (!o.inject_fault.empty()) {
     Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);
@@ -167,7 +178,12 @@ ExitStatus run_run(const RunOptions& o) {
     options.fault = fault.value();
   }
 
+  if (Status s = runtime::check_backend(options); !s.ok()) return fail(s.error().message);
+
   if (runtime::launched_by_mpi()) {
+    if (options.backend == runtime::BackendKind::Cuda)
+      return fail("--backend cuda under mpirun needs the NCCL transport, which this pipesim does not have yet; run "
+                  "`pipesim run --backend cuda` without mpirun (all ranks in one process, sharing the GPUs)");
     std::optional<Plan> plan;
     const runtime::MpiRun run = runtime::run_mpi(
         [&](int ranks) -> Result<Plan> {
@@ -191,7 +207,11 @@ ExitStatus run_run(const RunOptions& o) {
   if (Status s = check_fault(options.fault, plan.value(), o.inject_fault); !s.ok()) return fail(s.error().message);
   Result<runtime::RunResult> run = runtime::run_in_process(plan.value(), options);
   if (!run.ok()) return fail(run.error().message);
-  return report(o, plan.value(), run.value(), fmt::format("cpu, {} threads", plan.value().layout.devices));
+  const int ranks = plan.value().layout.devices;
+  return report(o, plan.value(), run.value(),
+                options.backend == runtime::BackendKind::Cuda
+                    ? fmt::format("cuda {}, {} threads on {} GPU(s)", o.dtype, ranks, std::min(ranks, runtime::cuda::device_count()))
+                    : fmt::format("cpu, {} threads", ranks));
 }
 
 }  // namespace pipesim

@@ -1,0 +1,35 @@
+#pragma once
+/// The CUDA backend as the rest of the runtime sees it: no CUDA type crosses this header, so the
+/// executor, the launcher and the CLI build the same with or without CUDA (cuda_none.cpp stands in
+/// when pipesim is built without it).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend.h"
+#include "inprocess_comm.h"
+#include "layout.h"
+#include "status.h"
+
+namespace pipesim::runtime::cuda {
+
+/// Why no CUDA backend can run in this process ("no CUDA device", a build without CUDA, a driver
+/// error); empty when one can.
+std::string unavailable_reason();
+int device_count();
+
+struct BackendOptions {
+  int device = 0;             ///< CUDA device ordinal
+  DType dtype = DType::F32;   ///< of weights and activations; fp32 runs with TF32 off (the check)
+  int ranks_on_device = 1;    ///< ranks sharing this GPU; each gets an equal share of its SMs
+  int index_on_device = 0;    ///< which share is this rank's
+};
+
+/// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers).
+std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed,
+                                      const BackendOptions& options);
+
+/// Device memory for an in-process World: copies with cudaMemcpy, reductions on the device.
+Memory& device_memory();
+
+}  // namespace pipesim::runtime::cuda

@@ -31,6 +31,7 @@ enum class BackendKind { Cpu, Cuda };
 struct RunOptions {
   BackendKind backend = BackendKind::Cpu;
   DType dtype = DType::F32;  ///< weights and activations (the CPU backend runs fp32 only)
+  int device = -1;  ///< CUDA: this process's GPU (one rank per process, under MPI); -1: ranks of one process share the GPUs
   int steps = 1;
   std::uint64_t seed = 1234;
   float learning_rate = 0.1f;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cuda/cuda_backend.h"
 #include "launch.h"
 
 namespace pipesim::runtime {
@@ -109,21 +110,36 @@ class MpiTransport final : public Transport {
 
 }  // namespace
 
+/// The transport of this process: MPI alone, or NCCL over MPI for the CUDA backend.
+std::unique_ptr<Transport> make_transport(const Plan& plan, RunOptions& options) {
+  auto mpi = std::make_unique<MpiTransport>();
+  if (options.backend != BackendKind::Cuda) return mpi;
+  options.device = cuda::local_device(mpi->rank());
+  return cuda::make_nccl_transport(std::move(mpi), plan.graph, options.device);
+}
+
 MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options) {
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);  // only this thread calls MPI
   MpiRun run;
-  {
-    MpiTransport comm;
-    run.rank = comm.rank(), run.size = comm.size();
-    Result<Plan> plan = plan_for(comm.size());
-    if (!plan.ok()) {
-      run.result = plan.error();  // every rank builds the same plan, so every rank fails alike
-    } else if (Result<RunResult> result = run_rank(comm, plan.value(), options); !result.ok()) {
-      comm.abort(result.error().message);
-    } else {
-      run.result = std::move(result).value();
+  MPI_Comm_rank(MPI_COMM_WORLD, &run.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &run.size);
+  if (Result<Plan> plan = plan_for(run.size); !plan.ok()) {
+    run.result = plan.error();  // every rank builds the same plan, so every rank fails alike
+  } else {
+    RunOptions mine = options;
+    std::unique_ptr<Transport> comm;
+    try {
+      comm = make_transport(plan.value(), mine);
+    } catch (const std::exception& e) {  // e.g. two ranks on one GPU: every rank must end
+      std::fprintf(stderr, "pipesim: error: rank %d: %s\n", run.rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    if (Result<RunResult> result = run_rank(*comm, plan.value(), mine); !result.ok())
+      comm->abort(result.error().message);
+    else
+      run.result = std::move(result).value();
   }
   MPI_Finalize();
   return run;

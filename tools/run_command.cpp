@@ -181,9 +181,6 @@ ExitStatus run_run(const RunOptions& o) {
   if (Status s = runtime::check_backend(options); !s.ok()) return fail(s.error().message);
 
   if (runtime::launched_by_mpi()) {
-    if (options.backend == runtime::BackendKind::Cuda)
-      return fail("--backend cuda under mpirun needs the NCCL transport, which this pipesim does not have yet; run "
-                  "`pipesim run --backend cuda` without mpirun (all ranks in one process, sharing the GPUs)");
     std::optional<Plan> plan;
     const runtime::MpiRun run = runtime::run_mpi(
         [&](int ranks) -> Result<Plan> {
@@ -199,7 +196,9 @@ ExitStatus run_run(const RunOptions& o) {
         options);
     if (run.rank != 0) return run.result.ok() ? ExitStatus::Success : ExitStatus::Failure;
     if (!run.result.ok()) return fail(run.result.error().message);
-    return report(o, *plan, run.result.value(), fmt::format("mpi, {} processes", run.size));
+    return report(o, *plan, run.result.value(),
+                  options.backend == runtime::BackendKind::Cuda ? fmt::format("cuda {}, nccl, {} processes", o.dtype, run.size)
+                                                                : fmt::format("mpi, {} processes", run.size));
   }
 
   Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp, o.schedule_file);

@@ -10,6 +10,7 @@
 #include "inprocess_comm.h"
 #include "layout.h"
 #include "status.h"
+#include "task_graph.h"
 
 namespace pipesim::runtime::cuda {
 
@@ -31,5 +32,16 @@ std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout
 
 /// Device memory for an in-process World: copies with cudaMemcpy, reductions on the device.
 Memory& device_memory();
+
+/// The GPU of an MPI rank: its rank among the processes on its node (as the launcher says), modulo
+/// the GPUs there.
+int local_device(int rank);
+
+/// One MPI process's transport on GPU `device`: NCCL communicators for the IR's lanes (one per
+/// collective lane, and one 2-rank communicator per point-to-point channel that `graph` uses, so
+/// channels never queue behind each other as the IR's separate streams never do), and `control`
+/// (MPI, host memory) for the control lane and for handing out NCCL's unique ids. Refuses, naming
+/// both ranks, two ranks on one GPU, which NCCL does not allow.
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device);
 
 }  // namespace pipesim::runtime::cuda

@@ -17,4 +17,10 @@ std::unique_ptr<Backend> make_backend(const cpu::ModelShape&, const Layout&, int
 
 Memory& device_memory() { throw std::runtime_error(unavailable_reason()); }
 
+int local_device(int) { return 0; }
+
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport>, const TaskGraph&, int) {
+  throw std::runtime_error(unavailable_reason());
+}
+
 }  // namespace pipesim::runtime::cuda

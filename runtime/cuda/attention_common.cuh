@@ -1,0 +1,73 @@
+#pragma once
+/// Shared by the attention kernels (internal). Tiles of kTile query rows × kTile key rows; a block of
+/// kThreads threads gives each row of its tile four threads ("lanes"), which split the tile's other
+/// dimension and the head width between them. Tiles live in shared memory as fp32 with rows padded
+/// to d + 1 floats, so that threads reading the same column of different rows hit different banks.
+#include <cmath>
+#include <string>
+
+#include "device_util.cuh"
+
+namespace pipesim::runtime::cuda::detail {
+
+constexpr int kTile = 32;
+constexpr int kLanes = 4;
+constexpr int kThreads = kTile * kLanes;
+constexpr int kMaxHeadWidth = 128;
+/// Per-thread columns of a kTile-wide row (kTile / kLanes).
+constexpr int kPerLane = kTile / kLanes;
+
+struct AttentionShape {
+  int batch = 0, seq = 0, h = 0, heads = 0;
+  int d = 0;         ///< head width h / heads
+  float scale = 0;   ///< 1/sqrt(d)
+};
+
+inline AttentionShape attention_shape(int batch, int seq, int h, int heads) {
+  if (batch < 1 || seq < 1 || heads < 1 || h < 1 || h % heads != 0)
+    throw CudaError("attention: need batch, seq, h, heads >= 1 and h divisible by heads; got batch=" +
+                    std::to_string(batch) + " seq=" + std::to_string(seq) + " h=" + std::to_string(h) +
+                    " heads=" + std::to_string(heads));
+  if (seq > 65535 * kTile)  // query tiles are the grid's y dimension
+    throw CudaError("attention: seq " + std::to_string(seq) + " exceeds " + std::to_string(65535 * kTile));
+  const int d = h / heads;
+  if (d > kMaxHeadWidth)
+    throw CudaError("attention: head width h/heads = " + std::to_string(d) + " exceeds the kernels' " +
+                    std::to_string(kMaxHeadWidth) + "; use more heads");
+  return AttentionShape{batch, seq, h, heads, d, 1.0f / std::sqrt(float(d))};
+}
+
+/// Loads rows [row0, row0 + kTile) of one head of a (seq × row_stride) matrix into `tile` (kTile ×
+/// (d + 1) floats); rows past seq read as zero. `base` points at row 0, column of this head.
+template <class T>
+__device__ void load_tile(float* tile, const T* base, int row0, std::size_t row_stride, const AttentionShape& s) {
+  const int stride = s.d + 1;
+  for (int idx = int(threadIdx.x); idx < kTile * s.d; idx += blockDim.x) {
+    const int r = idx / s.d, e = idx % s.d, row = row0 + r;
+    tile[r * stride + e] = row < s.seq ? to_float(base[std::size_t(row) * row_stride + std::size_t(e)]) : 0.0f;
+  }
+}
+
+/// Σ_e a[e]·b[e] over the head width, in order e = 0, 1, ... (the CPU's order).
+__device__ __forceinline__ float dot(const float* a, const float* b, int d) {
+  float sum = 0;
+  for (int e = 0; e < d; ++e) sum += a[e] * b[e];
+  return sum;
+}
+
+/// The padded-tile template for the head widths the kernels are instantiated for.
+template <class F>
+void dispatch_head_width(int d, F&& f) {
+  if (d <= 32) f(std::integral_constant<int, 32>{});
+  else if (d <= 64) f(std::integral_constant<int, 64>{});
+  else f(std::integral_constant<int, 128>{});
+}
+
+/// Dynamic shared memory beyond the default 48 KiB must be opted into per kernel (and device).
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace pipesim::runtime::cuda::detail

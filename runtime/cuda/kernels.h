@@ -1,0 +1,84 @@
+#pragma once
+/// CUDA kernels of the GPT-style decoder (DESIGN.md §8), host launchers on device pointers, mirroring
+/// runtime/cpu/kernels.h: row-major matrices, n = batch·seq rows, fused QKV rows [q | k | v], heads of
+/// width h/heads, pre-LN with epsilon 1e-5, GELU tanh approximation. Backward launchers accumulate
+/// (+=) into their gradient outputs, as the CPU's do. Each launcher enqueues work on `stream` and
+/// returns; errors (bad arguments, launch failures) throw CudaError.
+///
+/// Element types. Tensors typed `void*` hold the activation type `dtype` (F32 or BF16): activations
+/// and their gradients. Tensors typed `float*` are always fp32: parameters read element-wise (LayerNorm
+/// gain and bias, biases, the embedding table), every parameter gradient, optimizer state and the
+/// per-row statistics (mean, rstd, attention logsumexp). Math is fp32 throughout.
+///
+/// Determinism: no kernel here uses floating-point atomics; each output element is summed in a fixed
+/// order, so a rerun gives the same bits.
+#include <cstddef>
+#include <cuda_runtime_api.h>
+
+#include "dtype.h"
+
+namespace pipesim::runtime::cuda {
+
+/// out = a + b element-wise (the residual connection); out may be a or b.
+void add(const void* a, const void* b, void* out, std::size_t count, DType dtype, cudaStream_t stream);
+/// dst = src converted; for the bf16 operand copies of fp32 master weights and back.
+void convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t count, cudaStream_t stream);
+
+/// y (n×m) += bias broadcast over rows (a linear layer's bias after its GEMM).
+void bias_add(void* y, const float* bias, int n, int m, DType dtype, cudaStream_t stream);
+/// dbias (m) += column sums of dy (n×m). Two passes over fixed row chunks, no atomics.
+void bias_grad(const void* dy, float* dbias, int n, int m, DType dtype, cudaStream_t stream);
+
+/// LayerNorm over rows of width h: y = (x − mean)·rstd·gamma + beta; keeps mean and rstd (n each).
+void layernorm_forward(const void* x, const float* gamma, const float* beta, void* y, float* mean, float* rstd, int n,
+                       int h, DType dtype, cudaStream_t stream);
+/// dx += ..., dgamma += Σ dy·xhat, dbeta += Σ dy (cpu::layernorm_backward). dx is one block per row;
+/// dgamma and dbeta sum per-chunk partials in a second pass (deterministic).
+void layernorm_backward(const void* x, const float* gamma, const float* mean, const float* rstd, const void* dy,
+                        void* dx, float* dgamma, float* dbeta, int n, int h, DType dtype, cudaStream_t stream);
+
+/// GELU, tanh approximation: y = gelu(x); dx += dy·gelu'(x). `count` elements.
+void gelu_forward(const void* x, void* y, std::size_t count, DType dtype, cudaStream_t stream);
+void gelu_backward(const void* x, const void* dy, void* dx, std::size_t count, DType dtype, cudaStream_t stream);
+
+/// Causal multi-head self-attention on a fused QKV (n×3h) for `batch` sequences of length `seq`,
+/// flash-attention style: the seq×seq probabilities are never stored. Writes out (n×h) and the
+/// per-row logsumexp `lse` (batch·heads·seq floats, index (b·heads + head)·seq + i) for the backward.
+/// Needs h % heads == 0 and h/heads <= 128 (throws otherwise); any seq >= 1.
+void attention_forward(const void* qkv, void* out, float* lse, int batch, int seq, int h, int heads, DType dtype,
+                       cudaStream_t stream);
+/// dqkv (n×3h) += the gradient of attention_forward, recomputing the probabilities from qkv and lse;
+/// `out` is the forward's output. Three kernels: D = rowsum(dout∘out), then dK and dV per key tile and
+/// dQ per query tile, so every element has one writer (no atomics).
+void attention_backward(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv, int batch,
+                        int seq, int h, int heads, DType dtype, cudaStream_t stream);
+
+/// Full-vocabulary softmax cross-entropy (the baseline output layer, cpu::cross_entropy): logits
+/// (n×vocab, fp32) and targets in [0, vocab); writes dlogits = (softmax − onehot)/n in `dtype` and the
+/// mean loss over the n rows to `*loss` (one double on the device). A target outside the vocabulary
+/// gives a NaN loss.
+void cross_entropy(const float* logits, const int* targets, void* dlogits, double* loss, int n, int vocab,
+                   DType dtype, cudaStream_t stream);
+
+/// Embedding rows for tokens in [first_row, first_row + rows) of the table (one device's shard, fp32,
+/// rows×h); other tokens give zero rows (cpu::embedding_forward). out is n×h in `dtype`.
+void embedding_forward(const float* table, const int* tokens, void* out, int n, int h, int first_row, int rows,
+                       DType dtype, cudaStream_t stream);
+/// dtable (rows×h, fp32) += dout rows of the shard's tokens. Tokens are sorted by row (a stable radix
+/// sort), then each row sums its tokens in token order: deterministic however often a token repeats.
+void embedding_backward(const int* tokens, const void* dout, float* dtable, int n, int h, int first_row, int rows,
+                        DType dtype, cudaStream_t stream);
+
+/// w −= lr·g, then g = 0 (RankModel::sgd_step).
+void sgd_step(float* w, float* g, std::size_t count, float learning_rate, cudaStream_t stream);
+
+struct AdamParams {
+  float learning_rate = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
+  float weight_decay = 0;  ///< decoupled (AdamW): w −= lr·weight_decay·w; 0 is plain Adam
+};
+/// One Adam step on fp32 master state: m, v updated, bias-corrected with `step` (1 on the first
+/// call), w updated, then g = 0 like sgd_step.
+void adam_step(float* w, float* g, float* m, float* v, std::size_t count, const AdamParams& params, int step,
+               cudaStream_t stream);
+
+}  // namespace pipesim::runtime::cuda

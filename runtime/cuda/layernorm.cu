@@ -1,0 +1,155 @@
+// LayerNorm forward and backward, and the bias gradient: row kernels (one block per row) and
+// deterministic column sums (per-chunk partials, then one ordered sum per column).
+#include "device_util.cuh"
+#include "kernels.h"
+
+namespace pipesim::runtime::cuda {
+namespace {
+
+using detail::from_float;
+using detail::to_float;
+
+constexpr float kLayerNormEpsilon = 1e-5f;  // as runtime/cpu/kernels.cpp
+constexpr int kRowThreads = 256;
+/// Column sums: a block covers 32 columns × kChunkRows rows with 32×8 threads; each chunk of rows
+/// writes one partial per column, and a second kernel adds the partials in chunk order.
+constexpr int kColumns = 32, kRowLanes = 8, kChunkRows = 64;
+
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_forward_kernel(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
+                             int h) {
+  __shared__ float scratch[32];
+  const std::size_t row = blockIdx.x;
+  const T* in = x + row * std::size_t(h);
+  float sum = 0;
+  for (int j = int(threadIdx.x); j < h; j += blockDim.x) sum += to_float(in[j]);
+  const float mu = detail::block_reduce(sum, detail::Sum{}, 0.0f, scratch) / float(h);
+  float squares = 0;
+  for (int j = int(threadIdx.x); j < h; j += blockDim.x) {
+    const float centred = to_float(in[j]) - mu;
+    squares += centred * centred;
+  }
+  const float variance = detail::block_reduce(squares, detail::Sum{}, 0.0f, scratch) / float(h);
+  const float r = 1.0f / sqrtf(variance + kLayerNormEpsilon);  // IEEE sqrt and divide, not rsqrtf
+  if (threadIdx.x == 0) mean[row] = mu, rstd[row] = r;
+  T* out = y + row * std::size_t(h);
+  for (int j = int(threadIdx.x); j < h; j += blockDim.x)
+    out[j] = from_float<T>((to_float(in[j]) - mu) * r * gamma[j] + beta[j]);
+}
+
+/// dx += r·(g − mean(g) − xhat·mean(g·xhat)) with g = dy·gamma, xhat = (x − mean)·r.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_dx_kernel(const T* x, const float* gamma, const float* mean, const float* rstd, const T* dy, T* dx,
+                        int h) {
+  __shared__ float scratch[32];
+  const std::size_t row = blockIdx.x, base = row * std::size_t(h);
+  const float mu = mean[row], r = rstd[row];
+  float g_sum = 0, gx_sum = 0;
+  for (int j = int(threadIdx.x); j < h; j += blockDim.x) {
+    const float xhat = (to_float(x[base + j]) - mu) * r, g = to_float(dy[base + j]) * gamma[j];
+    g_sum += g, gx_sum += g * xhat;
+  }
+  const float g_mean = detail::block_reduce(g_sum, detail::Sum{}, 0.0f, scratch) / float(h);
+  const float gx_mean = detail::block_reduce(gx_sum, detail::Sum{}, 0.0f, scratch) / float(h);
+  for (int j = int(threadIdx.x); j < h; j += blockDim.x) {
+    const float xhat = (to_float(x[base + j]) - mu) * r, g = to_float(dy[base + j]) * gamma[j];
+    dx[base + j] = from_float<T>(to_float(dx[base + j]) + r * (g - g_mean - xhat * gx_mean));
+  }
+}
+
+/// Pass 1 of the column sums over one chunk of rows: partial_dy[chunk·m + j] = Σ dy[i][j] and, when
+/// `x` is given (LayerNorm), partial_dyx[chunk·m + j] = Σ dy[i][j]·xhat[i][j].
+template <class T>
+__global__ void __launch_bounds__(kColumns* kRowLanes)
+    column_partials_kernel(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_dy,
+                           float* partial_dyx, int n, int m) {
+  __shared__ float sums[2][kRowLanes][kColumns + 1];
+  const int lane = int(threadIdx.x), row_lane = int(threadIdx.y);
+  const int j = int(blockIdx.x) * kColumns + lane, chunk = int(blockIdx.y);
+  const int end = min(n, (chunk + 1) * kChunkRows);
+  float sum_dy = 0, sum_dyx = 0;
+  if (j < m)
+    for (int i = chunk * kChunkRows + row_lane; i < end; i += kRowLanes) {
+      const std::size_t at = std::size_t(i) * std::size_t(m) + std::size_t(j);
+      const float g = to_float(dy[at]);
+      sum_dy += g;
+      if (x != nullptr) sum_dyx += g * (to_float(x[at]) - mean[i]) * rstd[i];
+    }
+  sums[0][row_lane][lane] = sum_dy, sums[1][row_lane][lane] = sum_dyx;
+  __syncthreads();
+  if (row_lane != 0 || j >= m) return;
+  float total_dy = 0, total_dyx = 0;
+  for (int r = 0; r < kRowLanes; ++r) total_dy += sums[0][r][lane], total_dyx += sums[1][r][lane];
+  const std::size_t out = std::size_t(chunk) * std::size_t(m) + std::size_t(j);
+  partial_dy[out] = total_dy;
+  if (partial_dyx != nullptr) partial_dyx[out] = total_dyx;
+}
+
+/// Pass 2: out[j] += Σ over chunks of partial[chunk·m + j], in chunk order.
+__global__ void column_finish_kernel(const float* partial, float* out, int chunks, int m) {
+  const int j = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j >= m) return;
+  float total = 0;
+  for (int c = 0; c < chunks; ++c) total += partial[std::size_t(c) * std::size_t(m) + std::size_t(j)];
+  out[j] += total;
+}
+
+/// Both passes; dyx_out null for the bias gradient.
+template <class T>
+void column_sums(const T* dy, const T* x, const float* mean, const float* rstd, float* dy_out, float* dyx_out, int n,
+                 int m, cudaStream_t stream) {
+  const int chunks = (n + kChunkRows - 1) / kChunkRows;
+  const std::size_t partial_floats = std::size_t(chunks) * std::size_t(m);
+  detail::StreamScratch scratch(partial_floats * (dyx_out ? 2 : 1) * sizeof(float), stream);
+  float* partial_dy = scratch.as<float>();
+  float* partial_dyx = dyx_out ? partial_dy + partial_floats : nullptr;
+  const dim3 grid(unsigned((m + kColumns - 1) / kColumns), unsigned(chunks)), block(kColumns, kRowLanes);
+  column_partials_kernel<<<grid, block, 0, stream>>>(dy, x, mean, rstd, partial_dy, partial_dyx, n, m);
+  CUDA_CHECK_LAUNCH();
+  const unsigned finish_blocks = unsigned((m + kRowThreads - 1) / kRowThreads);
+  column_finish_kernel<<<finish_blocks, kRowThreads, 0, stream>>>(partial_dy, dy_out, chunks, m);
+  CUDA_CHECK_LAUNCH();
+  if (dyx_out) {
+    column_finish_kernel<<<finish_blocks, kRowThreads, 0, stream>>>(partial_dyx, dyx_out, chunks, m);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+void layernorm_forward(const void* x, const float* gamma, const float* beta, void* y, float* mean, float* rstd, int n,
+                       int h, DType dtype, cudaStream_t stream) {
+  if (n == 0 || h == 0) return;
+  detail::dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    layernorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(x), gamma, beta,
+                                                                      static_cast<T*>(y), mean, rstd, h);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_backward(const void* x, const float* gamma, const float* mean, const float* rstd, const void* dy,
+                        void* dx, float* dgamma, float* dbeta, int n, int h, DType dtype, cudaStream_t stream) {
+  if (n == 0 || h == 0) return;
+  detail::dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* x_t = static_cast<const T*>(x);
+    const auto* dy_t = static_cast<const T*>(dy);
+    layernorm_dx_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(x_t, gamma, mean, rstd, dy_t, static_cast<T*>(dx),
+                                                                  h);
+    CUDA_CHECK_LAUNCH();
+    column_sums(dy_t, x_t, mean, rstd, dbeta, dgamma, n, h, stream);
+  });
+}
+
+void bias_grad(const void* dy, float* dbias, int n, int m, DType dtype, cudaStream_t stream) {
+  if (n == 0 || m == 0) return;
+  detail::dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    column_sums<T>(static_cast<const T*>(dy), nullptr, nullptr, nullptr, dbias, nullptr, n, m, stream);
+  });
+}
+
+}  // namespace pipesim::runtime::cuda

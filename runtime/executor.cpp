@@ -307,7 +307,7 @@ bool CheckResult::passed() const {
 
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
-Status check_runnable(const Plan& plan) {
+Status check_runnable(const Plan& plan, const RunOptions& options) {
   const Config& c = plan.config;
   if (c.parallel.tp != 1)
     return Error{fmt::format("{}: parallel.tp: the runtime runs each stage on one device; set parallel.tp to 1", c.source)};
@@ -319,13 +319,21 @@ Status check_runnable(const Plan& plan) {
   const double params = 2.0 * s.vocab * h + double(s.layers) * (4.0 * h * h + 2.0 * h * s.ffn + 9.0 * h + s.ffn);
   const double activations = double(c.parallel.microbatches) * s.layers *
                              (n * (10.0 * h + 2.0 * s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
-  const double needed = 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches);
+  const bool cpu_math = options.backend == BackendKind::Cpu || options.check;
+  // On a GPU the host holds each rank's fp32 weights and gradients only (to upload, and to check).
+  const double needed = cpu_math ? 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches)
+                                 : 4.0 * 2.0 * params;
   const double available = double(machine_memory_bytes());
+  if (needed > 0.5 * available && !cpu_math)
+    return Error{fmt::format("{}: model: the host would need about {:.1f} GiB for this model's fp32 weights and "
+                             "gradients, more than half of this machine's {:.1f} GiB; shrink model.*",
+                             c.source, needed / double(1ull << 30), available / double(1ull << 30))};
   if (needed > 0.5 * available)
     return Error{fmt::format("{}: model: the CPU runtime would need about {:.1f} GiB for this model (fp32 weights, "
                              "gradients and activations), more than half of this machine's {:.1f} GiB; shrink model.* "
-                             "(configs/tiny.json is sized for it) or parallel.microbatches",
-                             c.source, needed / double(1ull << 30), available / double(1ull << 30))};
+                             "(configs/tiny.json is sized for it) or parallel.microbatches{}",
+                             c.source, needed / double(1ull << 30), available / double(1ull << 30),
+                             options.backend == BackendKind::Cuda ? "; or drop --check, whose reference runs on the CPU" : "")};
   return Status::Ok();
 }
 

@@ -68,9 +68,10 @@ struct RunResult {
 /// Physical memory of this machine.
 Bytes machine_memory_bytes();
 
-/// Whether this runtime can execute the plan (one pipeline replica, no tensor parallelism, a model
-/// that fits in this machine's memory); the error names the config field to change.
-Status check_runnable(const Plan& plan);
+/// Whether this runtime can execute the plan with these options (one pipeline replica, no tensor
+/// parallelism, a model whose CPU math -- the CPU backend, or --check's reference -- fits in this
+/// machine's memory); the error names the config field to change.
+Status check_runnable(const Plan& plan, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present.

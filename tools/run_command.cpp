@@ -63,13 +63,13 @@ Status check_fault(const std::optional<runtime::InjectedFault>& fault, const Pla
 
 /// The plan for `ranks` pipeline devices (from a schedule file when `schedule_file` is given),
 /// checked for this runtime.
-Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule_file) {
+Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule_file, const runtime::RunOptions& options) {
   config.parallel.pp = ranks;
   Result<std::optional<CustomSchedule>> custom = load_schedule_file(schedule_file, config);
   if (!custom.ok()) return custom.error();
   Result<Plan> plan = make_plan(config, custom.value() ? &*custom.value() : nullptr);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
-  if (Status s = runtime::check_runnable(plan.value()); !s.ok()) return s.error();
+  if (Status s = runtime::check_runnable(plan.value(), options); !s.ok()) return s.error();
   return plan;
 }
 
@@ -187,7 +187,7 @@ ExitStatus run_run(const RunOptions& o) {
           if (o.ranks != 0 && o.ranks != ranks)
             return Error{fmt::format("--ranks {}: this MPI job has {} processes; give mpirun -np {} or drop --ranks",
                                      o.ranks, ranks, o.ranks)};
-          Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file);
+          Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file, options);
           if (!p.ok()) return p;
           if (Status s = check_fault(options.fault, p.value(), o.inject_fault); !s.ok()) return s.error();
           plan = p.value();
@@ -201,7 +201,7 @@ ExitStatus run_run(const RunOptions& o) {
                                                                 : fmt::format("mpi, {} processes", run.size));
   }
 
-  Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp, o.schedule_file);
+  Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp, o.schedule_file, options);
   if (!plan.ok()) return fail(plan.error().message);
   if (Status s = check_fault(options.fault, plan.value(), o.inject_fault); !s.ok()) return fail(s.error().message);
   Result<runtime::RunResult> run = runtime::run_in_process(plan.value(), options);

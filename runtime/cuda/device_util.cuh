@@ -36,7 +36,9 @@ void dispatch(DType t, F&& f) {
   switch (t) {
     case DType::F32: f(std::type_identity<float>{}); return;
     case DType::BF16: f(std::type_identity<bf16>{}); return;
+    case DType::F64: break;
   }
+  throw CudaError("fp64 tensors are host-only: device kernels take fp32 or bf16");
 }
 
 struct Sum {

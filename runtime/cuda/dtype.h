@@ -1,32 +1,20 @@
 #pragma once
-/// Element types of device tensors. Plain C++ with no CUDA include, so that host code (executor,
-/// communicators, tests) can size and name buffers without the CUDA toolkit's headers.
+/// Element types of device tensors: the runtime's DType (tensor.h), so that a Tensor's dtype is what
+/// the kernels take. Device kernels take F32 and BF16; F64 buffers are host-only (the control lane),
+/// and a kernel given one throws. BF16 is bfloat16 (the top 16 bits of a binary32), stored as
+/// __nv_bfloat16 on the device: only a storage format, math is fp32.
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "tensor.h"
+
 namespace pipesim::runtime::cuda {
 
-/// F32: IEEE binary32. BF16: bfloat16 (the top 16 bits of a binary32), stored as __nv_bfloat16 on
-/// the device. Math is always fp32; BF16 is only a storage format.
-enum class DType { F32, BF16 };
-
-constexpr std::size_t element_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-  }
-  return 0;  // unreachable: the switch is exhaustive
-}
-
-constexpr std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-  }
-  return "?";
-}
+using runtime::DType;
+using runtime::dtype_name;
+constexpr std::size_t element_size(DType t) { return size_of(t); }
 
 /// fp32 -> bf16 bits, round to nearest even (the device's __float2bfloat16 rounding); NaN stays a
 /// quiet NaN. For host code that uploads bf16 tensors or checks them.

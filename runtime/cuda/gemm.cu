@@ -13,12 +13,13 @@ cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::F32: return CUDA_R_32F;
     case DType::BF16: return CUDA_R_16BF;
+    case DType::F64: break;
   }
-  throw CudaError("unknown DType");
+  throw CudaError("GEMM: fp64 is not a GEMM type here");
 }
 
 void check_types(GemmTypes t) {
-  const bool ok = (t.inputs == DType::F32 && t.output == DType::F32) || t.inputs == DType::BF16;
+  const bool ok = (t.inputs == DType::F32 && t.output == DType::F32) || (t.inputs == DType::BF16 && t.output != DType::F64);
   if (!ok)
     throw CudaError(std::string("GEMM: unsupported types: inputs ") + std::string(dtype_name(t.inputs)) +
                     ", output " + std::string(dtype_name(t.output)) +

@@ -1,0 +1,405 @@
+// The CUDA backend: each op's math as cuBLASLt GEMMs and the kernels of cuda/kernels.h on this rank's
+// GPU, in fp32 (TF32 off: the correctness check) or bf16 with fp32 accumulation.
+//
+// Streams: every host thread that calls the backend gets a stream of its own (the rank's compute
+// thread and its communication thread), created in the rank's share of the GPU's SMs. Every op ends
+// with synchronize(), so when the executor marks an op done its results exist and any thread may use
+// them; memory comes from the stream-ordered pool and is ready when allocate() returns.
+#include "cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "cuda/check.h"
+#include "cuda/device_model.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "cuda/reduce.h"
+#include "cuda/sm_share.h"
+#include "cuda/vocab.h"
+
+namespace pipesim::runtime::cuda {
+namespace {
+
+/// What a stage keeps from F to B (and W): the inputs of every kernel's backward.
+struct CudaActivations final : StageActivations {
+  struct Layer {
+    Tensor input, ln1, mean1, rstd1, qkv, attention, lse, middle, ln2, mean2, rstd2, fc1, gelu;
+  };
+  /// The output gradients of the four linear maps, kept for a W split off B.
+  struct Deferred {
+    Tensor fc2_dy, fc1_dy, proj_dy, qkv_dy;
+  };
+  std::vector<Layer> layers;
+  std::vector<Deferred> deferred;
+  Tensor final_input, final_mean, final_rstd, normed, dlogits;
+
+  Bytes bytes() const override {
+    std::size_t total = final_input.bytes() + final_mean.bytes() + final_rstd.bytes() + normed.bytes() + dlogits.bytes();
+    for (const Layer& l : layers)
+      for (const Tensor* t : {&l.input, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.attention, &l.lse, &l.middle, &l.ln2,
+                              &l.mean2, &l.rstd2, &l.fc1, &l.gelu})
+        total += t->bytes();
+    for (const Deferred& d : deferred) total += d.fc2_dy.bytes() + d.fc1_dy.bytes() + d.proj_dy.bytes() + d.qkv_dy.bytes();
+    return Bytes(total);
+  }
+  void keep_for_weight_pass() override { final_input = {}, normed = {}, dlogits = {}; }
+};
+
+CudaActivations& gpu_cache(StageActivations& cache) { return static_cast<CudaActivations&>(cache); }
+const CudaActivations& gpu_cache(const StageActivations& cache) { return static_cast<const CudaActivations&>(cache); }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed, const BackendOptions& o)
+      : shape_(shape), layout_(layout), options_(o), n_(shape.tokens()), h_(shape.hidden),
+        host_(make_rank_model(shape, layout, rank, seed)), share_(bind_device(o)), model_(host_, o.dtype) {
+    // Freed blocks stay in the pool for the next step instead of going back to the driver.
+    cudaMemPool_t pool = nullptr;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, o.device));
+    std::uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  ~CudaBackend() override {
+    for (auto& [id, context] : contexts_) static_cast<void>(cudaStreamDestroy(context.stream));
+  }
+
+  std::string_view name() const override { return "cuda"; }
+
+  // ---- memory ----
+  Tensor allocate(std::size_t count, DType dtype) override {
+    const std::size_t bytes = count * size_of(dtype);
+    void* data = nullptr;
+    const cudaStream_t s = stream();
+    CUDA_CHECK(cudaMallocAsync(&data, std::max<std::size_t>(bytes, 1), s));
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return Tensor(data, count, dtype, this);
+  }
+  void free(void* data, std::size_t) noexcept override { static_cast<void>(cudaFreeAsync(data, stream())); }
+  DType activation_dtype() const override { return options_.dtype; }
+  void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) override {
+    const std::size_t element = size_of(src.dtype());
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst.data()) + dst_at * element,
+                               static_cast<const std::byte*>(src.data()) + src_at * element, count * element,
+                               cudaMemcpyDeviceToDevice, stream()));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+  void set_batches(std::span<const Batch> batches) override {
+    std::vector<int> tokens, targets;
+    for (const Batch& b : batches) {
+      tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+      targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+    }
+    tokens_ = DeviceBuffer<int>(std::span<const int>(tokens));
+    targets_ = DeviceBuffer<int>(std::span<const int>(targets));
+  }
+
+  // ---- transformer stages ----
+  Tensor embed(int mb) override {
+    Tensor x = activation();
+    embedding_forward(model_.embedding.weight.get(), tokens(mb), x.data(), n_, h_, host_.shard.first, host_.shard.rows,
+                      dtype(), stream());
+    return x;
+  }
+  void embed_backward(int mb, const Tensor& dy) override {
+    embedding_backward(tokens(mb), dy.data(), model_.embedding.grad.get(), n_, h_, host_.shard.first, host_.shard.rows,
+                       dtype(), stream());
+  }
+
+  std::unique_ptr<StageActivations> stage_forward(int stage, Tensor& x) override {
+    const VirtualStage& s = layout_.stages[std::size_t(stage)];
+    auto cache = std::make_unique<CudaActivations>();
+    cache->layers.resize(std::size_t(s.layers));
+    for (int l = 0; l < s.layers; ++l) layer_forward(model_.layers.at(s.first_layer + l), x, cache->layers[std::size_t(l)]);
+    return cache;
+  }
+  void stage_backward(int stage, StageActivations& base, Tensor& dy, bool defer_weights) override {
+    const VirtualStage& s = layout_.stages[std::size_t(stage)];
+    CudaActivations& cache = gpu_cache(base);
+    if (defer_weights) cache.deferred.resize(std::size_t(s.layers));
+    for (int l = s.layers - 1; l >= 0; --l)
+      layer_backward(model_.layers.at(s.first_layer + l), cache.layers[std::size_t(l)], dy,
+                     defer_weights ? &cache.deferred[std::size_t(l)] : nullptr);
+  }
+  void stage_weight(int stage, StageActivations& base) override {
+    const VirtualStage& s = layout_.stages[std::size_t(stage)];
+    CudaActivations& cache = gpu_cache(base);
+    for (int l = 0; l < s.layers; ++l) {
+      DeviceLayer& w = model_.layers.at(s.first_layer + l);
+      const CudaActivations::Layer& c = cache.layers[std::size_t(l)];
+      const CudaActivations::Deferred& d = cache.deferred[std::size_t(l)];
+      const int f = shape_.ffn;
+      linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, f, h_);
+      linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, f);
+      linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, h_, h_);
+      linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
+    }
+  }
+
+  void final_norm(StageActivations& base, Tensor x) override {
+    CudaActivations& cache = gpu_cache(base);
+    cache.final_input = std::move(x);
+    cache.normed = activation();
+    cache.final_mean = stats(), cache.final_rstd = stats();
+    layernorm_forward(cache.final_input.data(), model_.final_gain.weight.get(), model_.final_bias.weight.get(),
+                      cache.normed.data(), f32(cache.final_mean), f32(cache.final_rstd), n_, h_, dtype(), stream());
+  }
+  Tensor final_output(const StageActivations& base) override {
+    const CudaActivations& cache = gpu_cache(base);
+    Tensor x = activation();
+    copy(cache.normed, 0, x, 0, cache.normed.count());
+    return x;
+  }
+  Tensor final_norm_backward(StageActivations& base, const Tensor& dnormed) override {
+    CudaActivations& cache = gpu_cache(base);
+    Tensor dy = activation();
+    layernorm_backward(cache.final_input.data(), model_.final_gain.weight.get(), f32(cache.final_mean),
+                       f32(cache.final_rstd), dnormed.data(), dy.data(), model_.final_gain.grad.get(),
+                       model_.final_bias.grad.get(), n_, h_, dtype(), stream());
+    return dy;
+  }
+
+  double head_forward(StageActivations& base, int mb, float scale) override {
+    CudaActivations& cache = gpu_cache(base);
+    const int vocab = shape_.vocab;
+    Tensor logits = allocate(std::size_t(n_) * std::size_t(vocab), DType::F32);
+    matmul_bt(gemm(), cache.normed.data(), model_.head.compute(dtype()), logits.data(), n_, h_, vocab,
+              {dtype(), DType::F32}, true, stream());
+    cache.dlogits = allocate(logits.count(), dtype());
+    Tensor loss = allocate(1, DType::F64);
+    cross_entropy(f32(logits), targets(mb), cache.dlogits.data(), static_cast<double*>(loss.data()), n_, vocab, dtype(),
+                  stream());
+    cuda::scale(cache.dlogits.data(), scale, cache.dlogits.count(), dtype(), stream());
+    return download_scalar(loss) * scale;
+  }
+  Tensor head_backward(StageActivations& base) override {
+    CudaActivations& cache = gpu_cache(base);
+    const int vocab = shape_.vocab;
+    Tensor dnormed = activation();
+    matmul_at(gemm(), cache.dlogits.data(), cache.normed.data(), model_.head.grad.get(), n_, vocab, h_,
+              {dtype(), DType::F32}, true, stream());
+    matmul(gemm(), cache.dlogits.data(), model_.head.compute(dtype()), dnormed.data(), n_, vocab, h_, {dtype(), dtype()},
+           true, stream());
+    return dnormed;
+  }
+
+  // ---- vocabulary passes ----
+  OutputShard output_forward(int mb, const Tensor& x, bool algorithm2) override {
+    const std::size_t n = std::size_t(n_);
+    const Shard sh = shard();
+    OutputShard out{.logits = allocate(n * std::size_t(sh.rows), DType::F32), .local = allocate(3 * n, DType::F32),
+                    .terms = {}};
+    float* local = f32(out.local);
+    output_logits(gemm(), x.data(), model_.head.compute(dtype()), targets(mb), sh.first, sh.rows, n_, h_,
+                  f32(out.logits), local, local + n, local + 2 * n, dtype(), stream());
+    if (algorithm2) {
+      out.terms = allocate(2 * activation_size(), dtype());
+      output_input_grad_terms(gemm(), f32(out.logits), local, local + n, model_.head.compute(dtype()), targets(mb),
+                              sh.first, sh.rows, n_, h_, out.terms.data(), element(out.terms, activation_size()),
+                              dtype(), stream());
+    }
+    return out;
+  }
+  Tensor softmax_sums(const Tensor& local, const Tensor& global_max) override {
+    const std::size_t n = std::size_t(n_);
+    Tensor sums = allocate(2 * n, DType::F32);
+    const float* l = f32(local);
+    rescale_sum_exp(l, l + n, f32(global_max), f32(sums), n_, stream());
+    CUDA_CHECK(cudaMemcpyAsync(f32(sums) + n, l + 2 * n, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+    return sums;
+  }
+  double loss_sum(const Tensor& global_max, const Tensor& sums) override {
+    Tensor total = allocate(1, DType::F64);
+    cuda::loss_sum(f32(global_max), f32(sums), f32(sums) + n_, n_, static_cast<double*>(total.data()), stream());
+    return download_scalar(total);
+  }
+  Tensor input_grad_share(const Tensor& local, const Tensor& global_max, const Tensor& sums, const Tensor& terms,
+                          float g) override {
+    const float* l = f32(local);
+    Tensor scaled = stats(), dx = activation();
+    rescale_sum_exp(l, l + n_, f32(global_max), f32(scaled), n_, stream());
+    cuda::input_grad_share(f32(scaled), f32(sums), terms.data(), element(terms, activation_size()), g, n_, h_, dx.data(),
+                           dtype(), stream());
+    synchronize();  // `scaled` is freed on return
+    return dx;
+  }
+  Tensor output_backward(int mb, const Tensor& logits, const Tensor& stats, const Tensor& x, float g,
+                         bool input_grad) override {
+    const Shard sh = shard();
+    Tensor dx = input_grad ? activation() : Tensor();
+    cuda::output_backward(gemm(), f32(logits), f32(stats), f32(stats) + n_, targets(mb), sh.first, sh.rows, g, x.data(),
+                          model_.head.compute(dtype()), n_, h_, model_.head.grad.get(), input_grad ? dx.data() : nullptr,
+                          dtype(), stream());
+    return dx;
+  }
+
+  // ---- per iteration ----
+  void optimizer_step(float learning_rate) override { model_.sgd_step(learning_rate, stream()); }
+  std::vector<float> grad_error_terms(const cpu::Model& reference) override {
+    model_.download_grads(host_);
+    return runtime::grad_error_terms(host_, reference);
+  }
+  Bytes static_bytes() const override { return Bytes(model_.bytes()); }
+
+ private:
+  struct ThreadContext {
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<GemmHandle> gemm;
+  };
+
+  /// The calling thread's stream and GEMM handle, made on its first call (on this rank's GPU).
+  ThreadContext& context() {
+    std::lock_guard lock(contexts_mutex_);
+    auto [it, added] = contexts_.try_emplace(std::this_thread::get_id());
+    if (added) {
+      CUDA_CHECK(cudaSetDevice(options_.device));
+      it->second.stream = share_.make_stream();
+    }
+    return it->second;
+  }
+  cudaStream_t stream() { return context().stream; }
+  GemmHandle& gemm() {
+    ThreadContext& c = context();
+    if (!c.gemm) c.gemm = std::make_unique<GemmHandle>();
+    return *c.gemm;
+  }
+
+  static SmShare bind_device(const BackendOptions& o) {
+    CUDA_CHECK(cudaSetDevice(o.device));
+    return SmShare(o.device, o.ranks_on_device, o.index_on_device);
+  }
+
+  // y = x·W + b, keeping x (the layer's cache holds it) and returning y.
+  Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out) {
+    Tensor y = allocate(std::size_t(n_) * std::size_t(out), dtype());
+    matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
+    bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
+    return y;
+  }
+  /// dW += xᵀ·dy and db += Σ dy, accumulated in fp32.
+  void linear_weight_grad(const Tensor& x, const Tensor& dy, DeviceParam& w, DeviceParam& b, int in, int out) {
+    matmul_at(gemm(), x.data(), dy.data(), w.grad.get(), n_, in, out, {dtype(), DType::F32}, true, stream());
+    bias_grad(dy.data(), b.grad.get(), n_, out, dtype(), stream());
+  }
+  /// dx += dy·Wᵀ; the weight gradients now, or with `keep` later (dy is copied into it).
+  void linear_backward(const Tensor& x, DeviceParam& w, DeviceParam& b, const Tensor& dy, Tensor& dx, int in, int out,
+                       Tensor* keep) {
+    if (keep) {
+      *keep = allocate(dy.count(), dy.dtype());
+      copy(dy, 0, *keep, 0, dy.count());
+    } else {
+      linear_weight_grad(x, dy, w, b, in, out);
+    }
+    matmul_bt(gemm(), dy.data(), w.compute(dtype()), dx.data(), n_, out, in, {dtype(), dtype()}, true, stream());
+  }
+
+  void layer_forward(DeviceLayer& w, Tensor& x, CudaActivations::Layer& c) {
+    const int f = shape_.ffn;
+    c.input = std::move(x);
+    c.ln1 = activation(), c.mean1 = stats(), c.rstd1 = stats();
+    layernorm_forward(c.input.data(), w.ln1_gain.weight.get(), w.ln1_bias.weight.get(), c.ln1.data(), f32(c.mean1),
+                      f32(c.rstd1), n_, h_, dtype(), stream());
+    c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
+    c.attention = activation();
+    c.lse = allocate(std::size_t(shape_.batch) * std::size_t(shape_.heads) * std::size_t(shape_.seq), DType::F32);
+    attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, shape_.heads, dtype(),
+                      stream());
+    c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_);
+    add(c.middle.data(), c.input.data(), c.middle.data(), c.middle.count(), dtype(), stream());  // residual
+    c.ln2 = activation(), c.mean2 = stats(), c.rstd2 = stats();
+    layernorm_forward(c.middle.data(), w.ln2_gain.weight.get(), w.ln2_bias.weight.get(), c.ln2.data(), f32(c.mean2),
+                      f32(c.rstd2), n_, h_, dtype(), stream());
+    c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, f);
+    c.gelu = allocate(c.fc1.count(), dtype());
+    gelu_forward(c.fc1.data(), c.gelu.data(), c.fc1.count(), dtype(), stream());
+    x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_);
+    add(x.data(), c.middle.data(), x.data(), x.count(), dtype(), stream());  // residual
+  }
+
+  void layer_backward(DeviceLayer& w, const CudaActivations::Layer& c, Tensor& dy, CudaActivations::Deferred* keep) {
+    const int f = shape_.ffn;
+    const std::size_t nf = std::size_t(n_) * std::size_t(f);
+    Tensor dgelu = allocate(nf, dtype()), dfc1 = allocate(nf, dtype());
+    linear_backward(c.gelu, w.fc2_weight, w.fc2_bias, dy, dgelu, f, h_, keep ? &keep->fc2_dy : nullptr);
+    gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
+    Tensor dln2 = activation();
+    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, f, keep ? &keep->fc1_dy : nullptr);
+    Tensor dmiddle = activation();  // through the second residual
+    copy(dy, 0, dmiddle, 0, dy.count());
+    layernorm_backward(c.middle.data(), w.ln2_gain.weight.get(), f32(c.mean2), f32(c.rstd2), dln2.data(), dmiddle.data(),
+                       w.ln2_gain.grad.get(), w.ln2_bias.grad.get(), n_, h_, dtype(), stream());
+    Tensor dattention = activation(), dqkv = allocate(3 * activation_size(), dtype());
+    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, keep ? &keep->proj_dy : nullptr);
+    attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
+                       shape_.seq, h_, shape_.heads, dtype(), stream());
+    Tensor dln1 = activation();
+    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, 3 * h_, keep ? &keep->qkv_dy : nullptr);
+    // dx: through the first residual, plus the first LayerNorm's backward.
+    layernorm_backward(c.input.data(), w.ln1_gain.weight.get(), f32(c.mean1), f32(c.rstd1), dln1.data(), dmiddle.data(),
+                       w.ln1_gain.grad.get(), w.ln1_bias.grad.get(), n_, h_, dtype(), stream());
+    synchronize();  // the temporaries are freed on return
+    dy = std::move(dmiddle);
+  }
+
+  DType dtype() const { return options_.dtype; }
+  std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
+  Tensor activation() { return allocate(activation_size(), dtype()); }
+  Tensor stats() { return allocate(std::size_t(n_), DType::F32); }
+  static float* f32(const Tensor& t) { return static_cast<float*>(t.data()); }
+  const int* tokens(int mb) const { return tokens_.get() + std::size_t(mb) * std::size_t(n_); }
+  const int* targets(int mb) const { return targets_.get() + std::size_t(mb) * std::size_t(n_); }
+  struct Shard {
+    int first, rows;
+  };
+  Shard shard() const { return {host_.shard.first, host_.shard.rows}; }
+  /// The address of element `at` of `t`.
+  static void* element(const Tensor& t, std::size_t at) { return static_cast<std::byte*>(t.data()) + at * size_of(t.dtype()); }
+  double download_scalar(const Tensor& value) {
+    double result = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&result, value.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    synchronize();
+    return result;
+  }
+
+  cpu::ModelShape shape_;
+  const Layout& layout_;
+  BackendOptions options_;
+  int n_, h_;
+  RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check
+  SmShare share_;
+  DeviceModel model_;
+  DeviceBuffer<int> tokens_, targets_;  ///< this step's, microbatch after microbatch
+  std::mutex contexts_mutex_;
+  std::unordered_map<std::thread::id, ThreadContext> contexts_;
+};
+
+}  // namespace
+
+int device_count() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+std::string unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0))
+    return "no CUDA device: this machine has no GPU the CUDA runtime can see (check nvidia-smi and "
+           "CUDA_VISIBLE_DEVICES), or run with --backend cpu";
+  if (status != cudaSuccess)
+    return fmt::format("no CUDA device: the CUDA runtime reports {} ({}); check the driver, or run with --backend cpu",
+                       cudaGetErrorName(status), cudaGetErrorString(status));
+  return "";
+}
+
+std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed,
+                                      const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(shape, layout, rank, seed, options);
+}
+
+}  // namespace pipesim::runtime::cuda

@@ -1,0 +1,77 @@
+#include "cuda/device_model.h"
+
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+
+namespace pipesim::runtime::cuda {
+namespace {
+
+DeviceParam upload(const std::vector<float>& weight, DType dtype) {
+  DeviceParam p;
+  p.weight = DeviceBuffer<float>(std::span<const float>(weight));
+  p.grad = DeviceBuffer<float>(weight.size());
+  if (p.count() > 0) CUDA_CHECK(cudaMemset(p.grad.get(), 0, p.grad.bytes()));
+  if (dtype == DType::BF16) {
+    p.weight_bf16 = DeviceBuffer<std::uint16_t>(weight.size());
+    if (p.count() > 0) {
+      convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), nullptr);
+      CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    }
+  }
+  return p;
+}
+
+void download(const DeviceBuffer<float>& from, std::vector<float>& to) {
+  if (!to.empty()) CUDA_CHECK(cudaMemcpy(to.data(), from.get(), from.bytes(), cudaMemcpyDeviceToHost));
+}
+
+}  // namespace
+
+DeviceModel::DeviceModel(const RankModel& host, DType dtype) : dtype_(dtype) {
+  for (const auto& [index, layer] : host.params.layers) {
+    DeviceLayer& d = layers[index];
+    const auto from = layer.tensors();
+    const auto to = d.params();
+    for (std::size_t t = 0; t < to.size(); ++t) *to[t] = upload(*from[t], dtype);
+  }
+  embedding = upload(host.params.embedding, dtype), head = upload(host.params.head, dtype);
+  final_gain = upload(host.params.final_gain, dtype), final_bias = upload(host.params.final_bias, dtype);
+}
+
+template <class F>
+void DeviceModel::for_each(F&& f) {
+  for (auto& [index, layer] : layers)
+    for (DeviceParam* p : layer.params()) f(*p);
+  for (DeviceParam* p : {&embedding, &head, &final_gain, &final_bias}) f(*p);
+}
+
+void DeviceModel::sgd_step(float learning_rate, cudaStream_t stream) {
+  for_each([&](DeviceParam& p) {
+    if (p.count() == 0) return;
+    cuda::sgd_step(p.weight.get(), p.grad.get(), p.count(), learning_rate, stream);
+    if (dtype_ == DType::BF16) convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), stream);
+  });
+}
+
+void DeviceModel::download_grads(RankModel& host) {
+  for (auto& [index, layer] : layers) {
+    const auto to = host.grads.layers.at(index).tensors();
+    const auto from = layer.params();
+    for (std::size_t t = 0; t < from.size(); ++t) download(from[t]->grad, *to[t]);
+  }
+  download(embedding.grad, host.grads.embedding), download(head.grad, host.grads.head);
+  download(final_gain.grad, host.grads.final_gain), download(final_bias.grad, host.grads.final_bias);
+}
+
+std::size_t DeviceModel::parameter_count() const {
+  std::size_t count = embedding.count() + head.count() + final_gain.count() + final_bias.count();
+  for (const auto& [index, layer] : layers)
+    for (const DeviceParam* p : const_cast<DeviceLayer&>(layer).params()) count += p->count();
+  return count;
+}
+
+std::size_t DeviceModel::bytes() const {
+  return parameter_count() * (2 * sizeof(float) + (dtype_ == DType::BF16 ? sizeof(std::uint16_t) : 0));
+}
+
+}  // namespace pipesim::runtime::cuda

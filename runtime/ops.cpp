@@ -169,6 +169,7 @@ void RankExecutor::start_collective(InFlight& f, const CollectiveGroup& group) {
       const Tensor& local = buffers_.get({Buf::VocabLocal, -1, mb});
       f.data = backend_->allocate(std::size_t(n_), DType::F32);
       backend_->copy(local, 0, f.data, 0, std::size_t(n_));
+      backend_->synchronize();  // the communicator reads what the copy wrote
       f.request = comm.all_reduce(f.data.view(), ReduceOp::Max);
       return;
     }

@@ -80,7 +80,12 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(s));
     return Tensor(data, count, dtype, this);
   }
-  void free(void* data, std::size_t) noexcept override { static_cast<void>(cudaFreeAsync(data, stream())); }
+  void free(void* data, std::size_t) noexcept override {
+    try {
+      static_cast<void>(cudaFreeAsync(data, stream()));
+    } catch (const std::exception&) {  // no stream for this thread: the device is gone, nothing to give back
+    }
+  }
   DType activation_dtype() const override { return options_.dtype; }
   void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) override {
     const std::size_t element = size_of(src.dtype());

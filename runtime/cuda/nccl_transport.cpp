@@ -88,23 +88,21 @@ class CollectiveLane final : public Communicator {
   const bool& aborted_;
 };
 
-/// The point-to-point lane: a 2-rank communicator per channel (sender, receiver), rank 0 the sender.
+/// The point-to-point lane: a 2-rank communicator per channel (sender, receiver), rank 0 the sender,
+/// each on its own stream. A send never queues behind a receive from the same peer, so single calls
+/// need no ncclGroupStart/End around them; several calls posted at once can still be grouped.
 class ChannelLane final : public Communicator {
  public:
   ChannelLane(int rank, std::map<std::pair<int, int>, NcclComm> channels, const bool& aborted)
       : rank_(rank), channels_(std::move(channels)), aborted_(aborted) {}
   std::unique_ptr<Request> send(Buffer b, int peer) override {
     const NcclComm& c = channel(rank_, peer);
-    group_start();
     NCCL_CHECK(ncclSend(b.data, b.count, nccl_type(b.dtype), 1, c.comm, c.stream));
-    group_end();
     return std::make_unique<NcclRequest>(c, aborted_);
   }
   std::unique_ptr<Request> recv(Buffer b, int peer) override {
     const NcclComm& c = channel(peer, rank_);
-    group_start();
     NCCL_CHECK(ncclRecv(b.data, b.count, nccl_type(b.dtype), 0, c.comm, c.stream));
-    group_end();
     return std::make_unique<NcclRequest>(c, aborted_);
   }
   std::unique_ptr<Request> all_reduce(Buffer, ReduceOp) override { throw std::logic_error("all-reduce on the p2p lane"); }

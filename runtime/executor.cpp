@@ -141,7 +141,11 @@ void RankExecutor::walk(std::vector<std::size_t>& cursor, std::vector<InFlight>&
       if (cursor[i] == ops.size()) continue;
       try {
         progressed |= step(ops[cursor[i]], in_flight[i], cursor[i], remaining);
-      } catch (const OpError& e) {
+      } catch (const CommError&) {
+        throw;  // another rank failed; run_graph says where this one stood
+      } catch (const RankFailure&) {
+        throw;
+      } catch (const std::exception& e) {  // a missing buffer, a size mismatch, a CUDA or NCCL error
         throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(ops[cursor[i]]), e.what()));
       }
     }
@@ -170,7 +174,9 @@ void RankExecutor::run_compute_stream(const std::stop_token& stop) {
       timeline_->start[std::size_t(id)] = now();
       try {
         compute(id);
-      } catch (const OpError& e) {
+      } catch (const RankFailure&) {
+        throw;
+      } catch (const std::exception& e) {  // a missing buffer, a CUDA or cuBLAS error, out of memory
         throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(id), e.what()));
       }
       compute_busy_ = false;

@@ -260,7 +260,8 @@ CheckResult RankExecutor::finish_check(double reference_loss, double loss) {
   wait(comm_.control().all_reduce(host_buffer(std::span(grad_terms_)), ReduceOp::Sum), "the gradient-check all-reduce");
   const bool fp32 = options_.dtype == DType::F32;
   CheckResult check{.loss = loss, .reference_loss = reference_loss, .max_grad_rel_err = 0, .worst_tensor = "",
-                    .loss_tolerance = fp32 ? 1e-5 : 1e-2, .grad_tolerance = fp32 ? 1e-4 : 0};
+                    .loss_tolerance = options_.loss_tolerance >= 0 ? options_.loss_tolerance : fp32 ? 1e-5 : 1e-2,
+                    .grad_tolerance = options_.grad_tolerance >= 0 ? options_.grad_tolerance : fp32 ? 1e-4 : 0};
   const std::vector<std::string> names = tensor_names(shape_);
   for (std::size_t t = 0; t < names.size(); ++t) {
     const double diff = grad_terms_[2 * t], ref = grad_terms_[2 * t + 1];

@@ -36,6 +36,9 @@ struct RunOptions {
   std::uint64_t seed = 1234;
   float learning_rate = 0.1f;
   bool check = false;      ///< compare the first step with a single-device reference
+  /// The check's bounds (relative loss error; max gradient relative error, 0: not checked); negative:
+  /// the dtype's default (fp32: 1e-5 and 1e-4; bf16: 1e-2 and not checked).
+  double loss_tolerance = -1, grad_tolerance = -1;
   double timeout_s = 60;   ///< a rank that sees no progress for this long ends the run
   std::optional<InjectedFault> fault;
   /// Called on rank 0 after each step with (step, loss, step time).

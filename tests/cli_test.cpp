@@ -220,6 +220,20 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   }
 }
 
+TEST_CASE("run --check is a verdict: outside its bounds the run fails, naming the worst tensor") {
+  // vocab-1 assembles the softmax from shards, so its gradients differ from the reference by rounding
+  // (about 6e-7): bounds of zero cannot hold, the default bounds do.
+  const std::string args = "run " + config("tiny.json") + " --vocab vocab-1 --check";
+  const Output pass = run(args, true);
+  CHECK(pass.exit_code == 0);
+  CHECK_THAT(pass.text, Catch::Contains("check passed: bounds 1e-05 on the loss, 0.0001 on every gradient"));
+  const Output fail = run(args + " --loss-tol 0 --grad-tol 0", true);
+  CHECK(fail.exit_code == 1);
+  CHECK_THAT(fail.text, Catch::Contains("check FAILED"));
+  CHECK_THAT(fail.text, Catch::Contains("pipesim: error: --check: the run does not match the single-device reference"));
+  CHECK_THAT(fail.text, Catch::Contains("max gradient relative error"));
+}
+
 TEST_CASE("run --backend cuda matches the reference on a GPU, and says why it cannot run without one") {
   const Output out = run("run " + config("tiny.json") + " --backend cuda --check", true);
   if (out.exit_code == 0) {  // a GPU is here

@@ -55,6 +55,7 @@ struct RunOptions {
   std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
   int steps = 1;
   bool check = false;    ///< compare the first step with a single-device reference
+  double loss_tolerance = -1, grad_tolerance = -1;  ///< the check's bounds; negative: the dtype's default
   std::string trace;     ///< measured Chrome trace; empty: none
   std::string profile;   ///< measured per-op costs for `simulate --profile`; empty: none
   Format format = Format::Text;

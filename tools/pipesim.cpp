@@ -69,6 +69,12 @@ int main(int argc, char** argv) {
   rn->add_option("--steps", run.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
   rn->add_flag("--check", run.check,
                "compare the first step with a single-device reference: loss and max gradient relative error");
+  rn->add_option("--loss-tol", run.loss_tolerance,
+                 "--check fails when the loss's relative error exceeds this (default 1e-5; bf16: 1e-2)")
+      ->check(CLI::NonNegativeNumber);
+  rn->add_option("--grad-tol", run.grad_tolerance,
+                 "--check fails when a gradient's relative error exceeds this (default 1e-4; bf16: 0, not checked)")
+      ->check(CLI::NonNegativeNumber);
   rn->add_option("--trace", run.trace, "write the measured Chrome trace of the last step (open in ui.perfetto.dev)");
   rn->add_option("--profile", run.profile, "write measured op times for `pipesim simulate --profile`");
   rn->add_option("--seed", run.seed, "seed of the weights and the data (default 1234)");

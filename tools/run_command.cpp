@@ -171,6 +171,7 @@ ExitStatus run_run(const RunOptions& o) {
   runtime::RunOptions options{.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu,
                               .dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32,
                               .steps = o.steps, .seed = o.seed, .learning_rate = float(o.learning_rate), .check = o.check,
+                              .loss_tolerance = o.loss_tolerance, .grad_tolerance = o.grad_tolerance,
                               .timeout_s = o.timeout_s, .fault = std::nullopt, .on_step = progress_bar(o)};
   if (!o.inject_fault.empty()) {
     Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);

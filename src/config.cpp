@@ -36,6 +36,9 @@ std::optional<FieldError> check_config(const Config& config) {
   if (model.hidden % model.heads != 0)
     return FieldError{"model.heads", fmt::format("{} heads do not divide hidden size {}; choose a divisor of {}",
                                                  model.heads, model.hidden, model.hidden)};
+  if (model.key_value_heads() > model.heads || model.heads % model.key_value_heads() != 0)
+    return FieldError{"model.kv_heads", fmt::format("{} key/value heads do not divide {} heads; choose a divisor of {}",
+                                                    model.key_value_heads(), model.heads, model.heads)};
   if (model.heads % parallel.tp != 0)
     return FieldError{"parallel.tp", fmt::format("tp {} does not divide {} heads; choose a divisor of {}",
                                                  parallel.tp, model.heads, model.heads)};

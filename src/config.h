@@ -8,14 +8,24 @@
 
 namespace pipesim {
 
+/// The MLP of a transformer layer: GPT's two matrices around a GELU, or the gated SwiGLU of Llama,
+/// Qwen and Mistral (gate and up projections, SiLU, down projection: three matrices).
+enum class MlpKind { Gelu, SwiGlu };
+
 struct ModelConfig {
   int layers = 0;
   int hidden = 0;
   int heads = 0;
+  int kv_heads = 0;       ///< key/value heads (grouped-query attention); 0 in a fresh struct means `heads`
   int ffn_hidden = 0;
   int seq_len = 0;
   int vocab = 0;
   int micro_batch_size = 1;
+  MlpKind mlp = MlpKind::Gelu;
+  /// The LM head reuses the embedding. Each pipeline stage that needs it still holds a copy (as
+  /// Megatron does), so per-device memory and time do not change; reported for the record.
+  bool tied_embeddings = false;
+  int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
 struct ParallelConfig {

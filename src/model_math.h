@@ -7,14 +7,21 @@
 
 namespace pipesim {
 
-/// GEMM FLOPs of one transformer layer's forward (QKV, projection, MLP): 8bsh² + 4bshf.
+/// GEMM FLOPs of one transformer layer's forward (QKV, projection, MLP): 8bsh² + 4bshf for GPT;
+/// with g = kv_heads/heads (grouped-query attention) the K and V projections shrink to g·h columns,
+/// 4bsh²(1 + g), and a SwiGLU MLP has three matrices, 6bshf.
 double layer_gemm_flops(const ModelConfig& m);
 /// Attention-score FLOPs of one layer's forward (QKᵀ and PV): 4bs²h.
 double layer_attention_flops(const ModelConfig& m);
-/// Parameters of one transformer layer: 4h² + 2hf + 9h + f (= 12h² + 13h when f = 4h).
+/// Parameters of one transformer layer: GPT 4h² + 2hf + 9h + f (= 12h² + 13h when f = 4h); with
+/// grouped-query attention 2h²(1 + g) for the attention weights; SwiGLU 3hf for the MLP and, as in
+/// Llama, no biases and two RMSNorm gains (2h).
 double layer_params(const ModelConfig& m);
-/// Activation bytes one layer keeps for backward: s·b·h·(34 + 5·a·s/h) at 2-byte precision,
-/// without the score term under flash attention, divided by the tensor-parallel degree.
+/// Activation bytes one layer keeps for backward (Korthikanti et al.): s·b·h·(34 + 5·a·s/h) at 2-byte
+/// precision for GPT with f = 4h, without the score term under flash attention, divided by the
+/// tensor-parallel degree. Term by term (bytes per token and hidden unit): attention 11 (7 + 4g with
+/// grouped-query attention: K and V shrink), MLP 3 + 4f/h (SwiGLU: 3 + 6f/h, gate and up outputs
+/// both kept), LayerNorms 4.
 double layer_activation_bytes(const ModelConfig& m, const PrecisionConfig& p, int tp);
 /// LM-head GEMM FLOPs of the forward: 2·b·s·h·V.
 double head_forward_flops(const ModelConfig& m);

@@ -74,8 +74,8 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
       {R"json({"model": {"layerz": 8, "layers": 8, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}, )json" +
            kParallel + "}",
        {},
-       "c.json: model.layerz: unknown key; did you mean 'layers'? Known keys here: layers, hidden, heads, ffn_hidden, "
-       "seq_len, vocab, micro_batch_size"},
+       "c.json: model.layerz: unknown key; did you mean 'layers'? Known keys here: layers, hidden, heads, kv_heads, "
+       "ffn_hidden, seq_len, vocab, micro_batch_size, mlp, tied_embeddings, hf_config"},
       {kBase + R"json(, "hardwre": {}})json", {},
        "c.json: hardwre: unknown key; did you mean 'hardware'? Known keys here: model, parallel, schedule, hardware, "
        "precision, costs, description"},

@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "hf_config.h"
 #include "spellcheck.h"
 
 namespace pipesim {
@@ -103,10 +104,18 @@ ModelConfig read_model(ObjectReader r) {
   m.layers = r.integer("layers", 0, 1, true);
   m.hidden = r.integer("hidden", 0, 1, true);
   m.heads = r.integer("heads", 0, 1, true);
+  m.kv_heads = r.integer("kv_heads", m.heads, 1);
   m.ffn_hidden = r.integer("ffn_hidden", 4 * m.hidden, 1);
   m.seq_len = r.integer("seq_len", 0, 1, true);
   m.vocab = r.integer("vocab", 0, 1, true);
   m.micro_batch_size = r.integer("micro_batch_size", 1, 1);
+  const std::string mlp = r.string("mlp", "gelu");
+  if (mlp != "gelu" && mlp != "swiglu")
+    throw ConfigError{r.at("mlp"), fmt::format("expected \"gelu\" (GPT: two matrices) or \"swiglu\" (Llama, Qwen: "
+                                               "gate, up and down matrices), got \"{}\"", mlp)};
+  m.mlp = mlp == "swiglu" ? MlpKind::SwiGlu : MlpKind::Gelu;
+  m.tied_embeddings = r.boolean("tied_embeddings", false);
+  r.has("hf_config");  // expand_hf_config has turned it into the fields above
   r.reject_unknown();
   return m;
 }
@@ -222,7 +231,8 @@ ExplicitCosts read_costs(ObjectReader r) {
   return c;
 }
 
-Config read_config(const json& root, const std::string& source) {
+Config read_config(json root, const std::string& source) {
+  if (Status s = expand_hf_config(root, source); !s.ok()) throw ConfigError{"model.hf_config", s.error().message};
   ObjectReader r(root, "");
   Config c;
   c.source = source;

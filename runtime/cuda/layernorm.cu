@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kRowThreads)
 /// Pass 1 of the column sums over one chunk of rows: partial_dy[chunk·m + j] = Σ dy[i][j] and, when
 /// `x` is given (LayerNorm), partial_dyx[chunk·m + j] = Σ dy[i][j]·xhat[i][j].
 template <class T>
-__global__ void __launch_bounds__(kColumns* kRowLanes)
+__global__ void __launch_bounds__(kColumns * kRowLanes)
     column_partials_kernel(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_dy,
                            float* partial_dyx, int n, int m) {
   __shared__ float sums[2][kRowLanes][kColumns + 1];

@@ -1,0 +1,98 @@
+// Flash attention forward and backward against cpu::attention_forward/backward (which keep the full
+// probability matrix), over odd sequence lengths and the head widths of each kernel instance.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/kernels.h"
+#include "cuda/kernels.h"
+#include "harness.h"
+
+namespace pipesim::cuda_test {
+namespace {
+
+namespace gpu = runtime::cuda;
+
+struct Case {
+  int batch, seq, h, heads;
+};
+
+/// logsumexp of each causal score row, in double, in the kernels' layout ((b·heads + head)·seq + i).
+std::vector<float> reference_lse(const std::vector<float>& qkv, const Case& c) {
+  const int d = c.h / c.heads;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<float> lse(std::size_t(c.batch) * c.heads * c.seq);
+  for (int b = 0; b < c.batch; ++b)
+    for (int head = 0; head < c.heads; ++head)
+      for (int i = 0; i < c.seq; ++i) {
+        std::vector<double> scores(std::size_t(i) + 1);
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int e = 0; e < d; ++e)
+            dot += double(qkv[(std::size_t(b) * c.seq + i) * 3 * c.h + std::size_t(head) * d + e]) *
+                   qkv[(std::size_t(b) * c.seq + j) * 3 * c.h + c.h + std::size_t(head) * d + e];
+          scores[std::size_t(j)] = dot * scale;
+        }
+        const double max = *std::max_element(scores.begin(), scores.end());
+        double sum = 0;
+        for (const double s : scores) sum += std::exp(s - max);
+        lse[(std::size_t(b) * c.heads + head) * c.seq + i] = float(max + std::log(sum));
+      }
+  return lse;
+}
+
+void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c, DType t) {
+  const std::string shape = shape_name({{"b", c.batch}, {"s", c.seq}, {"h", c.h}, {"heads", c.heads}});
+  const std::size_t n = std::size_t(c.batch) * c.seq;
+  const auto qkv = rounded(random_values(n * 3 * c.h, rng, -2, 2), t);
+  const auto dout = rounded(random_values(n * c.h, rng), t), dqkv0 = rounded(random_values(n * 3 * c.h, rng), t);
+  std::vector<float> out(n * c.h), probs(std::size_t(c.batch) * c.heads * c.seq * c.seq), dqkv = dqkv0;
+  cpu::attention_forward(qkv, out, probs, c.batch, c.seq, c.h, c.heads);
+  // In bf16 the GPU backward's D = rowsum(dout∘out) reads the rounded output: within kBF16.
+  cpu::attention_backward(qkv, probs, dout, dqkv, c.batch, c.seq, c.h, c.heads);
+
+  Tensor qkv_d(qkv, t), out_d(n * c.h, t), dout_d(dout, t), dqkv_d(dqkv0, t);
+  Tensor lse_d(std::size_t(c.batch) * c.heads * c.seq, DType::F32);
+  auto* lse = static_cast<float*>(lse_d.get());
+  gpu::attention_forward(qkv_d.get(), out_d.get(), lse, c.batch, c.seq, c.h, c.heads, t, stream.get());
+  gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), dqkv_d.get(), c.batch, c.seq, c.h, c.heads, t,
+                          stream.get());
+  stream.sync();
+  const double tol = tolerance(t, kAttentionF32);
+  report.compare("attention_forward", shape, t, "out", out_d.download(), out, tol);
+  report.compare("attention_forward", shape, t, "lse", lse_d.download(), reference_lse(qkv, c), tol);
+  const auto first_dqkv = dqkv_d.download();
+  report.compare("attention_backward", shape, t, "dqkv (+=)", first_dqkv, dqkv, tol);
+
+  Tensor again(dqkv0, t);
+  gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), again.get(), c.batch, c.seq, c.h, c.heads, t,
+                          stream.get());
+  stream.sync();
+  report.compare_bits("attention_backward rerun", shape, t, "dqkv", again.download(), first_dqkv);
+}
+
+/// Head widths over 128 are refused with a message, not computed wrongly.
+void check_refusal(Report& report) {
+  bool refused = false;
+  try {
+    gpu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 256, 1, DType::F32, nullptr);
+  } catch (const gpu::CudaError&) {
+    refused = true;
+  }
+  report.compare("attention_forward", "h=256 heads=1 (d=256)", DType::F32, "refused", std::vector<float>{float(refused)},
+                 std::vector<float>{1.0f}, 0);
+}
+
+}  // namespace
+
+void check_attention(Report& report) {
+  Stream stream;
+  std::mt19937 rng(3);
+  // d = 8, 16, 48, 128 cover the 32/64/128 instances with partial head widths; seq 1, 31, 33, 70 cover
+  // a single row, tiles partly filled and a causal boundary inside a tile.
+  const Case cases[] = {{1, 1, 8, 1}, {2, 31, 64, 4}, {3, 33, 96, 2}, {1, 70, 256, 2}, {2, 45, 128, 1}};
+  for (const DType t : {DType::F32, DType::BF16})
+    for (const Case& c : cases) run_case(report, stream, rng, c, t);
+  check_refusal(report);
+}
+
+}  // namespace pipesim::cuda_test

@@ -1,0 +1,94 @@
+// gpu-bench: GEMM throughput through the CUDA runtime's cuBLASLt wrapper (runtime/cuda/gemm.h), the
+// number to set beside a peak when reading MFU. Exits 77 when no CUDA device is present.
+#include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "cuda/gemm.h"
+
+namespace {
+
+namespace gpu = pipesim::runtime::cuda;
+
+constexpr int kNoDevice = 77;  // Meson's SKIP
+constexpr int kWarmup = 3;
+
+/// Values in [-0.5, 0.5) from a multiplicative hash: non-zero data (zeros would flatter the clock) at
+/// no cost worth measuring.
+std::vector<std::byte> filled(std::size_t count, gpu::DType dtype, std::uint32_t seed) {
+  std::vector<std::byte> bytes(count * gpu::element_size(dtype));
+  for (std::size_t i = 0; i < count; ++i) {
+    const float value = float((std::uint32_t(i) * 2654435761u + seed) >> 8 & 0xffff) / 65536.0f - 0.5f;
+    if (dtype == gpu::DType::F32) {
+      std::memcpy(bytes.data() + 4 * i, &value, 4);
+    } else {
+      const std::uint16_t bits = gpu::float_to_bf16_bits(value);
+      std::memcpy(bytes.data() + 2 * i, &bits, 2);
+    }
+  }
+  return bytes;
+}
+
+/// Milliseconds per n×n×n GEMM, C = A·B, over `iterations` after kWarmup.
+double time_gemm(int n, int iterations, gpu::DType dtype) {
+  const std::size_t count = std::size_t(n) * std::size_t(n);
+  gpu::DeviceBuffer<std::byte> a(filled(count, dtype, 1)), b(filled(count, dtype, 2));
+  gpu::DeviceBuffer<std::byte> c(count * gpu::element_size(dtype));
+  gpu::GemmHandle gemm;
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  const gpu::GemmTypes types{dtype, dtype};
+  for (int i = 0; i < kWarmup; ++i) gpu::matmul(gemm, a.get(), b.get(), c.get(), n, n, n, types, false, stream);
+  CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iterations; ++i) gpu::matmul(gemm, a.get(), b.get(), c.get(), n, n, n, types, false, stream);
+  CUDA_CHECK(cudaEventRecord(stop, stream));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float elapsed_ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&elapsed_ms, start, stop));
+  static_cast<void>(cudaEventDestroy(start));
+  static_cast<void>(cudaEventDestroy(stop));
+  static_cast<void>(cudaStreamDestroy(stream));
+  return double(elapsed_ms) / iterations;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"GEMM throughput of the CUDA runtime's cuBLASLt wrapper (square C = A·B)"};
+  int size = 8192, iterations = 20;
+  std::string dtype_name = "bf16";
+  app.add_option("--size", size, "matrix dimension n of the n×n×n GEMM")->check(CLI::PositiveNumber);
+  app.add_option("--iterations", iterations, "timed GEMMs, after 3 untimed ones")->check(CLI::PositiveNumber);
+  app.add_option("--dtype", dtype_name, "bf16 (fp32 accumulate) or fp32 (no TF32)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  CLI11_PARSE(app, argc, argv);
+
+  int devices = 0;
+  if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "gpu-bench: no CUDA device (%s)\n",
+                 status != cudaSuccess ? cudaGetErrorString(status) : "cudaGetDeviceCount found 0");
+    return kNoDevice;
+  }
+  const gpu::DType dtype = dtype_name == "fp32" ? gpu::DType::F32 : gpu::DType::BF16;
+  try {
+    cudaDeviceProp properties{};
+    CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+    const double ms = time_gemm(size, iterations, dtype);
+    const double tflops = 2.0 * double(size) * double(size) * double(size) / (ms * 1e-3) / 1e12;
+    std::printf("%s: %s GEMM %dx%dx%d: %.3f ms, %.1f TFLOP/s (mean of %d)\n", properties.name, dtype_name.c_str(),
+                size, size, size, ms, tflops, iterations);
+  } catch (const gpu::CudaError& e) {
+    std::fprintf(stderr, "gpu-bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

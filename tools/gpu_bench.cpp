@@ -1,5 +1,6 @@
 // gpu-bench: GEMM throughput through the CUDA runtime's cuBLASLt wrapper (runtime/cuda/gemm.h), the
-// number to set beside a peak when reading MFU. Exits 77 when no CUDA device is present.
+// number to set beside a peak when reading MFU; with --layer, one transformer layer's forward and
+// backward through the CUDA backend. Exits 77 when no CUDA device is present.
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 
@@ -11,6 +12,7 @@
 
 #include "cuda/device_buffer.h"
 #include "cuda/gemm.h"
+#include "gpu_layer_bench.h"
 
 namespace {
 
@@ -70,6 +72,15 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", iterations, "timed GEMMs, after 3 untimed ones")->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype_name, "bf16 (fp32 accumulate) or fp32 (no TF32)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  bool layer = false;
+  pipesim::LayerBenchShape shape;
+  app.add_flag("--layer", layer, "time one transformer layer through the CUDA backend instead of a GEMM");
+  app.add_option("--hidden", shape.hidden, "--layer: hidden size (default 4096)")->check(CLI::PositiveNumber);
+  app.add_option("--heads", shape.heads, "--layer: attention heads (default 32)")->check(CLI::PositiveNumber);
+  app.add_option("--ffn", shape.ffn, "--layer: FFN hidden size (default 16384)")->check(CLI::PositiveNumber);
+  app.add_option("--seq", shape.seq, "--layer: sequence length (default 2048)")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch", shape.micro_batch, "--layer: sequences per microbatch (default 1)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   int devices = 0;
@@ -78,6 +89,7 @@ int main(int argc, char** argv) {
                  status != cudaSuccess ? cudaGetErrorString(status) : "cudaGetDeviceCount found 0");
     return kNoDevice;
   }
+  if (layer) return pipesim::bench_layer(shape, dtype_name, iterations);
   const gpu::DType dtype = dtype_name == "fp32" ? gpu::DType::F32 : gpu::DType::BF16;
   try {
     cudaDeviceProp properties{};

@@ -320,6 +320,10 @@ Status check_runnable(const Plan& plan, const RunOptions& options) {
     return Error{fmt::format("{}: parallel.tp: the runtime runs each stage on one device; set parallel.tp to 1", c.source)};
   if (c.parallel.dp != 1)
     return Error{fmt::format("{}: parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1", c.source)};
+  if (c.model.mlp != MlpKind::Gelu || c.model.key_value_heads() != c.model.heads)
+    return Error{fmt::format("{}: model: the runtime's model is a GPT (multi-head attention, GELU MLP); set model.mlp to "
+                             "\"gelu\" and model.kv_heads to model.heads ({}) to run this shape",
+                             c.source, c.model.heads)};
   // Weights and gradients of every rank plus the activations of every microbatch in flight, fp32.
   const cpu::ModelShape s = model_shape(c);
   const double n = double(s.tokens()), h = s.hidden;

@@ -147,7 +147,8 @@ TEST_CASE("export writes a PyTorch CSV that simulate --schedule-file runs to the
 
 TEST_CASE("every shipped config simulates") {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(std::string(std::getenv("PIPESIM_SOURCE")) + "/configs")) {
-    if (entry.path().extension() != ".json") continue;
+    // configs/hf/ holds Hugging Face model files that configs name, not configs.
+    if (entry.path().extension() != ".json" || entry.path().parent_path().filename() == "hf") continue;
     CAPTURE(entry.path().string());
     const Output out = run("compare " + entry.path().string() + " --format json", true);
     CHECK(out.exit_code == 0);
@@ -207,7 +208,9 @@ TEST_CASE("run writes a measured trace and a profile that simulate takes as its 
 TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   const std::pair<std::string, std::string> cases[] = {
       {"tiny.json --set parallel.dp=2", "parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1"},
-      {"default.json", "model: the CPU runtime would need about"},
+      {"default.json", "model: the runtime's model is a GPT (multi-head attention, GELU MLP); set model.mlp to \"gelu\" "
+                       "and model.kv_heads to model.heads (32) to run this shape"},
+      {"default.json --set model.mlp=gelu --set model.kv_heads=32", "model: the CPU runtime would need about"},
       {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang]"},
       {"tiny.json --inject-fault 9:F:0", "--inject-fault '9:F:0': rank 9 has no F op of microbatch 0 (ranks 0..3"},
       {"tiny.json --dtype bf16", "--dtype bf16: the CPU backend computes in fp32; use --dtype fp32 or --backend cuda"},

@@ -311,4 +311,32 @@ std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph)
   return durations;
 }
 
+std::vector<OpWork> analytic_op_work(const Config& config) {
+  Config one = config;
+  one.parallel.tp = 1;
+  const auto as_work = [](std::string name, std::initializer_list<const std::vector<Piece>*> lists) {
+    OpWork work{std::move(name), {}};
+    for (const std::vector<Piece>* list : lists)
+      for (const Piece& piece : *list) work.pieces.emplace_back(piece.flops, piece.bytes);
+    return work;
+  };
+  const StagePieces layer = stage_pieces(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = 1,
+                                               .has_embedding = false, .has_head = false});
+  const StagePieces head = stage_pieces(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = 0,
+                                              .has_embedding = false, .has_head = true});
+  const StagePieces embedding = stage_pieces(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = 0,
+                                                   .has_embedding = true, .has_head = false});
+  return {as_work("layer_forward", {&layer.forward}), as_work("layer_backward", {&layer.backward}),
+          as_work("layer_weight", {&layer.weight}), as_work("output_forward", {&head.forward}),
+          as_work("output_backward", {&head.backward, &head.weight}), as_work("input_forward", {&embedding.forward}),
+          as_work("input_backward", {&embedding.weight})};
+}
+
+double analytic_seconds(const OpWork& work, const HardwareConfig& h) {
+  double s = 0;
+  for (const auto& [flops, bytes] : work.pieces)
+    s += std::max(flops / (h.peak_tflops * 1e12 * h.compute_efficiency), bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency));
+  return s + h.kernel_launch_us * 1e-6;
+}
+
 }  // namespace pipesim

@@ -3,6 +3,8 @@
 /// interface: analytic (roofline over the model's FLOPs and bytes, α-β links, ring collectives) and
 /// explicit (per-op times from the config, for calibration and exact closed-form tests).
 #include <memory>
+#include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -78,5 +80,20 @@ std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& l
 
 /// Durations of every op of `graph`, indexed by TaskId.
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph);
+
+/// One op as the analytic model times it: kernel-sized pieces, each timed by its own roofline
+/// (FLOPs at peak × compute_efficiency, or bytes at HBM bandwidth × hbm_efficiency, the slower),
+/// plus one kernel-launch overhead.
+struct OpWork {
+  std::string name;
+  std::vector<std::pair<double, double>> pieces;  ///< (FLOPs, bytes)
+};
+
+/// The work of one transformer layer's F, B and W (`layer_forward`, `layer_backward`, `layer_weight`)
+/// and of the whole vocabulary layers (`output_forward`, `output_backward` with its weight gradient,
+/// `input_forward`, `input_backward`), without tensor parallelism: what calibration fits hardware to.
+std::vector<OpWork> analytic_op_work(const Config& config);
+/// Seconds the analytic model gives `work` on `hardware`.
+double analytic_seconds(const OpWork& work, const HardwareConfig& hardware);
 
 }  // namespace pipesim

@@ -223,6 +223,41 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   }
 }
 
+TEST_CASE("calibrate recovers the efficiencies that produced the op times, and configs read its file") {
+  // Op times made by the analytic formula itself, on h100-sxm's 989 TFLOP/s and 3350 GB/s, with
+  // efficiencies 0.35 (FLOPs) and 0.6 (bytes) and 12 µs per op: the fit must give them back.
+  const double peak = 989e12 * 0.35, bandwidth = 3350e9 * 0.6, launch = 12e-6;
+  const std::pair<double, double> ops[] = {{4e12, 1e8}, {1e9, 6e9}, {0, 0}, {2e11, 2e9}, {5e10, 1e7}};
+  nlohmann::json profile{{"ops", nlohmann::json::array()}};
+  for (const auto& [flops, bytes] : ops)
+    profile["ops"].push_back({{"flops", flops}, {"bytes", bytes}, {"ms", 1e3 * (std::max(flops / peak, bytes / bandwidth) + launch)}});
+  const auto dir = std::filesystem::temp_directory_path() / "pipesim-calibrate-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "ops.json") << profile.dump();
+  const Output out = run("calibrate " + (dir / "ops.json").string() + " -o " + (dir / "hw.json").string(), true);
+  REQUIRE(out.exit_code == 0);
+  std::ifstream file(dir / "hw.json");
+  const nlohmann::json hw = nlohmann::json::parse(file);
+  CHECK(hw["compute_efficiency"].get<double>() == Approx(0.35).epsilon(0.02));
+  CHECK(hw["hbm_efficiency"].get<double>() == Approx(0.6).epsilon(0.02));
+  CHECK(hw["kernel_launch_us"].get<double>() == Approx(12).epsilon(0.02));
+  // A config names the file; its own fields still win.
+  std::ofstream(dir / "c.json") << R"({"model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100},
+    "parallel": {"pp": 2, "microbatches": 4}, "hardware": {"file": "hw.json", "kernel_launch_us": 3}})";
+  std::ifstream config_file(dir / "c.json");
+  const std::string config_text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
+  const pipesim::Result<pipesim::Config> c = pipesim::parse_config(config_text, (dir / "c.json").string());
+  REQUIRE(c.ok());
+  CHECK(c.value().hardware.compute_efficiency == hw["compute_efficiency"].get<double>());
+  CHECK(c.value().hardware.kernel_launch_us == 3);
+  // It never overwrites a file it did not write.
+  std::ofstream(dir / "mine.json") << "{}";
+  const Output refused = run("calibrate " + (dir / "ops.json").string() + " -o " + (dir / "mine.json").string(), true);
+  CHECK(refused.exit_code == 1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("run --check is a verdict: outside its bounds the run fails, naming the worst tensor") {
   // vocab-1 assembles the softmax from shards, so its gradients differ from the reference by rounding
   // (about 6e-7): bounds of zero cannot hold, the default bounds do.

@@ -79,3 +79,19 @@ TEST_CASE("MFU follows the paper: 3(2BSHV + L(8BSH^2 + 4BS^2H + 4BSHF)) / (time 
   CHECK(s.metrics.mfu == Approx(flops / (seconds_taken * p * 989e12)));
   CHECK(s.metrics.tokens_per_s == Approx(B * S / seconds_taken));
 }
+
+TEST_CASE("the work calibration fits is the work the analytic model times") {
+  const Config c = parse_or_fail(kThreeStages);  // stage 1: one layer, no vocabulary layer
+  const Plan plan = plan_or_fail(c);
+  const auto model = make_cost_model(plan.config, plan.layout);
+  const std::vector<OpWork> work = analytic_op_work(plan.config);
+  const auto seconds = [&](std::string_view name) {
+    for (const OpWork& w : work)
+      if (w.name == name) return analytic_seconds(w, c.hardware);
+    FAIL("no op " << name);
+    return 0.0;
+  };
+  CHECK(std::llround(seconds("layer_forward") * 1e9) == Approx(model->stage(1).forward).margin(2));
+  CHECK(std::llround(seconds("layer_backward") * 1e9) == Approx(model->stage(1).backward).margin(2));
+  CHECK(std::llround(seconds("layer_weight") * 1e9) == Approx(model->stage(1).weight).margin(2));
+}

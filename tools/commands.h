@@ -65,6 +65,13 @@ struct RunOptions {
   std::string inject_fault;  ///< RANK:KIND:MICROBATCH[:hang], for testing fault handling
 };
 
+/// `pipesim calibrate`: hardware efficiencies fitted to measured op times.
+struct CalibrateOptions {
+  std::vector<std::string> profiles;  ///< `run --profile` files, or {"ops": [{name, flops, bytes, ms}]}
+  std::string output;                 ///< the hardware file to write
+  std::string preset = "h100-sxm";    ///< whose peak FLOP/s and bandwidth the efficiencies scale
+};
+
 struct BenchOptions {
   bool quick = false;  ///< smaller graphs, for a smoke test
 };
@@ -74,6 +81,7 @@ ExitStatus run_compare(const CompareOptions& options);
 ExitStatus run_list();
 ExitStatus run_export(const ExportOptions& options);
 ExitStatus run_bench(const BenchOptions& options);
+ExitStatus run_calibrate(const CalibrateOptions& options);
 ExitStatus run_run(const RunOptions& options);
 
 }  // namespace pipesim

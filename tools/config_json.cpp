@@ -6,7 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "hf_config.h"
+#include "config_includes.h"
 #include "spellcheck.h"
 
 namespace pipesim {
@@ -233,6 +233,7 @@ ExplicitCosts read_costs(ObjectReader r) {
 
 Config read_config(json root, const std::string& source) {
   if (Status s = expand_hf_config(root, source); !s.ok()) throw ConfigError{"model.hf_config", s.error().message};
+  if (Status s = expand_hardware_file(root, source); !s.ok()) throw ConfigError{"hardware.file", s.error().message};
   ObjectReader r(root, "");
   Config c;
   c.source = source;

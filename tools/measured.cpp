@@ -93,6 +93,11 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
           {"schedule", c.schedule.name},
           {"vocab", c.schedule.vocab},
           {"layers_per_stage", layers},
+          {"model",  // the shape measured (a run's --set may have changed the config's), for calibration
+           {{"layers", c.model.layers}, {"hidden", c.model.hidden}, {"heads", c.model.heads},
+            {"ffn_hidden", c.model.ffn_hidden}, {"seq_len", c.model.seq_len}, {"vocab", c.model.vocab},
+            {"micro_batch_size", c.model.micro_batch_size}}},
+          {"pp", devices},
           {"costs",
            {{"forward_ms", per_device(forward)},
             {"backward_ms", per_device(backward)},

@@ -86,6 +86,15 @@ int main(int argc, char** argv) {
                  "test fault handling");
   rn->callback([&] { status = pipesim::run_run(run); });
 
+  pipesim::CalibrateOptions calibrate;
+  CLI::App* cal = app.add_subcommand("calibrate", "fit the hardware's efficiencies to measured op times");
+  cal->add_option("profiles", calibrate.profiles, "`pipesim run --profile` files, or {\"ops\": [{name, flops, bytes, ms}]}")
+      ->required();
+  cal->add_option("-o,--output", calibrate.output, "the hardware file to write (configs name it: hardware.file)")
+      ->required();
+  cal->add_option("--preset", calibrate.preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)");
+  cal->callback([&] { status = pipesim::run_calibrate(calibrate); });
+
   pipesim::CompareOptions compare;
   CLI::App* cmp = app.add_subcommand("compare", "simulate schedules x vocabulary modes side by side");
   cmp->add_option("configs", compare.configs, "JSON config files")->required();

@@ -1,6 +1,7 @@
 #pragma once
-/// `model.hf_config`: a Hugging Face `config.json` as the source of a model's shape. The one place a
-/// config refers to another file: the path is relative to the config's own directory.
+/// The two places a config refers to another file, each path relative to the config's own directory:
+/// `model.hf_config`, a Hugging Face `config.json` as the source of a model's shape, and
+/// `hardware.file`, a hardware description such as `pipesim calibrate` writes.
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -15,5 +16,10 @@ namespace pipesim {
 /// GPT's). Fields the config's `model` gives itself win. `source` is the config's path. The error
 /// names the Hugging Face file and its field.
 Status expand_hf_config(nlohmann::json& root, const std::string& source);
+
+/// Replaces `hardware.file` in `root` by the hardware fields in that file (`preset` and any field of
+/// the hardware block; its `description` and `generator` are the file's own). Fields the config's
+/// `hardware` gives itself win.
+Status expand_hardware_file(nlohmann::json& root, const std::string& source);
 
 }  // namespace pipesim

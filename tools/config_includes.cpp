@@ -1,4 +1,4 @@
-#include "hf_config.h"
+#include "config_includes.h"
 
 #include <fmt/format.h>
 
@@ -12,22 +12,27 @@ namespace {
 
 using json = nlohmann::json;
 
-/// Large enough for any real config.json (a few KiB); a bigger file is not one.
-constexpr std::uintmax_t kMaxHfConfigBytes = 1 << 20;
+/// Large enough for any real config.json or hardware file (a few KiB); a bigger file is not one.
+constexpr std::uintmax_t kMaxIncludedBytes = 1 << 20;
 
-Result<json> read_hf_file(const std::filesystem::path& path) {
+/// The JSON object in the file `reference` names (relative to the config `source`); `what` says
+/// what the file should be, for the messages.
+Result<json> read_included(const json& reference, const std::string& source, std::string_view what,
+                           std::filesystem::path& path) {
+  if (!reference.is_string()) return Error{fmt::format("expected the path of {}, got {}", what, reference.dump())};
+  path = reference.get<std::string>();
+  if (path.is_relative()) path = std::filesystem::path(source).parent_path() / path;
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error))
-    return Error{fmt::format("{}: no such file; give the path of a Hugging Face config.json, relative to this config",
-                             path.string())};
-  if (std::filesystem::file_size(path, error) > kMaxHfConfigBytes)
-    return Error{fmt::format("{}: larger than 1 MiB, which no config.json is", path.string())};
+    return Error{fmt::format("{}: no such file; give the path of {}, relative to this config", path.string(), what)};
+  if (std::filesystem::file_size(path, error) > kMaxIncludedBytes)
+    return Error{fmt::format("{}: larger than 1 MiB, which no {} is", path.string(), what)};
   std::ifstream file(path);
   std::stringstream text;
   text << file.rdbuf();
   json value = json::parse(text.str(), nullptr, false);
   if (value.is_discarded() || !value.is_object())
-    return Error{fmt::format("{}: not a JSON object (expected a Hugging Face config.json)", path.string())};
+    return Error{fmt::format("{}: not a JSON object (expected {})", path.string(), what)};
   return value;
 }
 
@@ -70,11 +75,8 @@ Status expand_hf_config(json& root, const std::string& source) {
   json& model = root["model"];
   const json reference = model["hf_config"];
   model.erase("hf_config");
-  if (!reference.is_string())
-    return Error{fmt::format("expected the path of a Hugging Face config.json, got {}", reference.dump())};
-  std::filesystem::path path = reference.get<std::string>();
-  if (path.is_relative()) path = std::filesystem::path(source).parent_path() / path;
-  Result<json> hf = read_hf_file(path);
+  std::filesystem::path path;
+  Result<json> hf = read_included(reference, source, "a Hugging Face config.json", path);
   if (!hf.ok()) return hf.error();
   const std::string file = path.string();
   const std::pair<const char*, const char*> required[] = {{"num_hidden_layers", "layers"}, {"hidden_size", "hidden"},
@@ -89,6 +91,20 @@ Status expand_hf_config(json& root, const std::string& source) {
     model["tied_embeddings"] = tied;
   }
   return take_mlp(hf.value(), model, file);
+}
+
+Status expand_hardware_file(json& root, const std::string& source) {
+  if (!root.is_object() || !root.contains("hardware") || !root["hardware"].is_object() || !root["hardware"].contains("file"))
+    return Status::Ok();
+  json& hardware = root["hardware"];
+  const json reference = hardware["file"];
+  hardware.erase("file");
+  std::filesystem::path path;
+  Result<json> file = read_included(reference, source, "a hardware file (as `pipesim calibrate` writes)", path);
+  if (!file.ok()) return file.error();
+  for (const auto& [key, value] : file.value().items())
+    if (key != "description" && key != "generator" && !hardware.contains(key)) hardware[key] = value;
+  return Status::Ok();
 }
 
 }  // namespace pipesim

@@ -1,0 +1,36 @@
+// Which backend a rank computes on, and whether it can run here.
+#include <fmt/format.h>
+
+#include "cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "executor.h"
+#include "partition.h"
+
+namespace pipesim::runtime {
+
+Status check_backend(const RunOptions& options) {
+  if (options.backend == BackendKind::Cpu) {
+    if (options.dtype != DType::F32)
+      return Error{fmt::format("--dtype {}: the CPU backend computes in fp32; use --dtype fp32 or --backend cuda",
+                               dtype_name(options.dtype))};
+    return Status::Ok();
+  }
+  if (std::string why = cuda::unavailable_reason(); !why.empty()) return Error{"--backend cuda: " + why};
+  return Status::Ok();
+}
+
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Plan& plan, int rank) {
+  const cpu::ModelShape shape = model_shape(plan.config);
+  if (options.backend == BackendKind::Cpu) return make_cpu_backend(shape, plan.layout, rank, options.seed);
+  if (options.device >= 0)  // one process per GPU (MPI)
+    return cuda::make_backend(shape, plan.layout, rank, options.seed,
+                              {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1, .index_on_device = 0});
+  // Ranks of one process go round-robin over the GPUs; those that share one split its SMs equally.
+  const int gpus = cuda::device_count(), ranks = plan.layout.devices;
+  const cuda::BackendOptions gpu{.device = rank % gpus, .dtype = options.dtype,
+                                 .ranks_on_device = ranks / gpus + (rank % gpus < ranks % gpus ? 1 : 0),
+                                 .index_on_device = rank / gpus};
+  return cuda::make_backend(shape, plan.layout, rank, options.seed, gpu);
+}
+
+}  // namespace pipesim::runtime

@@ -2,7 +2,9 @@
 # The simulator against the runtime, honestly: each schedule x vocabulary mode is run for real, and
 # the simulator predicts its iteration time from the op times of a *different* run (the calibration
 # schedule, zb-h1, whose split backward gives F, B and W apart; zb-h1 itself is predicted from zb-v).
-# Each target runs twice, so the run-to-run spread is printed beside the prediction's error.
+# Each target runs 6 steps; the measured time is the median of steps 2-6 (the first warms caches and
+# allocators up), and their spread, (max - min) / median, is printed beside the prediction's error so
+# that noise is not mistaken for error.
 #
 # Usage: tools/sim-vs-run.sh [--ranks N] [--config FILE] [--schedules a,b,..] [--vocabs x,y,..]
 #                            [-- extra `pipesim run` options, e.g. --backend cuda --dtype bf16]
@@ -34,33 +36,35 @@ model=()
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# Milliseconds of the last measured step of a run, or of a simulated iteration.
-step_ms() { awk '/^step time:/ { print $3 }'; }
+# "median spread" in ms and percent, from a run's JSON report: steps 2.. of step_times_s.
+steps_ms() {
+  python3 -c 'import json, statistics, sys
+t = [1e3 * s for s in json.load(sys.stdin)["step_times_s"][1:]]
+m = statistics.median(t)
+print(f"{m:.3f} {100 * (max(t) - min(t)) / m:.1f}")'
+}
 sim_ms() { awk '/^iteration / { print $2; exit }'; }
-run() { $pipesim run "$config" --ranks "$ranks" --steps 3 "${model[@]}" "$@"; }
+run() { $pipesim run "$config" --ranks "$ranks" "${model[@]}" "$@"; }
 
-echo "| schedule | vocab | measured ms (run 1, run 2) | spread | predicted ms | from | error |"
+echo "| schedule | vocab | measured ms (median of 5 steps) | spread | predicted ms | from | error |"
 echo "|---|---|---:|---:|---:|---|---:|"
 total=0 count=0
 for vocab in ${vocabs//,/ }; do
   for calibration in zb-h1 zb-v; do
-    run --schedule "$calibration" --vocab "$vocab" --profile "$work/$calibration.json" "$@" >/dev/null
+    run --schedule "$calibration" --vocab "$vocab" --steps 3 --profile "$work/$calibration.json" "$@" >/dev/null
   done
   for schedule in ${schedules//,/ }; do
     from=zb-h1
     [[ $schedule == zb-h1 ]] && from=zb-v
-    if ! first=$(run --schedule "$schedule" --vocab "$vocab" "$@" 2>&1); then
-      echo "| $schedule | $vocab | refused: ${first#pipesim: error: } | | | | |"
+    if ! report=$(run --schedule "$schedule" --vocab "$vocab" --steps 6 --format json "$@" 2>&1); then
+      echo "| $schedule | $vocab | refused: ${report#pipesim: error: } | | | | |"
       continue
     fi
-    a=$(step_ms <<<"$first")
-    b=$(run --schedule "$schedule" --vocab "$vocab" "$@" | step_ms)
+    read -r measured spread < <(steps_ms <<<"$report")
     p=$($pipesim simulate "$config" --schedule "$schedule" --vocab "$vocab" --set parallel.pp="$ranks" "${model[@]}" \
       --profile "$work/$from.json" | sim_ms)
-    read -r spread error < <(awk -v a="$a" -v b="$b" -v p="$p" 'BEGIN {
-      m = (a + b) / 2; d = a - b; if (d < 0) d = -d
-      printf "%.1f %+.1f\n", 100 * d / m, 100 * (p - m) / m }')
-    echo "| $schedule | $vocab | $a, $b | ${spread}% | $p | $from | ${error}% |"
+    error=$(awk -v m="$measured" -v p="$p" 'BEGIN { printf "%+.1f", 100 * (p - m) / m }')
+    echo "| $schedule | $vocab | $measured | ${spread}% | $p | $from | ${error}% |"
     total=$(awk -v t="$total" -v e="$error" 'BEGIN { if (e < 0) e = -e; print t + e }')
     count=$((count + 1))
   done

@@ -22,15 +22,20 @@ namespace pipesim {
 ExitStatus run_simulate(const SimulateOptions& o) {
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
+  std::optional<ExplicitCosts> timing;  // the profile's costs, when the plan keeps the config's
   if (!o.profile.empty()) {
     Result<std::string> text = read_text_file(o.profile);
     if (!text.ok()) return fail(text.error().message);
-    config = apply_profile(std::move(config).value(), text.value(), o.profile);
-    if (!config.ok()) return fail(config.error().message);
+    Result<Config> profiled = apply_profile(config.value(), text.value(), o.profile);
+    if (!profiled.ok()) return fail(profiled.error().message);
+    if (o.replan)
+      config = std::move(profiled);
+    else
+      timing = profiled.value().costs;
   }
   Result<std::optional<CustomSchedule>> custom = load_schedule_file(o.schedule_file, config.value());
   if (!custom.ok()) return fail(custom.error().message);
-  Result<SimulatedRun> run = simulate_config(config.value(), custom.value() ? &*custom.value() : nullptr);
+  Result<SimulatedRun> run = simulate_config(config.value(), custom.value() ? &*custom.value() : nullptr, timing);
   if (!run.ok()) return fail(run.error().message);
   if (!o.trace.empty()) {
     const SimulatedRun& r = run.value();

@@ -24,6 +24,7 @@ struct SimulateOptions {
   std::string svg;            ///< empty: no picture
   std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
   std::string profile;        ///< measured costs from `pipesim run --profile` to use instead of the config's
+  bool replan = false;        ///< with a profile: plan with its costs too, not only time the config's plan
 };
 
 struct CompareOptions {

@@ -1,5 +1,7 @@
 #pragma once
 /// The path every CLI command shares: config -> plan -> durations -> simulation -> metrics.
+#include <optional>
+
 #include "config.h"
 #include "plan.h"
 #include "report.h"
@@ -15,6 +17,9 @@ struct SimulatedRun {
 };
 
 /// Errors name the config source and the field to change. `custom` replaces the schedule generator.
-Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom = nullptr);
+/// With `timing`, the plan is made with the config's own costs and timed with these (a measured
+/// profile): the prediction for the graph a run of this config executes.
+Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom = nullptr,
+                                     const std::optional<ExplicitCosts>& timing = std::nullopt);
 
 }  // namespace pipesim

@@ -48,7 +48,11 @@ int main(int argc, char** argv) {
                   "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule");
   sim->add_option("--profile", simulate.profile,
-                  "use measured op times from `pipesim run --profile FILE` as the cost source");
+                  "time the schedule with measured op times from `pipesim run --profile FILE` (the schedule is still "
+                  "planned with the config's costs, as `run` executes it)");
+  sim->add_flag("--replan", simulate.replan,
+                "with --profile: plan the schedule with the measured costs too (what it would be for that machine)")
+      ->needs("--profile");
   sim->callback([&] { status = pipesim::run_simulate(simulate); });
 
   pipesim::RunOptions run;

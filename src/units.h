@@ -12,9 +12,16 @@ using Bytes = std::int64_t;    ///< memory or payload size, in bytes
 constexpr TimeNs kNsPerMs = 1'000'000;
 constexpr TimeNs kNsPerUs = 1'000;
 
-inline TimeNs ns_from_ms(double ms) { return static_cast<TimeNs>(std::llround(ms * 1e6)); }
-inline TimeNs ns_from_us(double us) { return static_cast<TimeNs>(std::llround(us * 1e3)); }
-inline TimeNs ns_from_s(double s) { return static_cast<TimeNs>(std::llround(s * 1e9)); }
+/// What a conversion gives for NaN, infinity or a time past 2^62 ns (146 years), which no rounding
+/// can hold; the simulator refuses any negative duration with the op named.
+constexpr TimeNs kUnrepresentableNs = -1;
+
+inline TimeNs ns_round(double ns) {
+  return ns < 0x1p62 ? static_cast<TimeNs>(std::llround(ns)) : kUnrepresentableNs;  // false for NaN too
+}
+inline TimeNs ns_from_ms(double ms) { return ns_round(ms * 1e6); }
+inline TimeNs ns_from_us(double us) { return ns_round(us * 1e3); }
+inline TimeNs ns_from_s(double s) { return ns_round(s * 1e9); }
 inline double seconds(TimeNs ns) { return static_cast<double>(ns) * 1e-9; }
 
 }  // namespace pipesim

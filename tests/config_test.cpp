@@ -88,7 +88,7 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
        "c.json: precision.flash_attention: expected true or false, got string \"yes\""},
       {kBase + "}", {"parallel.pp=0"}, "c.json: parallel.pp (from --set): must be at least 1, got 0"},
       {kBase + "}", {"parallel.microbatches=0"}, "c.json: parallel.microbatches (from --set): must be at least 1, got 0"},
-      {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000"},
+      {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000 (pipesim's limit; docs/config.md says why)"},
       {kBase + "}", {"parallel.pp=16"},
        "c.json: model.layers: 8 layers cannot fill 16 virtual stages (pp 16 x chunks 1); use at least 16 layers or "
        "fewer stages"},

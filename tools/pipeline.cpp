@@ -1,16 +1,27 @@
 #include "pipeline.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "cost_model.h"
 #include "metrics.h"
 #include "simulator.h"
+#include "sizes.h"
 
 namespace pipesim {
 
-Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom) {
+Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom) {
+  const Bytes memory = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
+  if (std::optional<FieldError> e = check_plan_fits(config, memory))
+    return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
   Result<Plan> plan = make_plan(config, custom);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
+  return plan;
+}
+
+Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom) {
+  Result<Plan> plan = plan_within_memory(config, custom);
+  if (!plan.ok()) return plan.error();
   SimulatedRun run{std::move(plan).value(), {}, {}};
   const std::unique_ptr<CostModel> costs = make_cost_model(run.plan.config, run.plan.layout);
   Result<Timeline> timeline = simulate(run.plan.graph, op_durations(*costs, run.plan.graph));

@@ -275,6 +275,7 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
   std::ofstream(dir / "huge.json") << R"({"model": {"layers": 1e999}})";
   std::ofstream(dir / "cell.csv") << std::string(1 << 20, 'x') << "\n";
   std::ofstream(dir / "far.csv") << "999999999F0\n1F0\n2F0\n3F0\n";
+  std::ofstream(dir / "profile.json") << R"({"costs": {"forward_ms": 1, "backward_ms": 1}, "layers_per_stage": ["a", null]})";
   const std::string help = " (see pipesim --help)\n";
   const std::pair<std::string, std::string> cases[] = {
       {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, compare, list, export, bench\n"},
@@ -309,6 +310,9 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
       {"simulate " + tiny + " --schedule-file " + d + "/cell.csv",
        d + "/cell.csv:1:1: '" + std::string(40, 'x') +
            "... (1048576 bytes)' is not an action; write [stage][F|I|B|W][microbatch], e.g. 0F0\n"},
+      {"simulate " + tiny + " --vocab redistribute --profile " + d + "/profile.json",
+       d + "/profile.json: layers_per_stage: expected an array of layer counts (integers from 0 to 4096), as "
+           "`pipesim run --profile` writes\n"},
       {"simulate " + tiny + " --schedule-file " + d + "/far.csv",
        d + "/far.csv: uses 1000000000 stages; pipesim's limit is 4096 (one layer or more each)\n"},
   };

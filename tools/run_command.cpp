@@ -139,7 +139,7 @@ Status check_losses(const RunOptions& o, const runtime::RunResult& r) {
   for (std::size_t step = 0; step < r.losses.size(); ++step)
     if (!std::isfinite(r.losses[step]))
       return Error{fmt::format("the loss is {} at step {}: training diverged; use a smaller --lr (it is {})",
-                               r.losses[step], step + 1, o.learning_rate)};
+                               std::isnan(r.losses[step]) ? "NaN" : "infinite", step + 1, o.learning_rate)};
   return Status::Ok();
 }
 

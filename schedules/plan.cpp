@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 
 #include "spellcheck.h"
 #include "validate.h"
@@ -12,6 +13,18 @@
 
 namespace pipesim {
 namespace {
+
+/// The generators and evaluate_orders add stage times along chains of at most 3·stages·m ops, each
+/// also waiting for a transfer: if that bound fits below 2^62 ns, none of their sums can overflow.
+Status check_times(const ScheduleContext& context) {
+  const std::int64_t ops = 3 * std::int64_t(context.times.size()) * context.microbatches;
+  TimeNs total = times_ns(ops, context.transfer_ns);
+  for (const StageTimes& t : context.times)
+    total = add_ns(total, times_ns(context.microbatches, add_ns(add_ns(t.forward, t.backward), t.weight)));
+  if (total >= 0) return Status::Ok();
+  return Error{"the stage times add up to over 146 years (or one is not a number); check the hardware speeds, the "
+               "costs and the model sizes"};
+}
 
 const std::array<VocabModeInfo, 5> kVocabModes = {{
     {"baseline", "embedding in the first stage, LM head and loss in the last; layers split evenly",
@@ -40,14 +53,39 @@ LayerSplit layer_split(const Config& config) {
   return config.schedule.layers_per_stage.empty() ? LayerSplit::Balanced : LayerSplit::Explicit;
 }
 
+/// Every F and B of every (stage, microbatch) exactly once, and every W when there are any, each on
+/// the device that holds its stage: what the passes after this (delays, vocabulary passes) index by.
+/// A schedule file can say anything, so this is checked, not assumed.
 Status check_orders(const DeviceOrders& orders, const Layout& layout, int microbatches) {
   if (static_cast<int>(orders.size()) != layout.devices)
-    return Error{fmt::format("schedule produced orders for {} devices, expected {}", orders.size(), layout.devices)};
-  for (const auto& order : orders)
-    for (const ComputeStep& s : order)
-      if (s.stage < 0 || s.stage >= layout.stage_count() || s.microbatch < 0 || s.microbatch >= microbatches)
-        return Error{fmt::format("schedule produced {}(s{},m{}) outside {} stages x {} microbatches",
+    return Error{fmt::format("orders for {} devices, expected {}", orders.size(), layout.devices)};
+  const std::size_t stages = std::size_t(layout.stage_count()), m = std::size_t(microbatches);
+  const auto slot = [&](OpKind kind, std::size_t stage, std::size_t mb) {
+    return ((kind == OpKind::F ? 0 : kind == OpKind::B ? 1 : 2) * stages + stage) * m + mb;
+  };
+  std::vector<std::uint8_t> seen(3 * stages * m, 0);
+  bool split_weight = false;
+  for (int d = 0; d < layout.devices; ++d)
+    for (const ComputeStep& s : orders[std::size_t(d)]) {
+      if (s.stage < 0 || s.stage >= layout.stage_count() || s.microbatch < 0 || s.microbatch >= microbatches ||
+          (s.kind != OpKind::F && s.kind != OpKind::B && s.kind != OpKind::W))
+        return Error{fmt::format("{}(s{},m{}) is outside {} stages x {} microbatches",
                                  op_kind_name(s.kind), s.stage, s.microbatch, layout.stage_count(), microbatches)};
+      const int owner = layout.stages[std::size_t(s.stage)].device;
+      if (owner != d)
+        return Error{fmt::format("{}(s{},m{}) runs on device {}, but stage {} lives on device {}",
+                                 op_kind_name(s.kind), s.stage, s.microbatch, d, s.stage, owner)};
+      if (seen[slot(s.kind, std::size_t(s.stage), std::size_t(s.microbatch))]++)
+        return Error{fmt::format("{}(s{},m{}) appears twice", op_kind_name(s.kind), s.stage, s.microbatch)};
+      split_weight |= s.kind == OpKind::W;
+    }
+  for (OpKind kind : {OpKind::F, OpKind::B, OpKind::W})
+    for (std::size_t stage = 0; stage < stages && (kind != OpKind::W || split_weight); ++stage)
+      for (std::size_t mb = 0; mb < m; ++mb)
+        if (!seen[slot(kind, stage, mb)])
+          return Error{fmt::format("missing {}(s{},m{}); every stage runs F and B (and W, if any does) once per "
+                                   "microbatch",
+                                   op_kind_name(kind), stage, mb)};
   return Status::Ok();
 }
 
@@ -95,9 +133,11 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
   context.transfer_ns = costs->transfer(
       {.kind = OpKind::Send, .device = 0, .peer = std::min(1, plan.layout.devices - 1), .bytes = double(boundary_bytes)});
+  if (Status s = check_times(context); !s.ok()) return s.error();
   Result<DeviceOrders> generated = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
   if (!generated.ok()) return generated.error();
-  if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok()) return s.error();
+  if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok())
+    return Error{fmt::format("schedule '{}': {}", config.schedule.name, s.error().message)};
   // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
   // where moving them keeps the orders executable.
   DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);

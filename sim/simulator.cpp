@@ -223,8 +223,17 @@ class Engine {
 Result<Timeline> simulate(const TaskGraph& graph, std::span<const TimeNs> durations) {
   if (durations.size() != graph.size())
     return Error{fmt::format("simulate: {} durations for {} ops", durations.size(), graph.size())};
-  for (std::size_t i = 0; i < durations.size(); ++i)
-    if (durations[i] < 0) return Error{fmt::format("simulate: {} has a negative duration", graph.describe(TaskId(i)))};
+  // Every end time is a sum of durations along a chain, so a total below 2^62 keeps all of them exact.
+  TimeNs total = 0;
+  for (std::size_t i = 0; i < durations.size(); ++i) {
+    if (durations[i] < 0)
+      return Error{fmt::format("simulate: {} has no valid duration (negative, NaN or over 146 years); check the "
+                               "hardware speeds, the costs and the model sizes",
+                               graph.describe(TaskId(i)))};
+    if (__builtin_add_overflow(total, durations[i], &total) || total > TimeNs(1) << 62)
+      return Error{"simulate: the ops' durations add up to over 146 years; check the hardware speeds, the costs and "
+                   "the model sizes"};
+  }
   return Engine(graph, durations).run();
 }
 

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <numeric>
+
+#include "sizes.h"
 
 namespace pipesim {
 namespace {
@@ -31,6 +34,7 @@ std::optional<HardwareConfig> hardware_preset(const std::string& name) {
 }
 
 std::optional<FieldError> check_config(const Config& config) {
+  if (std::optional<FieldError> e = check_sizes(config)) return e;
   const ModelConfig& model = config.model;
   const ParallelConfig& parallel = config.parallel;
   if (model.hidden % model.heads != 0)
@@ -42,12 +46,7 @@ std::optional<FieldError> check_config(const Config& config) {
   if (model.heads % parallel.tp != 0)
     return FieldError{"parallel.tp", fmt::format("tp {} does not divide {} heads; choose a divisor of {}",
                                                  parallel.tp, model.heads, model.heads)};
-  const int virtual_stages = parallel.pp * parallel.chunks;
-  if (model.layers < virtual_stages)
-    return FieldError{"model.layers",
-                      fmt::format("{} layers cannot fill {} virtual stages (pp {} x chunks {}); use at least {} "
-                                  "layers or fewer stages",
-                                  model.layers, virtual_stages, parallel.pp, parallel.chunks, virtual_stages)};
+  const int virtual_stages = parallel.pp * parallel.chunks;  // check_sizes bounds it by model.layers
   const std::vector<int>& split = config.schedule.layers_per_stage;
   if (!split.empty()) {
     if (static_cast<int>(split.size()) != virtual_stages)
@@ -55,7 +54,8 @@ std::optional<FieldError> check_config(const Config& config) {
                         fmt::format("has {} entries but there are {} virtual stages (pp x chunks); give {} counts "
                                     "or \"auto\"",
                                     split.size(), virtual_stages, virtual_stages)};
-    const int total = std::accumulate(split.begin(), split.end(), 0);
+    // 64-bit: each count is only bounded by INT_MAX, and a wrapped sum could match model.layers.
+    const std::int64_t total = std::accumulate(split.begin(), split.end(), std::int64_t(0));
     if (total != model.layers)
       return FieldError{"schedule.layers_per_stage",
                         fmt::format("counts sum to {} but model.layers is {}; make them sum to {}", total,
@@ -65,10 +65,16 @@ std::optional<FieldError> check_config(const Config& config) {
     for (const auto& [name, values] : {std::pair{"forward_ms", &config.costs->forward_ms},
                                        std::pair{"backward_ms", &config.costs->backward_ms},
                                        std::pair{"weight_ms", &config.costs->weight_ms}})
+    {
       if (values->size() != 1 && static_cast<int>(values->size()) != parallel.pp)
         return FieldError{fmt::format("costs.{}", name),
                           fmt::format("has {} entries; give one number or one per device (pp = {})",
                                       values->size(), parallel.pp)};
+      // An iteration of no time has infinite throughput and MFU; weight_ms alone may be 0 (no W split).
+      const bool all_zero = std::all_of(values->begin(), values->end(), [](double ms) { return ms == 0; });
+      if (all_zero && values != &config.costs->weight_ms)
+        return FieldError{fmt::format("costs.{}", name), "is 0 on every device; give the milliseconds it takes (> 0)"};
+    }
   }
   return std::nullopt;
 }

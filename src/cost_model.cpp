@@ -88,8 +88,10 @@ class AnalyticCostModel final : public CostModel {
     for (const VirtualStage& stage : layout.stages) {
       const StagePieces pieces = stage_pieces(config, stage);
       const TimeNs allreduce = tp_allreduce();
-      stages_.push_back({run(pieces.forward) + pieces.tp_allreduces_forward * allreduce,
-                         run(pieces.backward) + pieces.tp_allreduces_backward * allreduce, run(pieces.weight)});
+      // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
+      stages_.push_back({add_ns(run(pieces.forward), times_ns(pieces.tp_allreduces_forward, allreduce)),
+                         add_ns(run(pieces.backward), times_ns(pieces.tp_allreduces_backward, allreduce)),
+                         run(pieces.weight)});
     }
   }
   std::string_view source() const override { return "analytic"; }
@@ -108,9 +110,9 @@ class AnalyticCostModel final : public CostModel {
   }
   TimeNs vocab_pass(const Task& task) const override {
     // GEMM, then memory-bound softmax or gather kernels: their times add.
-    return ns_from_s(task.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency) +
-                     task.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)) +
-           launch();
+    return add_ns(ns_from_s(task.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency) +
+                            task.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)),
+                  launch());
   }
   TimeNs optimizer(int device) const override {
     double params = vocab_shard_params(c_, layout_);
@@ -119,7 +121,7 @@ class AnalyticCostModel final : public CostModel {
     const PrecisionConfig& p = c_.precision;
     // Read gradients, read and write weights and optimizer states.
     const double states = p.optimizer_bytes / (p.distributed_optimizer ? c_.parallel.dp : 1);
-    return memory_time(params * (p.grad_bytes + 2 * (p.param_bytes + states))) + launch();
+    return add_ns(memory_time(params * (p.grad_bytes + 2 * (p.param_bytes + states))), launch());
   }
 
  private:
@@ -131,18 +133,18 @@ class AnalyticCostModel final : public CostModel {
     for (const Piece& piece : pieces)
       s += std::max(piece.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency),
                     piece.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency));
-    return ns_from_s(s) + launch();
+    return add_ns(ns_from_s(s), launch());
   }
   TimeNs link(double bytes, bool intra) const {
     const double latency_us = intra ? h_.intra_node_latency_us : h_.inter_node_latency_us;
     const double gbps = intra ? h_.intra_node_gbps : h_.inter_node_gbps;
-    return ns_from_us(latency_us) + ns_from_s(bytes / (gbps * 1e9));
+    return add_ns(ns_from_us(latency_us), ns_from_s(bytes / (gbps * 1e9)));
   }
   /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast and reduce (n-1) steps.
   TimeNs ring(OpKind kind, double bytes, int n, bool intra) const {
     if (n <= 1) return 0;
     const int steps = (kind == OpKind::AllReduce || kind == OpKind::DpAllReduce) ? 2 * (n - 1) : n - 1;
-    return steps * link(bytes / n, intra);
+    return times_ns(steps, link(bytes / n, intra));
   }
   TimeNs tp_allreduce() const {
     const ModelConfig& m = c_.model;
@@ -281,7 +283,7 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
   const Task& task = graph.task(id);
   switch (task.kind) {
     case OpKind::F: return stage(task.stage).forward;
-    case OpKind::B: return stage(task.stage).backward + (split_weight ? 0 : stage(task.stage).weight);
+    case OpKind::B: return add_ns(stage(task.stage).backward, split_weight ? 0 : stage(task.stage).weight);
     case OpKind::W: return stage(task.stage).weight;
     case OpKind::S:
     case OpKind::T:

@@ -32,6 +32,9 @@ std::string closest_match(std::string_view word, std::span<const std::string> ca
   std::string best;
   std::size_t best_distance = max_distance + 1;
   for (const std::string& candidate : candidates) {
+    // The length difference alone bounds the distance from below: skip the quadratic work (a long word).
+    const std::size_t gap = word.size() > candidate.size() ? word.size() - candidate.size() : candidate.size() - word.size();
+    if (gap > max_distance) continue;
     const std::size_t d = edit_distance(word, candidate);
     if (d < best_distance) {
       best_distance = d;
@@ -44,6 +47,12 @@ std::string closest_match(std::string_view word, std::span<const std::string> ca
 std::string did_you_mean(std::string_view word, std::span<const std::string> candidates) {
   const std::string match = closest_match(word, candidates);
   return match.empty() ? "." : "; did you mean '" + match + "'?";
+}
+
+std::string abbreviate(std::string_view text, std::size_t keep) {
+  if (text.size() <= keep + 16) return std::string(text);  // short enough: the suffix would not save much
+  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;  // a continuation byte
+  return std::string(text.substr(0, keep)) + "... (" + std::to_string(text.size()) + " bytes)";
 }
 
 }  // namespace pipesim

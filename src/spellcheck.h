@@ -13,4 +13,8 @@ std::string closest_match(std::string_view word, std::span<const std::string> ca
 /// to, so a further sentence can follow either way.
 std::string did_you_mean(std::string_view word, std::span<const std::string> candidates);
 
+/// `text` for an error message: whole when short, else its first `keep` bytes (never splitting a
+/// UTF-8 sequence) and "... (N bytes)", so a huge input is never echoed back whole.
+std::string abbreviate(std::string_view text, std::size_t keep = 40);
+
 }  // namespace pipesim

@@ -36,6 +36,11 @@ Output run(const std::string& args, bool with_stderr = false) {
   return run_command(std::string(binary) + " " + args, with_stderr);
 }
 
+/// Runs pipesim with `args` and its standard output redirected by `redirect`; returns its standard error.
+Output run_stderr(const std::string& args, const std::string& redirect = ">/dev/null") {
+  return run_command("(" + std::string(std::getenv("PIPESIM")) + " " + args + " " + redirect + ")", true);
+}
+
 std::string config(const std::string& name) { return std::string(std::getenv("PIPESIM_SOURCE")) + "/configs/" + name; }
 
 std::filesystem::path scratch_dir() {
@@ -325,4 +330,98 @@ TEST_CASE("run executes a schedule file as it executes the generated schedule") 
   const json r = json::parse(out.text);
   CHECK(r["schedule"] == "file:" + csv);
   CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+}
+
+TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field and the fix") {
+  const auto dir = scratch_dir();
+  const std::string tiny = config("tiny.json"), d = dir.string();
+  std::ofstream(dir / "array.json") << "[1]";
+  std::ofstream(dir / "dup.json") << R"({"model": {"layers": 8, "layers": 9}})";
+  std::ofstream(dir / "huge.json") << R"({"model": {"layers": 1e999}})";
+  std::ofstream(dir / "cell.csv") << std::string(1 << 20, 'x') << "\n";
+  std::ofstream(dir / "far.csv") << "999999999F0\n1F0\n2F0\n3F0\n";
+  std::ofstream(dir / "profile.json") << R"({"costs": {"forward_ms": 1, "backward_ms": 1}, "layers_per_stage": ["a", null]})";
+  const std::string help = " (see pipesim --help)\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, calibrate, compare, list, export, bench\n"},
+      {"simulat " + tiny, "unknown command 'simulat'; did you mean 'simulate'? Commands: simulate, run, calibrate, "
+                          "compare, list, export, bench\n"},
+      {"simulate", "config is required" + help},
+      {"simulate " + tiny + " --bogus", "The following argument was not expected: --bogus" + help},
+      {"simulate " + tiny + " --schedule ''", "--schedule: an empty value; give one, or leave the option out" + help},
+      {"simulate " + tiny + " --trace ''", "--trace: an empty value; give one, or leave the option out" + help},
+      {"run " + tiny + " --inject-fault ''", "--inject-fault: an empty value; give one, or leave the option out" + help},
+      {"run " + tiny + " --timeout nan", "--timeout: 'nan' is not a number above 0 and at most 1000000" + help},
+      {"run " + tiny + " --lr nan", "--lr: 'nan' is not a number above 0 and at most 100" + help},
+      {"run " + tiny + " --lr 1e30", "--lr: '1e30' is not a number above 0 and at most 100" + help},
+      {"run " + tiny + " --seed -1", "--seed: '-1' is not an integer from 0 to 18446744073709551615" + help},
+      {"run " + tiny + " --seed 18446744073709551616",
+       "--seed: '18446744073709551616' is not an integer from 0 to 18446744073709551615" + help},
+      {"run " + tiny + " --lr 100 --steps 8", "the loss is NaN at step 6: training diverged; use a smaller --lr (it is 100)\n"},
+      {"simulate " + d, d + ": is a directory; give a file\n"},
+      {"simulate /dev/zero", "/dev/zero: larger than 64 MiB; pipesim reads small text files (is it the right file?)\n"},
+      {"simulate " + d + "/array.json",
+       d + "/array.json: expected a JSON object at the top level, got an array; a config is {\"model\": ..., "
+           "\"parallel\": ...}\n"},
+      {"simulate " + d + "/dup.json", d + "/dup.json: key \"layers\" appears twice in one object; keep one\n"},
+      {"simulate " + d + "/huge.json", d + "/huge.json: invalid JSON: number overflow parsing '1e999'\n"},
+      {"simulate " + tiny + " --schedule interleaved-1f1b --set parallel.chunks=1073741824",
+       tiny + ": model.layers: 8 layers cannot fill 4294967296 virtual stages (pp 4 x chunks 1073741824); use at "
+              "least 4294967296 layers or fewer stages\n"},
+      {"simulate " + tiny + " --set parallel.microbatches=1e9",
+       tiny + ": parallel.microbatches (from --set): must be at most 1048576, got 1000000000 (pipesim's limit; "
+              "docs/config.md says why)\n"},
+      {"simulate " + tiny + " --set costs.forward_ms=0 --set costs.backward_ms=0",
+       tiny + ": costs.forward_ms (from --set): is 0 on every device; give the milliseconds it takes (> 0)\n"},
+      {"simulate " + tiny + " --schedule-file " + d + "/cell.csv",
+       d + "/cell.csv:1:1: '" + std::string(40, 'x') +
+           "... (1048576 bytes)' is not an action; write [stage][F|I|B|W][microbatch], e.g. 0F0\n"},
+      {"simulate " + tiny + " --vocab redistribute --profile " + d + "/profile.json",
+       d + "/profile.json: layers_per_stage: expected an array of layer counts (integers from 0 to 4096), as "
+           "`pipesim run --profile` writes\n"},
+      {"simulate " + tiny + " --schedule-file " + d + "/far.csv",
+       d + "/far.csv: uses 1000000000 stages; pipesim's limit is 4096 (one layer or more each)\n"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Output out = run_stderr(args);
+    INFO(args);
+    CHECK(out.exit_code == 1);
+    CHECK(out.text == "pipesim: error: " + message);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("output that cannot be written is a failure: a full device, a closed standard output") {
+  const Output full = run_stderr("simulate " + config("tiny.json"), ">/dev/full");
+  CHECK(full.exit_code == 1);
+  CHECK(full.text == "pipesim: error: cannot write to standard output: No space left on device\n");
+  const Output closed = run_stderr("list", ">&-");
+  CHECK(closed.exit_code == 1);
+  CHECK(closed.text == "pipesim: error: standard output is closed; redirect it to a file or /dev/null\n");
+}
+
+TEST_CASE("outputs replace only pipesim's own files, and never follow a link") {
+  const auto dir = scratch_dir();
+  const std::string simulate = "simulate " + config("tiny.json") + " ";
+  const std::string svg = (dir / "timeline.svg").string(), user_svg = (dir / "drawing.svg").string();
+  REQUIRE(run(simulate + "--svg " + svg).exit_code == 0);
+  REQUIRE(run(simulate + "--schedule gpipe --svg " + svg).exit_code == 0);  // its own file: replaced
+  std::ofstream(user_svg) << R"(<svg xmlns="http://www.w3.org/2000/svg"></svg>)";
+  const Output refused = run(simulate + "--svg " + user_svg, true);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.text == "pipesim: error: " + user_svg +
+                            ": exists and was not written by pipesim; refusing to overwrite it (choose another path or "
+                            "remove the file)\n");
+  // A link at the output's path, even to a trace pipesim wrote, is the user's: not replaced, not followed.
+  const std::string trace = (dir / "trace.json").string(), link = (dir / "link.json").string();
+  REQUIRE(run(simulate + "--trace " + trace).exit_code == 0);
+  std::filesystem::create_symlink(trace, link);
+  CHECK(run(simulate + "--trace " + link).exit_code == 1);
+  CHECK(std::filesystem::is_symlink(link));
+  // No temporary is left behind, and the folder holds only what was asked for.
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"drawing.svg", "link.json", "timeline.svg", "trace.json"});
+  std::filesystem::remove_all(dir);
 }

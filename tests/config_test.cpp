@@ -15,8 +15,10 @@ std::string error_of(const std::string& json, const std::vector<std::string>& ov
   Result<Config> config = parse_config(json, "c.json", overrides);
   if (config.ok()) {
     Result<Plan> plan = make_plan(config.value());
-    if (plan.ok()) return "(no error)";
-    return plan.error().message;
+    if (!plan.ok()) return plan.error().message;
+    const Plan& p = plan.value();
+    Result<Timeline> timeline = simulate(p.graph, op_durations(*make_cost_model(p.config, p.layout), p.graph));
+    return timeline.ok() ? "(no error)" : timeline.error().message;
   }
   return config.error().message;
 }
@@ -88,7 +90,7 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
        "c.json: precision.flash_attention: expected true or false, got string \"yes\""},
       {kBase + "}", {"parallel.pp=0"}, "c.json: parallel.pp (from --set): must be at least 1, got 0"},
       {kBase + "}", {"parallel.microbatches=0"}, "c.json: parallel.microbatches (from --set): must be at least 1, got 0"},
-      {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000"},
+      {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000 (pipesim's limit; docs/config.md says why)"},
       {kBase + "}", {"parallel.pp=16"},
        "c.json: model.layers: 8 layers cannot fill 16 virtual stages (pp 16 x chunks 1); use at least 16 layers or "
        "fewer stages"},
@@ -101,6 +103,24 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
        "c.json: schedule.layers_per_stage (from --set): counts sum to 9 but model.layers is 8; make them sum to 8"},
       {kBase + "}", {"schedule.layers_per_stage=[1,2,-3,3]"},
        "c.json: schedule.layers_per_stage[2] (from --set): expected a layer count (integer >= 0), got -3"},
+      // A long value is quoted cut short, never echoed whole.
+      {kBase + "}", {"schedule.layers_per_stage=" + std::string(100, 'x')},
+       "c.json: schedule.layers_per_stage (from --set): expected \"auto\" or an array of layer counts, got string \"" +
+           std::string(40, 'x') + "... (100 bytes)\""},
+      {"[" + kBase + "}]", {}, "c.json: expected a JSON object at the top level, got an array; a config is {\"model\": "
+                               "..., \"parallel\": ...}"},
+      {kBase + R"json(, "parallel": {"pp": 2}})json", {}, "c.json: key \"parallel\" appears twice in one object; keep one"},
+      {kBase + R"json(, "hardware": {"peak_tflops": 1e999}})json", {}, "c.json: invalid JSON: number overflow parsing '1e999'"},
+      // A speed near zero: durations past 2^62 ns saturate and are refused, never wrapped.
+      {kBase + R"json(, "hardware": {"peak_tflops": 1e-300}})json", {},
+       "the stage times add up to over 146 years (or one is not a number); check the hardware speeds, the costs and "
+       "the model sizes"},
+      {kBase + R"json(, "costs": {"forward_ms": 1, "backward_ms": 1, "optimizer_ms": 1e300}})json", {},
+       "simulate: OPTIMIZER(d0) has no valid duration (negative, NaN or over 146 years); check the hardware speeds, "
+       "the costs and the model sizes"},
+      {kBase + R"json(, "costs": {"forward_ms": 1e12, "backward_ms": 1e12}})json", {"parallel.microbatches=1000"},
+       "the stage times add up to over 146 years (or one is not a number); check the hardware speeds, the costs and "
+       "the model sizes"},
       {kBase + "}", {"schedule.layers_per_stage=even"},
        "c.json: schedule.layers_per_stage (from --set): expected \"auto\" or an array of layer counts, got string \"even\""},
       {kBase + R"json(, "costs": {"backward_ms": 2}})json", {},

@@ -20,7 +20,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr std::string_view kHardwareGenerator = R"("generator": "pipesim calibrate")";
+/// Hardware files open with this: pipesim replaces only files that do.
+constexpr std::string_view kHardwareGenerator = "{\n  \"generator\": \"pipesim calibrate\"";
 
 /// One measured op and the work the analytic model gives it.
 struct Sample {
@@ -160,8 +161,8 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
   fmt::print("mean |error|: {:.1f}% with preset {}, {:.1f}% fitted: compute_efficiency {:.3g}, hbm_efficiency {:.3g}, "
              "kernel_launch_us {:.3g}\n",
              mean_before, o.preset, mean_after, after.compute_efficiency, after.hbm_efficiency, after.kernel_launch_us);
-  const json file{{"description", fmt::format("fitted by pipesim calibrate to {} measured ops", samples.size())},
-                  {"generator", "pipesim calibrate"},
+  const json file{{"generator", "pipesim calibrate"},
+                  {"description", fmt::format("fitted by pipesim calibrate to {} measured ops", samples.size())},
                   {"preset", o.preset},
                   {"compute_efficiency", after.compute_efficiency},
                   {"hbm_efficiency", after.hbm_efficiency},

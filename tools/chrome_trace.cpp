@@ -50,7 +50,7 @@ std::size_t tid(const TaskGraph& graph, std::size_t stream) {
 std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
                          const std::string& title, std::span<const Bytes> live_after) {
   fmt::memory_buffer out;
-  fmt::format_to(std::back_inserter(out), R"({{"otherData":{{{},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)",
+  fmt::format_to(std::back_inserter(out), R"({},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)",
                  kTraceGenerator, nlohmann::json(title).dump());
   out.push_back('\n');
   fmt::format_to(std::back_inserter(out), R"({{"ph":"M","pid":0,"name":"process_name","args":{{"name":"device 0"}}}})");

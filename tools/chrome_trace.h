@@ -12,8 +12,8 @@
 
 namespace pipesim {
 
-/// The marker in every trace pipesim writes; files carrying it may be overwritten by a new trace.
-constexpr std::string_view kTraceGenerator = R"("generator":"pipesim")";
+/// How every trace pipesim writes begins; a file that begins so may be replaced by a new trace.
+constexpr std::string_view kTraceGenerator = R"({"otherData":{"generator":"pipesim")";
 
 /// The memory counter follows the ops' alloc/free bytes (the cost model's), or with `live_after` (per
 /// op: the activation bytes its device held when it completed, as a runtime measures them) those.

@@ -48,7 +48,7 @@ ExitStatus run_simulate(const SimulateOptions& o) {
   if (!o.svg.empty()) {
     const SimulatedRun& r = run.value();
     const std::string title = fmt::format("{}: {} / {}", o.config, r.report.schedule, r.report.vocab);
-    if (Status s = write_output_file(o.svg, svg_timeline(r.plan.graph, r.timeline, title), "<svg xmlns"); !s.ok())
+    if (Status s = write_output_file(o.svg, svg_timeline(r.plan.graph, r.timeline, title), kSvgGenerator); !s.ok())
       return fail(s.error().message);
   }
   fmt::print("{}", format_run(run.value().report, o.format));
@@ -94,15 +94,13 @@ ExitStatus run_compare(const CompareOptions& o) {
 ExitStatus run_export(const ExportOptions& o) {
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
-  Result<Plan> plan = make_plan(config.value());
-  if (!plan.ok()) return fail(fmt::format("{}: {}", o.config, plan.error().message));
+  Result<Plan> plan = plan_within_memory(config.value());
+  if (!plan.ok()) return fail(plan.error().message);
   const std::string csv = schedule_csv(plan.value().graph);
   if (o.output.empty()) {
     fmt::print("{}", csv);
     return ExitStatus::Success;
   }
-  if (std::filesystem::exists(o.output))
-    return fail(fmt::format("{}: exists; refusing to overwrite it (choose another path or remove the file)", o.output));
   if (Status s = write_output_file(o.output, csv, ""); !s.ok()) return fail(s.error().message);
   return ExitStatus::Success;
 }

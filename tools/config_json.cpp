@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "config_includes.h"
+#include "sizes.h"
 #include "spellcheck.h"
 
 namespace pipesim {
@@ -21,7 +24,7 @@ struct ConfigError {
 };
 
 std::string describe(const json& value) {
-  if (value.is_string()) return "string " + value.dump();
+  if (value.is_string()) return "string " + json(abbreviate(value.get<std::string>())).dump();
   if (value.is_boolean()) return value.dump();
   if (value.is_null()) return "null";
   if (value.is_array()) return "an array";
@@ -89,7 +92,8 @@ class ObjectReader {
       if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
         std::string known;
         for (const std::string& k : known_) known += (known.empty() ? "" : ", ") + k;
-        throw ConfigError{at(key), fmt::format("unknown key{} Known keys here: {}", did_you_mean(key, known_), known)};
+        throw ConfigError{at(abbreviate(key)),
+                          fmt::format("unknown key{} Known keys here: {}", did_you_mean(key, known_), known)};
       }
   }
 
@@ -105,7 +109,8 @@ ModelConfig read_model(ObjectReader r) {
   m.hidden = r.integer("hidden", 0, 1, true);
   m.heads = r.integer("heads", 0, 1, true);
   m.kv_heads = r.integer("kv_heads", m.heads, 1);
-  m.ffn_hidden = r.integer("ffn_hidden", 4 * m.hidden, 1);
+  // The default in 64 bits: a huge hidden is refused by check_sizes, not wrapped here.
+  m.ffn_hidden = r.integer("ffn_hidden", int(std::min<std::int64_t>(4 * std::int64_t(m.hidden), INT_MAX)), 1);
   m.seq_len = r.integer("seq_len", 0, 1, true);
   m.vocab = r.integer("vocab", 0, 1, true);
   m.micro_batch_size = r.integer("micro_batch_size", 1, 1);
@@ -122,7 +127,7 @@ ModelConfig read_model(ObjectReader r) {
 
 ParallelConfig read_parallel(ObjectReader r) {
   ParallelConfig p;
-  p.pp = r.integer("pp", 1, 1, false, 1024);  // streams grow with pp² (one channel per device pair)
+  p.pp = r.integer("pp", 1, 1);  // check_sizes holds the upper limits
   p.tp = r.integer("tp", 1, 1);
   p.dp = r.integer("dp", 1, 1);
   p.microbatches = r.integer("microbatches", 1, 1, true);
@@ -146,6 +151,9 @@ ScheduleConfig read_schedule(ObjectReader r) {
         const std::string item = fmt::format("{}[{}]", path, i);
         if (!v[i].is_number_integer() || v[i].get<long>() < 0)
           throw ConfigError{item, "expected a layer count (integer >= 0), got " + describe(v[i])};
+        if (v[i].get<long>() > limits::kLayers)
+          throw ConfigError{item, fmt::format("must be at most {}, got {} (pipesim's limit; docs/config.md says why)", limits::kLayers,
+                                              v[i].dump())};
         s.layers_per_stage.push_back(v[i].get<int>());
       }
     } else {
@@ -286,17 +294,48 @@ std::string line_and_column(std::string_view text, std::size_t byte) {
   return fmt::format("{}:{}", line, column);
 }
 
-}  // namespace
+/// Duplicate keys are refused: JSON readers disagree on which one wins, so the file is ambiguous.
+struct DuplicateKey {
+  std::string key;
+};
 
-Result<Config> parse_config(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
-  json root;
+/// The document, or an error naming the file and, where the parser knows it, the line and column.
+Result<json> parse_json(std::string_view text, const std::string& source) {
+  std::vector<std::vector<std::string>> keys;  // per open object, the keys seen so far
+  const json::parser_callback_t no_duplicates = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end) keys.pop_back();
+    if (event == json::parse_event_t::key) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (std::find(keys.back().begin(), keys.back().end(), key) != keys.back().end())
+        throw DuplicateKey{key};
+      keys.back().push_back(key);
+    }
+    return true;
+  };
   try {
-    root = json::parse(text);
+    return json::parse(text, no_duplicates);
   } catch (const json::parse_error& e) {
     // nlohmann reports the byte just past the problem; point at the last byte it read.
     return Error{fmt::format("{}:{}: invalid JSON: {}", source, line_and_column(text, e.byte > 0 ? e.byte - 1 : 0),
                              std::string(e.what()).substr(std::string(e.what()).find(':') + 2))};
+  } catch (const json::exception& e) {  // e.g. out_of_range: a number beyond a double (1e999)
+    return Error{fmt::format("{}: invalid JSON: {}", source, std::string(e.what()).substr(std::string(e.what()).find(']') + 2))};
+  } catch (const DuplicateKey& d) {
+    return Error{fmt::format("{}: key \"{}\" appears twice in one object; keep one", source, abbreviate(d.key))};
   }
+}
+
+}  // namespace
+
+Result<Config> parse_config(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+  Result<json> parsed = parse_json(text, source);
+  if (!parsed.ok()) return parsed.error();
+  json& root = parsed.value();
+  if (!root.is_object())
+    return Error{fmt::format("{}: expected a JSON object at the top level, got {}; a config is {{\"model\": ..., "
+                             "\"parallel\": ...}}",
+                             source, describe(root))};
   std::vector<std::string> set_paths;
   try {
     for (const std::string& o : overrides) {
@@ -314,10 +353,10 @@ Result<Config> parse_config(std::string_view text, const std::string& source, co
 }
 
 Result<ExplicitCosts> parse_costs(std::string_view text, const std::string& source) {
+  Result<json> parsed = parse_json(text, source);
+  if (!parsed.ok()) return parsed.error();
   try {
-    return read_costs(ObjectReader(json::parse(text), "costs"));
-  } catch (const json::parse_error& e) {
-    return Error{fmt::format("{}: costs: invalid JSON: {}", source, e.what())};
+    return read_costs(ObjectReader(parsed.value(), "costs"));
   } catch (const ConfigError& e) {
     return Error{fmt::format("{}: {}: {}", source, e.path, e.message)};
   }

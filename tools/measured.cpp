@@ -5,6 +5,7 @@
 
 #include "config_json.h"
 #include "metrics.h"
+#include "sizes.h"
 
 namespace pipesim {
 namespace {
@@ -21,6 +22,22 @@ double mean(const std::vector<double>& values) {
   double total = 0;
   for (double v : values) total += v;
   return values.empty() ? 0 : total / double(values.size());
+}
+
+/// The profile's layers_per_stage: what `pipesim run` wrote, or a hand edit refused with its path.
+Result<std::vector<int>> layer_counts(const json& value, const std::string& path) {
+  const std::string usage = fmt::format(
+      "{}: layers_per_stage: expected an array of layer counts (integers from 0 to {}), as `pipesim run --profile` "
+      "writes",
+      path, limits::kLayers);
+  if (!value.is_array()) return Error{usage};
+  std::vector<int> counts;
+  for (const json& count : value) {
+    if (!count.is_number_integer() || count.get<std::int64_t>() < 0 || count.get<std::int64_t>() > limits::kLayers)
+      return Error{usage};
+    counts.push_back(count.get<int>());
+  }
+  return counts;
 }
 
 }  // namespace
@@ -123,8 +140,13 @@ Result<Config> apply_profile(Config config, std::string_view text, const std::st
   config.costs = std::move(costs).value();
   if (std::optional<FieldError> e = check_config(config)) return Error{fmt::format("{}: {}: {}", path, e->path, e->message)};
   if (config.schedule.vocab == "redistribute" && profile.contains("layers_per_stage") &&
-      profile["layers_per_stage"].is_array() && config.schedule.layers_per_stage.empty())
-    config.schedule.layers_per_stage = profile["layers_per_stage"].get<std::vector<int>>();
+      config.schedule.layers_per_stage.empty()) {
+    Result<std::vector<int>> split = layer_counts(profile["layers_per_stage"], path);
+    if (!split.ok()) return split.error();
+    config.schedule.layers_per_stage = std::move(split).value();
+    // The counts must also fit this config (a profile of another model, or a hand edit).
+    if (std::optional<FieldError> e = check_config(config)) return Error{fmt::format("{}: {}: {}", path, e->path, e->message)};
+  }
   return config;
 }
 

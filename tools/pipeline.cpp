@@ -1,17 +1,37 @@
 #include "pipeline.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "cost_model.h"
 #include "metrics.h"
 #include "simulator.h"
+#include "sizes.h"
 
 namespace pipesim {
+namespace {
+
+constexpr std::int64_t kSlowPlanTasks = 20'000'000;
+
+}  // namespace
+
+Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom) {
+  const Bytes memory = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
+  if (std::optional<FieldError> e = check_plan_fits(config, memory))
+    return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
+  // A plan that fits can still take minutes (about 2 s per million tasks): say so before starting.
+  if (const std::int64_t tasks = estimated_tasks(config).value_or(0); tasks > kSlowPlanTasks)
+    fmt::print(stderr, "pipesim: note: {}: about {} million tasks (~{:.1f} GiB); building and simulating may take "
+               "minutes\n", config.source, tasks / 1'000'000, double(tasks * limits::kBytesPerTask) / double(1 << 30));
+  Result<Plan> plan = make_plan(config, custom);
+  if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
+  return plan;
+}
 
 Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom,
                                      const std::optional<ExplicitCosts>& timing) {
-  Result<Plan> plan = make_plan(config, custom);
-  if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
+  Result<Plan> plan = plan_within_memory(config, custom);
+  if (!plan.ok()) return plan.error();
   SimulatedRun run{std::move(plan).value(), {}, {}};
   Config timed = run.plan.config;
   if (timing) timed.costs = timing;

@@ -1,10 +1,15 @@
 // pipesim command line: argument parsing only; the commands live in commands.cpp.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fcntl.h>
 #include <map>
 #include <new>
 
+#include "cli_validators.h"
 #include "commands.h"
+#include "spellcheck.h"
 
 namespace {
 
@@ -25,10 +30,30 @@ void add_format_option(CLI::App* command, pipesim::Format& format, const std::ve
 /// The positional config and --schedule, --vocab, --set, shared by simulate and export.
 void add_selection_options(CLI::App* command, std::string& config, std::string& schedule, std::string& vocab,
                            std::vector<std::string>& overrides) {
-  command->add_option("config", config, "JSON config file")->required();
-  command->add_option("--schedule", schedule, "schedule name (default: the config's schedule.name)");
-  command->add_option("--vocab", vocab, "vocabulary mode (default: the config's schedule.vocab)");
+  command->add_option("config", config, "JSON config file")->required()->check(pipesim::kNonEmpty);
+  command->add_option("--schedule", schedule, "schedule name (default: the config's schedule.name)")
+      ->check(pipesim::kNonEmpty);
+  command->add_option("--vocab", vocab, "vocabulary mode (default: the config's schedule.vocab)")
+      ->check(pipesim::kNonEmpty);
   command->add_option("--set", overrides, "override a config field: key.path=value (repeatable)");
+}
+
+/// A first argument that is neither an option nor a command: name it, with a did-you-mean.
+bool unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  std::vector<std::string> names;
+  for (const CLI::App* command : app.get_subcommands({})) names.push_back(command->get_name());
+  if (std::find(names.begin(), names.end(), argv[1]) != names.end()) return false;
+  std::fprintf(stderr, "pipesim: error: unknown command '%s'%s Commands: %s\n", pipesim::abbreviate(argv[1]).c_str(),
+               pipesim::did_you_mean(argv[1], names).c_str(), CLI::detail::join(names, ", ").c_str());
+  return true;
+}
+
+/// Output that never reached its file (a full disk, a closed pipe) is a failure, not a success.
+int finish_output(int status) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  std::fprintf(stderr, "pipesim: error: cannot write to standard output: %s\n", std::strerror(errno));
+  return static_cast<int>(pipesim::ExitStatus::Failure);
 }
 
 }  // namespace
@@ -36,20 +61,27 @@ void add_selection_options(CLI::App* command, std::string& config, std::string& 
 int main(int argc, char** argv) {
   CLI::App app{"pipesim: generate, simulate and compare pipeline-parallel training schedules"};
   app.require_subcommand(1);
+  // Usage errors read like every other error: one line, the option named, the fix after it.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "pipesim: error: " + std::string(e.what()) + " (see pipesim --help)\n";
+  });
   pipesim::ExitStatus status = pipesim::ExitStatus::Success;
 
   pipesim::SimulateOptions simulate;
   CLI::App* sim = app.add_subcommand("simulate", "simulate one schedule on one config");
   add_selection_options(sim, simulate.config, simulate.schedule, simulate.vocab, simulate.overrides);
   add_format_option(sim, simulate.format, {"text", "json"});
-  sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)");
-  sim->add_option("--svg", simulate.svg, "write an SVG timeline (compute and collectives per device)");
+  sim->add_option("--trace", simulate.trace, "write a Chrome trace (open in ui.perfetto.dev)")->check(pipesim::kNonEmpty);
+  sim->add_option("--svg", simulate.svg, "write an SVG timeline (compute and collectives per device)")
+      ->check(pipesim::kNonEmpty);
   sim->add_option("--schedule-file", simulate.schedule_file,
                   "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
-      ->excludes("--schedule");
+      ->excludes("--schedule")
+      ->check(pipesim::kNonEmpty);
   sim->add_option("--profile", simulate.profile,
                   "time the schedule with measured op times from `pipesim run --profile FILE` (the schedule is still "
-                  "planned with the config's costs, as `run` executes it)");
+                  "planned with the config's costs, as `run` executes it)")
+      ->check(pipesim::kNonEmpty);
   sim->add_flag("--replan", simulate.replan,
                 "with --profile: plan the schedule with the measured costs too (what it would be for that machine)")
       ->needs("--profile");
@@ -64,7 +96,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   rn->add_option("--schedule-file", run.schedule_file,
                  "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
-      ->excludes("--schedule");
+      ->excludes("--schedule")
+      ->check(pipesim::kNonEmpty);
   rn->add_option("--backend", run.backend, "cpu (threads or MPI processes) or cuda (GPUs: in-process ranks share "
                  "the GPUs present; under mpirun, one process per GPU over NCCL) (default cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -75,19 +108,23 @@ int main(int argc, char** argv) {
                "compare the first step with a single-device reference: loss and max gradient relative error");
   rn->add_option("--loss-tol", run.loss_tolerance,
                  "--check fails when the loss's relative error exceeds this (default 1e-5; bf16: 1e-2)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pipesim::finite_from(0, 1e6));
   rn->add_option("--grad-tol", run.grad_tolerance,
                  "--check fails when a gradient's relative error exceeds this (default 1e-4; bf16: 0, not checked)")
-      ->check(CLI::NonNegativeNumber);
-  rn->add_option("--trace", run.trace, "write the measured Chrome trace of the last step (open in ui.perfetto.dev)");
-  rn->add_option("--profile", run.profile, "write measured op times for `pipesim simulate --profile`");
-  rn->add_option("--seed", run.seed, "seed of the weights and the data (default 1234)");
-  rn->add_option("--lr", run.learning_rate, "SGD learning rate (default 0.1)")->check(CLI::PositiveNumber);
+      ->check(pipesim::finite_from(0, 1e6));
+  rn->add_option("--trace", run.trace, "write the measured Chrome trace of the last step (open in ui.perfetto.dev)")
+      ->check(pipesim::kNonEmpty);
+  rn->add_option("--profile", run.profile, "write measured op times for `pipesim simulate --profile`")
+      ->check(pipesim::kNonEmpty);
+  rn->add_option("--seed", run.seed, "seed of the weights and the data (default 1234)")->check(pipesim::kUint64);
+  // Larger steps only diverge; NaN would train nothing and still exit 0.
+  rn->add_option("--lr", run.learning_rate, "SGD learning rate (default 0.1)")->check(pipesim::finite_in(0, 100));
   rn->add_option("--timeout", run.timeout_s, "seconds without progress after which a rank ends the run (default 60)")
-      ->check(CLI::PositiveNumber);
+      ->check(pipesim::finite_in(0, 1e6));  // NaN would never time out
   rn->add_option("--inject-fault", run.inject_fault,
                  "make a rank fail (RANK:KIND:MICROBATCH, e.g. 1:B:2) or hang (2:F:0:hang) in the first step, to "
-                 "test fault handling");
+                 "test fault handling")
+      ->check(pipesim::kNonEmpty);
   rn->callback([&] { status = pipesim::run_run(run); });
 
   pipesim::CalibrateOptions calibrate;
@@ -119,7 +156,8 @@ int main(int argc, char** argv) {
                         export_options.overrides);
   exp->add_option("--format", "pytorch-csv: one row per rank, actions like 0F0, 1I3, 2W1 (the only format)")
       ->check(CLI::IsMember({"pytorch-csv"}));
-  exp->add_option("-o,--output", export_options.output, "write to a new file instead of standard output");
+  exp->add_option("-o,--output", export_options.output, "write to a new file instead of standard output")
+      ->check(pipesim::kNonEmpty);
   exp->callback([&] { status = pipesim::run_export(export_options); });
 
   pipesim::BenchOptions bench;
@@ -127,13 +165,22 @@ int main(int argc, char** argv) {
   bch->add_flag("--quick", bench.quick, "smaller graphs (a smoke test)");
   bch->callback([&] { status = pipesim::run_bench(bench); });
 
+  const int failure = static_cast<int>(pipesim::ExitStatus::Failure);
+  if (fcntl(STDOUT_FILENO, F_GETFD) < 0) {  // closed: a file opened later would take its place
+    std::fputs("pipesim: error: standard output is closed; redirect it to a file or /dev/null\n", stderr);
+    return failure;
+  }
+  if (unknown_command(app, argc, argv)) return failure;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : failure;  // --help is a success; every usage error is status 1, as documented
   } catch (const std::bad_alloc&) {
     std::fputs("pipesim: error: out of memory; try fewer microbatches or pipeline stages\n", stderr);
-    return static_cast<int>(pipesim::ExitStatus::Failure);
+    return failure;
+  } catch (const std::system_error& e) {  // fmt::print reports a failed write so
+    std::fprintf(stderr, "pipesim: error: cannot write to standard output: %s\n", e.what());
+    return failure;
   }
-  return static_cast<int>(status);
+  return finish_output(static_cast<int>(status));
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "chrome_trace.h"
@@ -19,8 +20,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-/// The marker in every profile pipesim writes; files carrying it may be replaced by a new profile.
-constexpr std::string_view kProfileGenerator = R"("generator": "pipesim run")";
+/// How every profile pipesim writes begins; a file that begins so may be replaced by a new profile.
+constexpr std::string_view kProfileGenerator = "{\n  \"generator\": \"pipesim run\"";
 
 /// RANK:KIND:MICROBATCH[:hang], e.g. 1:B:2 or 2:F:0:hang.
 Result<runtime::InjectedFault> parse_fault(const std::string& text) {
@@ -138,8 +139,18 @@ void print_text(const RunOptions& o, const RunReport& measured, const runtime::R
   if (!o.profile.empty()) fmt::print("profile written to {} (use: pipesim simulate {} --profile {})\n", o.profile, o.config, o.profile);
 }
 
+/// A diverged run trained nothing: its report would be NaN with exit status 0.
+Status check_losses(const RunOptions& o, const runtime::RunResult& r) {
+  for (std::size_t step = 0; step < r.losses.size(); ++step)
+    if (!std::isfinite(r.losses[step]))
+      return Error{fmt::format("the loss is {} at step {}: training diverged; use a smaller --lr (it is {})",
+                               std::isnan(r.losses[step]) ? "NaN" : "infinite", step + 1, o.learning_rate)};
+  return Status::Ok();
+}
+
 /// The report of a finished run and the files it asked for; on rank 0 only.
 ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
+  if (Status s = check_losses(o, r); !s.ok()) return fail(s.error().message);
   const RunReport measured = measured_report(plan, r, backend);
   const json profile = measured_profile(plan, r);
   if (!o.trace.empty()) {

@@ -6,6 +6,9 @@
 #include <cctype>
 #include <optional>
 
+#include "sizes.h"
+#include "spellcheck.h"
+
 namespace pipesim {
 namespace {
 
@@ -55,11 +58,29 @@ std::optional<Placement> placement_of(const std::vector<int>& rank_of_stage, int
   return std::nullopt;
 }
 
+/// Where an action is in the file, printed as source:line:column.
+struct Place {
+  std::string_view source;
+  int line;
+  std::size_t column;
+};
+
 }  // namespace
+}  // namespace pipesim
+
+template <>
+struct fmt::formatter<pipesim::Place> : fmt::formatter<std::string_view> {
+  auto format(const pipesim::Place& p, format_context& ctx) const {
+    return fmt::format_to(ctx.out(), "{}:{}:{}", p.source, p.line, p.column);
+  }
+};
+
+namespace pipesim {
 
 Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::string& source, int devices,
                                           int microbatches) {
-  std::vector<std::vector<std::pair<Action, std::string>>> rows;  // action and where it was
+  // Each action with its line and column: a string per action would multiply a big file's memory.
+  std::vector<std::vector<std::pair<Action, Place>>> rows;
   std::size_t line_start = 0;
   for (int line = 1; line_start < text.size(); ++line) {
     std::size_t line_end = text.find('\n', line_start);
@@ -70,17 +91,29 @@ Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::stri
       std::size_t cell_end = row.find(',', cell_start);
       if (cell_end == std::string_view::npos) cell_end = row.size();
       const std::string_view cell = trim(row.substr(cell_start, cell_end - cell_start));
-      const std::string where = fmt::format("{}:{}:{}", source, line, cell_start + 1);
+      const Place where{source, line, cell_start + 1};
       if (!cell.empty()) {
         const std::optional<Action> action = parse_action(cell);
         if (!action)
           return Error{fmt::format("{}: '{}' is not an action; write [stage][F|I|B|W][microbatch], e.g. 0F0", where,
-                                   cell)};
+                                   abbreviate(cell))};
+        // Each stage runs F, B (or I) and W once per microbatch: more than that cannot be a schedule,
+        // and is refused before a huge file's actions fill memory.
+        if (actions.size() >= std::size_t(3) * std::size_t(microbatches) * std::size_t(limits::kLayers))
+          return Error{fmt::format("{}: too many actions in one row; each stage runs F, B (or I) and W once per "
+                                   "microbatch",
+                                   where)};
         actions.emplace_back(*action, where);
       }
       cell_start = cell_end + 1;
     }
     line_start = line_end + 1;
+    if (int(rows.size()) > devices) {  // only trailing empty lines may follow the last rank's row
+      if (!rows.back().empty())
+        return Error{fmt::format("{}: has more than {} rows but parallel.pp is {}; write one row per rank", source,
+                                 devices, devices)};
+      rows.pop_back();
+    }
   }
   while (!rows.empty() && rows.back().empty()) rows.pop_back();  // trailing newlines
   if (int(rows.size()) != devices)
@@ -95,6 +128,10 @@ Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::stri
       file_microbatches = std::max(file_microbatches, a.microbatch + 1);
       split_weight |= a.kind == 'W' || a.kind == 'I';
     }
+  // Before rank_of_stage is sized by it: "999999999F0" would ask for gigabytes.
+  if (stages > limits::kLayers)
+    return Error{fmt::format("{}: uses {} stages; pipesim's limit is {} (one layer or more each)", source, stages,
+                             limits::kLayers)};
   if (stages % devices != 0)
     return Error{fmt::format("{}: uses {} stages, not a multiple of the {} ranks; every rank needs as many chunks",
                              source, stages, devices)};

@@ -21,6 +21,20 @@ const char* colour(OpKind kind) {
   }
 }
 
+/// The title is a user's path: escape what XML would read as markup.
+std::string xml_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string svg_timeline(const TaskGraph& graph, const Timeline& timeline, const std::string& title) {
@@ -29,10 +43,10 @@ std::string svg_timeline(const TaskGraph& graph, const Timeline& timeline, const
   for (TimeNs t : timeline.end) end = std::max(end, t);
   const double scale = (kWidth - kLeft - 10) / double(end);
   const double height = kTop + graph.devices() * (kRow + kCommRow + 6) + 30;
-  std::string out = fmt::format(
+  std::string out = std::string(kSvgGenerator) + fmt::format(
       R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{:.0f}" font-family="sans-serif" font-size="10">)"
       "\n<text x=\"{}\" y=\"16\" font-size=\"13\">{}</text>\n",
-      kWidth, height, kLeft, title);
+      kWidth, height, kLeft, xml_escaped(title));
   for (int d = 0; d < graph.devices(); ++d) {
     const double y = kTop + d * (kRow + kCommRow + 6);
     out += fmt::format("<text x=\"4\" y=\"{:.1f}\">device {}</text>\n", y + kRow * 0.65, d);

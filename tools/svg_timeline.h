@@ -9,6 +9,9 @@
 
 namespace pipesim {
 
+/// How every SVG pipesim writes begins; a file that begins so may be replaced by a new timeline.
+constexpr std::string_view kSvgGenerator = "<!-- timeline written by pipesim -->\n";
+
 std::string svg_timeline(const TaskGraph& graph, const Timeline& timeline, const std::string& title);
 
 }  // namespace pipesim

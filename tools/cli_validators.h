@@ -1,0 +1,60 @@
+#pragma once
+/// CLI11 checks for values CLI11's own validators let through: empty strings, NaN (every comparison
+/// with it is false, so CLI::PositiveNumber accepts it) and integers that wrap on conversion.
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "fmt/format.h"
+
+namespace pipesim {
+
+/// An option given with an empty value would otherwise read as not given at all.
+inline const CLI::Validator kNonEmpty(
+    [](const std::string& value) {
+      return value.empty() ? std::string("an empty value; give one, or leave the option out") : std::string();
+    },
+    "", "NONEMPTY");
+
+/// A finite number in [low, high] (NaN and infinities refused).
+inline CLI::Validator finite_from(double low, double high) {
+  return CLI::Validator(
+      [=](const std::string& value) {
+        double number = 0;
+        const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+        if (error != std::errc() || end != value.data() + value.size() || !std::isfinite(number) || number < low ||
+            number > high)
+          return fmt::format("'{}' is not a number from {} to {}", value, low, high);
+        return std::string();
+      },
+      fmt::format("NUMBER in [{}, {}]", low, high), "FINITE");
+}
+
+/// A finite number in (low, high].
+inline CLI::Validator finite_in(double low, double high) {
+  return CLI::Validator(
+      [=](const std::string& value) {
+        double number = 0;
+        const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+        if (error != std::errc() || end != value.data() + value.size() || !std::isfinite(number) || number <= low ||
+            number > high)
+          return fmt::format("'{}' is not a number above {} and at most {}", value, low, high);
+        return std::string();
+      },
+      fmt::format("NUMBER in ({}, {}]", low, high), "FINITE");
+}
+
+/// Decimal digits only, within 64 bits: strtoull would wrap "-1" and saturate past 2^64.
+inline const CLI::Validator kUint64(
+    [](const std::string& value) {
+      std::uint64_t number = 0;
+      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+      if (value.empty() || error != std::errc() || end != value.data() + value.size())
+        return fmt::format("'{}' is not an integer from 0 to {}", value, UINT64_MAX);
+      return std::string();
+    },
+    "UINT64", "UINT64");
+
+}  // namespace pipesim

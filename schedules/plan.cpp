@@ -106,7 +106,7 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   if (!orders.ok()) return orders.error();
 
   plan.graph = assemble(plan.layout, orders.value(), context.work, vocab_work(config, plan.layout), m,
-                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes);
+                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});
   if (Status s = validate(plan.graph, plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, s.error().message)};
   plan.static_bytes = static_memory_bytes(config, plan.layout);

@@ -90,7 +90,7 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   const ModelConfig& model = config.model;
   const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
                                                  config.precision.activation_bytes / config.parallel.tp);
-  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0, vocab_delay(vocab->placement)};
+  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0, vocab_delay(vocab->placement, plan.layout.devices)};
   const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
   context.transfer_ns = costs->transfer(

@@ -8,9 +8,11 @@
 namespace pipesim {
 
 /// Microbatches the last stage's backward must trail its forward so that the passes between them
-/// can run: 2 for Algorithm 1 (S, then T a microbatch later, then barrier C1), 1 for Algorithm 2
-/// and for the interlaced baseline, 0 with the vocabulary on the stages.
-int vocab_delay(VocabPlacement vocab);
+/// can run: 2 for Algorithm 1 (S, then T a microbatch later, then barrier C1), 1 for Algorithm 2,
+/// 0 with the vocabulary on the stages. Interlaced, as its reference implementation runs it:
+/// floor(p / 2), so 1F1B's warm-up becomes floor(1.5p) - i forwards on device i -- the extra
+/// microbatches in flight are what hide its synchronous output-layer step.
+int vocab_delay(VocabPlacement vocab, int devices);
 
 /// Moves each backward of the last stage (with its W) after the forward `delay` microbatches
 /// later on the same device, where it is not already.

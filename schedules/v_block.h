@@ -44,6 +44,8 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
 /// activation depends on its order alone, not on the costs. Among the reference's orders, the block
 /// for `spacing` in unit slots and in the real costs, and the greedy scheduler with the same budget,
 /// the fastest within the bound wins (evaluate_orders): never worse than the reference.
-Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing);
+/// `squeezed`, when given, is one more candidate (the reference generator's squeezed pattern).
+Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
+                                const DeviceOrders* squeezed = nullptr);
 
 }  // namespace pipesim

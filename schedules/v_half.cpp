@@ -1,4 +1,5 @@
 #include "v_block.h"
+#include "v_squeeze.h"
 
 namespace pipesim {
 
@@ -7,7 +8,9 @@ namespace pipesim {
 /// activation memory ((p + 2) / 2 microbatches of a 1F1B stage) and about half its bubble. The
 /// greedy scheduler under the same memory replaces the block where it runs faster (unequal F/B/W).
 Result<DeviceOrders> generate_v_half(const ScheduleContext& context) {
-  return v_schedule(context, paper_v_half_block(context.layout.devices), {.forward_down = 1, .backward_up = 1});
+  const DeviceOrders squeezed = squeezed_v_orders(context, v_half_pattern(context.layout.devices));
+  return v_schedule(context, paper_v_half_block(context.layout.devices), {.forward_down = 1, .backward_up = 1},
+                    &squeezed);
 }
 
 }  // namespace pipesim

@@ -1,0 +1,200 @@
+#include "v_squeeze.h"
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
+namespace pipesim {
+namespace {
+
+// Pass types in unit slots: F of chunk 0, F of chunk 1, B of chunk 1, B of chunk 0, then W (one
+// list while squeezing; two, per chunk, in the final order).
+enum { kF0, kF1, kB1, kB0, kW };
+using Slots = std::vector<std::vector<int>>;  ///< per type, per microbatch: the slot it starts in
+using Grid = std::vector<Slots>;              ///< per device
+
+constexpr int kNone = std::numeric_limits<int>::max();
+
+int last_slot(const Slots& s) {
+  int bound = 0;
+  for (const auto& type : s)
+    for (int t : type) bound = std::max(bound, t);
+  return bound;
+}
+
+/// W passes into the free slots after their B (one list, or one per chunk), oldest first.
+Slots put_w(Slots s, bool split) {
+  const int bound = last_slot(s);
+  s.resize(split ? 6 : 5);
+  std::vector<std::size_t> next(4, 0);
+  int pending[2] = {0, 0};
+  for (int slot = 0; slot <= bound + 2 * int(s[0].size()); ++slot) {
+    int type = -1;
+    for (int t = 0; t < 4; ++t)
+      if (next[std::size_t(t)] < s[std::size_t(t)].size() && s[std::size_t(t)][next[std::size_t(t)]] == slot) type = t;
+    if (type >= 0) {
+      ++next[std::size_t(type)];
+      if (type >= kB1) ++pending[split ? type - kB1 : 0];
+      continue;
+    }
+    for (int w = 0; w < 2; ++w)
+      if (pending[w]) {
+        s[std::size_t(kW + w)].push_back(slot), --pending[w];
+        break;
+      }
+  }
+  return s;
+}
+
+/// Peak chunk-microbatches held between F and W on one device (implicit W in free slots when the
+/// slots have no W list yet).
+int held(const Slots& s) {
+  const bool has_w = s.size() > 4;
+  std::vector<std::pair<int, int>> events;  // (slot, type)
+  for (std::size_t t = 0; t < s.size(); ++t)
+    for (int slot : s[t]) events.emplace_back(slot, int(t));
+  std::sort(events.begin(), events.end());
+  int current = 0, peak = 0, waiting = 0, slot = 0;
+  for (std::size_t e = 0; e < events.size(); ++slot) {
+    if (events[e].first <= slot) {
+      const int type = events[e++].second;
+      current += type <= kF1 ? 1 : type >= kW ? -1 : 0;
+      waiting += type == kB1 || type == kB0;
+    } else if (!has_w && waiting) {
+      --current, --waiting;
+    }
+    peak = std::max(peak, current);
+  }
+  return peak;
+}
+
+/// Runs every pass as early as its inputs and its device allow, in the slots' order; returns the
+/// new start slots (unit costs, no transfer time).
+Grid eager(const Grid& g) {
+  const int p = int(g.size()), types = int(g[0].size()), m = int(g[0][0].size());
+  std::vector<std::tuple<int, int, int, int>> order;  // (slot, device, type, microbatch)
+  for (int d = 0; d < p; ++d)
+    for (int t = 0; t < types; ++t)
+      for (int x = 0; x < m; ++x) order.emplace_back(g[std::size_t(d)][std::size_t(t)][std::size_t(x)], d, t, x);
+  std::sort(order.begin(), order.end());
+  Grid end(g.size(), Slots(std::size_t(types), std::vector<int>(std::size_t(m), 0)));
+  std::vector<int> free_at(std::size_t(p), 0);
+  Grid start = end;
+  for (const auto& [slot, d, t, x] : order) {
+    int ready = free_at[std::size_t(d)];
+    const auto after = [&](int dd, int tt, int xx) { ready = std::max(ready, end[std::size_t(dd)][std::size_t(tt)][std::size_t(xx)]); };
+    if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
+    if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
+    if (t > kF0 && t < kW) after(d, t - 1, x);
+    if (x > 0) after(d, t, x - 1);
+    start[std::size_t(d)][std::size_t(t)][std::size_t(x)] = ready;
+    end[std::size_t(d)][std::size_t(t)][std::size_t(x)] = free_at[std::size_t(d)] = ready + 1;
+  }
+  return start;
+}
+
+/// The paper's squeeze: passes of the warm-up (with W) and of the cool-down move to the earliest
+/// free slot their inputs allow that keeps every device within the block's memory; the steady
+/// state between the first B of chunk 0 on device 0 and the last forward stays as it is.
+Grid squeeze(Grid g, bool with_w, int& memory, bool compact) {
+  const int p = int(g.size());
+  if (with_w)
+    for (Slots& s : g) s = put_w(s, false);
+  if (memory == 0)
+    for (const Slots& s : g) memory = std::max(memory, held(s));
+  const int types = int(g[0].size()), m = int(g[0][0].size());
+  std::vector<std::vector<bool>> occupied;
+  for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
+  std::vector<std::size_t> next(std::size_t(p * types), 0);
+  int phase = 0;
+  for (int done = 0; done < p * types * m; ++done) {
+    int best = -1, best_slot = kNone;  // the earliest pending pass, ties by device then type
+    for (int k = 0; k < p * types; ++k)
+      if (next[std::size_t(k)] < std::size_t(m) && g[std::size_t(k / types)][std::size_t(k % types)][next[std::size_t(k)]] < best_slot)
+        best = k, best_slot = g[std::size_t(k / types)][std::size_t(k % types)][next[std::size_t(k)]];
+    const int d = best / types, t = best % types, x = int(next[std::size_t(best)]++);
+    int& slot = g[std::size_t(d)][std::size_t(t)][std::size_t(x)];
+    if (t == kB0 && d == 0 && phase == 0) phase = 1;
+    const bool fixed = phase == 1 || (phase == 0 && !with_w);
+    if (phase == 1 && t == kF0 && x == m - 1) phase = 2;
+    if (!fixed) {
+      int earliest = -1;
+      const auto after = [&](int dd, int tt, int xx) { earliest = std::max(earliest, g[std::size_t(dd)][std::size_t(tt)][std::size_t(xx)]); };
+      if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
+      if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
+      if (t > kF0 && t < kW) after(d, t - 1, x);
+      if (t == kW) {
+        std::vector<int> backwards = g[std::size_t(d)][kB1];
+        backwards.insert(backwards.end(), g[std::size_t(d)][kB0].begin(), g[std::size_t(d)][kB0].end());
+        std::sort(backwards.begin(), backwards.end());
+        earliest = std::max(earliest, backwards[std::size_t(x)]);
+      }
+      if (x > 0) after(d, t, x - 1);
+      const int original = slot;
+      for (int candidate = earliest + 1; candidate < original; ++candidate) {
+        if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
+        slot = candidate;
+        if (held(g[std::size_t(d)]) <= memory) break;
+        slot = original;
+      }
+    }
+    occupied[std::size_t(d)][std::size_t(slot)] = true;
+  }
+  if (!with_w)
+    for (Slots& s : g) s = put_w(s, false);
+  return compact ? eager(g) : g;
+}
+
+}  // namespace
+
+VPattern v_half_pattern(int p) {
+  const int delta = p % 2 == 0 ? 3 : 0;
+  VPattern pattern;
+  for (int i = 0; i < p; ++i) pattern.push_back({2 * i, 3 * p - i - 2, 3 * p + delta + 2 * i - 1, 6 * p + delta - i - 2});
+  return pattern;
+}
+
+VPattern v_min_pattern(int p) {
+  const int delta = p % 3 == 0 ? 2 : 0;
+  VPattern pattern;
+  for (int i = 0; i < p; ++i) pattern.push_back({i, 2 * p - i - 1, 2 * p + delta + i, 4 * p + delta - i - 1});
+  return pattern;
+}
+
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern) {
+  const Layout& layout = context.layout;
+  const int p = layout.devices, m = context.microbatches;
+  Grid g;
+  for (int d = 0; d < p; ++d) {
+    Slots s(4);
+    for (int t = 0; t < 4; ++t)
+      for (int x = 0; x < m; ++x) s[std::size_t(t)].push_back(pattern[std::size_t(d)][std::size_t(t)] + 6 * x);
+    g.push_back(std::move(s));
+  }
+  int memory = 0;  // the pattern's, kept for the second pass too (see the header)
+  g = squeeze(std::move(g), true, memory, false);
+  for (Slots& s : g) s.resize(4);
+  // Not compacted: the W go into the free slots that the memory check counted on.
+  g = squeeze(std::move(g), false, memory, false);
+  DeviceOrders orders(static_cast<std::size_t>(p));
+  for (int d = 0; d < p; ++d) {
+    Slots s = g[std::size_t(d)];
+    s.resize(4);
+    s = put_w(s, true);
+    const int chunk0 = layout.stage_of(d, 0), chunk1 = layout.stage_of(d, 1);
+    const ComputeStep kinds[6] = {{OpKind::F, chunk0, 0}, {OpKind::F, chunk1, 0}, {OpKind::B, chunk1, 0},
+                                  {OpKind::B, chunk0, 0}, {OpKind::W, chunk1, 0}, {OpKind::W, chunk0, 0}};
+    std::vector<std::tuple<int, int, int>> timed;  // (slot, type, microbatch)
+    for (int t = 0; t < 6; ++t)
+      for (int x = 0; x < int(s[std::size_t(t)].size()); ++x) timed.emplace_back(s[std::size_t(t)][std::size_t(x)], t, x);
+    std::sort(timed.begin(), timed.end());
+    for (const auto& [slot, t, x] : timed) {
+      ComputeStep step = kinds[t];
+      step.microbatch = x;
+      orders[std::size_t(d)].push_back(step);
+    }
+  }
+  return orders;
+}
+
+}  // namespace pipesim

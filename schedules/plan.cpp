@@ -98,12 +98,17 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   Result<DeviceOrders> generated = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
   if (!generated.ok()) return generated.error();
   if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok()) return s.error();
-  // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
-  // where moving them keeps the orders executable.
-  DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);
-  if (!evaluate_orders(context, delayed).ok()) delayed = generated.value();
-  Result<DeviceOrders> orders = insert_vocab_passes(context, delayed, vocab->placement);
-  if (!orders.ok()) return orders.error();
+  Result<DeviceOrders> orders = generated;
+  if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
+    orders = interlaced_1f1b_orders(context);  // the lockstep program replaces 1F1B's order
+  } else {
+    // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
+    // where moving them keeps the orders executable.
+    DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);
+    if (!evaluate_orders(context, delayed).ok()) delayed = generated.value();
+    orders = insert_vocab_passes(context, delayed, vocab->placement);
+    if (!orders.ok()) return orders.error();
+  }
 
   plan.graph = assemble(plan.layout, orders.value(), context.work, vocab_work(config, plan.layout), m,
                         config.parallel.dp, boundary_bytes, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});

@@ -27,4 +27,11 @@ DeviceOrders delay_last_backward(const Layout& layout, const DeviceOrders& order
 Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
                                          VocabPlacement vocab);
 
+/// Interlaced on 1F1B as its reference implementation runs it: every device steps through the same
+/// iterations, each one forward, one backward and the output layer (S then T, its all-reduces
+/// waited for) of one microbatch, in lockstep; odd devices run the backward before the forward.
+/// The input layer likewise: IF of the next microbatch before each S (its sum runs while the
+/// output is broadcast), IB once dY is back. Device i then runs about floor(1.5p) - i forwards before its first backward.
+DeviceOrders interlaced_1f1b_orders(const ScheduleContext& context);
+
 }  // namespace pipesim

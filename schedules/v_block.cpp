@@ -154,7 +154,7 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
 }
 
 Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
-                                const DeviceOrders* squeezed) {
+                                const VPattern* pattern) {
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);
   if (!bound.ok()) return bound.error();
@@ -166,7 +166,7 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   candidates.emplace_back(orders_from_block(context, v_block(unit_costs(context), spacing)));
   candidates.emplace_back(orders_from_block(context, v_block(context, spacing)));
   candidates.push_back(greedy_schedule(context, options));
-  if (squeezed) candidates.emplace_back(within_memory(context, *squeezed, limit));
+  if (pattern) candidates.emplace_back(within_memory(context, squeezed_v_orders(context, *pattern, limit), limit));
   for (Result<DeviceOrders>& candidate : candidates) {
     if (!candidate.ok()) continue;
     Result<OrderCost> cost = evaluate_orders(context, candidate.value());

@@ -46,62 +46,52 @@ Slots put_w(Slots s, bool split) {
   return s;
 }
 
-/// Peak chunk-microbatches held between F and W on one device (implicit W in free slots when the
-/// slots have no W list yet).
-int held(const Slots& s) {
+/// One device's activation bytes per chunk: what F keeps, and what B leaves for W.
+struct ChunkBytes {
+  Bytes activation[2];
+  Bytes weight_held[2];
+};
+
+/// Peak activation bytes of one device over its slots, as the simulator counts them: F adds its
+/// chunk's activation, B frees all but what W needs, W frees the rest (the oldest pending B's,
+/// when W is one list; implicit W in free slots when the slots have no W list yet).
+Bytes held(const Slots& s, const ChunkBytes& bytes) {
   const bool has_w = s.size() > 4;
   std::vector<std::pair<int, int>> events;  // (slot, type)
   for (std::size_t t = 0; t < s.size(); ++t)
     for (int slot : s[t]) events.emplace_back(slot, int(t));
   std::sort(events.begin(), events.end());
-  int current = 0, peak = 0, waiting = 0, slot = 0;
+  std::vector<int> pending;  // chunks whose B has run and W has not, oldest first
+  Bytes current = 0, peak = 0;
+  const auto weight = [&](int chunk) {
+    const auto it = chunk < 0 ? pending.begin() : std::find(pending.begin(), pending.end(), chunk);
+    if (it == pending.end()) return;
+    current -= bytes.weight_held[*it];
+    pending.erase(it);
+  };
+  int slot = 0;
   for (std::size_t e = 0; e < events.size(); ++slot) {
     if (events[e].first <= slot) {
       const int type = events[e++].second;
-      current += type <= kF1 ? 1 : type >= kW ? -1 : 0;
-      waiting += type == kB1 || type == kB0;
-    } else if (!has_w && waiting) {
-      --current, --waiting;
+      const int chunk = type == kF0 || type == kB0 ? 0 : type == kF1 || type == kB1 ? 1 : type == kW ? (s.size() > 5 ? 1 : -1) : 0;
+      if (type <= kF1) current += bytes.activation[chunk];
+      if (type == kB1 || type == kB0) current -= bytes.activation[chunk] - bytes.weight_held[chunk], pending.push_back(chunk);
+      if (type >= kW) weight(chunk);
+    } else if (!has_w && !pending.empty()) {
+      weight(-1);
     }
     peak = std::max(peak, current);
   }
   return peak;
 }
 
-/// Runs every pass as early as its inputs and its device allow, in the slots' order; returns the
-/// new start slots (unit costs, no transfer time).
-Grid eager(const Grid& g) {
-  const int p = int(g.size()), types = int(g[0].size()), m = int(g[0][0].size());
-  std::vector<std::tuple<int, int, int, int>> order;  // (slot, device, type, microbatch)
-  for (int d = 0; d < p; ++d)
-    for (int t = 0; t < types; ++t)
-      for (int x = 0; x < m; ++x) order.emplace_back(g[std::size_t(d)][std::size_t(t)][std::size_t(x)], d, t, x);
-  std::sort(order.begin(), order.end());
-  Grid end(g.size(), Slots(std::size_t(types), std::vector<int>(std::size_t(m), 0)));
-  std::vector<int> free_at(std::size_t(p), 0);
-  Grid start = end;
-  for (const auto& [slot, d, t, x] : order) {
-    int ready = free_at[std::size_t(d)];
-    const auto after = [&](int dd, int tt, int xx) { ready = std::max(ready, end[std::size_t(dd)][std::size_t(tt)][std::size_t(xx)]); };
-    if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
-    if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
-    if (t > kF0 && t < kW) after(d, t - 1, x);
-    if (x > 0) after(d, t, x - 1);
-    start[std::size_t(d)][std::size_t(t)][std::size_t(x)] = ready;
-    end[std::size_t(d)][std::size_t(t)][std::size_t(x)] = free_at[std::size_t(d)] = ready + 1;
-  }
-  return start;
-}
-
 /// The paper's squeeze: passes of the warm-up (with W) and of the cool-down move to the earliest
-/// free slot their inputs allow that keeps every device within the block's memory; the steady
-/// state between the first B of chunk 0 on device 0 and the last forward stays as it is.
-Grid squeeze(Grid g, bool with_w, int& memory, bool compact) {
+/// free slot their inputs allow that keeps the device within `limit`; the steady state between
+/// the first B of chunk 0 on device 0 and the last forward stays as it is.
+Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const std::vector<Bytes>& limit) {
   const int p = int(g.size());
   if (with_w)
     for (Slots& s : g) s = put_w(s, false);
-  if (memory == 0)
-    for (const Slots& s : g) memory = std::max(memory, held(s));
   const int types = int(g[0].size()), m = int(g[0][0].size());
   std::vector<std::vector<bool>> occupied;
   for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
@@ -134,7 +124,7 @@ Grid squeeze(Grid g, bool with_w, int& memory, bool compact) {
       for (int candidate = earliest + 1; candidate < original; ++candidate) {
         if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
         slot = candidate;
-        if (held(g[std::size_t(d)]) <= memory) break;
+        if (held(g[std::size_t(d)], bytes[std::size_t(d)]) <= limit[std::size_t(d)]) break;
         slot = original;
       }
     }
@@ -142,7 +132,7 @@ Grid squeeze(Grid g, bool with_w, int& memory, bool compact) {
   }
   if (!with_w)
     for (Slots& s : g) s = put_w(s, false);
-  return compact ? eager(g) : g;
+  return g;
 }
 
 }  // namespace
@@ -161,7 +151,7 @@ VPattern v_min_pattern(int p) {
   return pattern;
 }
 
-DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern) {
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern, const std::vector<Bytes>& limit) {
   const Layout& layout = context.layout;
   const int p = layout.devices, m = context.microbatches;
   Grid g;
@@ -171,11 +161,17 @@ DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& p
       for (int x = 0; x < m; ++x) s[std::size_t(t)].push_back(pattern[std::size_t(d)][std::size_t(t)] + 6 * x);
     g.push_back(std::move(s));
   }
-  int memory = 0;  // the pattern's, kept for the second pass too (see the header)
-  g = squeeze(std::move(g), true, memory, false);
+  std::vector<ChunkBytes> bytes;
+  for (int d = 0; d < p; ++d) {
+    const StageWork &w0 = context.work[std::size_t(layout.stage_of(d, 0))], &w1 = context.work[std::size_t(layout.stage_of(d, 1))];
+    bytes.push_back({{w0.activation_bytes, w1.activation_bytes}, {w0.weight_held_bytes, w1.weight_held_bytes}});
+  }
+  // Unlike the reference generator, the slots are not compacted between the two passes, and the
+  // bound is each device's bytes: its second pass would otherwise measure memory after the
+  // compaction and let it grow (by a quarter at p = 8).
+  g = squeeze(std::move(g), true, bytes, limit);
   for (Slots& s : g) s.resize(4);
-  // Not compacted: the W go into the free slots that the memory check counted on.
-  g = squeeze(std::move(g), false, memory, false);
+  g = squeeze(std::move(g), false, bytes, limit);
   DeviceOrders orders(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {
     Slots s = g[std::size_t(d)];

@@ -20,7 +20,8 @@ VPattern v_half_pattern(int devices);
 /// F0 at i, F1 at 2p - i - 1, B1 at 2p + δ + i, B0 at 4p + δ - i - 1; δ = 2 when 3 divides p.
 VPattern v_min_pattern(int devices);
 
-/// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B.
-DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern);
+/// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B;
+/// a pass moves only where its device stays within `limit` (activation bytes, per device).
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern, const std::vector<Bytes>& limit);
 
 }  // namespace pipesim

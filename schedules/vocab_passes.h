@@ -9,9 +9,9 @@ namespace pipesim {
 
 /// Microbatches the last stage's backward must trail its forward so that the passes between them
 /// can run: 2 for Algorithm 1 (S, then T a microbatch later, then barrier C1), 1 for Algorithm 2,
-/// 0 with the vocabulary on the stages. Interlaced, as its reference implementation runs it:
-/// floor(p / 2), so 1F1B's warm-up becomes floor(1.5p) - i forwards on device i -- the extra
-/// microbatches in flight are what hide its synchronous output-layer step.
+/// 0 with the vocabulary on the stages. Interlaced: floor(p / 2), the extra microbatches in flight
+/// that hide its synchronous output-layer step in its reference implementation (on 1F1B its
+/// lockstep program, interlaced_1f1b_orders, replaces the order; other schedules take the delay).
 int vocab_delay(VocabPlacement vocab, int devices);
 
 /// Moves each backward of the last stage (with its W) after the forward `delay` microbatches

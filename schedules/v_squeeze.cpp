@@ -56,7 +56,7 @@ struct ChunkBytes {
 /// chunk's activation, B frees all but what W needs, W frees the rest (the oldest pending B's,
 /// when W is one list; implicit W in free slots when the slots have no W list yet).
 Bytes held(const Slots& s, const ChunkBytes& bytes) {
-  const bool has_w = s.size() > 4;
+  const bool has_w = s.size() > 4, split = s.size() > 5;
   std::vector<std::pair<int, int>> events;  // (slot, type)
   for (std::size_t t = 0; t < s.size(); ++t)
     for (int slot : s[t]) events.emplace_back(slot, int(t));
@@ -73,7 +73,8 @@ Bytes held(const Slots& s, const ChunkBytes& bytes) {
   for (std::size_t e = 0; e < events.size(); ++slot) {
     if (events[e].first <= slot) {
       const int type = events[e++].second;
-      const int chunk = type == kF0 || type == kB0 ? 0 : type == kF1 || type == kB1 ? 1 : type == kW ? (s.size() > 5 ? 1 : -1) : 0;
+      // W lists: one (the oldest pending B's chunk) or, split, chunk 1's then chunk 0's.
+      const int chunk = type == kF0 || type == kB0 ? 0 : type == kF1 || type == kB1 ? 1 : type == kW && !split ? -1 : type == kW;
       if (type <= kF1) current += bytes.activation[chunk];
       if (type == kB1 || type == kB0) current -= bytes.activation[chunk] - bytes.weight_held[chunk], pending.push_back(chunk);
       if (type >= kW) weight(chunk);
@@ -85,9 +86,32 @@ Bytes held(const Slots& s, const ChunkBytes& bytes) {
   return peak;
 }
 
+int& slot_of(Grid& g, int d, int t, int x) { return g[std::size_t(d)][std::size_t(t)][std::size_t(x)]; }
+
+/// The last slot a pass must follow: its input on the neighbouring device (down the V for F of
+/// chunk 0 and B of chunk 1, up for the others), the pass before it on its device, its B for a W,
+/// and the same pass of the previous microbatch.
+int inputs_done(Grid& g, int d, int t, int x) {
+  const int p = int(g.size());
+  int last = -1;
+  const auto after = [&](int dd, int tt, int xx) { last = std::max(last, slot_of(g, dd, tt, xx)); };
+  if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
+  if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
+  if (t > kF0 && t < kW) after(d, t - 1, x);
+  if (t == kW) {  // one W list: the x-th W follows the x-th B of either chunk
+    std::vector<int> backwards = g[std::size_t(d)][kB1];
+    backwards.insert(backwards.end(), g[std::size_t(d)][kB0].begin(), g[std::size_t(d)][kB0].end());
+    std::sort(backwards.begin(), backwards.end());
+    last = std::max(last, backwards[std::size_t(x)]);
+  }
+  if (x > 0) after(d, t, x - 1);
+  return last;
+}
+
 /// The paper's squeeze: passes of the warm-up (with W) and of the cool-down move to the earliest
 /// free slot their inputs allow that keeps the device within `limit`; the steady state between
-/// the first B of chunk 0 on device 0 and the last forward stays as it is.
+/// the first B of chunk 0 on device 0 and the last forward stays as it is. Passes are visited in
+/// slot order (ties by device, then type), so a free slot below the current one stays free.
 Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const std::vector<Bytes>& limit) {
   const int p = int(g.size());
   if (with_w)
@@ -95,38 +119,24 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const st
   const int types = int(g[0].size()), m = int(g[0][0].size());
   std::vector<std::vector<bool>> occupied;
   for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
-  std::vector<std::size_t> next(std::size_t(p * types), 0);
+  std::vector<int> next(std::size_t(p * types), 0);  // per (device, type): the next microbatch
   int phase = 0;
   for (int done = 0; done < p * types * m; ++done) {
-    int best = -1, best_slot = kNone;  // the earliest pending pass, ties by device then type
+    int best = -1, best_slot = kNone;
     for (int k = 0; k < p * types; ++k)
-      if (next[std::size_t(k)] < std::size_t(m) && g[std::size_t(k / types)][std::size_t(k % types)][next[std::size_t(k)]] < best_slot)
-        best = k, best_slot = g[std::size_t(k / types)][std::size_t(k % types)][next[std::size_t(k)]];
-    const int d = best / types, t = best % types, x = int(next[std::size_t(best)]++);
-    int& slot = g[std::size_t(d)][std::size_t(t)][std::size_t(x)];
+      if (const int x = next[std::size_t(k)]; x < m && slot_of(g, k / types, k % types, x) < best_slot)
+        best = k, best_slot = slot_of(g, k / types, k % types, x);
+    const int d = best / types, t = best % types, x = next[std::size_t(best)]++;
+    int& slot = slot_of(g, d, t, x);
     if (t == kB0 && d == 0 && phase == 0) phase = 1;
     const bool fixed = phase == 1 || (phase == 0 && !with_w);
     if (phase == 1 && t == kF0 && x == m - 1) phase = 2;
-    if (!fixed) {
-      int earliest = -1;
-      const auto after = [&](int dd, int tt, int xx) { earliest = std::max(earliest, g[std::size_t(dd)][std::size_t(tt)][std::size_t(xx)]); };
-      if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
-      if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
-      if (t > kF0 && t < kW) after(d, t - 1, x);
-      if (t == kW) {
-        std::vector<int> backwards = g[std::size_t(d)][kB1];
-        backwards.insert(backwards.end(), g[std::size_t(d)][kB0].begin(), g[std::size_t(d)][kB0].end());
-        std::sort(backwards.begin(), backwards.end());
-        earliest = std::max(earliest, backwards[std::size_t(x)]);
-      }
-      if (x > 0) after(d, t, x - 1);
-      const int original = slot;
-      for (int candidate = earliest + 1; candidate < original; ++candidate) {
-        if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
-        slot = candidate;
-        if (held(g[std::size_t(d)], bytes[std::size_t(d)]) <= limit[std::size_t(d)]) break;
-        slot = original;
-      }
+    const int original = slot;
+    for (int candidate = fixed ? original : inputs_done(g, d, t, x) + 1; candidate < original; ++candidate) {
+      if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
+      slot = candidate;
+      if (held(g[std::size_t(d)], bytes[std::size_t(d)]) <= limit[std::size_t(d)]) break;
+      slot = original;
     }
     occupied[std::size_t(d)][std::size_t(slot)] = true;
   }
@@ -163,7 +173,8 @@ DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& p
   }
   std::vector<ChunkBytes> bytes;
   for (int d = 0; d < p; ++d) {
-    const StageWork &w0 = context.work[std::size_t(layout.stage_of(d, 0))], &w1 = context.work[std::size_t(layout.stage_of(d, 1))];
+    const StageWork& w0 = context.work[std::size_t(layout.stage_of(d, 0))];
+    const StageWork& w1 = context.work[std::size_t(layout.stage_of(d, 1))];
     bytes.push_back({{w0.activation_bytes, w1.activation_bytes}, {w0.weight_held_bytes, w1.weight_held_bytes}});
   }
   // Unlike the reference generator, the slots are not compacted between the two passes, and the

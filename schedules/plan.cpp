@@ -90,7 +90,8 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   const ModelConfig& model = config.model;
   const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
                                                  config.precision.activation_bytes / config.parallel.tp);
-  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0, vocab_delay(vocab->placement, plan.layout.devices)};
+  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout),
+                          0, vocab_delay(vocab->placement, plan.layout.devices)};
   const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
   context.transfer_ns = costs->transfer(
@@ -111,7 +112,8 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   }
 
   plan.graph = assemble(plan.layout, orders.value(), context.work, vocab_work(config, plan.layout), m,
-                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});
+                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes,
+                        custom ? custom->comms : DeviceComms{});
   if (Status s = validate(plan.graph, plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, s.error().message)};
   plan.static_bytes = static_memory_bytes(config, plan.layout);

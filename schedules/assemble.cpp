@@ -11,16 +11,91 @@ class OpTable {
  public:
   OpTable(int stages, int microbatches) : microbatches_(microbatches), ids_(std::size_t(stages) * microbatches, kNoTask) {}
   TaskId& at(int stage, int microbatch) { return ids_[std::size_t(stage) * microbatches_ + microbatch]; }
+  int microbatches() const { return microbatches_; }
 
  private:
   int microbatches_;
   std::vector<TaskId> ids_;
 };
 
+/// What adding the P2P transfers needs: the compute ops by (stage, microbatch), and the tables of
+/// RECVs it fills, remembered by the stage they feed.
+struct Transfers {
+  const Layout& layout;
+  TaskGraphBuilder& builder;
+  OpTable &forward, &backward, &weight;
+  OpTable &activation_recv, &gradient_recv;
+  Bytes boundary_bytes;
+
+  int device_of(int stage) const { return layout.stages[std::size_t(stage)].device; }
+  /// The SEND of stage's output (or input gradient) for mb and its RECV on the other device.
+  Task transfer(OpKind kind, Payload payload, int stage, int mb) const {
+    const int to = payload == Payload::Activation ? stage + 1 : stage - 1;
+    const bool send = kind == OpKind::Send;
+    return {.kind = kind, .payload = payload, .device = device_of(send ? stage : to),
+            .stage = stage, .chunk = layout.stages[std::size_t(stage)].chunk, .microbatch = mb,
+            .peer = device_of(send ? to : stage), .bytes = double(boundary_bytes)};
+  }
+  TaskId producer(Payload payload, int stage, int mb) const {
+    return (payload == Payload::Activation ? forward : backward).at(stage, mb);
+  }
+  OpTable& receives(Payload payload) const { return payload == Payload::Activation ? activation_recv : gradient_recv; }
+};
+
+/// Transfers in each producer's program order. A channel's RECVs are issued in the order of its
+/// SENDs (receives have no dependencies, so posting them early costs nothing), which keeps every
+/// pair matched whatever order the consumer computes in.
+void derived_transfers(const Transfers& t, const DeviceOrders& orders) {
+  for (int d = 0; d < t.layout.devices; ++d)
+    for (const ComputeStep& s : orders[std::size_t(d)]) {
+      const bool forward_out = s.kind == OpKind::F && s.stage + 1 < t.layout.stage_count() && t.device_of(s.stage + 1) != d;
+      const bool backward_out = s.kind == OpKind::B && s.stage > 0 && t.device_of(s.stage - 1) != d;
+      if (!forward_out && !backward_out) continue;
+      const Payload payload = forward_out ? Payload::Activation : Payload::Gradient;
+      const TaskId send = t.builder.add(t.transfer(OpKind::Send, payload, s.stage, s.microbatch));
+      const TaskId recv = t.builder.add(t.transfer(OpKind::Recv, payload, s.stage, s.microbatch));
+      t.builder.pair(send, recv);
+      t.builder.depend(send, t.producer(payload, s.stage, s.microbatch));
+      t.receives(payload).at(forward_out ? s.stage + 1 : s.stage - 1, s.microbatch) = recv;
+    }
+}
+
+/// Transfers as a schedule file orders them on each rank, each issued after the compute op it
+/// follows there (a RECV posted late delays what waits for it, as it does in PyTorch's runtime).
+/// Pairs match by (stage, microbatch); the reader has checked that every SEND has its RECV.
+void file_transfers(const Transfers& t, const DeviceComms& comms) {
+  const int stages = t.layout.stage_count();
+  OpTable sent_forward(stages, t.forward.microbatches()), sent_backward(stages, t.forward.microbatches());
+  const auto compute = [&t](const ComputeStep& s) {
+    return (s.kind == OpKind::F ? t.forward : s.kind == OpKind::B ? t.backward : t.weight).at(s.stage, s.microbatch);
+  };
+  for (int d = 0; d < t.layout.devices; ++d)
+    for (const CommStep& c : comms[std::size_t(d)]) {
+      const bool send = c.kind == OpKind::Send;
+      // A RECV is named by the stage it feeds; the task by the stage that produced the data.
+      const int producer = send ? c.stage : c.payload == Payload::Activation ? c.stage - 1 : c.stage + 1;
+      const TaskId id = t.builder.add(t.transfer(c.kind, c.payload, producer, c.microbatch));
+      const TaskId after = c.after ? compute(*c.after) : kNoTask;
+      if (after != kNoTask) t.builder.depend(id, after);
+      if (!send) {
+        t.receives(c.payload).at(c.stage, c.microbatch) = id;
+        continue;
+      }
+      if (const TaskId data = t.producer(c.payload, c.stage, c.microbatch); data != after) t.builder.depend(id, data);
+      (c.payload == Payload::Activation ? sent_forward : sent_backward).at(c.stage, c.microbatch) = id;
+    }
+  for (int s = 0; s < stages; ++s)
+    for (int mb = 0; mb < t.forward.microbatches(); ++mb) {
+      if (const TaskId send = sent_forward.at(s, mb); send != kNoTask) t.builder.pair(send, t.activation_recv.at(s + 1, mb));
+      if (const TaskId send = sent_backward.at(s, mb); send != kNoTask) t.builder.pair(send, t.gradient_recv.at(s - 1, mb));
+    }
+}
+
 }  // namespace
 
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param) {
+                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
+                   const DeviceComms& comms) {
   const int stages = layout.stage_count();
   const auto device_of = [&](int stage) { return layout.stages[std::size_t(stage)].device; };
   bool split_weight = false;
@@ -58,28 +133,10 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
       if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
     }
 
-  // Transfers in each producer's program order. A channel's RECVs are issued in the order of its
-  // SENDs (receives have no dependencies, so posting them early costs nothing), which keeps every
-  // pair matched whatever order the consumer computes in. Remembered by the stage they feed.
   OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
-  for (int d = 0; d < layout.devices; ++d)
-    for (const ComputeStep& s : orders[std::size_t(d)]) {
-      const bool forward_out = s.kind == OpKind::F && s.stage + 1 < stages && device_of(s.stage + 1) != d;
-      const bool backward_out = s.kind == OpKind::B && s.stage > 0 && device_of(s.stage - 1) != d;
-      if (!forward_out && !backward_out) continue;
-      const int to = forward_out ? s.stage + 1 : s.stage - 1;
-      Task transfer{.kind = OpKind::Send, .payload = forward_out ? Payload::Activation : Payload::Gradient, .device = d,
-                    .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk, .microbatch = s.microbatch,
-                    .peer = device_of(to), .bytes = double(boundary_bytes)};
-      const TaskId send = builder.add(transfer);
-      transfer.kind = OpKind::Recv;
-      transfer.device = device_of(to);
-      transfer.peer = d;
-      const TaskId recv = builder.add(transfer);
-      builder.pair(send, recv);
-      builder.depend(send, (forward_out ? forward : backward).at(s.stage, s.microbatch));
-      (forward_out ? activation_recv : gradient_recv).at(to, s.microbatch) = recv;
-    }
+  const Transfers transfers{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary_bytes};
+  if (comms.empty()) derived_transfers(transfers, orders);
+  else file_transfers(transfers, comms);
 
   // Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B.
   // An op missing from the orders (a hand-written schedule file) gets no edges; validation names it.

@@ -128,7 +128,8 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   const ModelConfig& model = config.model;
   const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
                                                  config.precision.activation_bytes / config.parallel.tp);
-  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout), 0, vocab_delay(vocab->placement)};
+  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout),
+                          0, vocab_delay(vocab->placement, plan.layout.devices)};
   const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
   context.transfer_ns = costs->transfer(
@@ -138,15 +139,21 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   if (!generated.ok()) return generated.error();
   if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}': {}", config.schedule.name, s.error().message)};
-  // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
-  // where moving them keeps the orders executable.
-  DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);
-  if (!evaluate_orders(context, delayed).ok()) delayed = generated.value();
-  Result<DeviceOrders> orders = insert_vocab_passes(context, delayed, vocab->placement);
-  if (!orders.ok()) return orders.error();
+  Result<DeviceOrders> orders = generated;
+  if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
+    orders = interlaced_1f1b_orders(context);  // the lockstep program replaces 1F1B's order
+  } else {
+    // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
+    // where moving them keeps the orders executable.
+    DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);
+    if (!evaluate_orders(context, delayed).ok()) delayed = generated.value();
+    orders = insert_vocab_passes(context, delayed, vocab->placement);
+    if (!orders.ok()) return orders.error();
+  }
 
   plan.graph = assemble(plan.layout, orders.value(), context.work, vocab_work(config, plan.layout), m,
-                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes);
+                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes,
+                        custom ? custom->comms : DeviceComms{});
   if (Status s = validate(plan.graph, plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, s.error().message)};
   plan.static_bytes = static_memory_bytes(config, plan.layout);

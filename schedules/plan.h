@@ -1,6 +1,7 @@
 #pragma once
 /// From a config to a validated task graph: pick the schedule and vocabulary mode, lay out the
 /// model, generate the per-device orders, assemble and validate the graph.
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,12 +25,30 @@ struct VocabModeInfo {
 std::span<const VocabModeInfo> vocab_modes();
 std::vector<std::string> vocab_mode_names();
 
+/// One point-to-point transfer as a schedule file orders it on its rank: a SEND of stage `stage`'s
+/// output (Activation, to stage + 1) or input gradient (Gradient, to stage - 1), or the RECV of
+/// one into `stage`. It is issued after the compute op `after` of its rank (none: at the start).
+struct CommStep {
+  OpKind kind;  ///< Send or Recv
+  Payload payload;
+  int stage;
+  int microbatch;
+  std::optional<ComputeStep> after;
+};
+
+/// Per device, its transfers in program order; empty: assemble derives them from the orders.
+using DeviceComms = std::vector<std::vector<CommStep>>;
+
 /// A schedule given as per-device orders instead of a generator (e.g. loaded from a file).
 struct CustomSchedule {
   std::string name;  ///< reported as the schedule's name
   Placement placement = Placement::Loop;
   int chunks = 1;
   DeviceOrders orders;
+  /// The file's own communication order (PyTorch's compute_comms format), kept as written.
+  DeviceComms comms;
+  /// What the reader changed to make the file runnable, for the user to see.
+  std::vector<std::string> notes;
 };
 
 struct Plan {
@@ -49,7 +68,10 @@ Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = null
 /// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.
 /// `boundary_bytes` is the size of one activation (or its gradient) crossing a stage boundary.
 /// Vocabulary passes (S/T/IF/IB steps in `orders`) get the work in `vocab` and their collectives.
+/// With `comms` (complete: a SEND and a RECV for every boundary between devices), the transfers
+/// are issued in that order instead, each after the compute op it follows.
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param);
+                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
+                   const DeviceComms& comms = {});
 
 }  // namespace pipesim

@@ -1,6 +1,7 @@
 #include "v_block.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "greedy.h"
 #include "order_eval.h"
@@ -42,6 +43,37 @@ class Ring {
   TimeNs period_;
   std::vector<std::pair<TimeNs, TimeNs>> busy_;  ///< [begin, end) with 0 <= begin < period
 };
+
+/// `orders` with, on each device, the oldest pending W pulled in front of any forward that would
+/// take the device past `limit`: a W earlier in program order only frees memory sooner.
+DeviceOrders within_memory(const ScheduleContext& context, const DeviceOrders& orders, const std::vector<Bytes>& limit) {
+  DeviceOrders fitted(orders.size());
+  for (std::size_t d = 0; d < orders.size(); ++d) {
+    Bytes live = 0;
+    std::deque<ComputeStep> pending;  // W whose B has run, oldest first
+    std::vector<ComputeStep>& out = fitted[d];
+    const auto emit_weight = [&](const ComputeStep& w) {
+      out.push_back(w);
+      live -= context.work[std::size_t(w.stage)].weight_held_bytes;
+      std::erase_if(pending, [&](const ComputeStep& p) { return p.stage == w.stage && p.microbatch == w.microbatch; });
+    };
+    for (const ComputeStep& s : orders[d]) {
+      const StageWork& w = context.work[std::size_t(s.stage)];
+      if (s.kind == OpKind::W) {
+        const bool waiting = std::any_of(pending.begin(), pending.end(),
+                                         [&](const ComputeStep& p) { return p.stage == s.stage && p.microbatch == s.microbatch; });
+        if (waiting) emit_weight(s);
+        continue;
+      }
+      if (s.kind == OpKind::F)
+        while (live + w.activation_bytes > limit[d] && !pending.empty()) emit_weight(pending.front());
+      out.push_back(s);
+      if (s.kind == OpKind::F) live += w.activation_bytes;
+      if (s.kind == OpKind::B) live -= w.activation_bytes - w.weight_held_bytes, pending.push_back({OpKind::W, s.stage, s.microbatch});
+    }
+  }
+  return fitted;
+}
 
 }  // namespace
 
@@ -121,7 +153,8 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
   return orders;
 }
 
-Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing) {
+Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
+                                const VPattern* pattern) {
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);
   if (!bound.ok()) return bound.error();
@@ -133,6 +166,7 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   candidates.emplace_back(orders_from_block(context, v_block(unit_costs(context), spacing)));
   candidates.emplace_back(orders_from_block(context, v_block(context, spacing)));
   candidates.push_back(greedy_schedule(context, options));
+  if (pattern) candidates.emplace_back(within_memory(context, squeezed_v_orders(context, *pattern, limit), limit));
   for (Result<DeviceOrders>& candidate : candidates) {
     if (!candidate.ok()) continue;
     Result<OrderCost> cost = evaluate_orders(context, candidate.value());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "schedule.h"
+#include "v_squeeze.h"
 
 namespace pipesim {
 
@@ -44,6 +45,8 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
 /// activation depends on its order alone, not on the costs. Among the reference's orders, the block
 /// for `spacing` in unit slots and in the real costs, and the greedy scheduler with the same budget,
 /// the fastest within the bound wins (evaluate_orders): never worse than the reference.
-Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing);
+/// `pattern`, when given, adds one more candidate: that stable pattern squeezed within the bound.
+Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
+                                const VPattern* pattern = nullptr);
 
 }  // namespace pipesim

@@ -1,13 +1,17 @@
 #include "v_block.h"
+#include "v_squeeze.h"
 
 namespace pipesim {
 
 /// V-Half (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024): two chunks per device
 /// in V placement, B and W split, built from the paper's V-Half block -- about half of 1F1B's
 /// activation memory ((p + 2) / 2 microbatches of a 1F1B stage) and about half its bubble. The
-/// greedy scheduler under the same memory replaces the block where it runs faster (unequal F/B/W).
+/// reference generator's squeezed pattern and the greedy scheduler, under the same memory, replace
+/// the block where they run faster.
 Result<DeviceOrders> generate_v_half(const ScheduleContext& context) {
-  return v_schedule(context, paper_v_half_block(context.layout.devices), {.forward_down = 1, .backward_up = 1});
+  const VPattern pattern = v_half_pattern(context.layout.devices);
+  return v_schedule(context, paper_v_half_block(context.layout.devices), {.forward_down = 1, .backward_up = 1},
+                    &pattern);
 }
 
 }  // namespace pipesim

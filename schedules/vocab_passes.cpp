@@ -5,12 +5,12 @@
 
 namespace pipesim {
 
-int vocab_delay(VocabPlacement vocab) {
+int vocab_delay(VocabPlacement vocab, int devices) {
   switch (vocab) {
     case VocabPlacement::OnStages: return 0;
     case VocabPlacement::Vocab1: return 2;
-    case VocabPlacement::Vocab2:
-    case VocabPlacement::Interlaced: return 1;
+    case VocabPlacement::Vocab2: return 1;
+    case VocabPlacement::Interlaced: return std::max(1, devices / 2);
   }
   return 0;
 }

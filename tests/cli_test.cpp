@@ -375,7 +375,9 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
        tiny + ": costs.forward_ms (from --set): is 0 on every device; give the milliseconds it takes (> 0)\n"},
       {"simulate " + tiny + " --schedule-file " + d + "/cell.csv",
        d + "/cell.csv:1:1: '" + std::string(40, 'x') +
-           "... (1048576 bytes)' is not an action; write [stage][F|I|B|W][microbatch], e.g. 0F0\n"},
+           "... (1048576 bytes)' is not an action; write [stage][F|I|B|W][microbatch] (e.g. 0F0), "
+           "[stage][SEND_F|RECV_F|SEND_B|RECV_B][microbatch], [stage][UNSHARD|RESHARD|REDUCE_GRAD] or "
+           "([action];[action])OVERLAP_F_B\n"},
       {"simulate " + tiny + " --vocab redistribute --profile " + d + "/profile.json",
        d + "/profile.json: layers_per_stage: expected an array of layer counts (integers from 0 to 4096), as "
            "`pipesim run --profile` writes\n"},

@@ -1,10 +1,104 @@
 // PyTorch compute-only CSV: every generated schedule survives export and import unchanged, and bad
 // files are refused at the line and column.
+#include <fstream>
+#include <sstream>
+
 #include "helpers.h"
 #include "schedule_csv.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
+
+namespace {
+
+std::string fixture(const std::string& name) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  std::ifstream in(std::string(root ? root : ".") + "/tests/fixtures/torch-2.11/" + name);
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// F = 1, B = 2 (input gradient), W = 1 ms per device share, no transfer cost unless given.
+Config split_config(int p, int m, double p2p_ms = 0) {
+  Config c = parse_or_fail(explicit_json(p, m, 2, 1, 2), {fmt::format("costs.p2p_ms={}", p2p_ms)});
+  c.costs->weight_ms = {1};
+  return c;
+}
+
+TimeNs simulate_custom(const Config& c, const CustomSchedule& schedule, std::string* exported = nullptr) {
+  Result<Plan> plan = make_plan(c, &schedule);
+  if (!plan.ok()) FAIL(plan.error().message);
+  const auto durations = op_durations(*make_cost_model(plan.value().config, plan.value().layout), plan.value().graph);
+  Result<Timeline> timeline = simulate(plan.value().graph, durations);
+  if (!timeline.ok()) FAIL(timeline.error().message);
+  if (exported) *exported = schedule_csv(plan.value().graph);
+  return *std::max_element(timeline.value().end.begin(), timeline.value().end.end());
+}
+
+CustomSchedule parse_ok(const std::string& text, int p, int m) {
+  Result<CustomSchedule> s = parse_schedule_csv(text, "s.csv", p, m);
+  if (!s.ok()) FAIL(s.error().message);
+  return std::move(s).value();
+}
+
+}  // namespace
+
+TEST_CASE("every schedule file PyTorch 2.11 writes imports, simulates and survives a round trip") {
+  const std::string name = GENERATE("1f1b", "gpipe", "interleaved-1f1b", "zb-interleaved", "zb-v", "dualpipe-v");
+  CAPTURE(name);
+  const int p = 4, m = 8;
+  const Config c = split_config(p, m);
+  const CustomSchedule torch = parse_ok(fixture("torch-" + name + "-p4-m8.csv"), p, m);
+  std::string exported;
+  const TimeNs iteration = simulate_custom(c, torch, &exported);
+  CHECK(simulate_custom(c, parse_ok(exported, p, m)) == iteration);
+  // GPipe and 1F1B: (m + p - 1)(F + B + W) with a full backward; DualPipeV: pipesim's own generator
+  // writes PyTorch's order (an overlapped pair runs back to back in both).
+  if (name == "gpipe" || name == "1f1b") CHECK(iteration == (m + p - 1) * ns_from_ms(1 + 2 + 1));
+  if (name == "dualpipe-v") {
+    Config generated = c;
+    generated.schedule.name = "dualpipe-v";
+    CHECK(simulate_or_fail(generated).metrics.iteration_ns == iteration);
+  }
+  // pipesim's own schedule of the same name is never slower than PyTorch's.
+  if (name != "zb-interleaved") {
+    Config generated = c;
+    generated.schedule.name = name;
+    CHECK(simulate_or_fail(generated).metrics.iteration_ns <= iteration);
+  }
+}
+
+TEST_CASE("PyTorch's 1F1B file, whose last rank numbers forwards from 1, is read with a note") {
+  const CustomSchedule s = parse_ok(fixture("torch-1f1b-p4-m8.csv"), 4, 8);
+  REQUIRE(s.notes.size() == 1);
+  CHECK(s.notes[0] == "s.csv: stage 3 numbers its forwards 1 to 8 and its backwards 0 to 7, as PyTorch 2.11's "
+                      "Schedule1F1B writes its last rank; read as forwards 0 to 7");
+  CHECK(s.orders[3].front().kind == OpKind::F);
+  CHECK(s.orders[3].front().microbatch == 0);
+}
+
+TEST_CASE("the compute-only grammar: empty cells, REDUCE_GRAD, UNSHARD, RESHARD and OVERLAP_F_B") {
+  const CustomSchedule s = parse_ok("0UNSHARD,0F0,,0F1,(0F2;1I0)OVERLAP_F_B,1W0,0RESHARD,0REDUCE_GRAD\n", 1, 3);
+  // 0F2 and 1B0 overlapped, run back to back; the other cells name nothing pipesim runs per stage.
+  const std::vector<std::pair<OpKind, int>> expected = {{OpKind::F, 0}, {OpKind::F, 0}, {OpKind::F, 0},
+                                                        {OpKind::B, 1}, {OpKind::W, 1}};
+  REQUIRE(s.orders[0].size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    CHECK(s.orders[0][i].kind == expected[i].first);
+    CHECK(s.orders[0][i].stage == expected[i].second);
+  }
+  CHECK(s.comms.empty());
+}
+
+TEST_CASE("a full backward inside OVERLAP_F_B runs as I then W when the file splits backwards") {
+  const CustomSchedule s = parse_ok("0F0,0F1,(0F2;0B0)OVERLAP_F_B,0I1,0W1,0I2,0W2\n", 1, 3);
+  REQUIRE(s.orders[0].size() == 9);
+  CHECK(s.orders[0][3].kind == OpKind::B);
+  CHECK(s.orders[0][4].kind == OpKind::W);
+  CHECK(s.orders[0][4].microbatch == 0);
+}
 
 TEST_CASE("export then import gives the same graph and the same simulation") {
   const std::string schedule = GENERATE(from_range(schedule_names()));
@@ -38,7 +132,19 @@ TEST_CASE("a full backward B in a file with W is run as I then W") {
 TEST_CASE("bad schedule files are refused with the line and column") {
   using Case = std::tuple<std::string, int, int, std::string>;
   const Case c = GENERATE(values<Case>({
-      {"0F0,0F1\n1F0, 1X1\n", 2, 2, "s.csv:2:5: '1X1' is not an action; write [stage][F|I|B|W][microbatch], e.g. 0F0"},
+      {"0F0,0F1\n1F0, 1X1\n", 2, 2,
+       "s.csv:2:5: '1X1' is not an action; write [stage][F|I|B|W][microbatch] (e.g. 0F0), "
+       "[stage][SEND_F|RECV_F|SEND_B|RECV_B][microbatch], [stage][UNSHARD|RESHARD|REDUCE_GRAD] or "
+       "([action];[action])OVERLAP_F_B"},
+      {"0F0,(0F1;1B0\n", 1, 2,
+       "s.csv:1:5: '(0F1;1B0' is not an action; write [stage][F|I|B|W][microbatch] (e.g. 0F0), "
+       "[stage][SEND_F|RECV_F|SEND_B|RECV_B][microbatch], [stage][UNSHARD|RESHARD|REDUCE_GRAD] or "
+       "([action];[action])OVERLAP_F_B"},
+      {"0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0\n", 2, 1,
+       "s.csv: has no 1SEND_B0 (rank 1); a file with SEND/RECV actions needs every transfer between ranks, or none"},
+      {"0F0,0SEND_F0,0SEND_F0\n1F0\n", 2, 1, "s.csv:1:14: 0SEND_F0 appears twice"},
+      {"0F0,0SEND_B0\n1F0\n", 2, 1,
+       "s.csv:1:5: 0SEND_B0 crosses no rank boundary (stage -1 is on the same rank or does not exist)"},
       {"0F0\n", 2, 1, "s.csv: has 1 rows but parallel.pp is 2; write one row per rank"},
       {"0F0,0B0\n1F0,1B0\n", 2, 2,
        "s.csv: schedules 1 microbatches but parallel.microbatches is 2; use --set parallel.microbatches=1"},
@@ -81,4 +187,34 @@ TEST_CASE("a file with a missing or a repeated op is refused before anything ind
   Result<Plan> plan = make_plan(c, &s.value());
   REQUIRE_FALSE(plan.ok());
   CHECK(plan.error().message == k.second);
+}
+
+TEST_CASE("the compute_comms format keeps the file's communication order") {
+  // Rank 0 sends microbatch 1's activation before microbatch 0's, and posts each gradient RECV
+  // after its previous compute, as PyTorch's runtime issues them. With F = 1, a full backward of
+  // 3 and 0.5 ms per transfer: 0F0 0F1 end at 2; SEND_F1 [2, 2.5], SEND_F0 [2.5, 3]; rank 1 runs
+  // 1F0 1F1 1B0 over [3, 8], SEND_B0 [8, 8.5], 1B1 [8, 11], SEND_B1 [11, 11.5]; rank 0 receives
+  // B0 [8, 8.5], runs 0B0 [8.5, 11.5], posts RECV_B1 only then [11.5, 12] and 0B1 ends at 15.
+  // Derived from the compute order instead, the sends follow the forwards: 13 ms.
+  const Config c = parse_or_fail(explicit_json(2, 2, 1, 1, 3), {"costs.p2p_ms=0.5"});
+  const CustomSchedule file = parse_ok(
+      "0F0,0F1,0SEND_F1,0SEND_F0,0RECV_B0,0B0,0RECV_B1,0B1\n"
+      "1RECV_F1,1RECV_F0,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n",
+      2, 2);
+  CHECK(simulate_custom(c, file) == ns_from_ms(15));
+  CHECK(simulate_custom(c, parse_ok("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n", 2, 2)) == ns_from_ms(13));
+}
+
+TEST_CASE("a compute_comms file whose channel orders disagree is refused, naming the pair") {
+  const Config c = parse_or_fail(explicit_json(2, 2, 1, 1, 3));
+  const CustomSchedule file = parse_ok(
+      "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+      "1RECV_F1,1F1,1RECV_F0,1F0,1B0,1SEND_B0,1B1,1SEND_B1\n",
+      2, 2);
+  Result<Plan> plan = make_plan(c, &file);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.error().message ==
+        "schedule 'file:s.csv' produced an invalid graph: p2p order mismatch between device 0 and device 1: SEND "
+        "number 1 on device 0 is SEND(d0->d1,act,s0,m0), but RECV number 1 on device 1 is RECV(d1<-d0,act,s0,m1); "
+        "sends and receives between a pair must be issued in the same order");
 }

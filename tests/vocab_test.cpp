@@ -96,7 +96,8 @@ TEST_CASE("the barriers overlap compute in vocab-1 and vocab-2, and are fully ex
   }
 }
 
-TEST_CASE("the extra in-flight activations come out of the schedule: 1F1B p, Vocab-1 p + 2, Vocab-2 p + 1") {
+TEST_CASE("the extra in-flight activations come out of the schedule: 1F1B p, Vocab-1 p + 2, Vocab-2 p + 1, "
+          "interlaced floor(1.5p)") {
   const int p = GENERATE(2, 4, 6, 8);
   const int m = 4 * p;
   CAPTURE(p);
@@ -106,6 +107,9 @@ TEST_CASE("the extra in-flight activations come out of the schedule: 1F1B p, Voc
   CHECK(first_device_peak("baseline") == p * kActivation);
   CHECK(first_device_peak("vocab-1") == (p + 2) * kActivation);
   CHECK(first_device_peak("vocab-2") == (p + 1) * kActivation);
+  // Interlaced runs floor(1.5p) - i forwards before device i's first backward, as its reference
+  // implementation does.
+  CHECK(first_device_peak("interlaced") == (p + p / 2) * kActivation);
 }
 
 TEST_CASE("a vocabulary that does not split evenly is padded, and the padding is reported") {

@@ -49,6 +49,7 @@ Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path
   if (!text.ok()) return text.error();
   Result<CustomSchedule> parsed = parse_schedule_csv(text.value(), path, config.parallel.pp, config.parallel.microbatches);
   if (!parsed.ok()) return parsed.error();
+  for (const std::string& note : parsed.value().notes) fmt::print(stderr, "pipesim: note: {}\n", note);
   return std::optional<CustomSchedule>(std::move(parsed).value());
 }
 

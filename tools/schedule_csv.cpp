@@ -1,46 +1,74 @@
 #include "schedule_csv.h"
 
+#include "schedule_csv_cells.h"
+#include "sizes.h"
+#include "spellcheck.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <optional>
-
-#include "sizes.h"
-#include "spellcheck.h"
+#include <tuple>
 
 namespace pipesim {
 namespace {
 
-struct Action {
-  int stage;
-  char kind;  ///< F, I, B or W
-  int microbatch;
+struct Located {
+  CsvAction action;
+  std::string where;  ///< file:line:column
 };
+using Rows = std::vector<std::vector<Located>>;
 
-/// `{digits}{F|I|B|W}{digits}`, nothing else.
-std::optional<Action> parse_action(std::string_view cell) {
-  std::size_t i = 0;
-  const auto number = [&](int& out) {
-    const std::size_t start = i;
-    long value = 0;
-    while (i < cell.size() && std::isdigit(static_cast<unsigned char>(cell[i])) && value < 1'000'000'000)
-      value = value * 10 + (cell[i++] - '0');
-    out = int(value);
-    return i > start && i - start < 10;
-  };
-  Action a{};
-  if (!number(a.stage) || i >= cell.size()) return std::nullopt;
-  a.kind = cell[i++];
-  if (a.kind != 'F' && a.kind != 'I' && a.kind != 'B' && a.kind != 'W') return std::nullopt;
-  if (!number(a.microbatch) || i != cell.size()) return std::nullopt;
-  return a;
+Result<Rows> read_rows(std::string_view text, const std::string& source) {
+  Rows rows;
+  std::size_t line_start = 0;
+  for (int line = 1; line_start < text.size(); ++line) {
+    std::size_t line_end = text.find('\n', line_start);
+    if (line_end == std::string_view::npos) line_end = text.size();
+    const std::string_view row = text.substr(line_start, line_end - line_start);
+    auto& actions = rows.emplace_back();
+    for (std::size_t cell_start = 0; cell_start <= row.size();) {
+      std::size_t cell_end = row.find(',', cell_start);
+      if (cell_end == std::string_view::npos) cell_end = row.size();
+      const std::string_view cell = row.substr(cell_start, cell_end - cell_start);
+      const std::string where = fmt::format("{}:{}:{}", source, line, cell_start + 1);
+      const std::optional<std::vector<CsvAction>> parsed = parse_csv_cell(cell);
+      if (!parsed)
+        return Error{fmt::format("{}: '{}' is not an action; {}", where, abbreviate(trim_csv_cell(cell)), kCsvGrammar)};
+      for (const CsvAction& a : *parsed) actions.push_back({a, where});
+      cell_start = cell_end + 1;
+    }
+    line_start = line_end + 1;
+  }
+  while (!rows.empty() && rows.back().empty()) rows.pop_back();  // trailing newlines
+  return rows;
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
+/// PyTorch 2.11's Schedule1F1B numbers its last rank's forwards 1 to m (its backwards 0 to m - 1):
+/// a stage whose forwards are exactly 1..m while its backwards are 0..m-1 is read as 0..m-1.
+std::vector<std::string> renumber_shifted_forwards(Rows& rows, const std::string& source, int stages, int m) {
+  std::vector<std::string> notes;
+  for (int s = 0; s < stages; ++s) {
+    std::vector<int> forwards, backwards;
+    for (const auto& row : rows)
+      for (const auto& [a, where] : row)
+        if (a.stage == s && a.compute()) (a.type == "F" ? forwards : backwards).push_back(a.microbatch);
+    std::sort(forwards.begin(), forwards.end());
+    std::sort(backwards.begin(), backwards.end());
+    backwards.erase(std::unique(backwards.begin(), backwards.end()), backwards.end());
+    bool shifted = int(forwards.size()) == m && int(backwards.size()) == m;
+    for (int x = 0; shifted && x < m; ++x) shifted = forwards[std::size_t(x)] == x + 1 && backwards[std::size_t(x)] == x;
+    if (!shifted) continue;
+    for (auto& row : rows)
+      for (auto& [a, where] : row)
+        if (a.stage == s && a.type == "F") --a.microbatch;
+    notes.push_back(fmt::format("{}: stage {} numbers its forwards 1 to {} and its backwards 0 to {}, as PyTorch 2.11's "
+                                "Schedule1F1B writes its last rank; read as forwards 0 to {}",
+                                source, s, m, m - 1, m - 1));
+  }
+  return notes;
 }
 
 /// Loop placement puts stage s on rank s mod p; V placement (2 chunks) folds the second half back.
@@ -58,88 +86,12 @@ std::optional<Placement> placement_of(const std::vector<int>& rank_of_stage, int
   return std::nullopt;
 }
 
-/// Where an action is in the file, printed as source:line:column.
-struct Place {
-  std::string_view source;
-  int line;
-  std::size_t column;
-};
-
-}  // namespace
-}  // namespace pipesim
-
-template <>
-struct fmt::formatter<pipesim::Place> : fmt::formatter<std::string_view> {
-  auto format(const pipesim::Place& p, format_context& ctx) const {
-    return fmt::format_to(ctx.out(), "{}:{}:{}", p.source, p.line, p.column);
-  }
-};
-
-namespace pipesim {
-
-Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::string& source, int devices,
-                                          int microbatches) {
-  // Each action with its line and column: a string per action would multiply a big file's memory.
-  std::vector<std::vector<std::pair<Action, Place>>> rows;
-  std::size_t line_start = 0;
-  for (int line = 1; line_start < text.size(); ++line) {
-    std::size_t line_end = text.find('\n', line_start);
-    if (line_end == std::string_view::npos) line_end = text.size();
-    const std::string_view row = text.substr(line_start, line_end - line_start);
-    auto& actions = rows.emplace_back();
-    for (std::size_t cell_start = 0; cell_start <= row.size();) {
-      std::size_t cell_end = row.find(',', cell_start);
-      if (cell_end == std::string_view::npos) cell_end = row.size();
-      const std::string_view cell = trim(row.substr(cell_start, cell_end - cell_start));
-      const Place where{source, line, cell_start + 1};
-      if (!cell.empty()) {
-        const std::optional<Action> action = parse_action(cell);
-        if (!action)
-          return Error{fmt::format("{}: '{}' is not an action; write [stage][F|I|B|W][microbatch], e.g. 0F0", where,
-                                   abbreviate(cell))};
-        // Each stage runs F, B (or I) and W once per microbatch: more than that cannot be a schedule,
-        // and is refused before a huge file's actions fill memory.
-        if (actions.size() >= std::size_t(3) * std::size_t(microbatches) * std::size_t(limits::kLayers))
-          return Error{fmt::format("{}: too many actions in one row; each stage runs F, B (or I) and W once per "
-                                   "microbatch",
-                                   where)};
-        actions.emplace_back(*action, where);
-      }
-      cell_start = cell_end + 1;
-    }
-    line_start = line_end + 1;
-    if (int(rows.size()) > devices) {  // only trailing empty lines may follow the last rank's row
-      if (!rows.back().empty())
-        return Error{fmt::format("{}: has more than {} rows but parallel.pp is {}; write one row per rank", source,
-                                 devices, devices)};
-      rows.pop_back();
-    }
-  }
-  while (!rows.empty() && rows.back().empty()) rows.pop_back();  // trailing newlines
-  if (int(rows.size()) != devices)
-    return Error{fmt::format("{}: has {} rows but parallel.pp is {}; write one row per rank", source, rows.size(),
-                             devices)};
-
-  int stages = 0, file_microbatches = 0;
-  bool split_weight = false;
-  for (const auto& row : rows)
-    for (const auto& [a, where] : row) {
-      stages = std::max(stages, a.stage + 1);
-      file_microbatches = std::max(file_microbatches, a.microbatch + 1);
-      split_weight |= a.kind == 'W' || a.kind == 'I';
-    }
-  // Before rank_of_stage is sized by it: "999999999F0" would ask for gigabytes.
-  if (stages > limits::kLayers)
-    return Error{fmt::format("{}: uses {} stages; pipesim's limit is {} (one layer or more each)", source, stages,
-                             limits::kLayers)};
+Result<Placement> check_stages(const Rows& rows, const std::string& source, int devices, int stages,
+                               std::vector<int>& rank_of_stage) {
   if (stages % devices != 0)
     return Error{fmt::format("{}: uses {} stages, not a multiple of the {} ranks; every rank needs as many chunks",
                              source, stages, devices)};
-  if (file_microbatches != microbatches)
-    return Error{fmt::format("{}: schedules {} microbatches but parallel.microbatches is {}; use --set "
-                             "parallel.microbatches={}",
-                             source, file_microbatches, microbatches, file_microbatches)};
-  std::vector<int> rank_of_stage(std::size_t(stages), -1);
+  rank_of_stage.assign(std::size_t(stages), -1);
   for (int d = 0; d < devices; ++d)
     for (const auto& [a, where] : rows[std::size_t(d)]) {
       int& rank = rank_of_stage[std::size_t(a.stage)];
@@ -155,15 +107,94 @@ Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::stri
     return Error{fmt::format("{}: the stages are neither in loop placement (stage s on rank s mod {}) nor in V "
                              "placement (2 chunks, stage 2p-1-i on rank i)",
                              source, devices)};
+  return *placement;
+}
 
-  CustomSchedule schedule{"file:" + source, *placement, stages / devices, DeviceOrders(std::size_t(devices))};
+/// A file with SEND/RECV actions (PyTorch's compute_comms format) must name each transfer between
+/// ranks once on each side, and no other: pipesim keeps its order rather than deriving one.
+Status check_transfers(const Rows& rows, const std::vector<int>& rank_of_stage, const std::string& source, int m) {
+  const int stages = int(rank_of_stage.size());
+  std::map<std::tuple<std::string_view, int, int>, int> seen;  // (type, stage, microbatch) -> count
+  for (const auto& row : rows)
+    for (const auto& [a, where] : row) {
+      if (!a.transfer()) continue;
+      const int peer = a.type == "SEND_F" || a.type == "RECV_B" ? a.stage + 1 : a.stage - 1;
+      if (peer < 0 || peer >= stages || rank_of_stage[std::size_t(peer)] == rank_of_stage[std::size_t(a.stage)])
+        return Error{fmt::format("{}: {}{}{} crosses no rank boundary (stage {} is on the same rank or does not exist)",
+                                 where, a.stage, a.type, a.microbatch, peer)};
+      if (++seen[{a.type, a.stage, a.microbatch}] > 1)
+        return Error{fmt::format("{}: {}{}{} appears twice", where, a.stage, a.type, a.microbatch)};
+    }
+  if (seen.empty()) return Status::Ok();
+  const auto need = [&](std::string_view type, int stage, int mb) -> Status {
+    if (seen.count({type, stage, mb})) return Status::Ok();
+    return Error{fmt::format("{}: has no {}{}{} (rank {}); a file with SEND/RECV actions needs every transfer between "
+                             "ranks, or none",
+                             source, stage, type, mb, rank_of_stage[std::size_t(stage)])};
+  };
+  for (int s = 0; s + 1 < stages; ++s)
+    for (int mb = 0; mb < m && rank_of_stage[std::size_t(s)] != rank_of_stage[std::size_t(s + 1)]; ++mb)
+      for (const Status& st : {need("SEND_F", s, mb), need("RECV_F", s + 1, mb), need("SEND_B", s + 1, mb),
+                               need("RECV_B", s, mb)})
+        if (!st.ok()) return st;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::string& source, int devices,
+                                          int microbatches) {
+  Result<Rows> read = read_rows(text, source);
+  if (!read.ok()) return read.error();
+  Rows& rows = read.value();
+  if (int(rows.size()) != devices)
+    return Error{fmt::format("{}: has {} rows but parallel.pp is {}; write one row per rank", source, rows.size(),
+                             devices)};
+  int stages = 0;
+  for (const auto& row : rows)
+    for (const auto& [a, where] : row) stages = std::max(stages, a.stage + 1);
+  // Before anything is sized by it: "999999999F0" would ask for gigabytes.
+  if (stages > limits::kLayers)
+    return Error{fmt::format("{}: uses {} stages; pipesim's limit is {} (one layer or more each)", source, stages,
+                             limits::kLayers)};
+  std::vector<std::string> notes = renumber_shifted_forwards(rows, source, stages, microbatches);
+
+  int file_microbatches = 0;
+  bool split_weight = false;
+  for (const auto& row : rows)
+    for (const auto& [a, where] : row) {
+      file_microbatches = std::max(file_microbatches, a.microbatch + 1);
+      split_weight |= a.type == "W" || a.type == "I";
+    }
+  if (file_microbatches != microbatches)
+    return Error{fmt::format("{}: schedules {} microbatches but parallel.microbatches is {}; use --set "
+                             "parallel.microbatches={}",
+                             source, file_microbatches, microbatches, file_microbatches)};
+  std::vector<int> rank_of_stage;
+  Result<Placement> placement = check_stages(rows, source, devices, stages, rank_of_stage);
+  if (!placement.ok()) return placement.error();
+  if (Status s = check_transfers(rows, rank_of_stage, source, microbatches); !s.ok()) return s.error();
+
+  CustomSchedule schedule{"file:" + source, placement.value(), stages / devices, DeviceOrders(std::size_t(devices)),
+                          DeviceComms(std::size_t(devices)), std::move(notes)};
   for (int d = 0; d < devices; ++d)
     for (const auto& [a, where] : rows[std::size_t(d)]) {
       auto& order = schedule.orders[std::size_t(d)];
-      const OpKind kind = a.kind == 'F' ? OpKind::F : a.kind == 'W' ? OpKind::W : OpKind::B;
+      if (a.transfer()) {
+        const std::optional<ComputeStep> after = order.empty() ? std::nullopt : std::optional(order.back());
+        const Payload payload = a.type.ends_with('F') ? Payload::Activation : Payload::Gradient;
+        schedule.comms[std::size_t(d)].push_back(
+            {a.type.starts_with("SEND") ? OpKind::Send : OpKind::Recv, payload, a.stage, a.microbatch, after});
+        continue;
+      }
+      if (!a.compute()) continue;  // UNSHARD, RESHARD, REDUCE_GRAD: nothing pipesim models per stage
+      const OpKind kind = a.type == "F" ? OpKind::F : a.type == "W" ? OpKind::W : OpKind::B;
       order.push_back({kind, a.stage, a.microbatch});
-      if (a.kind == 'B' && split_weight) order.push_back({OpKind::W, a.stage, a.microbatch});  // a full backward
+      if (a.type == "B" && split_weight) order.push_back({OpKind::W, a.stage, a.microbatch});  // a full backward
     }
+  bool has_transfers = false;
+  for (const auto& comms : schedule.comms) has_transfers |= !comms.empty();
+  if (!has_transfers) schedule.comms.clear();  // compute only: assemble derives the transfers
   return schedule;
 }
 

@@ -51,6 +51,8 @@ class Backend : public Allocator {
   virtual void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) = 0;
   /// Returns once every op issued so far has completed: the executor's time stamps then bound it.
   virtual void synchronize() = 0;
+  /// The calling thread is done with this backend (it is about to end): per-thread state can go.
+  virtual void release_thread() {}
   /// This step's tokens and targets, by microbatch.
   virtual void set_batches(std::span<const Batch> batches) = 0;
 

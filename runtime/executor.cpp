@@ -181,6 +181,7 @@ void RankExecutor::run_compute_stream(const std::stop_token& stop) {
       complete(id);
       ++computed_;
     }
+    backend_->release_thread();
   } catch (...) {
     compute_error_ = std::current_exception();
     compute_failed_ = true;

@@ -4,7 +4,8 @@
 // Streams: every host thread that calls the backend gets a stream of its own (the rank's compute
 // thread and its communication thread), created in the rank's share of the GPU's SMs. Every op ends
 // with synchronize(), so when the executor marks an op done its results exist and any thread may use
-// them; memory comes from the stream-ordered pool and is ready when allocate() returns.
+// them. Memory comes from the stream-ordered pool: ops take it without waiting; allocate(), which
+// the executor calls from either thread, returns it ready.
 #include "cuda/cuda_backend.h"
 
 #include <fmt/format.h>
@@ -66,19 +67,28 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     for (auto& [id, context] : contexts_) static_cast<void>(cudaStreamDestroy(context.stream));
+    for (ThreadContext& context : spare_) static_cast<void>(cudaStreamDestroy(context.stream));
   }
 
   std::string_view name() const override { return "cuda"; }
 
+  /// A thread that ends (the executor starts a compute thread per step) leaves its stream and GEMM
+  /// handle, with its cached plans, for the next thread instead of leaking them.
+  void release_thread() override {
+    std::lock_guard lock(contexts_mutex_);
+    const auto it = contexts_.find(std::this_thread::get_id());
+    if (it == contexts_.end()) return;
+    CUDA_CHECK(cudaStreamSynchronize(it->second.stream));
+    spare_.push_back(std::move(it->second));
+    contexts_.erase(it);
+  }
+
   // ---- memory ----
+  /// Ready for any thread when it returns (the executor hands these between threads).
   Tensor allocate(std::size_t count, DType dtype) override {
-    const std::size_t bytes = count * size_of(dtype);
-    void* data = nullptr;
-    const cudaStream_t s = stream();
-    CUDA_CHECK(cudaMallocAsync(&data, std::max<std::size_t>(bytes, 1), s));
-    if (bytes) CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    return Tensor(data, count, dtype, this);
+    Tensor t = scratch(count, dtype);
+    synchronize();
+    return t;
   }
   void free(void* data, std::size_t) noexcept override {
     try {
@@ -172,11 +182,11 @@ class CudaBackend final : public Backend {
   double head_forward(StageActivations& base, int mb, float scale) override {
     CudaActivations& cache = gpu_cache(base);
     const int vocab = shape_.vocab;
-    Tensor logits = allocate(std::size_t(n_) * std::size_t(vocab), DType::F32);
+    Tensor logits = scratch(std::size_t(n_) * std::size_t(vocab), DType::F32);
     matmul_bt(gemm(), cache.normed.data(), model_.head.compute(dtype()), logits.data(), n_, h_, vocab,
               {dtype(), DType::F32}, true, stream());
-    cache.dlogits = allocate(logits.count(), dtype());
-    Tensor loss = allocate(1, DType::F64);
+    cache.dlogits = scratch(logits.count(), dtype());
+    Tensor loss = scratch(1, DType::F64);
     cross_entropy(f32(logits), targets(mb), cache.dlogits.data(), static_cast<double*>(loss.data()), n_, vocab, dtype(),
                   stream());
     cuda::scale(cache.dlogits.data(), scale, cache.dlogits.count(), dtype(), stream());
@@ -197,13 +207,13 @@ class CudaBackend final : public Backend {
   OutputShard output_forward(int mb, const Tensor& x, bool algorithm2) override {
     const std::size_t n = std::size_t(n_);
     const Shard sh = shard();
-    OutputShard out{.logits = allocate(n * std::size_t(sh.rows), DType::F32), .local = allocate(3 * n, DType::F32),
+    OutputShard out{.logits = scratch(n * std::size_t(sh.rows), DType::F32), .local = scratch(3 * n, DType::F32),
                     .terms = {}};
     float* local = f32(out.local);
     output_logits(gemm(), x.data(), model_.head.compute(dtype()), targets(mb), sh.first, sh.rows, n_, h_,
                   f32(out.logits), local, local + n, local + 2 * n, dtype(), stream());
     if (algorithm2) {
-      out.terms = allocate(2 * activation_size(), dtype());
+      out.terms = scratch(2 * activation_size(), dtype());
       output_input_grad_terms(gemm(), f32(out.logits), local, local + n, model_.head.compute(dtype()), targets(mb),
                               sh.first, sh.rows, n_, h_, out.terms.data(), element(out.terms, activation_size()),
                               dtype(), stream());
@@ -212,14 +222,14 @@ class CudaBackend final : public Backend {
   }
   Tensor softmax_sums(const Tensor& local, const Tensor& global_max) override {
     const std::size_t n = std::size_t(n_);
-    Tensor sums = allocate(2 * n, DType::F32);
+    Tensor sums = scratch(2 * n, DType::F32);
     const float* l = f32(local);
     rescale_sum_exp(l, l + n, f32(global_max), f32(sums), n_, stream());
     CUDA_CHECK(cudaMemcpyAsync(f32(sums) + n, l + 2 * n, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
     return sums;
   }
   double loss_sum(const Tensor& global_max, const Tensor& sums) override {
-    Tensor total = allocate(1, DType::F64);
+    Tensor total = scratch(1, DType::F64);
     cuda::loss_sum(f32(global_max), f32(sums), f32(sums) + n_, n_, static_cast<double*>(total.data()), stream());
     return download_scalar(total);
   }
@@ -230,7 +240,6 @@ class CudaBackend final : public Backend {
     rescale_sum_exp(l, l + n_, f32(global_max), f32(scaled), n_, stream());
     cuda::input_grad_share(f32(scaled), f32(sums), terms.data(), element(terms, activation_size()), g, n_, h_, dx.data(),
                            dtype(), stream());
-    synchronize();  // `scaled` is freed on return
     return dx;
   }
   Tensor output_backward(int mb, const Tensor& logits, const Tensor& stats, const Tensor& x, float g,
@@ -263,7 +272,12 @@ class CudaBackend final : public Backend {
     auto [it, added] = contexts_.try_emplace(std::this_thread::get_id());
     if (added) {
       CUDA_CHECK(cudaSetDevice(options_.device));
-      it->second.stream = share_.make_stream();
+      if (spare_.empty()) {
+        it->second.stream = share_.make_stream();
+      } else {
+        it->second = std::move(spare_.back());
+        spare_.pop_back();
+      }
     }
     return it->second;
   }
@@ -281,7 +295,7 @@ class CudaBackend final : public Backend {
 
   // y = x·W + b, keeping x (the layer's cache holds it) and returning y.
   Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out) {
-    Tensor y = allocate(std::size_t(n_) * std::size_t(out), dtype());
+    Tensor y = scratch(std::size_t(n_) * std::size_t(out), dtype());
     matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
     bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
     return y;
@@ -295,7 +309,7 @@ class CudaBackend final : public Backend {
   void linear_backward(const Tensor& x, DeviceParam& w, DeviceParam& b, const Tensor& dy, Tensor& dx, int in, int out,
                        Tensor* keep) {
     if (keep) {
-      *keep = allocate(dy.count(), dy.dtype());
+      *keep = scratch(dy.count(), dy.dtype());
       copy(dy, 0, *keep, 0, dy.count());
     } else {
       linear_weight_grad(x, dy, w, b, in, out);
@@ -311,7 +325,7 @@ class CudaBackend final : public Backend {
                       f32(c.rstd1), n_, h_, dtype(), stream());
     c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
     c.attention = activation();
-    c.lse = allocate(std::size_t(shape_.batch) * std::size_t(shape_.heads) * std::size_t(shape_.seq), DType::F32);
+    c.lse = scratch(std::size_t(shape_.batch) * std::size_t(shape_.heads) * std::size_t(shape_.seq), DType::F32);
     attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, shape_.heads, dtype(),
                       stream());
     c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_);
@@ -320,7 +334,7 @@ class CudaBackend final : public Backend {
     layernorm_forward(c.middle.data(), w.ln2_gain.weight.get(), w.ln2_bias.weight.get(), c.ln2.data(), f32(c.mean2),
                       f32(c.rstd2), n_, h_, dtype(), stream());
     c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, f);
-    c.gelu = allocate(c.fc1.count(), dtype());
+    c.gelu = scratch(c.fc1.count(), dtype());
     gelu_forward(c.fc1.data(), c.gelu.data(), c.fc1.count(), dtype(), stream());
     x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_);
     add(x.data(), c.middle.data(), x.data(), x.count(), dtype(), stream());  // residual
@@ -329,7 +343,7 @@ class CudaBackend final : public Backend {
   void layer_backward(DeviceLayer& w, const CudaActivations::Layer& c, Tensor& dy, CudaActivations::Deferred* keep) {
     const int f = shape_.ffn;
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    Tensor dgelu = allocate(nf, dtype()), dfc1 = allocate(nf, dtype());
+    Tensor dgelu = scratch(nf, dtype()), dfc1 = scratch(nf, dtype());
     linear_backward(c.gelu, w.fc2_weight, w.fc2_bias, dy, dgelu, f, h_, keep ? &keep->fc2_dy : nullptr);
     gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
     Tensor dln2 = activation();
@@ -338,7 +352,7 @@ class CudaBackend final : public Backend {
     copy(dy, 0, dmiddle, 0, dy.count());
     layernorm_backward(c.middle.data(), w.ln2_gain.weight.get(), f32(c.mean2), f32(c.rstd2), dln2.data(), dmiddle.data(),
                        w.ln2_gain.grad.get(), w.ln2_bias.grad.get(), n_, h_, dtype(), stream());
-    Tensor dattention = activation(), dqkv = allocate(3 * activation_size(), dtype());
+    Tensor dattention = activation(), dqkv = scratch(3 * activation_size(), dtype());
     linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, keep ? &keep->proj_dy : nullptr);
     attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
                        shape_.seq, h_, shape_.heads, dtype(), stream());
@@ -347,14 +361,23 @@ class CudaBackend final : public Backend {
     // dx: through the first residual, plus the first LayerNorm's backward.
     layernorm_backward(c.input.data(), w.ln1_gain.weight.get(), f32(c.mean1), f32(c.rstd1), dln1.data(), dmiddle.data(),
                        w.ln1_gain.grad.get(), w.ln1_bias.grad.get(), n_, h_, dtype(), stream());
-    synchronize();  // the temporaries are freed on return
     dy = std::move(dmiddle);
   }
 
+  /// Zeros on this thread's stream, ordered before whatever it launches next: enough inside an op,
+  /// which ends with a synchronisation before any other thread sees its tensors.
+  Tensor scratch(std::size_t count, DType dtype) {
+    const std::size_t bytes = count * size_of(dtype);
+    void* data = nullptr;
+    const cudaStream_t s = stream();
+    CUDA_CHECK(cudaMallocAsync(&data, std::max<std::size_t>(bytes, 1), s));
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, s));
+    return Tensor(data, count, dtype, this);
+  }
   DType dtype() const { return options_.dtype; }
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
-  Tensor activation() { return allocate(activation_size(), dtype()); }
-  Tensor stats() { return allocate(std::size_t(n_), DType::F32); }
+  Tensor activation() { return scratch(activation_size(), dtype()); }
+  Tensor stats() { return scratch(std::size_t(n_), DType::F32); }
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data()); }
   const int* tokens(int mb) const { return tokens_.get() + std::size_t(mb) * std::size_t(n_); }
   const int* targets(int mb) const { return targets_.get() + std::size_t(mb) * std::size_t(n_); }
@@ -381,6 +404,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<int> tokens_, targets_;  ///< this step's, microbatch after microbatch
   std::mutex contexts_mutex_;
   std::unordered_map<std::thread::id, ThreadContext> contexts_;
+  std::vector<ThreadContext> spare_;  ///< left by threads that ended
 };
 
 }  // namespace

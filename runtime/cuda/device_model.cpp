@@ -1,17 +1,21 @@
 #include "cuda/device_model.h"
 
+#include <algorithm>
+
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 
 namespace pipesim::runtime::cuda {
 namespace {
 
-DeviceParam upload(const std::vector<float>& weight, DType dtype) {
+/// `gemm_operand`: the weights a GEMM reads, which bf16 runs keep a bf16 copy of; the others
+/// (LayerNorm parameters, biases, the embedding table) are read as fp32.
+DeviceParam upload(const std::vector<float>& weight, DType dtype, bool gemm_operand) {
   DeviceParam p;
   p.weight = DeviceBuffer<float>(std::span<const float>(weight));
   p.grad = DeviceBuffer<float>(weight.size());
   if (p.count() > 0) CUDA_CHECK(cudaMemset(p.grad.get(), 0, p.grad.bytes()));
-  if (dtype == DType::BF16) {
+  if (dtype == DType::BF16 && gemm_operand) {
     p.weight_bf16 = DeviceBuffer<std::uint16_t>(weight.size());
     if (p.count() > 0) {
       convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), nullptr);
@@ -27,15 +31,17 @@ void download(const DeviceBuffer<float>& from, std::vector<float>& to) {
 
 }  // namespace
 
-DeviceModel::DeviceModel(const RankModel& host, DType dtype) : dtype_(dtype) {
+DeviceModel::DeviceModel(const RankModel& host, DType dtype) {
   for (const auto& [index, layer] : host.params.layers) {
     DeviceLayer& d = layers[index];
     const auto from = layer.tensors();
     const auto to = d.params();
-    for (std::size_t t = 0; t < to.size(); ++t) *to[t] = upload(*from[t], dtype);
+    const DeviceParam* gemm_weights[] = {&d.qkv_weight, &d.proj_weight, &d.fc1_weight, &d.fc2_weight};
+    for (std::size_t t = 0; t < to.size(); ++t)
+      *to[t] = upload(*from[t], dtype, std::find(std::begin(gemm_weights), std::end(gemm_weights), to[t]) != std::end(gemm_weights));
   }
-  embedding = upload(host.params.embedding, dtype), head = upload(host.params.head, dtype);
-  final_gain = upload(host.params.final_gain, dtype), final_bias = upload(host.params.final_bias, dtype);
+  embedding = upload(host.params.embedding, dtype, false), head = upload(host.params.head, dtype, true);
+  final_gain = upload(host.params.final_gain, dtype, false), final_bias = upload(host.params.final_bias, dtype, false);
 }
 
 template <class F>
@@ -49,7 +55,7 @@ void DeviceModel::sgd_step(float learning_rate, cudaStream_t stream) {
   for_each([&](DeviceParam& p) {
     if (p.count() == 0) return;
     cuda::sgd_step(p.weight.get(), p.grad.get(), p.count(), learning_rate, stream);
-    if (dtype_ == DType::BF16) convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), stream);
+    if (p.weight_bf16.size() > 0) convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), stream);
   });
 }
 
@@ -71,7 +77,10 @@ std::size_t DeviceModel::parameter_count() const {
 }
 
 std::size_t DeviceModel::bytes() const {
-  return parameter_count() * (2 * sizeof(float) + (dtype_ == DType::BF16 ? sizeof(std::uint16_t) : 0));
+  std::size_t copies = head.weight_bf16.bytes();
+  for (const auto& [index, layer] : layers)
+    for (const DeviceParam* p : const_cast<DeviceLayer&>(layer).params()) copies += p->weight_bf16.bytes();
+  return parameter_count() * 2 * sizeof(float) + copies;
 }
 
 }  // namespace pipesim::runtime::cuda

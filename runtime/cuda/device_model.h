@@ -1,6 +1,6 @@
 #pragma once
 /// One rank's part of the model on a GPU: every tensor of its RankModel (partition.h) uploaded as fp32
-/// weights and fp32 gradients, plus, in bf16 runs, a bf16 copy of each weight that the GEMMs read,
+/// weights and fp32 gradients, plus, in bf16 runs, a bf16 copy of each weight a GEMM reads,
 /// refreshed after every optimizer step. Built from the CPU RankModel, so the GPU starts from exactly
 /// the CPU's numbers.
 #include <array>
@@ -54,7 +54,6 @@ class DeviceModel {
  private:
   template <class F>
   void for_each(F&& f);
-  DType dtype_;
 };
 
 }  // namespace pipesim::runtime::cuda

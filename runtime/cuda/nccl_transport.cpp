@@ -89,8 +89,9 @@ class CollectiveLane final : public Communicator {
 };
 
 /// The point-to-point lane: a 2-rank communicator per channel (sender, receiver), rank 0 the sender,
-/// each on its own stream. A send never queues behind a receive from the same peer, so single calls
-/// need no ncclGroupStart/End around them; several calls posted at once can still be grouped.
+/// each on its own stream. A send never queues behind a receive from the same peer, so calls need no
+/// ncclGroupStart/End around them (and are not grouped: a request's event is recorded right after
+/// its call, which inside a group would fire before the transfer is launched).
 class ChannelLane final : public Communicator {
  public:
   ChannelLane(int rank, std::map<std::pair<int, int>, NcclComm> channels, const bool& aborted)
@@ -108,8 +109,6 @@ class ChannelLane final : public Communicator {
   std::unique_ptr<Request> all_reduce(Buffer, ReduceOp) override { throw std::logic_error("all-reduce on the p2p lane"); }
   std::unique_ptr<Request> broadcast(Buffer, int) override { throw std::logic_error("broadcast on the p2p lane"); }
   std::unique_ptr<Request> reduce(Buffer, ReduceOp, int) override { throw std::logic_error("reduce on the p2p lane"); }
-  void group_start() override { NCCL_CHECK(ncclGroupStart()); }
-  void group_end() override { NCCL_CHECK(ncclGroupEnd()); }
 
  private:
   const NcclComm& channel(int from, int to) const {

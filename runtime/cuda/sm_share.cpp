@@ -14,7 +14,7 @@
 namespace pipesim::runtime::cuda {
 namespace {
 
-constexpr unsigned kGreenContextsSince = 12040;  // CUDA 12.4
+constexpr unsigned kGreenContextsSince = 12050;  // CUDA 12.5: cuGreenCtxStreamCreate's first version
 
 template <class F>
 F driver_function(const char* name) {

@@ -11,7 +11,7 @@ namespace pipesim::runtime::cuda {
 class SmShare {
  public:
   /// Share `index` of `ranks` equal shares of `device`. One rank gets the whole GPU. Where the
-  /// driver has no green contexts (before CUDA 12.4) every rank gets the whole GPU and describe()
+  /// driver has no green contexts (before CUDA 12.5) every rank gets the whole GPU and describe()
   /// says so.
   SmShare(int device, int ranks, int index);
   ~SmShare();
@@ -22,7 +22,7 @@ class SmShare {
 
   /// A non-blocking stream whose kernels run on this share's SMs.
   cudaStream_t make_stream();
-  /// e.g. "33 of 132 SMs (green context 1 of 4)" or "132 SMs (whole GPU)".
+  /// e.g. "32 of 132 SMs (green context 1 of 4)" or "132 SMs (whole GPU)".
   const std::string& describe() const { return description_; }
 
  private:

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "config_json.h"
@@ -23,6 +26,28 @@ inline std::string explicit_json(int p, int m, int v, double forward_ms, double 
     "costs": {{"forward_ms": {}, "backward_ms": {}, "p2p_ms": 0, "activation_bytes": {}}}
   }})json",
                      p * v * 2, p, m, v, schedule, forward_ms, backward_ms, activation_bytes);
+}
+
+/// A file of PyTorch 2.11's schedules, as tests/fixtures/torch-2.11/ keeps them.
+inline std::string fixture(const std::string& name) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  std::ifstream in(std::string(root ? root : ".") + "/tests/fixtures/torch-2.11/" + name);
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// configs/NAME as shipped, with --set style overrides.
+inline Config shipped_config(const std::string& name, const std::vector<std::string>& overrides = {}) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  REQUIRE(root);
+  std::ifstream file(std::string(root) + "/configs/" + name);
+  std::stringstream text;
+  text << file.rdbuf();
+  Result<Config> config = parse_config(text.str(), "configs/" + name, overrides);
+  if (!config.ok()) FAIL(config.error().message);
+  return config.value();
 }
 
 inline Config parse_or_fail(const std::string& json, const std::vector<std::string>& overrides = {}) {

@@ -5,12 +5,9 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 
-#include "config_json.h"
 #include "cuda/cuda_backend.h"
+#include "helpers.h"
 #include "launch.h"
 #include "plan.h"
 
@@ -19,17 +16,9 @@ using namespace pipesim;
 namespace {
 
 Plan tiny_plan(const std::string& schedule, const std::string& vocab) {
-  const char* root = std::getenv("PIPESIM_SOURCE");
-  REQUIRE(root);
-  std::ifstream file(std::string(root) + "/configs/tiny.json");
-  std::stringstream text;
-  text << file.rdbuf();
-  Result<Config> config = parse_config(text.str(), "configs/tiny.json", {});
-  REQUIRE(config.ok());
-  config.value().schedule.name = schedule, config.value().schedule.vocab = vocab;
-  Result<Plan> plan = make_plan(config.value());
-  REQUIRE(plan.ok());
-  return std::move(plan).value();
+  Config config = testing::shipped_config("tiny.json");
+  config.schedule.name = schedule, config.schedule.vocab = vocab;
+  return testing::plan_or_fail(config);
 }
 
 runtime::CheckResult checked_run(const std::string& schedule, const std::string& vocab, runtime::DType dtype) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "chrome_trace.h"
+#include "helpers.h"
 #include "config_json.h"
 #include "launch.h"
 #include "plan.h"
@@ -19,16 +20,7 @@ using namespace pipesim;
 
 namespace {
 
-Config tiny_config(const std::vector<std::string>& overrides = {}) {
-  const char* root = std::getenv("PIPESIM_SOURCE");
-  REQUIRE(root);
-  std::ifstream file(std::string(root) + "/configs/tiny.json");
-  std::stringstream text;
-  text << file.rdbuf();
-  Result<Config> config = parse_config(text.str(), "configs/tiny.json", overrides);
-  REQUIRE(config.ok());
-  return config.value();
-}
+Config tiny_config(const std::vector<std::string>& overrides = {}) { return testing::shipped_config("tiny.json", overrides); }
 
 Plan plan_for(Config config, const std::string& schedule, const std::string& vocab) {
   config.schedule.name = schedule, config.schedule.vocab = vocab;

@@ -11,15 +11,6 @@ using namespace pipesim::testing;
 
 namespace {
 
-std::string fixture(const std::string& name) {
-  const char* root = std::getenv("PIPESIM_SOURCE");
-  std::ifstream in(std::string(root ? root : ".") + "/tests/fixtures/torch-2.11/" + name);
-  REQUIRE(in.good());
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 /// F = 1, B = 2 (input gradient), W = 1 ms per device share, no transfer cost unless given.
 Config split_config(int p, int m, double p2p_ms = 0) {
   Config c = parse_or_fail(explicit_json(p, m, 2, 1, 2), {fmt::format("costs.p2p_ms={}", p2p_ms)});

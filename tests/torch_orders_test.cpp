@@ -14,15 +14,6 @@ using namespace pipesim::testing;
 
 namespace {
 
-std::string fixture(const std::string& name) {
-  const char* root = std::getenv("PIPESIM_SOURCE");
-  std::ifstream in(std::string(root ? root : ".") + "/tests/fixtures/torch-2.11/" + name);
-  REQUIRE(in.good());
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 /// PyTorch's DualPipeV per rank, replayed step by step (its eight steps; a full backward -- in an
 /// overlapped pair or alone -- is B then W at once, an input gradient queues its W).
 DeviceOrders torch_dualpipe_v(const Layout& layout, int m) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -67,16 +68,23 @@ Status take_mlp(const json& hf, json& model, const std::string& file) {
   return Status::Ok();
 }
 
+/// Removes root[section][key], the reference to an included file, and returns it; nullopt without one.
+std::optional<json> take_reference(json& root, const char* section, const char* key) {
+  if (!root.is_object() || !root.contains(section) || !root[section].is_object() || !root[section].contains(key))
+    return std::nullopt;
+  json reference = std::move(root[section][key]);
+  root[section].erase(key);
+  return reference;
+}
+
 }  // namespace
 
 Status expand_hf_config(json& root, const std::string& source) {
-  if (!root.is_object() || !root.contains("model") || !root["model"].is_object() || !root["model"].contains("hf_config"))
-    return Status::Ok();
+  const std::optional<json> reference = take_reference(root, "model", "hf_config");
+  if (!reference) return Status::Ok();
   json& model = root["model"];
-  const json reference = model["hf_config"];
-  model.erase("hf_config");
   std::filesystem::path path;
-  Result<json> hf = read_included(reference, source, "a Hugging Face config.json", path);
+  Result<json> hf = read_included(*reference, source, "a Hugging Face config.json", path);
   if (!hf.ok()) return hf.error();
   const std::string file = path.string();
   const std::pair<const char*, const char*> required[] = {{"num_hidden_layers", "layers"}, {"hidden_size", "hidden"},
@@ -94,13 +102,11 @@ Status expand_hf_config(json& root, const std::string& source) {
 }
 
 Status expand_hardware_file(json& root, const std::string& source) {
-  if (!root.is_object() || !root.contains("hardware") || !root["hardware"].is_object() || !root["hardware"].contains("file"))
-    return Status::Ok();
+  const std::optional<json> reference = take_reference(root, "hardware", "file");
+  if (!reference) return Status::Ok();
   json& hardware = root["hardware"];
-  const json reference = hardware["file"];
-  hardware.erase("file");
   std::filesystem::path path;
-  Result<json> file = read_included(reference, source, "a hardware file (as `pipesim calibrate` writes)", path);
+  Result<json> file = read_included(*reference, source, "a hardware file (as `pipesim calibrate` writes)", path);
   if (!file.ok()) return file.error();
   for (const auto& [key, value] : file.value().items())
     if (key != "description" && key != "generator" && !hardware.contains(key)) hardware[key] = value;

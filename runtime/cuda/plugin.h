@@ -1,0 +1,26 @@
+#pragma once
+/// The CUDA backend is a plugin (libpipesim_cuda.so), loaded only when a run asks for it: linked
+/// into pipesim, the CUDA, cuBLAS and NCCL libraries cost every command, `pipesim list` included,
+/// about 0.4 s and 200 MiB at start-up. The plugin hands the loader (cuda_loader.cpp) this table of
+/// the cuda_backend.h functions; nothing else crosses the boundary.
+#include "cuda_backend.h"
+
+namespace pipesim::runtime::cuda {
+
+struct PluginApi {
+  int version;  ///< kPluginVersion of the plugin's build: a stale plugin is refused, not called
+  std::string (*unavailable_reason)();
+  int (*device_count)();
+  std::unique_ptr<Backend> (*make_backend)(const cpu::ModelShape&, const Layout&, int, std::uint64_t,
+                                           const BackendOptions&);
+  Memory& (*device_memory)();
+  int (*local_device)(int);
+  std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int);
+};
+constexpr int kPluginVersion = 1;
+
+}  // namespace pipesim::runtime::cuda
+
+/// The plugin's one exported symbol.
+extern "C" const pipesim::runtime::cuda::PluginApi* pipesim_cuda_plugin();
+constexpr const char* kPluginEntry = "pipesim_cuda_plugin";

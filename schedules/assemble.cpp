@@ -103,6 +103,16 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
 
   TaskGraphBuilder builder(layout.devices);
+  {  // compute ops, a SEND and a RECV per boundary crossed, the end of iteration; vocabulary collectives grow it
+    std::size_t compute = 0, transfers = 0;
+    for (int d = 0; d < layout.devices; ++d)
+      for (const ComputeStep& s : orders[std::size_t(d)]) {
+        ++compute;
+        transfers += (s.kind == OpKind::F && s.stage + 1 < stages && device_of(s.stage + 1) != d) ||
+                     (s.kind == OpKind::B && s.stage > 0 && device_of(s.stage - 1) != d);
+      }
+    builder.reserve(compute + 2 * transfers + 2 * std::size_t(layout.devices), 2 * compute + transfers);
+  }
   OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
   std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);
   VocabPasses passes(layout.devices, microbatches);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <queue>
 
 namespace pipesim {
 namespace {
@@ -34,6 +35,7 @@ class Greedy {
     backward_ready_.assign(std::size_t(stages_) * m_, kNever);
     for (int mb = 0; mb < m_; ++mb) forward_ready_[std::size_t(mb)] = 0;  // stage 0 reads the batch
     free_at_.assign(std::size_t(devices), 0);
+    times_.push(0);
     memory_.assign(std::size_t(devices), 0);
     weights_.resize(std::size_t(devices));
     orders_.resize(std::size_t(devices));
@@ -51,9 +53,9 @@ class Greedy {
           if (free_at_[std::size_t(d)] <= now && start_next(d, now)) started = true, ++placed;
       }
       if (placed == total) break;
-      const TimeNs next = next_event(now);
-      if (next == kNever) return Error{stuck_message()};
-      now = next;
+      while (!times_.empty() && times_.top() <= now) times_.pop();
+      if (times_.empty()) return Error{stuck_message()};
+      now = times_.top();
     }
     return std::move(orders_);
   }
@@ -95,16 +97,16 @@ class Greedy {
     orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
     memory_[std::size_t(d)] += work(s).activation_bytes;
     if (s + 1 < stages_) {
-      forward_ready_[at(s + 1, mb)] = end + hop(s, s + 1);
+      set(forward_ready_[at(s + 1, mb)], end + hop(s, s + 1));
     } else {
       // The loss is computed in the last stage's forward; with vocabulary passes, the backward of
       // a microbatch waits until the forward of the one `vocab_delay` later has run.
       const int delay = c_.vocab_delay;
-      if (mb - delay >= 0) backward_ready_[at(s, mb - delay)] = end;
+      if (mb - delay >= 0) set(backward_ready_[at(s, mb - delay)], end);
       if (mb == m_ - 1)
-        for (int x = std::max(0, mb - delay + 1); x < m_; ++x) backward_ready_[at(s, x)] = end;
+        for (int x = std::max(0, mb - delay + 1); x < m_; ++x) set(backward_ready_[at(s, x)], end);
     }
-    free_at_[std::size_t(d)] = end;
+    set(free_at_[std::size_t(d)], end);
   }
 
   void backward(int d, int s, TimeNs now) {
@@ -113,8 +115,8 @@ class Greedy {
     orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
     memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
     weights_[std::size_t(d)].push_back({s, mb});
-    if (s > 0) backward_ready_[at(s - 1, mb)] = end + hop(s, s - 1);
-    free_at_[std::size_t(d)] = end;
+    if (s > 0) set(backward_ready_[at(s - 1, mb)], end + hop(s, s - 1));
+    set(free_at_[std::size_t(d)], end);
   }
 
   void weight(int d, TimeNs now) {
@@ -122,21 +124,15 @@ class Greedy {
     weights_[std::size_t(d)].pop_front();
     orders_[std::size_t(d)].push_back({OpKind::W, s, mb});
     memory_[std::size_t(d)] -= work(s).weight_held_bytes;
-    free_at_[std::size_t(d)] = now + c_.times[std::size_t(s)].weight;
+    set(free_at_[std::size_t(d)], now + c_.times[std::size_t(s)].weight);
   }
 
-  /// The next time anything can change: a device frees up or an input arrives.
-  TimeNs next_event(TimeNs now) const {
-    TimeNs next = kNever;
-    for (TimeNs t : free_at_)
-      if (t > now) next = std::min(next, t);
-    for (int s = 0; s < stages_; ++s) {
-      if (const int f = next_forward_[std::size_t(s)]; f < m_ && forward_ready_[at(s, f)] > now)
-        next = std::min(next, forward_ready_[at(s, f)]);
-      if (const int b = next_backward_[std::size_t(s)]; b < m_ && backward_ready_[at(s, b)] > now)
-        next = std::min(next, backward_ready_[at(s, b)]);
-    }
-    return next;
+  /// Every time a device frees up or an input arrives is a time something may start: visiting all
+  /// of them in order, some in vain, is what scanning every device and stage for the next such
+  /// time did, at a heap operation each.
+  void set(TimeNs& when, TimeNs time) {
+    when = time;
+    times_.push(time);
   }
 
   std::string stuck_message() const {
@@ -160,6 +156,7 @@ class Greedy {
   std::vector<Bytes> memory_;                           ///< per device: live activation bytes
   std::vector<std::deque<std::pair<int, int>>> weights_;  ///< per device: deferred W, oldest first
   DeviceOrders orders_;
+  std::priority_queue<TimeNs, std::vector<TimeNs>, std::greater<>> times_;  ///< times set, earliest first
 };
 
 }  // namespace

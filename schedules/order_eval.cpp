@@ -5,15 +5,15 @@
 
 namespace pipesim {
 
-std::vector<ComputeStep> data_inputs(const ComputeStep& s, int stages) {
+DataInputs data_inputs(const ComputeStep& s, int stages) {
   switch (s.kind) {
     case OpKind::F:
-      if (s.stage > 0) return {{OpKind::F, s.stage - 1, s.microbatch}};
+      if (s.stage > 0) return {{{{OpKind::F, s.stage - 1, s.microbatch}}}, 1};
       return {};
     case OpKind::B:
-      if (s.stage + 1 < stages) return {{OpKind::F, s.stage, s.microbatch}, {OpKind::B, s.stage + 1, s.microbatch}};
-      return {{OpKind::F, s.stage, s.microbatch}};
-    case OpKind::W: return {{OpKind::B, s.stage, s.microbatch}};
+      if (s.stage + 1 < stages) return {{{{OpKind::F, s.stage, s.microbatch}, {OpKind::B, s.stage + 1, s.microbatch}}}, 2};
+      return {{{{OpKind::F, s.stage, s.microbatch}}}, 1};
+    case OpKind::W: return {{{{OpKind::B, s.stage, s.microbatch}}}, 1};
     default: return {};
   }
 }

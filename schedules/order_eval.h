@@ -2,6 +2,7 @@
 /// A quick, compute-only evaluation of per-device orders: each op starts when its device is free and
 /// its input has arrived (one transfer time across devices). Generators use it to choose between
 /// candidate orders; the simulator remains the judge of the final graph.
+#include <array>
 #include <vector>
 
 #include "schedule.h"
@@ -16,7 +17,14 @@ struct OrderCost {
 
 /// The transformer ops whose results `step` consumes: F(s-1) for F(s); F(s) and B(s+1) for B(s);
 /// B(s) for W(s) -- the data flow every analysis of the orders follows.
-std::vector<ComputeStep> data_inputs(const ComputeStep& step, int stages);
+/// At most two, held inline: the analyses call this for every op, so it allocates nothing.
+struct DataInputs {
+  std::array<ComputeStep, 2> steps;
+  int count = 0;
+  const ComputeStep* begin() const { return steps.data(); }
+  const ComputeStep* end() const { return steps.data() + count; }
+};
+DataInputs data_inputs(const ComputeStep& step, int stages);
 
 /// Fails if the orders cannot run to the end (an op waits for one that comes after it).
 Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders);

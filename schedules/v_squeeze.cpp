@@ -1,7 +1,7 @@
 #include "v_squeeze.h"
 
 #include <algorithm>
-#include <limits>
+#include <queue>
 #include <tuple>
 
 namespace pipesim {
@@ -13,7 +13,6 @@ enum { kF0, kF1, kB1, kB0, kW };
 using Slots = std::vector<std::vector<int>>;  ///< per type, per microbatch: the slot it starts in
 using Grid = std::vector<Slots>;              ///< per device
 
-constexpr int kNone = std::numeric_limits<int>::max();
 
 int last_slot(const Slots& s) {
   int bound = 0;
@@ -54,13 +53,19 @@ struct ChunkBytes {
 
 /// Peak activation bytes of one device over its slots, as the simulator counts them: F adds its
 /// chunk's activation, B frees all but what W needs, W frees the rest (the oldest pending B's,
-/// when W is one list; implicit W in free slots when the slots have no W list yet).
-Bytes held(const Slots& s, const ChunkBytes& bytes) {
+/// when W is one list; implicit W in free slots when the slots have no W list yet). Stops at the
+/// first value above `limit`: callers ask only whether the device fits.
+Bytes held(const Slots& s, const ChunkBytes& bytes, Bytes limit) {
   const bool has_w = s.size() > 4, split = s.size() > 5;
-  std::vector<std::pair<int, int>> events;  // (slot, type)
-  for (std::size_t t = 0; t < s.size(); ++t)
-    for (int slot : s[t]) events.emplace_back(slot, int(t));
-  std::sort(events.begin(), events.end());
+  // Each type's slots rise with the microbatch, so merging the lists visits the passes in
+  // (slot, type) order without sorting them.
+  std::array<std::size_t, 6> next{};
+  const auto next_event = [&](int& slot, int& type) {
+    type = -1;
+    for (std::size_t t = 0; t < s.size(); ++t)
+      if (next[t] < s[t].size() && (type < 0 || s[t][next[t]] < slot)) slot = s[t][next[t]], type = int(t);
+    return type >= 0;
+  };
   std::vector<int> pending;  // chunks whose B has run and W has not, oldest first
   Bytes current = 0, peak = 0;
   const auto weight = [&](int chunk) {
@@ -69,15 +74,17 @@ Bytes held(const Slots& s, const ChunkBytes& bytes) {
     current -= bytes.weight_held[*it];
     pending.erase(it);
   };
-  int slot = 0;
-  for (std::size_t e = 0; e < events.size(); ++slot) {
-    if (events[e].first <= slot) {
-      const int type = events[e++].second;
+  int event_slot = 0, type = -1;
+  bool more = next_event(event_slot, type);
+  for (int slot = 0; more && peak <= limit; ++slot) {
+    if (event_slot <= slot) {
+      ++next[std::size_t(type)];
       // W lists: one (the oldest pending B's chunk) or, split, chunk 1's then chunk 0's.
       const int chunk = type == kF0 || type == kB0 ? 0 : type == kF1 || type == kB1 ? 1 : type == kW && !split ? -1 : type == kW;
       if (type <= kF1) current += bytes.activation[chunk];
       if (type == kB1 || type == kB0) current -= bytes.activation[chunk] - bytes.weight_held[chunk], pending.push_back(chunk);
       if (type >= kW) weight(chunk);
+      more = next_event(event_slot, type);
     } else if (!has_w && !pending.empty()) {
       weight(-1);
     }
@@ -120,12 +127,14 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const st
   std::vector<std::vector<bool>> occupied;
   for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
   std::vector<int> next(std::size_t(p * types), 0);  // per (device, type): the next microbatch
+  // The (slot, device * types + type) of each list's next pass, least first: a pass keeps its slot
+  // until it is visited, so the heap stays true.
+  std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> heads;
+  for (int k = 0; k < p * types; ++k) heads.emplace(slot_of(g, k / types, k % types, 0), k);
   int phase = 0;
-  for (int done = 0; done < p * types * m; ++done) {
-    int best = -1, best_slot = kNone;
-    for (int k = 0; k < p * types; ++k)
-      if (const int x = next[std::size_t(k)]; x < m && slot_of(g, k / types, k % types, x) < best_slot)
-        best = k, best_slot = slot_of(g, k / types, k % types, x);
+  while (!heads.empty()) {
+    const int best = heads.top().second;
+    heads.pop();
     const int d = best / types, t = best % types, x = next[std::size_t(best)]++;
     int& slot = slot_of(g, d, t, x);
     if (t == kB0 && d == 0 && phase == 0) phase = 1;
@@ -135,10 +144,11 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const st
     for (int candidate = fixed ? original : inputs_done(g, d, t, x) + 1; candidate < original; ++candidate) {
       if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
       slot = candidate;
-      if (held(g[std::size_t(d)], bytes[std::size_t(d)]) <= limit[std::size_t(d)]) break;
+      if (held(g[std::size_t(d)], bytes[std::size_t(d)], limit[std::size_t(d)]) <= limit[std::size_t(d)]) break;
       slot = original;
     }
     occupied[std::size_t(d)][std::size_t(slot)] = true;
+    if (x + 1 < m) heads.emplace(slot_of(g, d, t, x + 1), best);
   }
   if (!with_w)
     for (Slots& s : g) s = put_w(s, false);

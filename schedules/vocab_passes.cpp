@@ -51,11 +51,11 @@ struct Insertion {
 };
 
 /// The first position in [low, high) whose op starts (in the estimate) at `time` or later; `high`
-/// if none.
+/// if none. A device's ops start in program order, so `start` is sorted.
 std::size_t slot_at(const std::vector<TimeNs>& start, TimeNs time, std::size_t low, std::size_t high) {
-  for (std::size_t i = low; i < high; ++i)
-    if (start[i] >= time) return i;
-  return high;
+  if (low >= high) return high;
+  return std::size_t(std::lower_bound(start.begin() + std::ptrdiff_t(low), start.begin() + std::ptrdiff_t(high), time) -
+                     start.begin());
 }
 
 /// How each op of the transformer orders is tied, through the data flow and program order, to the
@@ -79,11 +79,7 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
   for (std::size_t d = 0; d < orders.size(); ++d)
     for (std::size_t i = 0; i < orders[d].size(); ++i)
       where[key(orders[d][i].kind, orders[d][i].stage, orders[d][i].microbatch)] = {int(d), i};
-  const auto inputs = [&](const ComputeStep& s) {  // data inputs of an op, as (device, position)
-    std::vector<std::pair<int, std::size_t>> in;
-    for (const ComputeStep& input : data_inputs(s, stages)) in.push_back(where[key(input.kind, input.stage, input.microbatch)]);
-    return in;
-  };
+  const auto at = [&](const ComputeStep& input) { return where[key(input.kind, input.stage, input.microbatch)]; };
   Reach r;
   std::vector<std::vector<bool>> done(orders.size());
   for (std::size_t d = 0; d < orders.size(); ++d) {
@@ -99,8 +95,11 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
     progressed = false;
     for (std::size_t d = 0; d < orders.size(); ++d)
       for (; next[d] < orders[d].size(); ++next[d]) {
-        const auto in = inputs(orders[d][next[d]]);
-        if (std::any_of(in.begin(), in.end(), [&](const auto& at) { return !done[std::size_t(at.first)][at.second]; }))
+        const DataInputs in = data_inputs(orders[d][next[d]], stages);
+        if (std::any_of(in.begin(), in.end(), [&](const ComputeStep& input) {
+              const auto [e, j] = at(input);
+              return !done[std::size_t(e)][j];
+            }))
           break;
         done[d][next[d]] = true;
         topo.emplace_back(int(d), next[d]);
@@ -112,7 +111,8 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
     int& back = r.waits_last_backward[std::size_t(d)][i];
     int& front = r.waits_first_forward[std::size_t(d)][i];
     if (i > 0) back = r.waits_last_backward[std::size_t(d)][i - 1], front = r.waits_first_forward[std::size_t(d)][i - 1];
-    for (const auto& [e, j] : inputs(s)) {
+    for (const ComputeStep& input : data_inputs(s, stages)) {
+      const auto [e, j] = at(input);
       back = std::max(back, r.waits_last_backward[std::size_t(e)][j]);
       front = std::max(front, r.waits_first_forward[std::size_t(e)][j]);
     }
@@ -132,12 +132,12 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
     if (s.kind == OpKind::F && s.stage == last) forward = std::min(forward, s.microbatch);
     if (s.kind == OpKind::B && s.stage == 0) backward = std::min(backward, s.microbatch);
     // Hand the values to the inputs and the program-order predecessor.
-    auto in = inputs(s);
-    if (i > 0) in.emplace_back(d, i - 1);
-    for (const auto& [e, j] : in) {
+    const auto hand = [&](int e, std::size_t j) {
       r.feeds_last_forward[std::size_t(e)][j] = std::min(r.feeds_last_forward[std::size_t(e)][j], forward);
       r.feeds_first_backward[std::size_t(e)][j] = std::min(r.feeds_first_backward[std::size_t(e)][j], backward);
-    }
+    };
+    for (const ComputeStep& input : data_inputs(s, stages)) hand(at(input).first, at(input).second);
+    if (i > 0) hand(d, i - 1);
   }
   return r;
 }
@@ -227,16 +227,21 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
     // because the barriers tie microbatches together, IF before and IB after the S and T passes of
     // the microbatches within `reach` of x (no schedule runs forwards further ahead of backwards).
     const int reach = 2 * layout.devices + context.vocab_delay + 2;
+    // Per y: the least slot of S and T of microbatches y and later, and the greatest of y and earlier.
+    std::vector<std::size_t> least_from(static_cast<std::size_t>(m)), greatest_to(static_cast<std::size_t>(m));
+    for (int y = m - 1; y >= 0; --y)
+      least_from[std::size_t(y)] = std::min({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
+                                             y + 1 < m ? least_from[std::size_t(y + 1)] : s_slot[std::size_t(y)]});
+    for (int y = 0; y < m; ++y)
+      greatest_to[std::size_t(y)] = std::max({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
+                                              y > 0 ? greatest_to[std::size_t(y - 1)] : s_slot[std::size_t(y)]});
     for (int x = 0; x < m; ++x) {
-      std::size_t latest = if_high[std::size_t(x)];
-      for (int y = std::max(0, x - reach); y < m; ++y) latest = std::min({latest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
+      const std::size_t latest = std::min(if_high[std::size_t(x)], least_from[std::size_t(std::max(0, x - reach))]);
       const TimeNs needed = first_forward[std::size_t(x)].first;
       const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
       insertions.push_back({std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
 
-      std::size_t earliest = ib_low[std::size_t(x)];
-      for (int y = 0; y <= std::min(m - 1, x + reach); ++y)
-        earliest = std::max({earliest, s_slot[std::size_t(y)], t_slot[std::size_t(y)]});
+      const std::size_t earliest = std::max(ib_low[std::size_t(x)], greatest_to[std::size_t(std::min(m - 1, x + reach))]);
       const TimeNs returned = first_backward[std::size_t(x)].second;
       insertions.push_back({slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
     }

@@ -117,7 +117,20 @@ std::string TaskGraph::describe(TaskId id) const {
   return fmt::format("{}(d{},s{},m{})", op_kind_name(t.kind), t.device, t.stage, t.microbatch);
 }
 
+std::size_t TaskGraph::memory_bytes() const {
+  const auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  std::size_t total = bytes(tasks_) + bytes(dep_offsets_) + bytes(dep_ids_) + bytes(succ_offsets_) + bytes(succ_ids_) +
+                      bytes(stream_offsets_) + bytes(stream_ids_) + bytes(groups_);
+  for (const CollectiveGroup& g : groups_) total += bytes(g.members);
+  return total;
+}
+
 TaskGraphBuilder::TaskGraphBuilder(int devices) : devices_(devices) {}
+
+void TaskGraphBuilder::reserve(std::size_t tasks, std::size_t edges) {
+  tasks_.reserve(tasks);
+  edges_.reserve(edges);
+}
 
 TaskId TaskGraphBuilder::add(const Task& task) {
   tasks_.push_back(task);
@@ -165,6 +178,7 @@ TaskGraph TaskGraphBuilder::build() && {
       [](const auto& e) { return e.first; }, graph.succ_offsets_, graph.succ_ids_);
 
   graph.tasks_ = std::move(tasks_);
+  graph.tasks_.shrink_to_fit();  // a no-op when reserve() was exact
   std::vector<TaskId> all(graph.tasks_.size());
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);
   build_csr(

@@ -128,6 +128,8 @@ class TaskGraph {
   const CollectiveGroup& group_of(TaskId id) const { return groups_[static_cast<std::size_t>(task(id).group)]; }
   /// Short human name, e.g. `F(d0,s0,m1)` or `SEND(d0->d1,act,s0,m1)`.
   std::string describe(TaskId id) const;
+  /// Bytes the graph holds (ops, edges, streams, groups): what `pipesim bench` reports per op.
+  std::size_t memory_bytes() const;
 
  private:
   friend class TaskGraphBuilder;
@@ -152,6 +154,8 @@ class TaskGraph {
 class TaskGraphBuilder {
  public:
   explicit TaskGraphBuilder(int devices);
+  /// Room for this many ops and edges: a builder that knows its size grows without copying.
+  void reserve(std::size_t tasks, std::size_t edges);
   TaskId add(const Task& task);
   /// `task` may start only after `on` has finished.
   void depend(TaskId task, TaskId on);

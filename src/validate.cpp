@@ -5,6 +5,7 @@
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <array>
+#include <span>
 #include <vector>
 
 namespace pipesim {
@@ -158,8 +159,51 @@ std::string describe_vertex(const TaskGraph& graph, TaskId id) {
   return graph.describe(id);
 }
 
+/// Kahn's algorithm over the same wait graph, on the task graph's own arrays: whether every op can
+/// be ordered. It is the fast path; the Boost.Graph search below runs only to name the cycle.
+bool orderable(const TaskGraph& graph, const std::vector<TaskId>& rep) {
+  const std::size_t n = graph.size();
+  std::vector<TaskId> next_in_stream(n, kNoTask);
+  for (std::size_t s = 0; s < graph.stream_count(); ++s) {
+    const auto order = graph.stream(s);
+    for (std::size_t k = 1; k < order.size(); ++k) next_in_stream[std::size_t(order[k - 1])] = order[k];
+  }
+  const auto waiters = [&](TaskId op, auto&& visit) {  // the ops that wait for `op`
+    for (TaskId after : graph.successors(op)) visit(after);
+    if (const TaskId after = next_in_stream[std::size_t(op)]; after != kNoTask) visit(after);
+  };
+  std::vector<std::int32_t> waiting(n, 0);  // per representative: unfinished edges into its vertex
+  for (std::size_t i = 0; i < n; ++i)
+    waiters(TaskId(i), [&](TaskId after) { waiting[std::size_t(rep[std::size_t(after)])] += rep[i] != rep[std::size_t(after)]; });
+  std::vector<TaskId> ready;
+  std::size_t vertices = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (rep[i] == TaskId(i)) {
+      ++vertices;
+      if (waiting[i] == 0) ready.push_back(TaskId(i));
+    }
+  std::size_t ordered = 0;
+  while (!ready.empty()) {
+    const TaskId v = ready.back();
+    ready.pop_back();
+    ++ordered;
+    const Task& t = graph.task(v);
+    const TaskId pair[2] = {v, t.partner};
+    const std::span<const TaskId> members = t.group >= 0       ? std::span<const TaskId>(graph.group_of(v).members)
+                                            : t.partner != kNoTask ? std::span<const TaskId>(pair)
+                                                                   : std::span<const TaskId>(pair, 1);
+    for (TaskId member : members)
+      waiters(member, [&](TaskId after) {
+        const TaskId w = rep[std::size_t(after)];
+        if (w != v && --waiting[std::size_t(w)] == 0) ready.push_back(w);
+      });
+  }
+  return ordered == vertices;
+}
+
 Status check_cycles(const TaskGraph& graph) {
   const std::vector<TaskId> rep = rendezvous_representatives(graph);
+  if (orderable(graph, rep)) return Status::Ok();
   WaitGraph g(graph.size());
   const auto edge = [&](TaskId before, TaskId after, Wait wait) {
     const auto u = static_cast<Vertex>(rep[static_cast<std::size_t>(before)]);

@@ -111,7 +111,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
         transfers += (s.kind == OpKind::F && s.stage + 1 < stages && device_of(s.stage + 1) != d) ||
                      (s.kind == OpKind::B && s.stage > 0 && device_of(s.stage - 1) != d);
       }
-    builder.reserve(compute + 2 * transfers + 2 * std::size_t(layout.devices), 2 * compute + transfers);
+    builder.reserve(compute + 2 * transfers + std::size_t(layout.devices) * (dp > 1 ? 2 : 1), 2 * compute + transfers);
   }
   OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
   std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);

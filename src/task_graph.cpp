@@ -178,7 +178,9 @@ TaskGraph TaskGraphBuilder::build() && {
       [](const auto& e) { return e.first; }, graph.succ_offsets_, graph.succ_ids_);
 
   graph.tasks_ = std::move(tasks_);
-  graph.tasks_.shrink_to_fit();  // a no-op when reserve() was exact
+  // Grown past a reserve() by doubling, it may hold twice its size: give that back. A close reserve
+  // is kept as it is (a copy of every op costs more than the slack).
+  if (graph.tasks_.capacity() > graph.tasks_.size() + graph.tasks_.size() / 4) graph.tasks_.shrink_to_fit();
   std::vector<TaskId> all(graph.tasks_.size());
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);
   build_csr(

@@ -168,10 +168,17 @@ TEST_CASE("tools/paper-table.sh gives a row per paper setup x sequence x vocabul
   CHECK(std::count(out.text.begin(), out.text.end(), '\n') == 3 * 2 * 4 * 5 + 3 * 2 * 4 * 3 + 2);
 }
 
-TEST_CASE("bench --quick runs and prints its table") {
+TEST_CASE("bench --quick times every schedule at four sizes") {
   const Output out = run("bench --quick");
   CHECK(out.exit_code == 0);
-  CHECK(out.text.find("Mtasks_per_s") != std::string::npos);
+  CHECK(out.text.find("graph_B") != std::string::npos);
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "v-half", "v-min", "zb-v", "dualpipe-v"}) {
+    std::size_t rows = 0;
+    for (std::size_t at = out.text.find(fmt::format("\n{} ", schedule)); at != std::string::npos;
+         at = out.text.find(fmt::format("\n{} ", schedule), at + 1))
+      ++rows;
+    CHECK(rows == 4);
+  }
 }
 
 TEST_CASE("run --check reports the loss and gradients of the reference, in simulate's JSON shape") {

@@ -160,20 +160,24 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   if (!bound.ok()) return bound.error();
   TimeNs best_makespan = bound.value().makespan;
   const std::vector<Bytes>& limit = bound.value().peak_activation;
+  // A candidate may not hold more than the reference block's largest device: the peak memory the
+  // schedule is known by. The greedy scheduler keeps each device within its own share.
+  const Bytes peak = *std::max_element(limit.begin(), limit.end());
+  const std::vector<Bytes> uniform(limit.size(), peak);
 
   GreedyOptions options{limit};
   std::vector<Result<DeviceOrders>> candidates;
   candidates.emplace_back(orders_from_block(context, v_block(unit_costs(context), spacing)));
   candidates.emplace_back(orders_from_block(context, v_block(context, spacing)));
   candidates.push_back(greedy_schedule(context, options));
-  if (pattern) candidates.emplace_back(within_memory(context, squeezed_v_orders(context, *pattern, limit), limit));
+  if (pattern) candidates.emplace_back(within_memory(context, squeezed_v_orders(context, *pattern), uniform));
   for (Result<DeviceOrders>& candidate : candidates) {
     if (!candidate.ok()) continue;
     Result<OrderCost> cost = evaluate_orders(context, candidate.value());
     if (!cost.ok() || cost.value().makespan >= best_makespan) continue;
-    bool within = true;
-    for (std::size_t d = 0; d < limit.size(); ++d) within &= cost.value().peak_activation[d] <= limit[d];
-    if (within) best = std::move(candidate).value(), best_makespan = cost.value().makespan;
+    const auto& held = cost.value().peak_activation;
+    if (*std::max_element(held.begin(), held.end()) <= peak)
+      best = std::move(candidate).value(), best_makespan = cost.value().makespan;
   }
   return best;
 }

@@ -1,6 +1,7 @@
 #include "v_squeeze.h"
 
 #include <algorithm>
+#include <limits>
 #include <queue>
 #include <tuple>
 
@@ -119,10 +120,15 @@ int inputs_done(Grid& g, int d, int t, int x) {
 /// free slot their inputs allow that keeps the device within `limit`; the steady state between
 /// the first B of chunk 0 on device 0 and the last forward stays as it is. Passes are visited in
 /// slot order (ties by device, then type), so a free slot below the current one stays free.
-Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const std::vector<Bytes>& limit) {
+Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
   const int p = int(g.size());
   if (with_w)
     for (Slots& s : g) s = put_w(s, false);
+  // The bound is the most any device holds before the pass: one device may grow to what another
+  // already holds, as the peak memory a user sees is the largest device's.
+  Bytes limit = 0;
+  for (int d = 0; d < p; ++d)
+    limit = std::max(limit, held(g[std::size_t(d)], bytes[std::size_t(d)], std::numeric_limits<Bytes>::max()));
   const int types = int(g[0].size()), m = int(g[0][0].size());
   std::vector<std::vector<bool>> occupied;
   for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
@@ -144,7 +150,7 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes, const st
     for (int candidate = fixed ? original : inputs_done(g, d, t, x) + 1; candidate < original; ++candidate) {
       if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
       slot = candidate;
-      if (held(g[std::size_t(d)], bytes[std::size_t(d)], limit[std::size_t(d)]) <= limit[std::size_t(d)]) break;
+      if (held(g[std::size_t(d)], bytes[std::size_t(d)], limit) <= limit) break;
       slot = original;
     }
     occupied[std::size_t(d)][std::size_t(slot)] = true;
@@ -171,7 +177,33 @@ VPattern v_min_pattern(int p) {
   return pattern;
 }
 
-DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern, const std::vector<Bytes>& limit) {
+/// The slots compacted as the reference generator does between its passes: visited in slot order,
+/// every pass starts in the first slot its inputs (one slot each) and its device allow.
+Grid compacted(const Grid& g) {
+  const int p = int(g.size()), types = int(g[0].size());
+  Grid start = g, end = g;
+  std::vector<int> next(std::size_t(p * types), 0), device_free(std::size_t(p), 0);
+  std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> heads;
+  for (int k = 0; k < p * types; ++k)
+    if (!g[std::size_t(k / types)][std::size_t(k % types)].empty()) heads.emplace(g[std::size_t(k / types)][std::size_t(k % types)][0], k);
+  while (!heads.empty()) {
+    const int k = heads.top().second;
+    heads.pop();
+    const int d = k / types, t = k % types, x = next[std::size_t(k)]++;
+    int ready = device_free[std::size_t(d)];
+    const auto after = [&](int dd, int tt, int xx) { ready = std::max(ready, slot_of(end, dd, tt, xx)); };
+    if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
+    if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
+    if (t > kF0 && t < kW) after(d, t - 1, x);
+    if (x > 0) after(d, t, x - 1);
+    slot_of(start, d, t, x) = ready;
+    slot_of(end, d, t, x) = device_free[std::size_t(d)] = ready + 1;
+    if (const auto& list = g[std::size_t(d)][std::size_t(t)]; std::size_t(x + 1) < list.size()) heads.emplace(list[std::size_t(x + 1)], k);
+  }
+  return start;
+}
+
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern) {
   const Layout& layout = context.layout;
   const int p = layout.devices, m = context.microbatches;
   Grid g;
@@ -187,12 +219,11 @@ DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& p
     const StageWork& w1 = context.work[std::size_t(layout.stage_of(d, 1))];
     bytes.push_back({{w0.activation_bytes, w1.activation_bytes}, {w0.weight_held_bytes, w1.weight_held_bytes}});
   }
-  // Unlike the reference generator, the slots are not compacted between the two passes, and the
-  // bound is each device's bytes: its second pass would otherwise measure memory after the
-  // compaction and let it grow (by a quarter at p = 8).
-  g = squeeze(std::move(g), true, bytes, limit);
+  // As the reference generator: squeeze with the W passes placed, compact, drop the W passes,
+  // squeeze again (W implicit in free slots), compact.
+  g = compacted(squeeze(std::move(g), true, bytes));
   for (Slots& s : g) s.resize(4);
-  g = squeeze(std::move(g), false, bytes, limit);
+  g = compacted(squeeze(std::move(g), false, bytes));
   DeviceOrders orders(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {
     Slots s = g[std::size_t(d)];

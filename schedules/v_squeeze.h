@@ -2,8 +2,8 @@
 /// The V-Half and V-Min stable patterns of Qi et al., "Pipeline Parallelism with Controllable
 /// Memory" (2024), and the greedy squeeze their reference generator applies (sail-sg's
 /// zero-bubble repository, `zbv_greedy.py`): in unit slots, the passes of the warm-up and the
-/// cool-down move to the earliest free slot their inputs allow without raising any device's count
-/// of chunk-microbatches held between F and W; the steady state stays the pattern's.
+/// cool-down move to the earliest free slot their inputs allow without any device holding more
+/// activation than the largest device did before; the steady state stays the pattern's.
 #include <array>
 #include <vector>
 
@@ -20,8 +20,9 @@ VPattern v_half_pattern(int devices);
 /// F0 at i, F1 at 2p - i - 1, B1 at 2p + δ + i, B0 at 4p + δ - i - 1; δ = 2 when 3 divides p.
 VPattern v_min_pattern(int devices);
 
-/// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B;
-/// a pass moves only where its device stays within `limit` (activation bytes, per device).
-DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern, const std::vector<Bytes>& limit);
+/// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B.
+/// Each squeeze moves a pass only where its device stays within the most any device held before
+/// it (in activation bytes), and compacts the slots after it, as the reference generator does.
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern);
 
 }  // namespace pipesim

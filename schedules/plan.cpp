@@ -139,19 +139,20 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
   if (!generated.ok()) return generated.error();
   if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}': {}", config.schedule.name, s.error().message)};
-  Result<DeviceOrders> orders = generated;
+  DeviceOrders orders = std::move(generated).value();
   if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
     orders = interlaced_1f1b_orders(context);  // the lockstep program replaces 1F1B's order
-  } else {
+  } else if (vocab->placement != VocabPlacement::OnStages) {
     // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
     // where moving them keeps the orders executable.
-    DeviceOrders delayed = delay_last_backward(plan.layout, generated.value(), context.vocab_delay, m);
-    if (!evaluate_orders(context, delayed).ok()) delayed = generated.value();
-    orders = insert_vocab_passes(context, delayed, vocab->placement);
-    if (!orders.ok()) return orders.error();
+    DeviceOrders delayed = delay_last_backward(plan.layout, orders, context.vocab_delay, m);
+    Result<DeviceOrders> with_passes =
+        insert_vocab_passes(context, evaluate_orders(context, delayed).ok() ? delayed : orders, vocab->placement);
+    if (!with_passes.ok()) return with_passes.error();
+    orders = std::move(with_passes).value();
   }
 
-  plan.graph = assemble(plan.layout, orders.value(), context.work, vocab_work(config, plan.layout), m,
+  plan.graph = assemble(plan.layout, orders, context.work, vocab_work(config, plan.layout), m,
                         config.parallel.dp, boundary_bytes, config.precision.grad_bytes,
                         custom ? custom->comms : DeviceComms{});
   if (Status s = validate(plan.graph, plan.layout, m); !s.ok())

@@ -107,7 +107,8 @@ std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<st
 Result<GridAxis> parse_grid(const std::string& argument) {
   const std::size_t eq = argument.find('=');
   if (eq == std::string::npos || eq == 0)
-    return Error{fmt::format("--grid '{}': expected key.path=v1,v2,...; {}", abbreviate(argument), kGridUsage)};
+    return Error{fmt::format("--grid '{}': no {}; {}", abbreviate(argument), eq ? "'=' after the key" : "key before '='",
+                             kGridUsage)};
   GridAxis axis{argument.substr(0, eq), {}};
   if (eq + 1 == argument.size())
     return Error{fmt::format("--grid '{}': no values after '='; {}", abbreviate(argument), kGridUsage)};

@@ -3,6 +3,7 @@
 // --grid syntax.
 #include <algorithm>
 
+#include "cli_support.h"
 #include "helpers.h"
 #include "pipeline.h"
 #include "sweep.h"
@@ -12,6 +13,15 @@ using namespace pipesim;
 using namespace pipesim::testing;
 
 namespace {
+
+/// configs/NAME by its full path, so that the Hugging Face file it names is found from any folder.
+Config source_config(const std::string& name) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  REQUIRE(root);
+  Result<Config> config = load_config(std::string(root) + "/configs/" + name, {});
+  if (!config.ok()) FAIL(config.error().message);
+  return config.value();
+}
 
 /// Small spaces (hundreds of candidates, each simulated in well under a millisecond): the runtime's
 /// tiny GPT under the analytic model, and a pipeline with explicit per-device costs.
@@ -114,7 +124,7 @@ TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration
 TEST_CASE("tune's best fitting row is never worse than compare's, whose points are all in its space") {
   const std::string name = GENERATE("default.json", "tiny.json", "examples/split-backward.json");
   CAPTURE(name);
-  const Config config = shipped_config(name);
+  const Config config = source_config(name);
   double best = 0;
   for (const std::string& schedule : schedule_names())
     for (const std::string& vocab : vocab_mode_names()) {  // what compare runs
@@ -137,7 +147,7 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
 }
 
 TEST_CASE("changes name what differs from the config") {
-  const Config config = shipped_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
+  const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
   Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, ""};
   CHECK(describe_changes(config, c) == "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
   c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute", {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6"};
@@ -147,7 +157,7 @@ TEST_CASE("changes name what differs from the config") {
 }
 
 TEST_CASE("every candidate keeps the global batch, and the space holds each redistribute split once") {
-  const Config config = shipped_config("default.json");
+  const Config config = source_config("default.json");
   const std::int64_t global = std::int64_t(config.parallel.microbatches) * config.model.micro_batch_size * config.parallel.dp;
   const std::vector<Candidate> space = tune_space(config, 64);
   for (const Candidate& c : space) {
@@ -179,15 +189,16 @@ TEST_CASE("every candidate keeps the global batch, and the space holds each redi
 
 TEST_CASE("when nothing fits, tune names the smallest peak memory, its device, its candidate and the cap") {
   Config config = small_config("tiny");
-  SECTION("every bound is over the cap: the smallest bound is named") {
+  SECTION("every bound is over the cap: the smallest peak is still simulated, not a bound") {
     config.hardware.memory_gib = 1e-6;
     const Result<TuneResult> result = tune(config, {});
     REQUIRE(!result.ok());
     CHECK_THAT(result.error().message, Catch::StartsWith("configs/tiny.json: nothing fits in 0.00 GiB per device "
                                                          "(hardware.memory_gib, or --memory-gib): the smallest peak "
-                                                         "memory seen is at least "));
-    CHECK_THAT(result.error().message, Catch::Contains(" MiB (a bound; not simulated), on device "));
+                                                         "memory of any candidate is "));
+    CHECK_THAT(result.error().message, Catch::Contains(" MiB, on device "));
     CHECK_THAT(result.error().message, Catch::EndsWith("; raise --memory-gib to at least 0.01 or give more --gpus than 4"));
+    CHECK(result.error().message == tune(config, {.prune = false}).error().message);
   }
   SECTION("a cap one byte under the smallest simulated peak: that run is named") {
     // Without pruning every candidate is simulated; ties go to the first in the space's order.
@@ -202,10 +213,11 @@ TEST_CASE("when nothing fits, tune names the smallest peak memory, its device, i
     const std::vector<DeviceMetrics>& devices = least->report.metrics.devices;
     const auto device = std::find_if(devices.begin(), devices.end(),
                                      [&](const DeviceMetrics& d) { return d.peak_memory_bytes == peak; });
-    const Candidate& c = tune_space(config, 4)[least->candidate];
+    CHECK(tune(config, {}).error().message == result.error().message);  // pruning changes nothing here either
+    const Candidate c = tune_space(config, 4)[least->candidate];
     CHECK_THAT(result.error().message,
-               Catch::Contains(fmt::format("the smallest peak memory seen is {:.2f} MiB, on device {}, for {} / {}, pp {} "
-                                           "tp {} dp {}, m {} x {}",
+               Catch::Contains(fmt::format("the smallest peak memory of any candidate is {:.2f} MiB, on device {}, for "
+                                           "{} / {}, pp {} tp {} dp {}, m {} x {}",
                                            double(peak) / double(1 << 20), device->rank, c.schedule, c.vocab,
                                            c.parallel.pp, c.parallel.tp, c.parallel.dp, c.parallel.microbatches,
                                            c.micro_batch_size)));

@@ -130,11 +130,42 @@ void simulate_pending(const Config& config, const std::vector<Candidate>& space,
         fastest.add(e.report->metrics.iteration_ns);
     next += count;
   }
+  progress.advance(order.size() - next);
   for (; next < order.size(); ++next) evaluations[order[next]].outcome = Outcome::PrunedByTime;
 }
 
-/// Why nothing fits: the candidate with the smallest peak memory (simulated, or a bound when its
-/// bound alone ruled it out), its device, and the cap.
+/// When nothing fits: simulates the candidates whose memory bound pruned them, smallest bound first,
+/// while a bound is no larger than the smallest peak simulated so far, so that the smallest peak
+/// named is the real one, the same as an exhaustive search finds.
+void settle_smallest_peak(const Config& config, const std::vector<Candidate>& space, const TuneSearch& search,
+                          std::vector<Evaluation>& evaluations) {
+  const auto requirement = [&](std::size_t i) {
+    const Evaluation& e = evaluations[i];
+    return most(e.report ? peaks(*e.report) : e.bounds.memory_bytes).first;
+  };
+  std::optional<Bytes> smallest;
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < space.size(); ++i) {
+    if (evaluations[i].outcome == Outcome::Simulated) smallest = std::min(smallest.value_or(requirement(i)), requirement(i));
+    if (evaluations[i].outcome == Outcome::PrunedByMemory) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return requirement(a) < requirement(b); });
+  ProgressBar quiet(0, false);
+  for (std::size_t next = 0; next < order.size();) {
+    std::size_t end = next;
+    while (end < order.size() && end - next < std::max<std::size_t>(search.batch, 1) &&
+           (!smallest || requirement(order[end]) <= *smallest))
+      ++end;
+    if (end == next) return;
+    parallel_for(end - next, [&](std::size_t k) { simulate_one(config, space[order[next + k]], evaluations[order[next + k]], quiet); });
+    for (; next < end; ++next)
+      if (evaluations[order[next]].outcome == Outcome::Simulated)
+        smallest = std::min(smallest.value_or(requirement(order[next])), requirement(order[next]));
+  }
+}
+
+/// Why nothing fits: the candidate with the smallest peak memory (simulated; a bound only where
+/// every candidate that could have beaten it was refused), its device, and the cap.
 Error nothing_fits(const Config& config, const std::vector<Candidate>& space, const std::vector<Evaluation>& evaluations,
                    int gpus) {
   std::optional<std::size_t> smallest;
@@ -154,10 +185,10 @@ Error nothing_fits(const Config& config, const std::vector<Candidate>& space, co
   }
   const bool bound = evaluations[*smallest].outcome == Outcome::PrunedByMemory;
   return Error{fmt::format(
-      "{}: nothing fits in {:.2f} GiB per device (hardware.memory_gib, or --memory-gib): the smallest peak memory seen "
-      "is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}",
-      config.source, config.hardware.memory_gib, bound ? "at least " : "", memory_text(least), bound ? " (a bound; not simulated)" : "",
-      device, describe_candidate(space[*smallest]), std::ceil(double(least) / double(1 << 30) * 100) / 100, gpus)};
+      "{}: nothing fits in {:.2f} GiB per device (hardware.memory_gib, or --memory-gib): the smallest peak memory of any "
+      "candidate is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}",
+      config.source, config.hardware.memory_gib, bound ? "at least " : "", memory_text(least),
+      bound ? " (a bound; not simulated)" : "", device, describe_candidate(space[*smallest]), std::ceil(double(least) / double(1 << 30) * 100) / 100, gpus)};
 }
 
 }  // namespace
@@ -196,7 +227,10 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
     if (e.report && e.report->metrics.fits_in_memory)
       result.rows.push_back({i, describe_changes(config, space[i]), std::move(*e.report)});
   }
-  if (result.rows.empty()) return nothing_fits(config, space, evaluations, gpus);
+  if (result.rows.empty()) {
+    settle_smallest_peak(config, space, search, evaluations);
+    return nothing_fits(config, space, evaluations, gpus);
+  }
   std::sort(result.rows.begin(), result.rows.end(), [](const TuneRow& a, const TuneRow& b) {
     const TimeNs ta = a.report.metrics.iteration_ns, tb = b.report.metrics.iteration_ns;
     return ta != tb ? ta < tb : a.candidate < b.candidate;

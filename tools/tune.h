@@ -79,8 +79,8 @@ struct TuneResult {
   std::size_t pruned() const { return pruned_by_memory + pruned_by_time; }
 };
 
-/// The search. When nothing fits, the error names the smallest peak memory seen, its device, its
-/// candidate and the cap, and what to change.
+/// The search. When nothing fits, the error names the smallest peak memory of any candidate (what an
+/// exhaustive search would find), its device, its candidate and the cap, and what to change.
 Result<TuneResult> tune(const Config& config, const TuneSearch& search);
 
 }  // namespace pipesim

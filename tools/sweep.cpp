@@ -87,8 +87,11 @@ std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<st
   for (const GridAxis& axis : axes) columns.push_back({axis.key, true});
   const std::vector<Column> compared = comparison_columns();
   columns.insert(columns.end(), compared.begin(), compared.end());
-  columns.push_back({"error", true});
   const auto first = std::find_if(rows.begin(), rows.end(), [](const SweepRow& r) { return r.report.has_value(); });
+  // CSV keeps one shape for scripts; a table for people shows the column only when a point failed.
+  const bool errors = format == Format::Csv ||
+                      std::any_of(rows.begin(), rows.end(), [](const SweepRow& r) { return !r.report.has_value(); });
+  if (errors) columns.push_back({"error", true});
   std::vector<std::vector<std::string>> cells;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> row;
@@ -96,7 +99,7 @@ std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<st
     const std::vector<std::string> run =
         rows[i].report ? comparison_cells(*rows[i].report, *first->report) : std::vector<std::string>(compared.size());
     row.insert(row.end(), run.begin(), run.end());
-    row.push_back(rows[i].error);
+    if (errors) row.push_back(rows[i].error);
     cells.push_back(std::move(row));
   }
   return format_table(columns, cells, format);

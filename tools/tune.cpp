@@ -200,12 +200,13 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
   if (search.top == 0) return Error{"--top: keep at least 1 row"};
   const std::vector<Candidate> space = tune_space(config, gpus);
   if (space.empty())
-    return Error{fmt::format("{}: nothing to search on {} GPUs: pp x tp x dp must make {} with dp dividing the global "
-                             "batch ({} sequences), tp dividing the {} heads and at most hardware.gpus_per_node "
-                             "({}), and pp at most the {} layers; choose another --gpus",
-                             config.source, gpus, gpus, std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp,
-                             config.model.heads,
-                             config.hardware.gpus_per_node, config.model.layers)};
+    return Error{fmt::format(
+        "{}: nothing to search on {} GPUs: pp x tp x dp must make {} with dp dividing the global batch ({} sequences), "
+        "tp dividing the {} heads and at most hardware.gpus_per_node ({}), and pp at most the {} layers{}; choose "
+        "another --gpus",
+        config.source, gpus, gpus, std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp,
+        config.model.heads, config.hardware.gpus_per_node, config.model.layers,
+        config.costs ? fmt::format(" (explicit costs: pp {} and tp {}, the config's)", given.pp, given.tp) : "")};
   std::vector<Evaluation> evaluations(space.size());
   {
     ProgressBar progress(space.size(), search.progress);

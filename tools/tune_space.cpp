@@ -34,18 +34,24 @@ struct Shape {
 /// (pp, tp, dp) with pp × tp × dp = gpus, tp dividing the heads and staying inside a node (the
 /// config's own tp is always tried), pp at most the layers; and for each, every microbatch count m
 /// that splits dp's share of the global batch (microbatches × micro_batch_size × dp, in sequences)
-/// into microbatches of a whole number of sequences, smallest micro_batch_size first.
+/// into microbatches of a whole number of sequences, smallest micro_batch_size first. Explicit costs
+/// are times of the config's pp, tp and micro-batch, which they do not scale with: those stay fixed.
 std::vector<Shape> shapes(const Config& config, int gpus) {
   const ParallelConfig& given = config.parallel;
-  const std::int64_t global = std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp;
+  const int given_batch = config.model.micro_batch_size;
+  const std::int64_t global = std::int64_t(given.microbatches) * given_batch * given.dp;
+  const bool fixed = config.costs.has_value();
   std::vector<Shape> out;
   for (int tp : divisors(config.model.heads)) {
-    if ((tp > config.hardware.gpus_per_node && tp != given.tp) || gpus % tp != 0) continue;
+    if ((tp > config.hardware.gpus_per_node && tp != given.tp) || gpus % tp != 0 || (fixed && tp != given.tp)) continue;
     for (int dp : divisors(gpus / tp)) {
       const int pp = gpus / tp / dp;
-      if (global % dp != 0 || global / dp > INT_MAX || pp > config.model.layers || pp > limits::kPp) continue;
+      if (global % dp != 0 || global / dp > INT_MAX || pp > config.model.layers || pp > limits::kPp ||
+          (fixed && pp != given.pp))
+        continue;
       const auto sequences = int(global / dp);  // per replica
       for (int micro_batch_size : divisors(sequences)) {
+        if (fixed && micro_batch_size != given_batch) continue;
         const int m = sequences / micro_batch_size;
         if (m > limits::kMicrobatches || std::int64_t(micro_batch_size) * config.model.seq_len > limits::kTokensPerMicrobatch)
           continue;

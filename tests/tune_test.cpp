@@ -107,9 +107,10 @@ TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration
     const Result<SimulatedRun> run = simulate_config(c);
     const Result<LowerBounds> bounds = lower_bounds(c);
     if (!run.ok()) continue;  // refused by the schedule: the search skips it either way
-    INFO(candidate.schedule << " / " << candidate.vocab << ", pp " << candidate.parallel.pp << " tp " << candidate.parallel.tp
-                            << " dp " << candidate.parallel.dp << " m " << candidate.parallel.microbatches << " chunks "
-                            << candidate.parallel.chunks << " " << candidate.split_change);
+    const ParallelConfig& p = candidate.parallel;
+    INFO(candidate.schedule << " / " << candidate.vocab << ", pp " << p.pp << " tp " << p.tp << " dp " << p.dp << " m "
+                            << p.microbatches << " x " << candidate.micro_batch_size << " chunks " << p.chunks << " "
+                            << candidate.split_change);
     REQUIRE(bounds.ok());
     const RunMetrics& metrics = run.value().report.metrics;
     REQUIRE(bounds.value().memory_bytes.size() == metrics.devices.size());
@@ -152,8 +153,10 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
 TEST_CASE("changes name what differs from the config") {
   const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
   Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, ""};
-  CHECK(describe_changes(config, c) == "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
-  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute", {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6"};
+  CHECK(describe_changes(config, c) ==
+        "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute",
+       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6"};
   CHECK(describe_changes(config, c) == "vocab redistribute, 1 layer s7→s6");
   c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, ""};
   CHECK(describe_changes(config, c) == "none");  // 1f1b runs one chunk whatever parallel.chunks says
@@ -161,7 +164,8 @@ TEST_CASE("changes name what differs from the config") {
 
 TEST_CASE("every candidate keeps the global batch, and the space holds each redistribute split once") {
   const Config config = source_config("default.json");
-  const std::int64_t global = std::int64_t(config.parallel.microbatches) * config.model.micro_batch_size * config.parallel.dp;
+  const ParallelConfig& given = config.parallel;
+  const std::int64_t global = std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp;
   const std::vector<Candidate> space = tune_space(config, 64);
   for (const Candidate& c : space) {
     CHECK(std::int64_t(c.parallel.microbatches) * c.micro_batch_size * c.parallel.dp == global);

@@ -134,33 +134,40 @@ void simulate_pending(const Config& config, const std::vector<Candidate>& space,
   for (; next < order.size(); ++next) evaluations[order[next]].outcome = Outcome::PrunedByTime;
 }
 
+/// The memory a candidate needs on its fullest device, and that device: simulated, or its bound.
+std::pair<Bytes, int> requirement(const Evaluation& e) {
+  return most(e.report ? peaks(*e.report) : e.bounds.memory_bytes);
+}
+
 /// When nothing fits: simulates the candidates whose memory bound pruned them, smallest bound first,
 /// while a bound is no larger than the smallest peak simulated so far, so that the smallest peak
 /// named is the real one, the same as an exhaustive search finds.
 void settle_smallest_peak(const Config& config, const std::vector<Candidate>& space, const TuneSearch& search,
                           std::vector<Evaluation>& evaluations) {
-  const auto requirement = [&](std::size_t i) {
-    const Evaluation& e = evaluations[i];
-    return most(e.report ? peaks(*e.report) : e.bounds.memory_bytes).first;
-  };
   std::optional<Bytes> smallest;
+  const auto update = [&](const Evaluation& e) {
+    if (e.outcome == Outcome::Simulated) smallest = std::min(smallest.value_or(requirement(e).first), requirement(e).first);
+  };
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < space.size(); ++i) {
-    if (evaluations[i].outcome == Outcome::Simulated) smallest = std::min(smallest.value_or(requirement(i)), requirement(i));
+    update(evaluations[i]);
     if (evaluations[i].outcome == Outcome::PrunedByMemory) order.push_back(i);
   }
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return requirement(a) < requirement(b); });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return requirement(evaluations[a]).first < requirement(evaluations[b]).first;
+  });
   ProgressBar quiet(0, false);
   for (std::size_t next = 0; next < order.size();) {
     std::size_t end = next;
     while (end < order.size() && end - next < std::max<std::size_t>(search.batch, 1) &&
-           (!smallest || requirement(order[end]) <= *smallest))
+           (!smallest || requirement(evaluations[order[end]]).first <= *smallest))
       ++end;
     if (end == next) return;
-    parallel_for(end - next, [&](std::size_t k) { simulate_one(config, space[order[next + k]], evaluations[order[next + k]], quiet); });
-    for (; next < end; ++next)
-      if (evaluations[order[next]].outcome == Outcome::Simulated)
-        smallest = std::min(smallest.value_or(requirement(order[next])), requirement(order[next]));
+    parallel_for(end - next, [&](std::size_t k) {
+      const std::size_t i = order[next + k];
+      simulate_one(config, space[i], evaluations[i], quiet);
+    });
+    for (; next < end; ++next) update(evaluations[order[next]]);
   }
 }
 
@@ -169,13 +176,11 @@ void settle_smallest_peak(const Config& config, const std::vector<Candidate>& sp
 Error nothing_fits(const Config& config, const std::vector<Candidate>& space, const std::vector<Evaluation>& evaluations,
                    int gpus) {
   std::optional<std::size_t> smallest;
-  Bytes least = 0;
-  int device = 0;
   for (std::size_t i = 0; i < space.size(); ++i) {
-    const Evaluation& e = evaluations[i];
-    if (e.outcome != Outcome::Simulated && e.outcome != Outcome::PrunedByMemory) continue;
-    const auto [peak, on] = most(e.report ? peaks(*e.report) : e.bounds.memory_bytes);
-    if (!smallest || peak < least) smallest = i, least = peak, device = on;
+    const Outcome o = evaluations[i].outcome;
+    if ((o == Outcome::Simulated || o == Outcome::PrunedByMemory) &&
+        (!smallest || requirement(evaluations[i]).first < requirement(evaluations[*smallest]).first))
+      smallest = i;
   }
   if (!smallest) {
     const auto refused = std::find_if(evaluations.begin(), evaluations.end(),
@@ -183,12 +188,14 @@ Error nothing_fits(const Config& config, const std::vector<Candidate>& space, co
     return Error{fmt::format("{}: no candidate on {} GPUs could run{}", config.source, gpus,
                              refused == evaluations.end() ? "" : "; the first refused: " + refused->error)};
   }
+  const auto [least, device] = requirement(evaluations[*smallest]);
   const bool bound = evaluations[*smallest].outcome == Outcome::PrunedByMemory;
+  const double least_gib = std::ceil(double(least) / double(1 << 30) * 100) / 100;  // rounded up: it then fits
   return Error{fmt::format(
       "{}: nothing fits in {:.2f} GiB per device (hardware.memory_gib, or --memory-gib): the smallest peak memory of any "
       "candidate is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}",
       config.source, config.hardware.memory_gib, bound ? "at least " : "", memory_text(least),
-      bound ? " (a bound; not simulated)" : "", device, describe_candidate(space[*smallest]), std::ceil(double(least) / double(1 << 30) * 100) / 100, gpus)};
+      bound ? " (a bound; not simulated)" : "", device, describe_candidate(space[*smallest]), least_gib, gpus)};
 }
 
 }  // namespace

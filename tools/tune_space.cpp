@@ -53,8 +53,8 @@ std::vector<Shape> shapes(const Config& config, int gpus) {
       for (int micro_batch_size : divisors(sequences)) {
         if (fixed && micro_batch_size != given_batch) continue;
         const int m = sequences / micro_batch_size;
-        if (m > limits::kMicrobatches || std::int64_t(micro_batch_size) * config.model.seq_len > limits::kTokensPerMicrobatch)
-          continue;
+        const std::int64_t tokens = std::int64_t(micro_batch_size) * config.model.seq_len;
+        if (m > limits::kMicrobatches || tokens > limits::kTokensPerMicrobatch) continue;
         out.push_back({{.pp = pp, .tp = tp, .dp = dp, .microbatches = m, .chunks = 1}, micro_batch_size});
       }
     }
@@ -151,7 +151,8 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   number("m", from.microbatches, to.microbatches);
   number("mbs", config.model.micro_batch_size, candidate.micro_batch_size);
   // Other schedules run a fixed chunk count, whatever parallel.chunks says.
-  if (const ScheduleInfo* s = find_schedule(candidate.schedule); s && s->chunks == 0) number("chunks", from.chunks, to.chunks);
+  if (const ScheduleInfo* s = find_schedule(candidate.schedule); s && s->chunks == 0)
+    number("chunks", from.chunks, to.chunks);
   if (candidate.schedule != config.schedule.name) parts.push_back("schedule " + candidate.schedule);
   if (candidate.vocab != config.schedule.vocab) parts.push_back("vocab " + candidate.vocab);
   if (!candidate.split_change.empty()) parts.push_back(candidate.split_change);

@@ -88,6 +88,8 @@ std::string csv_cell(const std::string& cell) {
 
 std::string format_table(const std::vector<Column>& columns, const std::vector<std::vector<std::string>>& rows,
                          Format format) {
+  std::vector<std::string> header;
+  for (const Column& c : columns) header.push_back(c.name);
   std::string out;
   if (format == Format::Csv) {
     const auto line = [](const std::vector<std::string>& cells) {
@@ -95,15 +97,13 @@ std::string format_table(const std::vector<Column>& columns, const std::vector<s
       for (const std::string& cell : cells) s += (s.empty() ? "" : ",") + csv_cell(cell);
       return s + "\n";
     };
-    std::vector<std::string> header;
-    for (const Column& c : columns) header.push_back(c.name);
     out += line(header);
     for (const std::vector<std::string>& r : rows) out += line(r);
     return out;
   }
   std::vector<std::size_t> width(columns.size());
   for (std::size_t c = 0; c < columns.size(); ++c) {
-    width[c] = display_width(columns[c].name);
+    width[c] = display_width(header[c]);
     for (const std::vector<std::string>& r : rows) width[c] = std::max(width[c], display_width(r[c]));
   }
   const auto line = [&](const std::vector<std::string>& cells) {
@@ -116,8 +116,6 @@ std::string format_table(const std::vector<Column>& columns, const std::vector<s
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s + "\n";
   };
-  std::vector<std::string> header;
-  for (const Column& c : columns) header.push_back(c.name);
   out += line(header);
   if (format == Format::Markdown) {
     std::vector<std::string> rule;

@@ -97,6 +97,124 @@ TEST_CASE("compare prints one row per combination with speedup against the first
   CHECK(md.text.find("-: |") != std::string::npos);  // numbers right-aligned
 }
 
+TEST_CASE("tune prints its top rows with what each changes, and its best beats compare's best that fits") {
+  const Output out = run("tune " + config("default.json") + " --top 5 --format json");
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["evaluated"].get<int>() == r["simulated"].get<int>() + r["pruned"].get<int>() + r["refused"].get<int>());
+  CHECK(r["pruned"].get<int>() > 0);
+  CHECK(r["seconds"].get<double>() > 0);
+  REQUIRE(r["results"].size() == 5);
+  for (const json& row : r["results"]) {
+    for (const char* key : {"schedule", "vocab", "pp", "tp", "dp", "microbatches", "tokens_per_s", "peak_memory_bytes",
+                            "fits_in_memory", "devices", "changes"})
+      CHECK(row.contains(key));
+    CHECK(row["fits_in_memory"] == true);
+  }
+  CHECK(r["results"][0]["tokens_per_s"].get<double>() >= r["results"][4]["tokens_per_s"].get<double>());
+  double best = 0;
+  for (const json& row : json::parse(run("compare " + config("default.json") + " --format json").text))
+    if (row["fits_in_memory"] == true) best = std::max(best, row["tokens_per_s"].get<double>());
+  CHECK(r["results"][0]["tokens_per_s"].get<double>() >= best);
+
+  const Output csv = run("tune " + config("default.json") + " --top 3 --format csv");
+  REQUIRE(csv.exit_code == 0);
+  CHECK_THAT(csv.text, Catch::StartsWith("config,schedule,vocab,iter_ms,tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,"
+                                         "speedup,mem_vs_first,fits,changes\n"));
+  CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 4);
+  CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
+}
+
+TEST_CASE("tune's progress bar is drawn only for text output to a terminal") {
+  const std::string args = "tune " + config("default.json") + " --gpus 16";
+  // Standard error through a pipe: notes only, never a bar.
+  for (const char* format : {"text", "json", "csv"}) {
+    const Output piped = run_stderr(args + " --format " + format);
+    CHECK(piped.exit_code == 0);
+    CHECK(piped.text.find('\r') == std::string::npos);
+  }
+  if (run_command("python3 -c 'import pty'").exit_code != 0) {
+    WARN("python3 with its pty module is not here: the terminal half is skipped");
+    return;
+  }
+  // A pseudo-terminal on every stream (the terminal turns each "\n" into "\r\n"; the bar starts with "\r[").
+  const auto dir = scratch_dir();
+  // Not pty.py: the script's own folder comes first on Python's path, and `import pty` would find it.
+  std::ofstream(dir / "terminal.py") << R"py(import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+while True:
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        break
+    if not data:
+        break
+    out += data
+_, status = os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+sys.exit(os.waitstatus_to_exitcode(status))
+)py";
+  const std::string terminal = "python3 " + (dir / "terminal.py").string() + " " + std::getenv("PIPESIM") + " " + args;
+  const Output text = run_command(terminal + " --format text");
+  CHECK(text.exit_code == 0);
+  CHECK(text.text.find("\r[0/") != std::string::npos);
+  CHECK(text.text.find(" tokens/s\033[K") != std::string::npos);
+  CHECK(text.text.find("\r\033[Kconfig ") != std::string::npos);  // cleared before the table
+  const Output json_out = run_command(terminal + " --format json");
+  CHECK(json_out.exit_code == 0);
+  CHECK(json_out.text.find("\r[") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tune says what would fit when nothing does") {
+  const Output out = run_stderr("tune " + config("default.json") + " --memory-gib 10");
+  CHECK(out.exit_code == 1);
+  CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: " + config("default.json") + ": nothing fits in 10.00 GiB per "
+                                         "device (hardware.memory_gib, or --memory-gib): the smallest peak memory of any candidate is "));
+  CHECK_THAT(out.text, Catch::Contains(" GiB, on device "));
+  CHECK_THAT(out.text, Catch::Contains("; raise --memory-gib to at least "));
+  CHECK_THAT(out.text, Catch::EndsWith(" or give more --gpus than 8\n"));
+  CHECK(run_stderr("tune " + config("default.json") + " --gpus 64 --memory-gib 10").exit_code == 0);
+}
+
+TEST_CASE("sweep prints one row per grid point, grid columns first, failed points as rows with their error") {
+  const Output csv = run("sweep " + config("tiny.json") + " --grid parallel.pp=2,4,0 --grid schedule.name=1f1b,gpipe "
+                         "--set parallel.microbatches=4 --format csv");
+  REQUIRE(csv.exit_code == 0);
+  std::vector<std::string> lines;
+  for (std::size_t at = 0, end; (end = csv.text.find('\n', at)) != std::string::npos; at = end + 1)
+    lines.push_back(csv.text.substr(at, end - at));
+  REQUIRE(lines.size() == 1 + 3 * 2);
+  CHECK(lines[0] == "parallel.pp,schedule.name,config,schedule,vocab,iter_ms,tokens_per_s,mfu_pct,bubble_pct,"
+                    "peak_mem_gib,speedup,mem_vs_first,fits,error");
+  CHECK_THAT(lines[1], Catch::StartsWith("2,1f1b," + config("tiny.json") + ",1f1b,vocab-1,"));
+  CHECK_THAT(lines[2], Catch::StartsWith("2,gpipe,"));
+  CHECK_THAT(lines[4], Catch::StartsWith("4,gpipe,"));
+  CHECK_THAT(lines[4], Catch::EndsWith(",yes,"));  // no error
+  CHECK(lines[5] == "0,1f1b,,,,,,,,,,,,\"" + config("tiny.json") + ": parallel.pp (from --set): must be at least 1, got 0\"");
+
+  const Output j = run("sweep " + config("tiny.json") + " --grid parallel.pp=4,0 --format json");
+  REQUIRE(j.exit_code == 0);
+  const json rows = json::parse(j.text);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["parallel.pp"] == 4);
+  CHECK(rows[0]["pp"] == 4);
+  CHECK(rows[1]["error"].get<std::string>().find("must be at least 1") != std::string::npos);
+}
+
+TEST_CASE("a malformed --grid fails with exit 1, naming --grid and the fix") {
+  for (const std::string grid : {"parallel.pp", "parallel.pp=", "parallel.pp=2,,4", "parallel.ppp=2,4"}) {
+    const Output out = run_stderr("sweep " + config("tiny.json") + " --grid " + grid);
+    INFO(grid);
+    CHECK(out.exit_code == 1);
+    CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: --grid '" + grid + "': "));
+    CHECK_THAT(out.text, Catch::Contains("--set"));
+  }
+}
+
 TEST_CASE("--set reaches the config, and bad names get a did-you-mean and exit 1") {
   const Output set = run("simulate " + config("default.json") + " --set parallel.microbatches=8 --format json");
   REQUIRE(set.exit_code == 0);
@@ -350,9 +468,10 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
   std::ofstream(dir / "profile.json") << R"({"costs": {"forward_ms": 1, "backward_ms": 1}, "layers_per_stage": ["a", null]})";
   const std::string help = " (see pipesim --help)\n";
   const std::pair<std::string, std::string> cases[] = {
-      {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, calibrate, compare, list, export, bench\n"},
+      {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, calibrate, compare, tune, sweep, list, "
+                     "export, bench\n"},
       {"simulat " + tiny, "unknown command 'simulat'; did you mean 'simulate'? Commands: simulate, run, calibrate, "
-                          "compare, list, export, bench\n"},
+                          "compare, tune, sweep, list, export, bench\n"},
       {"simulate", "config is required" + help},
       {"simulate " + tiny + " --bogus", "The following argument was not expected: --bogus" + help},
       {"simulate " + tiny + " --schedule ''", "--schedule: an empty value; give one, or leave the option out" + help},

@@ -35,6 +35,24 @@ struct CompareOptions {
   Format format = Format::Text;
 };
 
+/// `pipesim tune`: the fastest configurations that fit, at the config's GPU count and global batch.
+struct TuneOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  double memory_gib = 0;  ///< 0: the config's hardware.memory_gib
+  int gpus = 0;           ///< 0: the config's pp x tp x dp
+  int top = 10;
+  Format format = Format::Text;
+};
+
+/// `pipesim sweep`: one row per point of the --grid product.
+struct SweepOptions {
+  std::string config;
+  std::vector<std::string> grids;  ///< key.path=v1,v2,...
+  std::vector<std::string> overrides;
+  Format format = Format::Text;
+};
+
 struct ExportOptions {
   std::string config;
   std::string schedule;  ///< empty: the config's
@@ -79,6 +97,8 @@ struct BenchOptions {
 
 ExitStatus run_simulate(const SimulateOptions& options);
 ExitStatus run_compare(const CompareOptions& options);
+ExitStatus run_tune(const TuneOptions& options);
+ExitStatus run_sweep(const SweepOptions& options);
 ExitStatus run_list();
 ExitStatus run_export(const ExportOptions& options);
 ExitStatus run_bench(const BenchOptions& options);

@@ -146,6 +146,29 @@ int main(int argc, char** argv) {
   add_format_option(cmp, compare.format, {"text", "csv", "json", "markdown"});
   cmp->callback([&] { status = pipesim::run_compare(compare); });
 
+  pipesim::TuneOptions tune;
+  CLI::App* tn = app.add_subcommand(
+      "tune", "search schedule x vocabulary x (pp, tp, dp) x chunks x layer split for the fastest configs that fit");
+  tn->add_option("config", tune.config, "JSON config file")->required()->check(pipesim::kNonEmpty);
+  tn->add_option("--set", tune.overrides, "override a config field: key.path=value (repeatable)");
+  tn->add_option("--memory-gib", tune.memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
+      ->check(pipesim::finite_in(0, 1e9));
+  tn->add_option("--gpus", tune.gpus, "GPUs to factor into pp x tp x dp (default: the config's pp x tp x dp)")
+      ->check(CLI::Range(1, 1 << 24));
+  tn->add_option("--top", tune.top, "rows to print, fastest first (default 10)")->check(CLI::Range(1, 1000000));
+  add_format_option(tn, tune.format, {"text", "csv", "json", "markdown"});
+  tn->callback([&] { status = pipesim::run_tune(tune); });
+
+  pipesim::SweepOptions sweep;
+  CLI::App* swp = app.add_subcommand("sweep", "simulate every point of a grid of --set values, one row each");
+  swp->add_option("config", sweep.config, "JSON config file")->required()->check(pipesim::kNonEmpty);
+  swp->add_option("--grid", sweep.grids,
+                  "key.path=v1,v2,...: a --set key and its values; the rows are the product of the grids (repeatable)")
+      ->required();
+  swp->add_option("--set", sweep.overrides, "override a config field at every point: key.path=value (repeatable)");
+  add_format_option(swp, sweep.format, {"text", "csv", "json", "markdown"});
+  swp->callback([&] { status = pipesim::run_sweep(sweep); });
+
   app.add_subcommand("list", "list schedules, vocabulary modes and hardware presets")->callback([&] {
     status = pipesim::run_list();
   });

@@ -71,31 +71,46 @@ std::string join(const std::vector<int>& values) {
   return out;
 }
 
-struct Row {
-  std::vector<std::string> cells;
-};
+/// Columns a terminal shows: UTF-8 continuation bytes take none (fmt pads by display width too).
+std::size_t display_width(const std::string& text) {
+  return std::size_t(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
 
-/// Aligned text, Markdown or CSV; the first `left_columns` columns hold names (left-aligned), the
-/// rest numbers (right-aligned).
-std::string table(const std::vector<std::string>& header, const std::vector<Row>& rows, Format format,
-                  std::size_t left_columns) {
+/// RFC 4180: a cell holding a comma, a quote or a line break is quoted, its quotes doubled.
+std::string csv_cell(const std::string& cell) {
+  if (cell.find_first_of(",\"\n\r") == std::string::npos) return cell;
+  std::string quoted = "\"";
+  for (char c : cell) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+}  // namespace
+
+std::string format_table(const std::vector<Column>& columns, const std::vector<std::vector<std::string>>& rows,
+                         Format format) {
+  std::vector<std::string> header;
+  for (const Column& c : columns) header.push_back(c.name);
   std::string out;
   if (format == Format::Csv) {
-    out += fmt::format("{}\n", fmt::join(header, ","));
-    for (const Row& r : rows) out += fmt::format("{}\n", fmt::join(r.cells, ","));
+    const auto line = [](const std::vector<std::string>& cells) {
+      std::string s;
+      for (const std::string& cell : cells) s += (s.empty() ? "" : ",") + csv_cell(cell);
+      return s + "\n";
+    };
+    out += line(header);
+    for (const std::vector<std::string>& r : rows) out += line(r);
     return out;
   }
-  std::vector<std::size_t> width(header.size());
-  for (std::size_t c = 0; c < header.size(); ++c) {
-    width[c] = header[c].size();
-    for (const Row& r : rows) width[c] = std::max(width[c], r.cells[c].size());
+  std::vector<std::size_t> width(columns.size());
+  for (std::size_t c = 0; c < columns.size(); ++c) {
+    width[c] = display_width(header[c]);
+    for (const std::vector<std::string>& r : rows) width[c] = std::max(width[c], display_width(r[c]));
   }
   const auto line = [&](const std::vector<std::string>& cells) {
     std::string s = format == Format::Markdown ? "|" : "";
     for (std::size_t c = 0; c < cells.size(); ++c) {
-      const bool left = c < left_columns;
       s += format == Format::Markdown ? " " : (c ? "  " : "");
-      s += left ? fmt::format("{:<{}}", cells[c], width[c]) : fmt::format("{:>{}}", cells[c], width[c]);
+      s += columns[c].left ? fmt::format("{:<{}}", cells[c], width[c]) : fmt::format("{:>{}}", cells[c], width[c]);
       if (format == Format::Markdown) s += " |";
     }
     while (!s.empty() && s.back() == ' ') s.pop_back();
@@ -104,14 +119,13 @@ std::string table(const std::vector<std::string>& header, const std::vector<Row>
   out += line(header);
   if (format == Format::Markdown) {
     std::vector<std::string> rule;
-    for (std::size_t c = 0; c < header.size(); ++c) rule.push_back(std::string(width[c] - 1, '-') + (c < left_columns ? "-" : ":"));
+    for (std::size_t c = 0; c < columns.size(); ++c)
+      rule.push_back(std::string(width[c] - 1, '-') + (columns[c].left ? "-" : ":"));
     out += line(rule);
   }
-  for (const Row& r : rows) out += line(r.cells);
+  for (const std::vector<std::string>& r : rows) out += line(r);
   return out;
 }
-
-}  // namespace
 
 RunReport make_report(const Plan& plan, const std::string& cost_source, const RunMetrics& metrics) {
   RunReport r;
@@ -149,16 +163,16 @@ std::string format_run(const RunReport& r, Format format) {
       m.iteration_ns / 1e6, m.tokens_per_s, r.measured ? "n/a" : fmt::format("{:.1f}%", 100 * m.mfu),
       100 * m.bubble_fraction, max_exposed_comm(r) / 1e6, mem(max_peak(r)), unit, mem(m.memory_capacity_bytes), unit,
       m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
-  std::vector<Row> rows;
+  std::vector<std::vector<std::string>> rows;
   for (const DeviceMetrics& d : m.devices)
-    rows.push_back({{std::to_string(d.rank), r.peak_ops[std::size_t(d.rank)], fmt::format("{:.3f}", d.busy_ns / 1e6),
-                     fmt::format("{:.1f}", 100 * d.bubble_fraction), fmt::format("{:.2f}", mem(d.static_bytes)),
-                     fmt::format("{:.2f}", mem(d.peak_activation_bytes)), fmt::format("{:.2f}", mem(d.peak_memory_bytes)),
-                     fmt::format("{:.3f}", d.exposed_comm_ns / 1e6)}});
+    rows.push_back({std::to_string(d.rank), r.peak_ops[std::size_t(d.rank)], fmt::format("{:.3f}", d.busy_ns / 1e6),
+                    fmt::format("{:.1f}", 100 * d.bubble_fraction), fmt::format("{:.2f}", mem(d.static_bytes)),
+                    fmt::format("{:.2f}", mem(d.peak_activation_bytes)), fmt::format("{:.2f}", mem(d.peak_memory_bytes)),
+                    fmt::format("{:.3f}", d.exposed_comm_ns / 1e6)});
   const std::string u = small ? "mib" : "gib";
-  return out + table({"rank", "memory peaks at", "busy_ms", "bubble_pct", "static_" + u, "activation_" + u, "peak_" + u,
-                      "exposed_comm_ms"},
-                     rows, Format::Text, 2);
+  return out + format_table({{"rank", true}, {"memory peaks at", true}, {"busy_ms"}, {"bubble_pct"}, {"static_" + u},
+                             {"activation_" + u}, {"peak_" + u}, {"exposed_comm_ms"}},
+                            rows, Format::Text);
 }
 
 std::string format_comparison(const std::vector<RunReport>& reports, Format format) {
@@ -167,20 +181,23 @@ std::string format_comparison(const std::vector<RunReport>& reports, Format form
     for (const RunReport& r : reports) all.push_back(run_json(r));
     return all.dump(2) + "\n";
   }
-  std::vector<Row> rows;
-  for (const RunReport& r : reports) {
-    const RunReport& first = reports.front();
-    const RunMetrics& m = r.metrics;
-    rows.push_back({{r.config, r.schedule, r.vocab, fmt::format("{:.3f}", m.iteration_ns / 1e6),
-                     fmt::format("{:.0f}", m.tokens_per_s), fmt::format("{:.2f}", 100 * m.mfu),
-                     fmt::format("{:.2f}", 100 * m.bubble_fraction), fmt::format("{:.2f}", gib(max_peak(r))),
-                     fmt::format("{:.3f}", double(first.metrics.iteration_ns) / double(m.iteration_ns)),
-                     fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(first))),
-                     m.fits_in_memory ? "yes" : "NO"}});
-  }
-  return table({"config", "schedule", "vocab", "iter_ms", "tokens_per_s", "mfu_pct", "bubble_pct", "peak_mem_gib",
-                "speedup", "mem_vs_first", "fits"},
-               rows, format, 3);
+  std::vector<std::vector<std::string>> rows;
+  for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reports.front()));
+  return format_table(comparison_columns(), rows, format);
+}
+
+std::vector<Column> comparison_columns() {
+  return {{"config", true}, {"schedule", true}, {"vocab", true}, {"iter_ms"}, {"tokens_per_s"}, {"mfu_pct"},
+          {"bubble_pct"}, {"peak_mem_gib"}, {"speedup"}, {"mem_vs_first"}, {"fits"}};
+}
+
+std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& first) {
+  const RunMetrics& m = r.metrics;
+  return {r.config, r.schedule, r.vocab, fmt::format("{:.3f}", m.iteration_ns / 1e6), fmt::format("{:.0f}", m.tokens_per_s),
+          fmt::format("{:.2f}", 100 * m.mfu), fmt::format("{:.2f}", 100 * m.bubble_fraction),
+          fmt::format("{:.2f}", gib(max_peak(r))),
+          fmt::format("{:.3f}", double(first.metrics.iteration_ns) / double(m.iteration_ns)),
+          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(first))), m.fits_in_memory ? "yes" : "NO"};
 }
 
 }  // namespace pipesim

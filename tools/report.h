@@ -33,4 +33,18 @@ nlohmann::ordered_json run_json(const RunReport& report);
 /// compare: one row per run, speedup and memory against the first row.
 std::string format_comparison(const std::vector<RunReport>& reports, Format format);
 
+/// One column of a table: its name, and whether it holds names (left-aligned) or numbers.
+struct Column {
+  std::string name;
+  bool left = false;
+};
+/// Aligned text, Markdown or CSV (a cell with a comma, quote or line break quoted, as RFC 4180 says);
+/// every row has one cell per column. Not for JSON: callers build their own objects.
+std::string format_table(const std::vector<Column>& columns, const std::vector<std::vector<std::string>>& rows,
+                         Format format);
+/// compare's columns, and one run's cells in them (speedup and memory against `first`), for commands
+/// that print compare's table with columns of their own around it (tune, sweep).
+std::vector<Column> comparison_columns();
+std::vector<std::string> comparison_cells(const RunReport& report, const RunReport& first);
+
 }  // namespace pipesim

@@ -1,0 +1,287 @@
+// tune: the pruned search keeps what the exhaustive one finds, its bounds never exceed what the
+// simulator reports, it never does worse than compare, and it says why when nothing fits. sweep's
+// --grid syntax.
+#include <algorithm>
+
+#include "cli_support.h"
+#include "helpers.h"
+#include "pipeline.h"
+#include "sweep.h"
+#include "tune.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+/// configs/NAME by its full path, so that the Hugging Face file it names is found from any folder.
+Config source_config(const std::string& name) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  REQUIRE(root);
+  Result<Config> config = load_config(std::string(root) + "/configs/" + name, {});
+  if (!config.ok()) FAIL(config.error().message);
+  return config.value();
+}
+
+/// Small spaces, each candidate simulated in well under a millisecond: the runtime's tiny GPT under
+/// the analytic model (hundreds of candidates), and a pipeline with explicit per-device costs (tens:
+/// its pp, tp and micro-batch stay fixed).
+Config small_config(const std::string& name) {
+  if (name == "tiny") return shipped_config("tiny.json");
+  return parse_or_fail(explicit_json(4, 8, 2, 1.0, 2.0, "1f1b", 1e6), {"hardware.memory_gib=1"});
+}
+
+TuneResult tune_or_fail(const Config& config, const TuneSearch& search) {
+  Result<TuneResult> result = tune(config, search);
+  if (!result.ok()) FAIL(result.error().message);
+  return std::move(result).value();
+}
+
+/// Candidate and iteration time of each row: what "the same top K" means.
+std::vector<std::pair<std::size_t, TimeNs>> ranking(const TuneResult& result) {
+  std::vector<std::pair<std::size_t, TimeNs>> rows;
+  for (const TuneRow& row : result.rows) rows.emplace_back(row.candidate, row.report.metrics.iteration_ns);
+  return rows;
+}
+
+Bytes max_peak(const RunReport& report) {
+  Bytes most = 0;
+  for (const DeviceMetrics& d : report.metrics.devices) most = std::max(most, d.peak_memory_bytes);
+  return most;
+}
+
+}  // namespace
+
+TEST_CASE("the pruned search keeps exactly the exhaustive search's top K") {
+  const std::string name = GENERATE("tiny", "explicit");
+  const int gpus = GENERATE(4, 8);
+  const std::size_t top = GENERATE(1, 5);
+  CAPTURE(name, gpus, top);
+  Config config = small_config(name);
+  // A cap at the median peak of every fitting run: about half the candidates fit.
+  const TuneResult all = tune_or_fail(config, {.gpus = gpus, .top = 1'000'000, .prune = false});
+  std::vector<Bytes> peaks;
+  for (const TuneRow& row : all.rows) peaks.push_back(max_peak(row.report));
+  std::nth_element(peaks.begin(), peaks.begin() + std::ptrdiff_t(peaks.size() / 2), peaks.end());
+  const double median_gib = double(peaks[peaks.size() / 2]) / double(1 << 30);
+  for (const double memory_gib : {config.hardware.memory_gib, median_gib}) {
+    CAPTURE(memory_gib);
+    config.hardware.memory_gib = memory_gib;
+    const TuneResult exhaustive = tune_or_fail(config, {.gpus = gpus, .top = top, .prune = false});
+    // Small batches move the bar often, so the bounds get to prune.
+    const TuneResult pruned = tune_or_fail(config, {.gpus = gpus, .top = top, .prune = true, .batch = 4});
+    CHECK(ranking(pruned) == ranking(exhaustive));
+    CHECK(exhaustive.pruned() == 0);
+    CHECK(pruned.evaluated == pruned.simulated + pruned.pruned() + pruned.refused);
+    CHECK(pruned.evaluated == exhaustive.evaluated);
+    // Explicit costs keep pp and tp, and give every schedule the same compute: no time bound separates
+    // them. The analytic space has both, so there the bounds must prune.
+    if (name == "tiny") CHECK(pruned.pruned_by_time > 0);
+    if (name == "tiny") CHECK(pruned.simulated < exhaustive.simulated);
+  }
+}
+
+TEST_CASE("the search's result does not depend on its batches or its threads' timing") {
+  const Config config = small_config("tiny");
+  const TuneResult first = tune_or_fail(config, {.gpus = 8, .top = 7, .batch = 1});
+  for (const std::size_t batch : {3, 16, 1000}) {
+    const TuneResult again = tune_or_fail(config, {.gpus = 8, .top = 7, .batch = batch});
+    CHECK(ranking(again) == ranking(first));
+  }
+  for (int run = 0; run < 3; ++run) {
+    const TuneResult same = tune_or_fail(config, {.gpus = 8, .top = 7, .batch = 16});
+    CHECK(same.pruned() == tune_or_fail(config, {.gpus = 8, .top = 7, .batch = 16}).pruned());
+  }
+}
+
+TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration time") {
+  const std::string name = GENERATE("tiny", "explicit");
+  const int gpus = GENERATE(4, 8);
+  CAPTURE(name, gpus);
+  const Config config = small_config(name);
+  const std::vector<Candidate> space = tune_space(config, gpus);
+  REQUIRE(space.size() > 40);
+  std::size_t simulated = 0;
+  for (const Candidate& candidate : space) {
+    const Config c = apply_candidate(config, candidate);
+    const Result<SimulatedRun> run = simulate_config(c);
+    const Result<LowerBounds> bounds = lower_bounds(c);
+    if (!run.ok()) continue;  // refused by the schedule: the search skips it either way
+    const ParallelConfig& p = candidate.parallel;
+    INFO(candidate.schedule << " / " << candidate.vocab << ", pp " << p.pp << " tp " << p.tp << " dp " << p.dp << " m "
+                            << p.microbatches << " x " << candidate.micro_batch_size << " chunks " << p.chunks << " "
+                            << candidate.split_change);
+    REQUIRE(bounds.ok());
+    const RunMetrics& metrics = run.value().report.metrics;
+    REQUIRE(bounds.value().memory_bytes.size() == metrics.devices.size());
+    for (const DeviceMetrics& d : metrics.devices) {
+      CHECK(bounds.value().memory_bytes[std::size_t(d.rank)] <= d.peak_memory_bytes);
+      CHECK(bounds.value().memory_bytes[std::size_t(d.rank)] > d.static_bytes);  // it counts activations too
+    }
+    CHECK(bounds.value().iteration_ns <= metrics.iteration_ns);
+    CHECK(bounds.value().iteration_ns > 0);
+    ++simulated;
+  }
+  CHECK(simulated > space.size() / 2);
+}
+
+TEST_CASE("tune's best fitting row is never worse than compare's, whose points are all in its space") {
+  const std::string name = GENERATE("default.json", "tiny.json", "examples/split-backward.json");
+  CAPTURE(name);
+  const Config config = source_config(name);
+  double best = 0;
+  for (const std::string& schedule : schedule_names())
+    for (const std::string& vocab : vocab_mode_names()) {  // what compare runs
+      Config c = config;
+      c.schedule.name = schedule;
+      c.schedule.vocab = vocab;
+      if (const Result<SimulatedRun> run = simulate_config(c); run.ok() && run.value().report.metrics.fits_in_memory)
+        best = std::max(best, run.value().report.metrics.tokens_per_s);
+    }
+  REQUIRE(best > 0);
+  const TuneResult result = tune_or_fail(config, {});
+  REQUIRE(!result.rows.empty());
+  CHECK(result.rows.front().report.metrics.tokens_per_s >= best);
+  CHECK(result.rows.size() <= 10);
+  // One candidate is the config itself: nothing changed.
+  const std::vector<Candidate> space = tune_space(config, config.parallel.pp * config.parallel.tp * config.parallel.dp);
+  CHECK(std::any_of(space.begin(), space.end(), [&](const Candidate& c) {
+    return c.schedule == config.schedule.name && c.vocab == config.schedule.vocab && describe_changes(config, c) == "none";
+  }));
+}
+
+TEST_CASE("changes name what differs from the config") {
+  const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
+  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, ""};
+  CHECK(describe_changes(config, c) ==
+        "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute",
+       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6"};
+  CHECK(describe_changes(config, c) == "vocab redistribute, 1 layer s7→s6");
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, ""};
+  CHECK(describe_changes(config, c) == "none");  // 1f1b runs one chunk whatever parallel.chunks says
+}
+
+TEST_CASE("every candidate keeps the global batch, and the space holds each redistribute split once") {
+  const Config config = source_config("default.json");
+  const ParallelConfig& given = config.parallel;
+  const std::int64_t global = std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp;
+  const std::vector<Candidate> space = tune_space(config, 64);
+  for (const Candidate& c : space) {
+    CHECK(std::int64_t(c.parallel.microbatches) * c.micro_batch_size * c.parallel.dp == global);
+    CHECK(c.parallel.pp * c.parallel.tp * c.parallel.dp == 64);
+    CHECK(c.parallel.tp <= config.hardware.gpus_per_node);
+    CHECK(config.model.heads % c.parallel.tp == 0);
+  }
+  // For one shape and schedule: auto, and auto with one layer moved to a neighbouring stage, each once.
+  std::vector<Candidate> splits;
+  std::copy_if(space.begin(), space.end(), std::back_inserter(splits), [](const Candidate& c) {
+    return c.schedule == "1f1b" && c.vocab == "redistribute" && c.parallel.pp == 8 && c.parallel.tp == 8 &&
+           c.micro_batch_size == 1;
+  });
+  REQUIRE(splits.size() >= 2);
+  CHECK(splits[0].layers_per_stage.empty());
+  const std::vector<int> auto_split = balanced_split(32, 8, stage_weights(apply_candidate(config, splits[0])));
+  for (std::size_t i = 1; i < splits.size(); ++i) {
+    const std::vector<int>& moved = splits[i].layers_per_stage;
+    REQUIRE(moved.size() == auto_split.size());
+    std::vector<int> difference, stages;
+    for (std::size_t s = 0; s < moved.size(); ++s)
+      if (moved[s] != auto_split[s]) difference.push_back(moved[s] - auto_split[s]), stages.push_back(int(s));
+    CHECK((difference == std::vector{-1, 1} || difference == std::vector{1, -1}));
+    CHECK((stages.size() == 2 && stages[1] == stages[0] + 1));
+    for (std::size_t j = 1; j < i; ++j) CHECK(splits[j].layers_per_stage != moved);
+  }
+}
+
+TEST_CASE("with explicit costs, pp, tp and the micro-batch stay the config's: the costs are times of those") {
+  const Config config = small_config("explicit");  // pp 4, tp 1, 8 microbatches of 1
+  const std::vector<Candidate> space = tune_space(config, 8);
+  REQUIRE(!space.empty());
+  for (const Candidate& c : space) {
+    CHECK(c.parallel.pp == 4);
+    CHECK(c.parallel.tp == 1);
+    CHECK(c.parallel.dp == 2);
+    CHECK(c.micro_batch_size == 1);
+    CHECK(c.parallel.microbatches == 4);
+  }
+  const Result<TuneResult> none = tune(config, {.gpus = 6});
+  REQUIRE(!none.ok());
+  CHECK_THAT(none.error().message, Catch::Contains("(explicit costs: pp 4 and tp 1, the config's); choose another --gpus"));
+}
+
+TEST_CASE("when nothing fits, tune names the smallest peak memory, its device, its candidate and the cap") {
+  Config config = small_config("tiny");
+  SECTION("every bound is over the cap: the smallest peak is still simulated, not a bound") {
+    config.hardware.memory_gib = 1e-6;
+    const Result<TuneResult> result = tune(config, {});
+    REQUIRE(!result.ok());
+    CHECK_THAT(result.error().message, Catch::StartsWith("configs/tiny.json: nothing fits in 0.00 GiB per device "
+                                                         "(hardware.memory_gib, or --memory-gib): the smallest peak "
+                                                         "memory of any candidate is "));
+    CHECK_THAT(result.error().message, Catch::Contains(" MiB, on device "));
+    CHECK_THAT(result.error().message, Catch::EndsWith("; raise --memory-gib to at least 0.01 or give more --gpus than 4"));
+    CHECK(result.error().message == tune(config, {.prune = false}).error().message);
+  }
+  SECTION("a cap one byte under the smallest simulated peak: that run is named") {
+    // Without pruning every candidate is simulated; ties go to the first in the space's order.
+    const TuneResult all = tune_or_fail(config, {.top = 1'000'000, .prune = false});
+    const auto least = std::min_element(all.rows.begin(), all.rows.end(), [](const TuneRow& a, const TuneRow& b) {
+      return std::pair(max_peak(a.report), a.candidate) < std::pair(max_peak(b.report), b.candidate);
+    });
+    const Bytes peak = max_peak(least->report);
+    config.hardware.memory_gib = double(peak - 1) / double(1 << 30);
+    const Result<TuneResult> result = tune(config, {.prune = false});
+    REQUIRE(!result.ok());
+    const std::vector<DeviceMetrics>& devices = least->report.metrics.devices;
+    const auto device = std::find_if(devices.begin(), devices.end(),
+                                     [&](const DeviceMetrics& d) { return d.peak_memory_bytes == peak; });
+    CHECK(tune(config, {}).error().message == result.error().message);  // pruning changes nothing here either
+    const Candidate c = tune_space(config, 4)[least->candidate];
+    CHECK_THAT(result.error().message,
+               Catch::Contains(fmt::format("the smallest peak memory of any candidate is {:.2f} MiB, on device {}, for "
+                                           "{} / {}, pp {} tp {} dp {}, m {} x {}",
+                                           double(peak) / double(1 << 20), device->rank, c.schedule, c.vocab,
+                                           c.parallel.pp, c.parallel.tp, c.parallel.dp, c.parallel.microbatches,
+                                           c.micro_batch_size)));
+  }
+}
+
+TEST_CASE("--grid values split at commas outside brackets and quotes") {
+  const Result<GridAxis> axis = parse_grid(R"(schedule.layers_per_stage=[5,5,4,2],"auto",[4,4,4,4])");
+  REQUIRE(axis.ok());
+  CHECK(axis.value().key == "schedule.layers_per_stage");
+  CHECK(axis.value().values == std::vector<std::string>{"[5,5,4,2]", "\"auto\"", "[4,4,4,4]"});
+  const std::vector<std::vector<std::string>> points =
+      grid_points({{"parallel.pp", {"2", "4"}}, {"schedule.name", {"1f1b", "gpipe", "zb-v"}}});
+  REQUIRE(points.size() == 6);
+  CHECK(points[0] == std::vector<std::string>{"parallel.pp=2", "schedule.name=1f1b"});
+  CHECK(points[1] == std::vector<std::string>{"parallel.pp=2", "schedule.name=gpipe"});  // the last grid varies fastest
+  CHECK(points[5] == std::vector<std::string>{"parallel.pp=4", "schedule.name=zb-v"});
+}
+
+TEST_CASE("a malformed --grid is an error that names --grid and the fix") {
+  const std::string text = R"json({"model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100},
+                                   "parallel": {"pp": 2, "microbatches": 4}})json";
+  const std::string usage = "give key.path=v1,v2,... with keys as --set takes them (e.g. --grid parallel.pp=2,4,8)";
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"parallel.pp"}, "--grid 'parallel.pp': no '=' after the key; " + usage},
+      {{"=2,4"}, "--grid '=2,4': no key before '='; " + usage},
+      {{"parallel.pp="}, "--grid 'parallel.pp=': no values after '='; " + usage},
+      {{"parallel.pp=2,,4"}, "--grid 'parallel.pp=2,,4': value 2 is empty; " + usage},
+      {{"parallel.pp=2", "parallel.pp=4"}, "--grid: key 'parallel.pp' is given twice; put all its values in one --grid"},
+      {{"parallel.ppp=2"},
+       "--grid 'parallel.ppp=2': c.json: parallel.ppp (from --set): unknown key; did you mean 'pp'? Known keys here: pp, tp, "
+       "dp, microbatches, chunks; use a key as --set takes it (docs/config.md lists them)"},
+      {{"paralel.pp=2"},
+       "--grid 'paralel.pp=2': c.json: paralel: unknown key; did you mean 'parallel'? Known keys here: model, parallel, "
+       "schedule, hardware, precision, costs, description; use a key as --set takes it (docs/config.md lists them)"},
+  };
+  for (const auto& [grids, message] : cases) {
+    const Result<std::vector<GridAxis>> axes = parse_grids(grids, text, "c.json", {});
+    REQUIRE(!axes.ok());
+    CHECK(axes.error().message == message);
+  }
+  // A value the config refuses is not a malformed grid: that point becomes a row with its error.
+  CHECK(parse_grids({"parallel.pp=0,2"}, text, "c.json", {}).ok());
+}

@@ -99,31 +99,41 @@ std::vector<std::string> vocab_mode_names() {
   return names;
 }
 
-Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
-  Plan plan;
-  plan.config = requested;
-  Config& config = plan.config;
+Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) {
+  PlannedLayout planned;
   if (custom) {
     config.schedule.name = custom->name;
   } else {
-    plan.schedule = find_schedule(config.schedule.name);
-    if (!plan.schedule)
+    planned.schedule = find_schedule(config.schedule.name);
+    if (!planned.schedule)
       return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
                                config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
   }
-  const VocabModeInfo* vocab = find_vocab_mode(config.schedule.vocab);
-  if (!vocab)
+  planned.vocab = find_vocab_mode(config.schedule.vocab);
+  if (!planned.vocab)
     return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{} `pipesim list` shows them all",
                              config.schedule.vocab, did_you_mean(config.schedule.vocab, vocab_mode_names()))};
-  const int chunks = custom ? custom->chunks : plan.schedule->chunks;
+  const int chunks = custom ? custom->chunks : planned.schedule->chunks;
   if (chunks > 0) config.parallel.chunks = chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();
   if (std::optional<FieldError> e = check_config(config)) return Error{e->path + ": " + e->message};
 
-  Result<Layout> layout = make_layout(config, custom ? custom->placement : plan.schedule->placement,
-                                      layer_split(config), stage_weights(config), vocab->placement);
+  Result<Layout> layout = make_layout(config, custom ? custom->placement : planned.schedule->placement,
+                                      layer_split(config), stage_weights(config), planned.vocab->placement);
   if (!layout.ok()) return layout.error();
-  plan.layout = std::move(layout).value();
+  planned.layout = std::move(layout).value();
+  return planned;
+}
+
+Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom) {
+  Plan plan;
+  plan.config = requested;
+  Config& config = plan.config;
+  Result<PlannedLayout> planned = plan_layout(config, custom);
+  if (!planned.ok()) return planned.error();
+  plan.schedule = planned.value().schedule;
+  const VocabModeInfo* vocab = planned.value().vocab;
+  plan.layout = std::move(planned.value().layout);
   const int m = config.parallel.microbatches;
   const ModelConfig& model = config.model;
   const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *

@@ -59,6 +59,17 @@ struct Plan {
   std::vector<Bytes> static_bytes;  ///< per device
 };
 
+/// The first step of make_plan, for callers that need the layout without the graph (`tune`'s
+/// bounds): finds the schedule and vocabulary mode, sets in `config` what the plan runs with (the
+/// schedule's chunk count; layers_per_stage only for `redistribute`), checks it and lays the model
+/// out. Errors as make_plan's.
+struct PlannedLayout {
+  const ScheduleInfo* schedule = nullptr;  ///< nullptr for a custom schedule
+  const VocabModeInfo* vocab = nullptr;
+  Layout layout;
+};
+Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom = nullptr);
+
 /// Builds and validates the graph for config.schedule.name (or `custom`, when given) and
 /// config.schedule.vocab. Errors start with the JSON path of the field to change (e.g.
 /// "schedule.name: unknown schedule ...").

@@ -9,40 +9,12 @@
 #include "tune.h"
 
 namespace pipesim {
-namespace {
-
-const VocabModeInfo* find_vocab_mode(const std::string& name) {
-  for (const VocabModeInfo& mode : vocab_modes())
-    if (mode.name == name) return &mode;
-  return nullptr;
-}
-
-/// The layout make_plan builds for `config` (the same chunk count, split and placement), or its error.
-Result<Layout> planned_layout(Config& config) {
-  const ScheduleInfo* schedule = find_schedule(config.schedule.name);
-  const VocabModeInfo* mode = find_vocab_mode(config.schedule.vocab);
-  if (!schedule || !mode) return Error{fmt::format("{}: unknown schedule or vocabulary mode", config.source)};
-  if (schedule->chunks > 0) config.parallel.chunks = schedule->chunks;
-  // make_plan's rule: only `redistribute` reads layers_per_stage; empty there means auto.
-  const bool redistribute = config.schedule.vocab == "redistribute";
-  if (!redistribute) config.schedule.layers_per_stage.clear();
-  if (std::optional<FieldError> e = check_config(config))
-    return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
-  const LayerSplit split = !redistribute                               ? LayerSplit::Even
-                           : config.schedule.layers_per_stage.empty() ? LayerSplit::Balanced
-                                                                       : LayerSplit::Explicit;
-  Result<Layout> layout = make_layout(config, schedule->placement, split, stage_weights(config), mode->placement);
-  if (!layout.ok()) return Error{fmt::format("{}: {}", config.source, layout.error().message)};
-  return layout;
-}
-
-}  // namespace
 
 Result<LowerBounds> lower_bounds(const Config& requested) {
   Config config = requested;
-  Result<Layout> planned = planned_layout(config);
-  if (!planned.ok()) return planned.error();
-  const Layout& layout = planned.value();
+  Result<PlannedLayout> planned = plan_layout(config);
+  if (!planned.ok()) return Error{fmt::format("{}: {}", config.source, planned.error().message)};
+  const Layout& layout = planned.value().layout;
   const std::vector<StageWork> work = stage_work(config, layout);
   const std::unique_ptr<CostModel> costs = make_cost_model(config, layout);
   const int m = config.parallel.microbatches;

@@ -14,7 +14,6 @@ enum { kF0, kF1, kB1, kB0, kW };
 using Slots = std::vector<std::vector<int>>;  ///< per type, per microbatch: the slot it starts in
 using Grid = std::vector<Slots>;              ///< per device
 
-
 int last_slot(const Slots& s) {
   int bound = 0;
   for (const auto& type : s)
@@ -154,7 +153,8 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
       slot = original;
     }
     occupied[std::size_t(d)][std::size_t(slot)] = true;
-    if (x + 1 < m) heads.emplace(slot_of(g, d, t, x + 1), best);
+    if (const auto& list = g[std::size_t(d)][std::size_t(t)]; std::size_t(x + 1) < list.size())
+      heads.emplace(list[std::size_t(x + 1)], best);
   }
   if (!with_w)
     for (Slots& s : g) s = put_w(s, false);

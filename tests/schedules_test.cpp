@@ -140,10 +140,12 @@ TEST_CASE("schedules refuse what they cannot run, saying what to change") {
 TEST_CASE("V-Half with the reference generator's squeeze, within (p + 2)/2 microbatches") {
   // Bubble rate as sail-sg's zbv_greedy.py reports it: (span - work) / span, work = m (F + B + W).
   // Its figures, 0.0943 at p = 4, m = 8 and 0.1504 at p = 8, m = 16, are 5/53 and 17/113 in unit
-  // slots (one pass per chunk); pipesim runs the same squeeze and compaction, at the same largest
-  // device's peak. (Squeezing within each device's own peak instead reaches only 6/54 and 19/115.)
+  // slots (one pass per chunk); the others are its spans at these sizes, 41, 71, 83 and 173 slots.
+  // pipesim runs the same squeeze and compaction, at the same largest device's peak. (Squeezing
+  // within each device's own peak instead reaches only 6/54 and 19/115.)
   using Case = std::tuple<int, int, double>;
-  const auto [p, m, rate] = GENERATE(Case{4, 8, 5.0 / 53}, Case{8, 16, 17.0 / 113});
+  const auto [p, m, rate] = GENERATE(Case{4, 8, 5.0 / 53}, Case{8, 16, 17.0 / 113}, Case{3, 6, 5.0 / 41},
+                                     Case{5, 10, 11.0 / 71}, Case{6, 12, 11.0 / 83}, Case{12, 24, 29.0 / 173});
   CAPTURE(p, m);
   const Config c = split_costs(p, m, 2, 2, 2);
   const Outcome half = run(c, "v-half");

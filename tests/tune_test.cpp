@@ -44,12 +44,6 @@ std::vector<std::pair<std::size_t, TimeNs>> ranking(const TuneResult& result) {
   return rows;
 }
 
-Bytes max_peak(const RunReport& report) {
-  Bytes most = 0;
-  for (const DeviceMetrics& d : report.metrics.devices) most = std::max(most, d.peak_memory_bytes);
-  return most;
-}
-
 }  // namespace
 
 TEST_CASE("the pruned search keeps exactly the exhaustive search's top K") {

@@ -12,12 +12,6 @@ using json = nlohmann::ordered_json;  // keys in the documented order
 
 double gib(Bytes bytes) { return double(bytes) / double(1ull << 30); }
 
-Bytes max_peak(const RunReport& r) {
-  Bytes most = 0;
-  for (const DeviceMetrics& d : r.metrics.devices) most = std::max(most, d.peak_memory_bytes);
-  return most;
-}
-
 TimeNs max_exposed_comm(const RunReport& r) {
   TimeNs most = 0;
   for (const DeviceMetrics& d : r.metrics.devices) most = std::max(most, d.exposed_comm_ns);
@@ -25,6 +19,12 @@ TimeNs max_exposed_comm(const RunReport& r) {
 }
 
 }  // namespace
+
+Bytes max_peak(const RunReport& r) {
+  Bytes most = 0;
+  for (const DeviceMetrics& d : r.metrics.devices) most = std::max(most, d.peak_memory_bytes);
+  return most;
+}
 
 json run_json(const RunReport& r) {
   const RunMetrics& m = r.metrics;

@@ -22,6 +22,9 @@ struct RunReport {
   RunMetrics metrics;
 };
 
+/// The largest device's peak memory (static + activations): the run's `peak_memory_bytes`.
+Bytes max_peak(const RunReport& report);
+
 RunReport make_report(const Plan& plan, const std::string& cost_source, const RunMetrics& metrics);
 
 enum class Format { Text, Json, Csv, Markdown };

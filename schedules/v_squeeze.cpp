@@ -95,6 +95,25 @@ Bytes held(const Slots& s, const ChunkBytes& bytes, Bytes limit) {
 
 int& slot_of(Grid& g, int d, int t, int x) { return g[std::size_t(d)][std::size_t(t)][std::size_t(x)]; }
 
+/// Calls visit(device, type, microbatch) for every pass of `g` in slot order, ties by device, then
+/// type, as the reference generator visits them. A pass's slot is read once the pass before it in
+/// its list has been visited, so `visit` may move the pass it is given.
+template <class Visit>
+void in_slot_order(const Grid& g, Visit visit) {
+  const int types = int(g[0].size());
+  using Head = std::tuple<int, int, int>;  // (slot, device * types + type, microbatch)
+  std::priority_queue<Head, std::vector<Head>, std::greater<>> heads;
+  for (int k = 0; k < int(g.size()) * types; ++k)
+    if (!g[std::size_t(k / types)][std::size_t(k % types)].empty()) heads.emplace(g[std::size_t(k / types)][std::size_t(k % types)][0], k, 0);
+  while (!heads.empty()) {
+    const auto [slot, k, x] = heads.top();
+    heads.pop();
+    visit(k / types, k % types, x);
+    if (const auto& list = g[std::size_t(k / types)][std::size_t(k % types)]; std::size_t(x + 1) < list.size())
+      heads.emplace(list[std::size_t(x + 1)], k, x + 1);
+  }
+}
+
 /// The last slot a pass must follow: its input on the neighbouring device (down the V for F of
 /// chunk 0 and B of chunk 1, up for the others), the pass before it on its device, its B for a W,
 /// and the same pass of the previous microbatch.
@@ -128,19 +147,11 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
   Bytes limit = 0;
   for (int d = 0; d < p; ++d)
     limit = std::max(limit, held(g[std::size_t(d)], bytes[std::size_t(d)], std::numeric_limits<Bytes>::max()));
-  const int types = int(g[0].size()), m = int(g[0][0].size());
+  const int m = int(g[0][0].size());
   std::vector<std::vector<bool>> occupied;
   for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
-  std::vector<int> next(std::size_t(p * types), 0);  // per (device, type): the next microbatch
-  // The (slot, device * types + type) of each list's next pass, least first: a pass keeps its slot
-  // until it is visited, so the heap stays true.
-  std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> heads;
-  for (int k = 0; k < p * types; ++k) heads.emplace(slot_of(g, k / types, k % types, 0), k);
   int phase = 0;
-  while (!heads.empty()) {
-    const int best = heads.top().second;
-    heads.pop();
-    const int d = best / types, t = best % types, x = next[std::size_t(best)]++;
+  in_slot_order(g, [&](int d, int t, int x) {
     int& slot = slot_of(g, d, t, x);
     if (t == kB0 && d == 0 && phase == 0) phase = 1;
     const bool fixed = phase == 1 || (phase == 0 && !with_w);
@@ -153,9 +164,7 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
       slot = original;
     }
     occupied[std::size_t(d)][std::size_t(slot)] = true;
-    if (const auto& list = g[std::size_t(d)][std::size_t(t)]; std::size_t(x + 1) < list.size())
-      heads.emplace(list[std::size_t(x + 1)], best);
-  }
+  });
   if (!with_w)
     for (Slots& s : g) s = put_w(s, false);
   return g;
@@ -180,16 +189,10 @@ VPattern v_min_pattern(int p) {
 /// The slots compacted as the reference generator does between its passes: visited in slot order,
 /// every pass starts in the first slot its inputs (one slot each) and its device allow.
 Grid compacted(const Grid& g) {
-  const int p = int(g.size()), types = int(g[0].size());
+  const int p = int(g.size());
   Grid start = g, end = g;
-  std::vector<int> next(std::size_t(p * types), 0), device_free(std::size_t(p), 0);
-  std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> heads;
-  for (int k = 0; k < p * types; ++k)
-    if (!g[std::size_t(k / types)][std::size_t(k % types)].empty()) heads.emplace(g[std::size_t(k / types)][std::size_t(k % types)][0], k);
-  while (!heads.empty()) {
-    const int k = heads.top().second;
-    heads.pop();
-    const int d = k / types, t = k % types, x = next[std::size_t(k)]++;
+  std::vector<int> device_free(std::size_t(p), 0);
+  in_slot_order(g, [&](int d, int t, int x) {
     int ready = device_free[std::size_t(d)];
     const auto after = [&](int dd, int tt, int xx) { ready = std::max(ready, slot_of(end, dd, tt, xx)); };
     if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
@@ -198,8 +201,7 @@ Grid compacted(const Grid& g) {
     if (x > 0) after(d, t, x - 1);
     slot_of(start, d, t, x) = ready;
     slot_of(end, d, t, x) = device_free[std::size_t(d)] = ready + 1;
-    if (const auto& list = g[std::size_t(d)][std::size_t(t)]; std::size_t(x + 1) < list.size()) heads.emplace(list[std::size_t(x + 1)], k);
-  }
+  });
   return start;
 }
 

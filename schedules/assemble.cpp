@@ -42,21 +42,28 @@ struct Transfers {
   OpTable& receives(Payload payload) const { return payload == Payload::Activation ? activation_recv : gradient_recv; }
 };
 
+/// What step `s` on device `d` sends to another device: its output (Activation) when the next
+/// stage lives elsewhere, its input gradient (Gradient) when the previous one does; None otherwise.
+Payload sent_out(const Layout& layout, const ComputeStep& s, int d) {
+  const auto elsewhere = [&](int stage) { return layout.stages[std::size_t(stage)].device != d; };
+  if (s.kind == OpKind::F && s.stage + 1 < layout.stage_count() && elsewhere(s.stage + 1)) return Payload::Activation;
+  if (s.kind == OpKind::B && s.stage > 0 && elsewhere(s.stage - 1)) return Payload::Gradient;
+  return Payload::None;
+}
+
 /// Transfers in each producer's program order. A channel's RECVs are issued in the order of its
 /// SENDs (receives have no dependencies, so posting them early costs nothing), which keeps every
 /// pair matched whatever order the consumer computes in.
 void derived_transfers(const Transfers& t, const DeviceOrders& orders) {
   for (int d = 0; d < t.layout.devices; ++d)
     for (const ComputeStep& s : orders[std::size_t(d)]) {
-      const bool forward_out = s.kind == OpKind::F && s.stage + 1 < t.layout.stage_count() && t.device_of(s.stage + 1) != d;
-      const bool backward_out = s.kind == OpKind::B && s.stage > 0 && t.device_of(s.stage - 1) != d;
-      if (!forward_out && !backward_out) continue;
-      const Payload payload = forward_out ? Payload::Activation : Payload::Gradient;
+      const Payload payload = sent_out(t.layout, s, d);
+      if (payload == Payload::None) continue;
       const TaskId send = t.builder.add(t.transfer(OpKind::Send, payload, s.stage, s.microbatch));
       const TaskId recv = t.builder.add(t.transfer(OpKind::Recv, payload, s.stage, s.microbatch));
       t.builder.pair(send, recv);
       t.builder.depend(send, t.producer(payload, s.stage, s.microbatch));
-      t.receives(payload).at(forward_out ? s.stage + 1 : s.stage - 1, s.microbatch) = recv;
+      t.receives(payload).at(payload == Payload::Activation ? s.stage + 1 : s.stage - 1, s.microbatch) = recv;
     }
 }
 
@@ -108,8 +115,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     for (int d = 0; d < layout.devices; ++d)
       for (const ComputeStep& s : orders[std::size_t(d)]) {
         ++compute;
-        transfers += (s.kind == OpKind::F && s.stage + 1 < stages && device_of(s.stage + 1) != d) ||
-                     (s.kind == OpKind::B && s.stage > 0 && device_of(s.stage - 1) != d);
+        transfers += sent_out(layout, s, d) != Payload::None;
       }
     builder.reserve(compute + 2 * transfers + std::size_t(layout.devices) * (dp > 1 ? 2 : 1), 2 * compute + transfers);
   }

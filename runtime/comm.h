@@ -4,7 +4,7 @@
 /// point-to-point messages. Every call is asynchronous and returns a Request that is polled for
 /// completion; buffers are untyped (pointer, count, dtype) and may live in host or device memory,
 /// as the backend that made them decides. They must stay alive and untouched until their request is
-/// done. Backends: in-process (threads, inprocess_comm.h), MPI (processes, mpi_comm.cpp).
+/// done. Backends: in-process (threads, inprocess_comm.h), MPI (processes, mpi/mpi_plugin.cpp).
 ///
 /// Ordering follows MPI/NCCL: messages from one rank to another arrive in the order they were sent;
 /// collectives on one lane are matched across ranks by their order on that lane, so every rank must

@@ -1,13 +1,10 @@
 // The cuda_backend.h functions as the rest of pipesim calls them: each loads the CUDA plugin on
 // first use (plugin.h says why it is one) and forwards to it. A build without CUDA has no plugin
 // and says so; PIPESIM_CUDA_PLUGIN names another plugin file (an installed copy, say).
-#include <dlfcn.h>
-#include <fmt/format.h>
-
-#include <cstdlib>
 #include <stdexcept>
 
 #include "plugin.h"
+#include "plugin_loader.h"
 
 namespace pipesim::runtime::cuda {
 namespace {
@@ -18,23 +15,20 @@ struct Loaded {
 };
 
 Loaded load() {
-  const char* from_env = std::getenv("PIPESIM_CUDA_PLUGIN");
-  const std::string path = from_env && *from_env ? from_env : PIPESIM_CUDA_PLUGIN_PATH;
-  if (path.empty())
-    return {nullptr, "this pipesim was built without CUDA (no nvcc found, or -Dcuda=disabled); install the CUDA "
-                     "toolkit and NCCL and rebuild with -Dcuda=enabled, or run with --backend cpu"};
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle)
-    return {nullptr, fmt::format("cannot load the CUDA backend {}: {}; rebuild pipesim (ninja -C build), set "
-                                 "PIPESIM_CUDA_PLUGIN to its libpipesim_cuda.so, or run with --backend cpu",
-                                 path, dlerror())};
-  const auto entry = reinterpret_cast<decltype(&pipesim_cuda_plugin)>(dlsym(handle, kPluginEntry));
-  const PluginApi* api = entry ? entry() : nullptr;
-  if (!api || api->version != kPluginVersion)
-    return {nullptr, fmt::format("{} is not this pipesim's CUDA backend (no {} of version {}); rebuild pipesim "
-                                 "(ninja -C build) or point PIPESIM_CUDA_PLUGIN at the matching file",
-                                 path, kPluginEntry, kPluginVersion)};
-  return {api, ""};
+  const PluginSpec spec{
+      .what = "the CUDA backend",
+      .env = "PIPESIM_CUDA_PLUGIN",
+      .built_path = PIPESIM_CUDA_PLUGIN_PATH,
+      .not_built = "this pipesim was built without CUDA (no nvcc found, or -Dcuda=disabled); install the CUDA toolkit "
+                   "and NCCL and rebuild with -Dcuda=enabled, or run with --backend cpu",
+      .instead = "run with --backend cpu",
+      .entry = kPluginEntry,
+      .version = kPluginVersion,
+      .global = false,
+  };
+  Loaded loaded;
+  loaded.api = static_cast<const PluginApi*>(load_plugin(spec, loaded.error));
+  return loaded;
 }
 
 /// Loaded once per process; dlopen's handle stays open for the process's life.

@@ -5,13 +5,13 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
-#include "cuda/cuda_backend.h"
-#include "launch.h"
+#include "mpi_plugin.h"
 
-namespace pipesim::runtime {
+namespace pipesim::runtime::mpi {
 namespace {
 
 class MpiRequest final : public Request {
@@ -39,6 +39,13 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::BF16: break;
   }
   throw std::logic_error("the MPI communicator moves host fp32 and fp64 buffers, not bf16");
+}
+
+[[noreturn]] void abort_job(const char* why) {
+  std::fprintf(stderr, "pipesim: error: %s\n", why);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
 }
 
 /// One lane: a duplicate of MPI_COMM_WORLD, so lanes never match each other's messages.
@@ -96,53 +103,35 @@ class MpiTransport final : public Transport {
   }
   void wake() override {}  // waits are 50 µs at most
   bool aborted() override { return false; }  // an aborted job is killed, not told
-  [[noreturn]] void abort(const std::string& why) override {
-    std::fprintf(stderr, "pipesim: error: %s\n", why.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();
-  }
+  [[noreturn]] void abort(const std::string& why) override { abort_job(why.c_str()); }
 
  private:
   int rank_ = 0, size_ = 1;
   std::vector<std::unique_ptr<Communicator>> lanes_;
 };
 
-}  // namespace
-
-/// The transport of this process: MPI alone, or NCCL over MPI for the CUDA backend.
-std::unique_ptr<Transport> make_transport(const Plan& plan, RunOptions& options) {
-  auto mpi = std::make_unique<MpiTransport>();
-  if (options.backend != BackendKind::Cuda) return mpi;
-  options.device = cuda::local_device(mpi->rank());
-  return cuda::make_nccl_transport(std::move(mpi), plan.graph, options.device);
-}
-
-MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options) {
+void init(int* rank, int* size) {
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);  // only this thread calls MPI
-  MpiRun run;
-  MPI_Comm_rank(MPI_COMM_WORLD, &run.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &run.size);
-  if (Result<Plan> plan = plan_for(run.size); !plan.ok()) {
-    run.result = plan.error();  // every rank builds the same plan, so every rank fails alike
-  } else {
-    RunOptions mine = options;
-    std::unique_ptr<Transport> comm;
-    try {
-      comm = make_transport(plan.value(), mine);
-    } catch (const std::exception& e) {  // e.g. two ranks on one GPU: every rank must end
-      std::fprintf(stderr, "pipesim: error: rank %d: %s\n", run.rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    if (Result<RunResult> result = run_rank(*comm, plan.value(), mine); !result.ok())
-      comm->abort(result.error().message);
-    else
-      run.result = std::move(result).value();
-  }
-  MPI_Finalize();
-  return run;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);  // only the launching thread calls MPI
+  MPI_Comm_rank(MPI_COMM_WORLD, rank);
+  MPI_Comm_size(MPI_COMM_WORLD, size);
 }
 
-}  // namespace pipesim::runtime
+std::unique_ptr<Transport> make_transport() { return std::make_unique<MpiTransport>(); }
+
+void finalize() { MPI_Finalize(); }
+
+constexpr PluginApi kApi{
+    .version = kPluginVersion,
+    .init = init,
+    .make_transport = make_transport,
+    .abort = abort_job,
+    .finalize = finalize,
+};
+
+}  // namespace
+}  // namespace pipesim::runtime::mpi
+
+extern "C" __attribute__((visibility("default"))) const pipesim::runtime::mpi::PluginApi* pipesim_mpi_plugin() {
+  return &pipesim::runtime::mpi::kApi;
+}

@@ -1,0 +1,27 @@
+#pragma once
+/// MPI is a plugin too (libpipesim_mpi.so, see plugin_loader.h): linked into pipesim, Open MPI's
+/// eight libraries made every command's start-up several times slower. The plugin owns everything
+/// that touches <mpi.h>; the launcher (mpi_launch.cpp) reaches it through this table.
+#include <memory>
+
+#include "comm.h"
+
+namespace pipesim::runtime::mpi {
+
+struct PluginApi {
+  int version;  ///< kPluginVersion of the plugin's build: a stale plugin is refused, not called
+  /// MPI_Init_thread (only the thread that calls these calls MPI); this process's rank, the job's size.
+  void (*init)(int* rank, int* size);
+  /// One duplicate of MPI_COMM_WORLD per lane.
+  std::unique_ptr<Transport> (*make_transport)();
+  /// Prints "pipesim: error: `why`" and ends every rank of the job.
+  [[noreturn]] void (*abort)(const char* why);
+  void (*finalize)();
+};
+constexpr int kPluginVersion = 1;
+
+}  // namespace pipesim::runtime::mpi
+
+/// The plugin's one exported symbol.
+extern "C" const pipesim::runtime::mpi::PluginApi* pipesim_mpi_plugin();
+constexpr const char* kMpiPluginEntry = "pipesim_mpi_plugin";

@@ -1,0 +1,69 @@
+// This process as one rank of an MPI job, through the MPI plugin (mpi/mpi_plugin.h says why it is
+// one). A build without MPI has no plugin and says so; PIPESIM_MPI_PLUGIN names another plugin file.
+#include <fmt/format.h>
+
+#include <exception>
+
+#include "cuda/cuda_backend.h"
+#include "launch.h"
+#include "mpi/mpi_plugin.h"
+#include "plugin_loader.h"
+
+namespace pipesim::runtime {
+namespace {
+
+const mpi::PluginApi* load(std::string& error) {
+  const PluginSpec spec{
+      .what = "the MPI launcher",
+      .env = "PIPESIM_MPI_PLUGIN",
+      .built_path = PIPESIM_MPI_PLUGIN_PATH,
+      .not_built = "this pipesim was built without MPI; install libopenmpi-dev and rebuild, or run without mpirun "
+                   "(pipesim run --ranks N)",
+      .instead = "run without mpirun (pipesim run --ranks N)",
+      .entry = kMpiPluginEntry,
+      .version = mpi::kPluginVersion,
+      // Open MPI dlopens components of its own that expect its libraries' symbols to be global.
+      .global = true,
+  };
+  return static_cast<const mpi::PluginApi*>(load_plugin(spec, error));
+}
+
+/// The transport of this process: MPI alone, or NCCL over MPI for the CUDA backend.
+std::unique_ptr<Transport> make_transport(const mpi::PluginApi& api, const Plan& plan, RunOptions& options) {
+  std::unique_ptr<Transport> transport = api.make_transport();
+  if (options.backend != BackendKind::Cuda) return transport;
+  options.device = cuda::local_device(transport->rank());
+  return cuda::make_nccl_transport(std::move(transport), plan.graph, options.device);
+}
+
+}  // namespace
+
+MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options) {
+  MpiRun run;
+  std::string error;
+  const mpi::PluginApi* api = load(error);
+  if (!api) {
+    run.result = Error{error};
+    return run;
+  }
+  api->init(&run.rank, &run.size);
+  if (Result<Plan> plan = plan_for(run.size); !plan.ok()) {
+    run.result = plan.error();  // every rank builds the same plan, so every rank fails alike
+  } else {
+    RunOptions mine = options;
+    std::unique_ptr<Transport> comm;
+    try {
+      comm = make_transport(*api, plan.value(), mine);
+    } catch (const std::exception& e) {  // e.g. two ranks on one GPU: every rank must end
+      api->abort(fmt::format("rank {}: {}", run.rank, e.what()).c_str());
+    }
+    if (Result<RunResult> result = run_rank(*comm, plan.value(), mine); !result.ok())
+      comm->abort(result.error().message);
+    else
+      run.result = std::move(result).value();
+  }
+  api->finalize();
+  return run;
+}
+
+}  // namespace pipesim::runtime

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <limits>
 #include <queue>
@@ -35,27 +36,36 @@ class Greedy {
     backward_ready_.assign(std::size_t(stages_) * m_, kNever);
     for (int mb = 0; mb < m_; ++mb) forward_ready_[std::size_t(mb)] = 0;  // stage 0 reads the batch
     free_at_.assign(std::size_t(devices), 0);
-    times_.push(0);
+    queued_for_.assign(std::size_t(devices), -1);
     memory_.assign(std::size_t(devices), 0);
     weights_.resize(std::size_t(devices));
     orders_.resize(std::size_t(devices));
   }
 
+  /// At each time something may start, passes over the devices in index order, each device
+  /// starting at most one op per pass, until a pass starts nothing (zero-length ops can enable
+  /// others at the same instant). Only devices woken at this time -- freed, or given an input --
+  /// are visited: any other is busy or found nothing ready when last visited, and nothing it waits
+  /// for has changed since.
   Result<DeviceOrders> run() {
     const std::size_t total = std::size_t(stages_) * m_ * 3;
     std::size_t placed = 0;
-    TimeNs now = 0;
-    while (placed < total) {
-      bool started = true;
-      while (started) {  // zero-length ops can enable others at the same instant
-        started = false;
-        for (int d = 0; d < c_.layout.devices; ++d)
-          if (free_at_[std::size_t(d)] <= now && start_next(d, now)) started = true, ++placed;
+    for (int d = 0; d < c_.layout.devices; ++d) wake(d);
+    while (true) {
+      while (!next_pass_.empty()) {
+        std::swap(this_pass_, next_pass_);  // this_pass_ was drained by the pass before
+        ++pass_;
+        while (!this_pass_.empty()) {
+          visiting_ = this_pass_.top();
+          this_pass_.pop();
+          if (free_at_[std::size_t(visiting_)] <= now_ && start_next(visiting_, now_)) ++placed;
+        }
+        visiting_ = -1;
       }
       if (placed == total) break;
-      while (!times_.empty() && times_.top() <= now) times_.pop();
-      if (times_.empty()) return Error{stuck_message()};
-      now = times_.top();
+      if (events_.empty()) return Error{stuck_message()};
+      now_ = events_.top().first;
+      for (; !events_.empty() && events_.top().first == now_; events_.pop()) wake(events_.top().second);
     }
     return std::move(orders_);
   }
@@ -97,16 +107,16 @@ class Greedy {
     orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
     memory_[std::size_t(d)] += work(s).activation_bytes;
     if (s + 1 < stages_) {
-      set(forward_ready_[at(s + 1, mb)], end + hop(s, s + 1));
+      set(forward_ready_[at(s + 1, mb)], end + hop(s, s + 1), device_of(s + 1));
     } else {
       // The loss is computed in the last stage's forward; with vocabulary passes, the backward of
       // a microbatch waits until the forward of the one `vocab_delay` later has run.
       const int delay = c_.vocab_delay;
-      if (mb - delay >= 0) set(backward_ready_[at(s, mb - delay)], end);
+      if (mb - delay >= 0) set(backward_ready_[at(s, mb - delay)], end, d);
       if (mb == m_ - 1)
-        for (int x = std::max(0, mb - delay + 1); x < m_; ++x) set(backward_ready_[at(s, x)], end);
+        for (int x = std::max(0, mb - delay + 1); x < m_; ++x) set(backward_ready_[at(s, x)], end, d);
     }
-    set(free_at_[std::size_t(d)], end);
+    set(free_at_[std::size_t(d)], end, d);
   }
 
   void backward(int d, int s, TimeNs now) {
@@ -115,8 +125,8 @@ class Greedy {
     orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
     memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
     weights_[std::size_t(d)].push_back({s, mb});
-    if (s > 0) set(backward_ready_[at(s - 1, mb)], end + hop(s, s - 1));
-    set(free_at_[std::size_t(d)], end);
+    if (s > 0) set(backward_ready_[at(s - 1, mb)], end + hop(s, s - 1), device_of(s - 1));
+    set(free_at_[std::size_t(d)], end, d);
   }
 
   void weight(int d, TimeNs now) {
@@ -124,15 +134,24 @@ class Greedy {
     weights_[std::size_t(d)].pop_front();
     orders_[std::size_t(d)].push_back({OpKind::W, s, mb});
     memory_[std::size_t(d)] -= work(s).weight_held_bytes;
-    set(free_at_[std::size_t(d)], now + c_.times[std::size_t(s)].weight);
+    set(free_at_[std::size_t(d)], now + c_.times[std::size_t(s)].weight, d);
   }
 
-  /// Every time a device frees up or an input arrives is a time something may start: visiting all
-  /// of them in order, some in vain, is what scanning every device and stage for the next such
-  /// time did, at a heap operation each.
-  void set(TimeNs& when, TimeNs time) {
+  /// Every time a device frees up or an input arrives is a time something may start there.
+  void set(TimeNs& when, TimeNs time, int device) {
     when = time;
-    times_.push(time);
+    if (time > now_) events_.emplace(time, device);
+    else wake(device);  // a zero-length op: at this same instant
+  }
+
+  /// Device d is visited at now_: in the pass under way if its turn in it is still to come, else in
+  /// the next pass -- when a scan of every device in index order would next reach it.
+  void wake(int d) {
+    const bool this_pass = visiting_ >= 0 && d > visiting_;
+    const std::int64_t pass = this_pass ? pass_ : pass_ + 1;
+    if (queued_for_[std::size_t(d)] == pass) return;
+    queued_for_[std::size_t(d)] = pass;
+    (this_pass ? this_pass_ : next_pass_).push(d);
   }
 
   std::string stuck_message() const {
@@ -156,7 +175,14 @@ class Greedy {
   std::vector<Bytes> memory_;                           ///< per device: live activation bytes
   std::vector<std::deque<std::pair<int, int>>> weights_;  ///< per device: deferred W, oldest first
   DeviceOrders orders_;
-  std::priority_queue<TimeNs, std::vector<TimeNs>, std::greater<>> times_;  ///< times set, earliest first
+  TimeNs now_ = 0;
+  /// (time, device): when an input arrives at the device or it frees up, earliest first.
+  std::priority_queue<std::pair<TimeNs, int>, std::vector<std::pair<TimeNs, int>>, std::greater<>> events_;
+  /// Devices to visit at now_, lowest index first: in the pass under way and in the next one.
+  std::priority_queue<int, std::vector<int>, std::greater<>> this_pass_, next_pass_;
+  std::int64_t pass_ = 0;               ///< passes so far
+  int visiting_ = -1;                   ///< the device the pass under way is at
+  std::vector<std::int64_t> queued_for_;  ///< per device: the pass it is queued for
 };
 
 }  // namespace

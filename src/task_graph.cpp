@@ -153,16 +153,18 @@ int TaskGraphBuilder::add_group(CollectiveGroup group) {
 
 namespace {
 
-/// Counting sort of (key, value) pairs into CSR form; values keep their insertion order per key.
-template <class KeyOf, class ValueOf, class Items>
-void build_csr(std::size_t keys, const Items& items, KeyOf key_of, ValueOf value_of,
-               std::vector<std::int64_t>& offsets, std::vector<TaskId>& ids) {
+/// Counting sort of items 0 .. count - 1 into CSR form; values keep their item order per key. The
+/// items are placed last to first, each key's end counting down to its start, so the offsets are
+/// the only array besides the result (no cursor copy: at hundreds of thousands of ops, every array
+/// is megabytes the kernel must zero).
+template <class KeyOf, class ValueOf>
+void build_csr(std::size_t keys, std::size_t count, KeyOf key_of, ValueOf value_of, std::vector<std::int64_t>& offsets,
+               std::vector<TaskId>& ids) {
   offsets.assign(keys + 1, 0);
-  for (const auto& item : items) ++offsets[key_of(item) + 1];
-  for (std::size_t k = 0; k < keys; ++k) offsets[k + 1] += offsets[k];
-  ids.resize(static_cast<std::size_t>(offsets[keys]));
-  std::vector<std::int64_t> cursor(offsets.begin(), offsets.end() - 1);
-  for (const auto& item : items) ids[static_cast<std::size_t>(cursor[key_of(item)]++)] = value_of(item);
+  for (std::size_t i = 0; i < count; ++i) ++offsets[key_of(i)];
+  for (std::size_t k = 1; k <= keys; ++k) offsets[k] += offsets[k - 1];  // offsets[k]: end of key k
+  ids.resize(count);
+  for (std::size_t i = count; i-- > 0;) ids[static_cast<std::size_t>(--offsets[key_of(i)])] = static_cast<TaskId>(value_of(i));
 }
 
 }  // namespace
@@ -170,22 +172,19 @@ void build_csr(std::size_t keys, const Items& items, KeyOf key_of, ValueOf value
 TaskGraph TaskGraphBuilder::build() && {
   TaskGraph graph;
   graph.devices_ = devices_;
-  build_csr(
-      tasks_.size(), edges_, [](const auto& e) { return static_cast<std::size_t>(e.first); },
-      [](const auto& e) { return e.second; }, graph.dep_offsets_, graph.dep_ids_);
-  build_csr(
-      tasks_.size(), edges_, [](const auto& e) { return static_cast<std::size_t>(e.second); },
-      [](const auto& e) { return e.first; }, graph.succ_offsets_, graph.succ_ids_);
+  const auto task = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].first); };
+  const auto on = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].second); };
+  build_csr(tasks_.size(), edges_.size(), task, on, graph.dep_offsets_, graph.dep_ids_);
+  build_csr(tasks_.size(), edges_.size(), on, task, graph.succ_offsets_, graph.succ_ids_);
 
   graph.tasks_ = std::move(tasks_);
   // Grown past a reserve() by doubling, it may hold twice its size: give that back. A close reserve
   // is kept as it is (a copy of every op costs more than the slack).
   if (graph.tasks_.capacity() > graph.tasks_.size() + graph.tasks_.size() / 4) graph.tasks_.shrink_to_fit();
-  std::vector<TaskId> all(graph.tasks_.size());
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<TaskId>(i);
   build_csr(
-      std::size_t(devices_) * graph.streams_per_device(), all, [&graph](TaskId id) { return graph.stream_of(id); },
-      [](TaskId id) { return id; }, graph.stream_offsets_, graph.stream_ids_);
+      std::size_t(devices_) * graph.streams_per_device(), graph.tasks_.size(),
+      [&graph](std::size_t i) { return graph.stream_of(static_cast<TaskId>(i)); },
+      [](std::size_t i) { return static_cast<TaskId>(i); }, graph.stream_offsets_, graph.stream_ids_);
 
   graph.groups_ = std::move(groups_);
   return graph;

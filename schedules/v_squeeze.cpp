@@ -178,6 +178,18 @@ void in_slot_order(const Grid& g, Visit visit) {
   }
 }
 
+/// The slot of a device's n-th B of either chunk (from 0): each chunk's B slots rise, so a merge
+/// walk finds it without sorting them.
+int nth_backward(const Slots& s, int n) {
+  const std::vector<int>& b1 = s[kB1];
+  const std::vector<int>& b0 = s[kB0];
+  for (std::size_t i = 0, j = 0;;) {
+    const bool chunk1 = j == b0.size() || (i < b1.size() && b1[i] < b0[j]);
+    if (n-- == 0) return chunk1 ? b1[i] : b0[j];
+    chunk1 ? ++i : ++j;
+  }
+}
+
 /// The last slot a pass must follow: its input on the neighbouring device (down the V for F of
 /// chunk 0 and B of chunk 1, up for the others), the pass before it on its device, its B for a W,
 /// and the same pass of the previous microbatch.
@@ -188,12 +200,7 @@ int inputs_done(Grid& g, int d, int t, int x) {
   if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
   if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
   if (t > kF0 && t < kW) after(d, t - 1, x);
-  if (t == kW) {  // one W list: the x-th W follows the x-th B of either chunk
-    std::vector<int> backwards = g[std::size_t(d)][kB1];
-    backwards.insert(backwards.end(), g[std::size_t(d)][kB0].begin(), g[std::size_t(d)][kB0].end());
-    std::sort(backwards.begin(), backwards.end());
-    last = std::max(last, backwards[std::size_t(x)]);
-  }
+  if (t == kW) last = std::max(last, nth_backward(g[std::size_t(d)], x));  // one W list: the x-th W follows the x-th B
   if (x > 0) after(d, t, x - 1);
   return last;
 }

@@ -1,7 +1,7 @@
 #include "v_squeeze.h"
 
 #include <algorithm>
-#include <queue>
+#include <numeric>
 #include <tuple>
 
 namespace pipesim {
@@ -160,22 +160,25 @@ class DeviceMemory {
 int& slot_of(Grid& g, int d, int t, int x) { return g[std::size_t(d)][std::size_t(t)][std::size_t(x)]; }
 
 /// Calls visit(device, type, microbatch) for every pass of `g` in slot order, ties by device, then
-/// type, as the reference generator visits them. A pass's slot is read once the pass before it in
-/// its list has been visited, so `visit` may move the pass it is given.
+/// type, as the reference generator visits them. `visit` may move the pass it is given, and only
+/// that one: every other pass is still in its slot when it comes, so the order is known up front
+/// (a counting sort by slot, filled in device, type and microbatch order).
 template <class Visit>
 void in_slot_order(const Grid& g, Visit visit) {
   const int types = int(g[0].size());
-  using Head = std::tuple<int, int, int>;  // (slot, device * types + type, microbatch)
-  std::priority_queue<Head, std::vector<Head>, std::greater<>> heads;
-  for (int k = 0; k < int(g.size()) * types; ++k)
-    if (!g[std::size_t(k / types)][std::size_t(k % types)].empty()) heads.emplace(g[std::size_t(k / types)][std::size_t(k % types)][0], k, 0);
-  while (!heads.empty()) {
-    const auto [slot, k, x] = heads.top();
-    heads.pop();
-    visit(k / types, k % types, x);
-    if (const auto& list = g[std::size_t(k / types)][std::size_t(k % types)]; std::size_t(x + 1) < list.size())
-      heads.emplace(list[std::size_t(x + 1)], k, x + 1);
+  int bound = 0;
+  for (const Slots& s : g) bound = std::max(bound, last_slot(s));
+  std::vector<std::size_t> start(std::size_t(bound + 2), 0);  // per slot: where its passes start in `order`
+  for (const Slots& s : g)
+    for (const auto& list : s)
+      for (int slot : list) ++start[std::size_t(slot + 1)];
+  std::partial_sum(start.begin(), start.end(), start.begin());
+  std::vector<std::pair<int, int>> order(start.back());  // (device * types + type, microbatch)
+  for (int k = 0; k < int(g.size()) * types; ++k) {
+    const auto& list = g[std::size_t(k / types)][std::size_t(k % types)];
+    for (int x = 0; x < int(list.size()); ++x) order[start[std::size_t(list[std::size_t(x)])]++] = {k, x};
   }
+  for (const auto& [k, x] : order) visit(k / types, k % types, x);
 }
 
 /// The slot of a device's n-th B of either chunk (from 0): each chunk's B slots rise, so a merge

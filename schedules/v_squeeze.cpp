@@ -63,7 +63,7 @@ int chunk_of(int type) { return type == kF0 || type == kB0 ? 0 : 1; }
 /// new slot to that meeting point, and an accepted move rewrites only that stretch.
 class DeviceMemory {
  public:
-  /// `s`: four lists (F0, F1, B1, B0), or five with one W list.
+  /// `s`: four lists (F0, F1, B1, B0), or five with one W list; at most one pass a slot.
   DeviceMemory(const Slots& s, const ChunkBytes& bytes) : bytes_(bytes), implicit_w_(s.size() == 4) {
     for (const auto& type : s)
       for (int slot : type) last_ = std::max(last_, slot);
@@ -89,7 +89,7 @@ class DeviceMemory {
   bool free(int slot) const { return type_at_[std::size_t(slot)] < 0; }
 
   /// Moves the pass in slot `from` to the earlier free slot `to` if the device then holds at most
-  /// `limit` after every slot; says whether it did.
+  /// `limit` after every slot; says whether it did. The device must hold at most `limit` already.
   bool move_within(int from, int to, Bytes limit) {
     const int type = type_at_[std::size_t(from)];
     // Without the pass in `from`, the last pass may come earlier: the slots after it do not count.
@@ -114,6 +114,7 @@ class DeviceMemory {
       step(state, slot == to ? type : slot == from ? -1 : type_at_[std::size_t(slot)], pending_chunk);
       if (state.current > limit) return false;
       replayed_.push_back(state);
+      // After `from` the passes are the unmoved device's: from the same state on, so is the rest.
       if (slot >= from && state == states_[std::size_t(slot + 1)] && state.weights > differs) break;
     }
     std::copy(replayed_.begin(), replayed_.end(), states_.begin() + to + 1);

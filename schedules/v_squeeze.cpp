@@ -1,8 +1,7 @@
 #include "v_squeeze.h"
 
 #include <algorithm>
-#include <limits>
-#include <queue>
+#include <numeric>
 #include <tuple>
 
 namespace pipesim {
@@ -51,66 +50,147 @@ struct ChunkBytes {
   Bytes weight_held[2];
 };
 
-/// Peak activation bytes of one device over its slots, as the simulator counts them: F adds its
-/// chunk's activation, B frees all but what W needs, W frees the rest (the oldest pending B's,
-/// when W is one list; implicit W in free slots when the slots have no W list yet). Stops at the
-/// first value above `limit`: callers ask only whether the device fits.
-Bytes held(const Slots& s, const ChunkBytes& bytes, Bytes limit) {
-  const bool has_w = s.size() > 4, split = s.size() > 5;
-  // Each type's slots rise with the microbatch, so merging the lists visits the passes in
-  // (slot, type) order without sorting them.
-  std::array<std::size_t, 6> next{};
-  const auto next_event = [&](int& slot, int& type) {
-    type = -1;
+int chunk_of(int type) { return type == kF0 || type == kB0 ? 0 : 1; }
+
+/// One device's passes by slot and the activation bytes it holds before each slot, as the
+/// simulator counts them: F adds its chunk's activation, B frees all but what W needs, W frees the
+/// rest of the oldest pending B (implicit W in any free slot when the slots have no W list yet).
+///
+/// The squeeze asks of many free slots whether a pass may move there with the device staying
+/// within a limit. Moving a pass from one slot to an earlier one changes nothing before the new
+/// slot, and once the device's state after the old slot is again what it was (bytes and pending
+/// B's alike), nothing after it either. As the device already fits, a check replays only from the
+/// new slot to that meeting point, and an accepted move rewrites only that stretch.
+class DeviceMemory {
+ public:
+  /// `s`: four lists (F0, F1, B1, B0), or five with one W list; at most one pass a slot.
+  DeviceMemory(const Slots& s, const ChunkBytes& bytes) : bytes_(bytes), implicit_w_(s.size() == 4) {
+    for (const auto& type : s)
+      for (int slot : type) last_ = std::max(last_, slot);
+    type_at_.assign(std::size_t(last_ + 1), -1);
     for (std::size_t t = 0; t < s.size(); ++t)
-      if (next[t] < s[t].size() && (type < 0 || s[t][next[t]] < slot)) slot = s[t][next[t]], type = int(t);
-    return type >= 0;
-  };
-  std::vector<int> pending;  // chunks whose B has run and W has not, oldest first
-  Bytes current = 0, peak = 0;
-  const auto weight = [&](int chunk) {
-    const auto it = chunk < 0 ? pending.begin() : std::find(pending.begin(), pending.end(), chunk);
-    if (it == pending.end()) return;
-    current -= bytes.weight_held[*it];
-    pending.erase(it);
-  };
-  int event_slot = 0, type = -1;
-  bool more = next_event(event_slot, type);
-  for (int slot = 0; more && peak <= limit; ++slot) {
-    if (event_slot <= slot) {
-      ++next[std::size_t(type)];
-      // W lists: one (the oldest pending B's chunk) or, split, chunk 1's then chunk 0's.
-      const int chunk = type == kF0 || type == kB0 ? 0 : type == kF1 || type == kB1 ? 1 : type == kW && !split ? -1 : type == kW;
-      if (type <= kF1) current += bytes.activation[chunk];
-      if (type == kB1 || type == kB0) current -= bytes.activation[chunk] - bytes.weight_held[chunk], pending.push_back(chunk);
-      if (type >= kW) weight(chunk);
-      more = next_event(event_slot, type);
-    } else if (!has_w && !pending.empty()) {
-      weight(-1);
+      for (int slot : s[t]) type_at_[std::size_t(slot)] = int(t);
+    for (int type : type_at_)
+      if (type == kB1 || type == kB0) backward_chunks_.push_back(chunk_of(type));
+    states_.resize(std::size_t(last_ + 2));
+    for (int slot = 0; slot <= last_; ++slot) {
+      states_[std::size_t(slot + 1)] = states_[std::size_t(slot)];
+      step(states_[std::size_t(slot + 1)], type_at_[std::size_t(slot)], [&](int i) { return backward_chunks_[std::size_t(i)]; });
     }
-    peak = std::max(peak, current);
   }
-  return peak;
-}
+
+  /// The most the device holds after any slot up to its last pass.
+  Bytes peak() const {
+    Bytes peak = 0;
+    for (const State& state : states_) peak = std::max(peak, state.current);
+    return peak;
+  }
+
+  bool free(int slot) const { return type_at_[std::size_t(slot)] < 0; }
+
+  /// Moves the pass in slot `from` to the earlier free slot `to` if the device then holds at most
+  /// `limit` after every slot; says whether it did. The device must hold at most `limit` already.
+  bool move_within(int from, int to, Bytes limit) {
+    const int type = type_at_[std::size_t(from)];
+    // Without the pass in `from`, the last pass may come earlier: the slots after it do not count.
+    int last = last_;
+    if (from == last_)
+      for (last = from - 1; last > to && type_at_[std::size_t(last)] < 0;) --last;
+    // A B moved before other B's takes its place in the pending order ahead of theirs: entries
+    // first..moved of backward_chunks_ shift by one.
+    const bool backward = type == kB1 || type == kB0;
+    const int first = states_[std::size_t(to)].backwards, moved = states_[std::size_t(from)].backwards;
+    const auto pending_chunk = [&](int i) {
+      if (!backward || i < first || i > moved) return backward_chunks_[std::size_t(i)];
+      return i == first ? chunk_of(type) : backward_chunks_[std::size_t(i - 1)];
+    };
+    // The pending B's are the same as before the move once every entry that differs is done.
+    int differs = -1;
+    for (int i = first; backward && i <= moved; ++i)
+      if (pending_chunk(i) != backward_chunks_[std::size_t(i)]) differs = i;
+    State state = states_[std::size_t(to)];
+    replayed_.clear();
+    for (int slot = to; slot <= last; ++slot) {
+      step(state, slot == to ? type : slot == from ? -1 : type_at_[std::size_t(slot)], pending_chunk);
+      if (state.current > limit) return false;
+      replayed_.push_back(state);
+      // After `from` the passes are the unmoved device's: from the same state on, so is the rest.
+      if (slot >= from && state == states_[std::size_t(slot + 1)] && state.weights > differs) break;
+    }
+    std::copy(replayed_.begin(), replayed_.end(), states_.begin() + to + 1);
+    type_at_[std::size_t(to)] = type;
+    type_at_[std::size_t(from)] = -1;
+    if (backward) std::rotate(backward_chunks_.begin() + first, backward_chunks_.begin() + moved, backward_chunks_.begin() + moved + 1);
+    last_ = last;
+    states_.resize(std::size_t(last_ + 2));
+    return true;
+  }
+
+ private:
+  /// Before a slot: the bytes held, the B passes done and the W passes that freed one; the pending
+  /// B's, oldest first, are entries weights..backwards - 1 of backward_chunks_.
+  struct State {
+    Bytes current = 0;
+    int backwards = 0, weights = 0;
+    bool operator==(const State&) const = default;
+  };
+
+  /// Advances `state` over one slot holding pass `type` (-1: none); `pending_chunk(i)` is the
+  /// chunk of the i-th B.
+  template <class PendingChunk>
+  void step(State& state, int type, PendingChunk pending_chunk) const {
+    if (type == kF0 || type == kF1) {
+      state.current += bytes_.activation[chunk_of(type)];
+    } else if (type == kB1 || type == kB0) {
+      state.current -= bytes_.activation[chunk_of(type)] - bytes_.weight_held[chunk_of(type)];
+      ++state.backwards;
+    } else if ((type == kW || (type < 0 && implicit_w_)) && state.weights < state.backwards) {
+      state.current -= bytes_.weight_held[pending_chunk(state.weights++)];
+    }
+  }
+
+  ChunkBytes bytes_;
+  bool implicit_w_;
+  int last_ = -1;                     ///< the slot of the last pass
+  std::vector<int> type_at_;          ///< per slot up to the last pass: its pass type, -1 when free
+  std::vector<int> backward_chunks_;  ///< the chunk of each B, in slot order
+  std::vector<State> states_;         ///< before each slot up to the one after the last pass
+  std::vector<State> replayed_;       ///< a move's states from its new slot on, while checking it
+};
 
 int& slot_of(Grid& g, int d, int t, int x) { return g[std::size_t(d)][std::size_t(t)][std::size_t(x)]; }
 
 /// Calls visit(device, type, microbatch) for every pass of `g` in slot order, ties by device, then
-/// type, as the reference generator visits them. A pass's slot is read once the pass before it in
-/// its list has been visited, so `visit` may move the pass it is given.
+/// type, as the reference generator visits them. `visit` may move the pass it is given, and only
+/// that one: every other pass is still in its slot when it comes, so the order is known up front
+/// (a counting sort by slot, filled in device, type and microbatch order).
 template <class Visit>
 void in_slot_order(const Grid& g, Visit visit) {
   const int types = int(g[0].size());
-  using Head = std::tuple<int, int, int>;  // (slot, device * types + type, microbatch)
-  std::priority_queue<Head, std::vector<Head>, std::greater<>> heads;
-  for (int k = 0; k < int(g.size()) * types; ++k)
-    if (!g[std::size_t(k / types)][std::size_t(k % types)].empty()) heads.emplace(g[std::size_t(k / types)][std::size_t(k % types)][0], k, 0);
-  while (!heads.empty()) {
-    const auto [slot, k, x] = heads.top();
-    heads.pop();
-    visit(k / types, k % types, x);
-    if (const auto& list = g[std::size_t(k / types)][std::size_t(k % types)]; std::size_t(x + 1) < list.size())
-      heads.emplace(list[std::size_t(x + 1)], k, x + 1);
+  int bound = 0;
+  for (const Slots& s : g) bound = std::max(bound, last_slot(s));
+  std::vector<std::size_t> start(std::size_t(bound + 2), 0);  // per slot: where its passes start in `order`
+  for (const Slots& s : g)
+    for (const auto& list : s)
+      for (int slot : list) ++start[std::size_t(slot + 1)];
+  std::partial_sum(start.begin(), start.end(), start.begin());
+  std::vector<std::pair<int, int>> order(start.back());  // (device * types + type, microbatch)
+  for (int k = 0; k < int(g.size()) * types; ++k) {
+    const auto& list = g[std::size_t(k / types)][std::size_t(k % types)];
+    for (int x = 0; x < int(list.size()); ++x) order[start[std::size_t(list[std::size_t(x)])]++] = {k, x};
+  }
+  for (const auto& [k, x] : order) visit(k / types, k % types, x);
+}
+
+/// The slot of a device's n-th B of either chunk (from 0): each chunk's B slots rise, so a merge
+/// walk finds it without sorting them.
+int nth_backward(const Slots& s, int n) {
+  const std::vector<int>& b1 = s[kB1];
+  const std::vector<int>& b0 = s[kB0];
+  for (std::size_t i = 0, j = 0;;) {
+    const bool chunk1 = j == b0.size() || (i < b1.size() && b1[i] < b0[j]);
+    if (n-- == 0) return chunk1 ? b1[i] : b0[j];
+    chunk1 ? ++i : ++j;
   }
 }
 
@@ -124,12 +204,7 @@ int inputs_done(Grid& g, int d, int t, int x) {
   if ((t == kF0 || t == kB1) && d > 0) after(d - 1, t, x);
   if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
   if (t > kF0 && t < kW) after(d, t - 1, x);
-  if (t == kW) {  // one W list: the x-th W follows the x-th B of either chunk
-    std::vector<int> backwards = g[std::size_t(d)][kB1];
-    backwards.insert(backwards.end(), g[std::size_t(d)][kB0].begin(), g[std::size_t(d)][kB0].end());
-    std::sort(backwards.begin(), backwards.end());
-    last = std::max(last, backwards[std::size_t(x)]);
-  }
+  if (t == kW) last = std::max(last, nth_backward(g[std::size_t(d)], x));  // one W list: the x-th W follows the x-th B
   if (x > 0) after(d, t, x - 1);
   return last;
 }
@@ -142,28 +217,25 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
   const int p = int(g.size());
   if (with_w)
     for (Slots& s : g) s = put_w(s, false);
+  std::vector<DeviceMemory> memory;
+  for (int d = 0; d < p; ++d) memory.emplace_back(g[std::size_t(d)], bytes[std::size_t(d)]);
   // The bound is the most any device holds before the pass: one device may grow to what another
   // already holds, as the peak memory a user sees is the largest device's.
   Bytes limit = 0;
-  for (int d = 0; d < p; ++d)
-    limit = std::max(limit, held(g[std::size_t(d)], bytes[std::size_t(d)], std::numeric_limits<Bytes>::max()));
+  for (const DeviceMemory& device : memory) limit = std::max(limit, device.peak());
   const int m = int(g[0][0].size());
-  std::vector<std::vector<bool>> occupied;
-  for (const Slots& s : g) occupied.emplace_back(std::size_t(last_slot(s) + 1), false);
   int phase = 0;
   in_slot_order(g, [&](int d, int t, int x) {
     int& slot = slot_of(g, d, t, x);
     if (t == kB0 && d == 0 && phase == 0) phase = 1;
     const bool fixed = phase == 1 || (phase == 0 && !with_w);
     if (phase == 1 && t == kF0 && x == m - 1) phase = 2;
-    const int original = slot;
-    for (int candidate = fixed ? original : inputs_done(g, d, t, x) + 1; candidate < original; ++candidate) {
-      if (occupied[std::size_t(d)][std::size_t(candidate)]) continue;
-      slot = candidate;
-      if (held(g[std::size_t(d)], bytes[std::size_t(d)], limit) <= limit) break;
-      slot = original;
-    }
-    occupied[std::size_t(d)][std::size_t(slot)] = true;
+    DeviceMemory& device = memory[std::size_t(d)];
+    for (int candidate = fixed ? slot : inputs_done(g, d, t, x) + 1; candidate < slot; ++candidate)
+      if (device.free(candidate) && device.move_within(slot, candidate, limit)) {
+        slot = candidate;
+        break;
+      }
   });
   if (!with_w)
     for (Slots& s : g) s = put_w(s, false);

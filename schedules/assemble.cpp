@@ -110,14 +110,16 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
 
   TaskGraphBuilder builder(layout.devices);
-  {  // compute ops, a SEND and a RECV per boundary crossed, the end of iteration; vocabulary collectives grow it
+  {  // compute ops, a SEND and a RECV per boundary crossed, the end of iteration, vocabulary collectives
     std::size_t compute = 0, transfers = 0;
     for (int d = 0; d < layout.devices; ++d)
       for (const ComputeStep& s : orders[std::size_t(d)]) {
         ++compute;
         transfers += sent_out(layout, s, d) != Payload::None;
       }
-    builder.reserve(compute + 2 * transfers + std::size_t(layout.devices) * (dp > 1 ? 2 : 1), 2 * compute + transfers);
+    builder.reserve(compute + 2 * transfers + std::size_t(layout.devices) * (dp > 1 ? 2 : 1) +
+                        VocabPasses::collective_ops(layout, microbatches),
+                    2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
   }
   OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
   std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);

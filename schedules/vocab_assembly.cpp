@@ -27,9 +27,24 @@ TaskId VocabPasses::add(TaskGraphBuilder& builder, int device, const ComputeStep
 void VocabPasses::record_compute(int device, TaskId id) { compute_[std::size_t(device)].push_back(id); }
 
 TaskId VocabPasses::next_compute(int device, TaskId id) const {
+  // A device's tasks are added in its program order, so its ids rise.
   const auto& order = compute_[std::size_t(device)];
-  const auto it = std::find(order.begin(), order.end(), id);
-  return it != order.end() && it + 1 != order.end() ? *(it + 1) : kNoTask;
+  const auto it = std::lower_bound(order.begin(), order.end(), id);
+  return it != order.end() && *it == id && it + 1 != order.end() ? *(it + 1) : kNoTask;
+}
+
+std::size_t VocabPasses::collective_ops(const Layout& layout, int microbatches) {
+  if (layout.vocab == VocabPlacement::OnStages) return 0;
+  // Input reduce, output broadcast, barrier C0, gradient broadcast, and C1 with two barriers.
+  const std::size_t collectives = layout.vocab == VocabPlacement::Vocab2 ? 4 : 5;
+  return collectives * std::size_t(layout.devices) * std::size_t(microbatches);
+}
+
+std::size_t VocabPasses::collective_dependencies(const Layout& layout, int microbatches) {
+  if (layout.vocab == VocabPlacement::OnStages) return 0;
+  // One per member at most, two per microbatch for the first and last stage, and up to four per
+  // device and microbatch for the passes.
+  return collective_ops(layout, microbatches) + std::size_t(microbatches) * (2 + 4 * std::size_t(layout.devices));
 }
 
 void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const VocabWork& work,

@@ -30,6 +30,10 @@ class VocabPasses {
   TaskId add(TaskGraphBuilder& builder, int device, const ComputeStep& step, const VocabWork& work);
   /// Notes a transformer compute task, so that the op after a pass can be found.
   void record_compute(int device, TaskId id);
+  /// The ops connect() adds for `layout`: a member per device in each microbatch's collectives
+  /// (none with the vocabulary on the stages), and at most the dependencies it adds.
+  static std::size_t collective_ops(const Layout& layout, int microbatches);
+  static std::size_t collective_dependencies(const Layout& layout, int microbatches);
   /// Adds the collectives and all dependencies of the passes, once every compute task exists.
   void connect(TaskGraphBuilder& builder, const Layout& layout, const VocabWork& work,
                const std::function<TaskId(int stage, int mb)>& forward,

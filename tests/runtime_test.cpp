@@ -13,7 +13,9 @@
 #include "chrome_trace.h"
 #include "helpers.h"
 #include "config_json.h"
+#include "cost_model.h"
 #include "launch.h"
+#include "measured.h"
 #include "plan.h"
 
 using namespace pipesim;
@@ -107,6 +109,50 @@ TEST_CASE("measurements cover every op of the last step") {
     if (e["ph"] == "C") highest[e["pid"].get<std::size_t>()] = std::max(highest[e["pid"].get<std::size_t>()], e["args"]["bytes"].get<Bytes>());
   for (int d = 0; d < plan.layout.devices; ++d)
     CHECK(highest[std::size_t(d)] == r.static_bytes[std::size_t(d)] + r.peak_activation_bytes[std::size_t(d)]);
+}
+
+TEST_CASE("a profile of ZB-V's 2p half stages gives ZB-H1's p stages their measured costs") {
+  // Made-up op times of known parts: per layer and device, plus baseline's embedding and LM head,
+  // which ZB-V holds both on device 0 and ZB-H1 on devices 0 and p - 1. The profile of the ZB-V run
+  // must give every ZB-H1 stage exactly its layers' time on its device plus its vocabulary parts.
+  const Config config = tiny_config();  // 8 layers on p = 4: ZB-V's stages hold 1, ZB-H1's 2
+  const Plan v = plan_for(config, "zb-v", "baseline");
+  const Plan h1 = plan_for(config, "zb-h1", "baseline");
+  REQUIRE(v.layout.stages.size() == 2 * h1.layout.stages.size());
+  const auto layer_ms = [](OpKind kind, int device) {
+    return (kind == OpKind::F ? 1.0 : kind == OpKind::B ? 2.0 : 0.75) * (1 + 0.25 * device);
+  };
+  const double head_f = 3, head_b = 4, embed_f = 0.2, embed_b = 0.3;
+  const auto vocab_ms = [&](OpKind kind, const VirtualStage& stage) {
+    if (kind == OpKind::W) return 0.0;  // the head's weight gradient is taken in its B
+    return (stage.has_head ? (kind == OpKind::F ? head_f : head_b) : 0) +
+           (stage.has_embedding ? (kind == OpKind::F ? embed_f : embed_b) : 0);
+  };
+  runtime::RunResult r;
+  r.timeline.start.assign(v.graph.size(), 0), r.timeline.end.assign(v.graph.size(), 1000);
+  r.vocab_layer_ns.assign(v.graph.size(), 0);
+  for (TaskId id = 0; id < TaskId(v.graph.size()); ++id) {
+    const Task& t = v.graph.task(id);
+    if (t.kind != OpKind::F && t.kind != OpKind::B && t.kind != OpKind::W) continue;
+    const VirtualStage& stage = v.layout.stages[std::size_t(t.stage)];
+    r.vocab_layer_ns[std::size_t(id)] = ns_from_ms(vocab_ms(t.kind, stage));
+    r.timeline.end[std::size_t(id)] = ns_from_ms(stage.layers * layer_ms(t.kind, t.device) + vocab_ms(t.kind, stage));
+  }
+  const nlohmann::ordered_json profile = measured_profile(v, r);
+  Result<Config> profiled = apply_profile(h1.config, profile.dump(), "zb-v.json");
+  REQUIRE(profiled.ok());
+  const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), h1.layout);
+  for (std::size_t s = 0; s < h1.layout.stages.size(); ++s) {
+    const VirtualStage& stage = h1.layout.stages[s];
+    const StageTimes& got = costs->stage(int(s));
+    INFO("ZB-H1 stage " << s);
+    // Within rounding: op times are whole nanoseconds, doubled from ZB-V's half stages, rounded again.
+    const std::pair<OpKind, TimeNs> times[] = {{OpKind::F, got.forward}, {OpKind::B, got.backward}, {OpKind::W, got.weight}};
+    for (const auto& [kind, time] : times) {
+      INFO(op_kind_name(kind));
+      CHECK(std::abs(double(time) - 1e6 * (stage.layers * layer_ms(kind, stage.device) + vocab_ms(kind, stage))) <= 2);
+    }
+  }
 }
 
 TEST_CASE("a failing rank ends every rank with an error naming it") {

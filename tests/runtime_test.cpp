@@ -114,6 +114,22 @@ TEST_CASE("measurements cover every op of the last step") {
     CHECK(highest[std::size_t(d)] == r.static_bytes[std::size_t(d)] + r.peak_activation_bytes[std::size_t(d)]);
 }
 
+TEST_CASE("the embedding and LM-head parts of an op are the last step's, as its time is") {
+  // The profile subtracts them from the op's time and gives them to the vocabulary layers: parts
+  // summed over every step would make the head's cost the steps' sum and the layers' cost less.
+  const Plan plan = plan_for(tiny_config(), "zb-h1", "baseline");
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, options(3));
+  REQUIRE(run.ok());
+  const runtime::RunResult& r = run.value();
+  int with_parts = 0;
+  for (TaskId id = 0; id < TaskId(plan.graph.size()); ++id) {
+    INFO(plan.graph.describe(id));
+    CHECK(r.vocab_layer_ns[std::size_t(id)] <= r.timeline.end[std::size_t(id)] - r.timeline.start[std::size_t(id)]);
+    with_parts += r.vocab_layer_ns[std::size_t(id)] > 0;
+  }
+  CHECK(with_parts == 4 * plan.config.parallel.microbatches);  // F and B of the first and the last stage
+}
+
 TEST_CASE("a profile of ZB-V's 2p half stages gives ZB-H1's p stages their measured costs") {
   // Made-up op times of known parts: per layer and device, plus baseline's embedding and LM head,
   // which ZB-V holds both on device 0 and ZB-H1 on devices 0 and p - 1. The profile of the ZB-V run

@@ -3,7 +3,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <new>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "cpu/kernels.h"
 #include "cpu/vocab.h"
@@ -214,8 +219,19 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+void keep_freed_host_memory() {
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc takes; it also stops the threshold moving
+    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  });
+#endif
+}
+
 std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,
                                           std::uint64_t seed) {
+  keep_freed_host_memory();
   return std::make_unique<CpuBackend>(shape, layout, rank, seed);
 }
 

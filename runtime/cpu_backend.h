@@ -8,6 +8,14 @@
 
 namespace pipesim::runtime {
 
+/// Makes the process keep the host memory it frees for its next allocations (glibc: no heap trimming,
+/// blocks up to 32 MiB from the heap rather than mmap). Otherwise freed activations go back to the
+/// kernel and whichever op allocates them next pays a page fault per 4 KiB page in its measured
+/// time -- how many depends on the schedule's order of allocations and frees, not on the op's work,
+/// so two schedules' profiles would disagree about the same layer. A CUDA run's device pool is kept
+/// between steps for the same reason. make_cpu_backend calls it; once per process.
+void keep_freed_host_memory();
+
 std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,
                                           std::uint64_t seed);
 

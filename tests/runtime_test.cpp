@@ -9,11 +9,16 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#if defined(__GLIBC__)
+#include <sys/resource.h>
+#endif
 
 #include "chrome_trace.h"
 #include "helpers.h"
 #include "config_json.h"
+#include "cost_model.h"
 #include "launch.h"
+#include "measured.h"
 #include "plan.h"
 
 using namespace pipesim;
@@ -109,6 +114,66 @@ TEST_CASE("measurements cover every op of the last step") {
     CHECK(highest[std::size_t(d)] == r.static_bytes[std::size_t(d)] + r.peak_activation_bytes[std::size_t(d)]);
 }
 
+TEST_CASE("the embedding and LM-head parts of an op are the last step's, as its time is") {
+  // The profile subtracts them from the op's time and gives them to the vocabulary layers: parts
+  // summed over every step would make the head's cost the steps' sum and the layers' cost less.
+  const Plan plan = plan_for(tiny_config(), "zb-h1", "baseline");
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, options(3));
+  REQUIRE(run.ok());
+  const runtime::RunResult& r = run.value();
+  int with_parts = 0;
+  for (TaskId id = 0; id < TaskId(plan.graph.size()); ++id) {
+    INFO(plan.graph.describe(id));
+    CHECK(r.vocab_layer_ns[std::size_t(id)] <= r.timeline.end[std::size_t(id)] - r.timeline.start[std::size_t(id)]);
+    with_parts += r.vocab_layer_ns[std::size_t(id)] > 0;
+  }
+  CHECK(with_parts == 4 * plan.config.parallel.microbatches);  // F and B of the first and the last stage
+}
+
+TEST_CASE("a profile of ZB-V's 2p half stages gives ZB-H1's p stages their measured costs") {
+  // Made-up op times of known parts: per layer and device, plus baseline's embedding and LM head,
+  // which ZB-V holds both on device 0 and ZB-H1 on devices 0 and p - 1. The profile of the ZB-V run
+  // must give every ZB-H1 stage exactly its layers' time on its device plus its vocabulary parts.
+  const Config config = tiny_config();  // 8 layers on p = 4: ZB-V's stages hold 1, ZB-H1's 2
+  const Plan v = plan_for(config, "zb-v", "baseline");
+  const Plan h1 = plan_for(config, "zb-h1", "baseline");
+  REQUIRE(v.layout.stages.size() == 2 * h1.layout.stages.size());
+  const auto layer_ms = [](OpKind kind, int device) {
+    return (kind == OpKind::F ? 1.0 : kind == OpKind::B ? 2.0 : 0.75) * (1 + 0.25 * device);
+  };
+  const double head_f = 3, head_b = 4, embed_f = 0.2, embed_b = 0.3;
+  const auto vocab_ms = [&](OpKind kind, const VirtualStage& stage) {
+    if (kind == OpKind::W) return 0.0;  // the head's weight gradient is taken in its B
+    return (stage.has_head ? (kind == OpKind::F ? head_f : head_b) : 0) +
+           (stage.has_embedding ? (kind == OpKind::F ? embed_f : embed_b) : 0);
+  };
+  runtime::RunResult r;
+  r.timeline.start.assign(v.graph.size(), 0), r.timeline.end.assign(v.graph.size(), 1000);
+  r.vocab_layer_ns.assign(v.graph.size(), 0);
+  for (TaskId id = 0; id < TaskId(v.graph.size()); ++id) {
+    const Task& t = v.graph.task(id);
+    if (t.kind != OpKind::F && t.kind != OpKind::B && t.kind != OpKind::W) continue;
+    const VirtualStage& stage = v.layout.stages[std::size_t(t.stage)];
+    r.vocab_layer_ns[std::size_t(id)] = ns_from_ms(vocab_ms(t.kind, stage));
+    r.timeline.end[std::size_t(id)] = ns_from_ms(stage.layers * layer_ms(t.kind, t.device) + vocab_ms(t.kind, stage));
+  }
+  const nlohmann::ordered_json profile = measured_profile(v, r);
+  Result<Config> profiled = apply_profile(h1.config, profile.dump(), "zb-v.json");
+  REQUIRE(profiled.ok());
+  const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), h1.layout);
+  for (std::size_t s = 0; s < h1.layout.stages.size(); ++s) {
+    const VirtualStage& stage = h1.layout.stages[s];
+    const StageTimes& got = costs->stage(int(s));
+    INFO("ZB-H1 stage " << s);
+    // Within rounding: op times are whole nanoseconds, doubled from ZB-V's half stages, rounded again.
+    const std::pair<OpKind, TimeNs> times[] = {{OpKind::F, got.forward}, {OpKind::B, got.backward}, {OpKind::W, got.weight}};
+    for (const auto& [kind, time] : times) {
+      INFO(op_kind_name(kind));
+      CHECK(std::abs(double(time) - 1e6 * (stage.layers * layer_ms(kind, stage.device) + vocab_ms(kind, stage))) <= 2);
+    }
+  }
+}
+
 TEST_CASE("a failing rank ends every rank with an error naming it") {
   const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-1");
   const runtime::InjectedFault fault{.rank = 1, .kind = OpKind::B, .microbatch = 2, .hang = false};
@@ -154,4 +219,37 @@ TEST_CASE("measured in-flight activations on 1F1B's first device: p, p + 2 (voca
   const double microbatch = peak("baseline") / p;
   CHECK(int(peak("vocab-1") / microbatch) == p + 2);
   CHECK(int(peak("vocab-2") / microbatch) == p + 1);
+}
+
+TEST_CASE("a CPU run keeps the memory it frees: steps after the first take (almost) no page faults") {
+#if defined(__GLIBC__)
+  // Width 64 and 64 tokens: tensors over glibc's default mmap threshold (128 KiB), which it would hand
+  // back to the kernel on every free, with the rest trimmed off the heap's top. The next op to allocate
+  // that memory then takes a page fault per 4 KiB page in its measured time, and how many depends on
+  // the schedule's order of allocations and frees: ZB-V's B ops took about twice ZB-H1's faults per
+  // layer and a fifth more time, which a ZB-V profile then carried into its prediction of ZB-H1.
+  const Config config = tiny_config({"model.hidden=64", "model.ffn_hidden=256", "model.seq_len=64"});
+  const Plan plan = plan_for(config, "zb-v", "vocab-1");
+  std::vector<long> faults;  // the process's minor faults as each step ends (rank 0 reports it)
+  runtime::RunOptions o = options(4);
+  o.on_step = [&](int, double, TimeNs) {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    faults.push_back(usage.ru_minflt);
+  };
+  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  REQUIRE(run.ok());
+  REQUIRE(faults.size() == 4);
+  // Each step allocates and frees at least every device's activation peak again; the first step's
+  // faults bring that memory in once. Steps 3 and 4 may fault only a small part of it again (each
+  // step's compute threads are new, and their stacks fault in afresh).
+  Bytes activations = 0;
+  for (Bytes b : run.value().peak_activation_bytes) activations += b;
+  const double pages = double(activations) / 4096;
+  const double per_step = double(faults[3] - faults[1]) / 2;
+  INFO(per_step << " page faults per step; the activation peaks span " << pages << " pages");
+  CHECK(per_step < 0.1 * pages);
+#else
+  SUCCEED("the allocator setting is glibc's");
+#endif
 }

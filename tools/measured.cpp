@@ -77,8 +77,10 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
     const Task& t = g.task(id);
     if (t.kind == OpKind::F || t.kind == OpKind::B || t.kind == OpKind::W) {
       const VirtualStage& stage = plan.layout.stages[std::size_t(t.stage)];
-      if (stage.has_head) (t.kind == OpKind::F ? out_f : out_b).push_back(vocab_ms(id));
-      if (stage.has_embedding) (t.kind == OpKind::F ? in_f : in_b).push_back(vocab_ms(id));
+      // The head's and the embedding's work is all in F and B (B takes their weight gradients too);
+      // a W op has none of it to average in.
+      if (stage.has_head && t.kind != OpKind::W) (t.kind == OpKind::F ? out_f : out_b).push_back(vocab_ms(id));
+      if (stage.has_embedding && t.kind != OpKind::W) (t.kind == OpKind::F ? in_f : in_b).push_back(vocab_ms(id));
       if (stage.layers == 0) continue;
       const double share = double(stage.layers) * devices / c.model.layers;
       auto& into = t.kind == OpKind::F ? forward : t.kind == OpKind::B ? backward : weight;

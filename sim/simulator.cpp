@@ -46,7 +46,9 @@ class OpStates {
   explicit OpStates(std::size_t n) : size_(n) {
     constexpr std::size_t kHugePage = 2u << 20;
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(OpState), 1);
-    if (bytes < 4 * kHugePage) {  // small graphs: an ordinary allocation is cheaper
+    // Under 1 MiB an ordinary allocation is cheaper; glibc maps larger ones apart, on small pages,
+    // and faults them in afresh for every simulation.
+    if (bytes < kHugePage / 2) {
       data_ = static_cast<OpState*>(std::malloc(bytes));
     } else {
       const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;

@@ -2,11 +2,14 @@
 # The simulator against the runtime, honestly: each schedule x vocabulary mode is run for real, and
 # the simulator predicts its iteration time from the op times of a *different* run (the calibration
 # schedule, zb-h1, whose split backward gives F, B and W apart; zb-h1 itself is predicted from zb-v).
-# Each target runs 6 steps; the measured time is the median of steps 2-6 (the first warms caches and
-# allocators up), and their spread, (max - min) / median, is printed beside the prediction's error so
-# that noise is not mistaken for error.
+# Each target runs 6 steps; a round's measured time is the median of steps 2-6 (the first warms caches
+# and allocators up). The whole measurement -- calibration runs and targets -- is repeated in ROUNDS
+# rounds (default 3), so that a slow spell of the machine hits every row alike rather than one; each
+# row reports the median over rounds of the measured and of the predicted time, and the spread of
+# the measured one over the rounds' steps, (max - min) / median, beside the error so that noise is
+# not mistaken for error.
 #
-# Usage: tools/sim-vs-run.sh [--ranks N] [--config FILE] [--schedules a,b,..] [--vocabs x,y,..]
+# Usage: tools/sim-vs-run.sh [--ranks N] [--rounds R] [--config FILE] [--schedules a,b,..] [--vocabs x,y,..]
 #                            [-- extra `pipesim run` options, e.g. --backend cuda --dtype bf16]
 # Defaults: configs/tiny.json widened to ops of milliseconds (hidden 128, FFN 512, seq 64), ranks = cores
 # (at most 4: with more ranks than cores they take turns and the pipeline is no longer measured),
@@ -15,12 +18,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cores=$(nproc)
 ranks=$((cores < 4 ? cores : 4))
+rounds=3
 config=configs/tiny.json
 schedules=1f1b,interleaved-1f1b,v-half,zb-v,zb-h1
 vocabs=baseline,vocab-1
 while (($#)); do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --config) config=$2; shift 2 ;;
     --schedules) schedules=$2; shift 2 ;;
     --vocabs) vocabs=$2; shift 2 ;;
@@ -36,37 +41,66 @@ model=()
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# "median spread" in ms and percent, from a run's JSON report: steps 2.. of step_times_s.
+# The times of steps 2.. in ms, one line, from a run's JSON report.
 steps_ms() {
-  python3 -c 'import json, statistics, sys
-t = [1e3 * s for s in json.load(sys.stdin)["step_times_s"][1:]]
-m = statistics.median(t)
-print(f"{m:.3f} {100 * (max(t) - min(t)) / m:.1f}")'
+  python3 -c 'import json, sys
+print(" ".join(f"{1e3 * s:.3f}" for s in json.load(sys.stdin)["step_times_s"][1:]))'
 }
 sim_ms() { awk '/^iteration / { print $2; exit }'; }
 run() { $pipesim run "$config" --ranks "$ranks" "${model[@]}" "$@"; }
 
-echo "| schedule | vocab | measured ms (median of 5 steps) | spread | predicted ms | from | error |"
-echo "|---|---|---:|---:|---:|---|---:|"
-total=0 count=0
-for vocab in ${vocabs//,/ }; do
-  for calibration in zb-h1 zb-v; do
-    run --schedule "$calibration" --vocab "$vocab" --steps 3 --profile "$work/$calibration.json" "$@" >/dev/null
+# One line per round and row: schedule vocab from predicted_ms step_ms..., or schedule vocab refused why.
+for ((round = 1; round <= rounds; round++)); do
+  echo "sim-vs-run: round $round of $rounds" >&2
+  for vocab in ${vocabs//,/ }; do
+    for calibration in zb-h1 zb-v; do
+      run --schedule "$calibration" --vocab "$vocab" --steps 3 --profile "$work/$calibration.json" "$@" >/dev/null
+    done
+    for schedule in ${schedules//,/ }; do
+      from=zb-h1
+      [[ $schedule == zb-h1 ]] && from=zb-v
+      if ! report=$(run --schedule "$schedule" --vocab "$vocab" --steps 6 --format json "$@" 2>&1); then
+        echo "$schedule $vocab refused ${report#pipesim: error: }"
+        continue
+      fi
+      p=$($pipesim simulate "$config" --schedule "$schedule" --vocab "$vocab" --set parallel.pp="$ranks" \
+        "${model[@]}" --profile "$work/$from.json" | sim_ms)
+      echo "$schedule $vocab $from $p $(steps_ms <<<"$report")"
+    done
   done
-  for schedule in ${schedules//,/ }; do
-    from=zb-h1
-    [[ $schedule == zb-h1 ]] && from=zb-v
-    if ! report=$(run --schedule "$schedule" --vocab "$vocab" --steps 6 --format json "$@" 2>&1); then
-      echo "| $schedule | $vocab | refused: ${report#pipesim: error: } | | | | |"
-      continue
-    fi
-    read -r measured spread < <(steps_ms <<<"$report")
-    p=$($pipesim simulate "$config" --schedule "$schedule" --vocab "$vocab" --set parallel.pp="$ranks" "${model[@]}" \
-      --profile "$work/$from.json" | sim_ms)
-    error=$(awk -v m="$measured" -v p="$p" 'BEGIN { printf "%+.1f", 100 * (p - m) / m }')
-    echo "| $schedule | $vocab | $measured | ${spread}% | $p | $from | ${error}% |"
-    total=$(awk -v t="$total" -v e="$error" 'BEGIN { if (e < 0) e = -e; print t + e }')
-    count=$((count + 1))
-  done
-done
-((count)) && awk -v t="$total" -v n="$count" 'BEGIN { printf "\nmean |error| over %d rows: %.1f%%\n", n, t / n }'
+done >"$work/rows"
+
+python3 - "$work/rows" "$rounds" <<'PY'
+import statistics, sys
+rows, order = {}, []
+for line in open(sys.argv[1]):
+    schedule, vocab, rest = line.split(" ", 2)
+    key = (schedule, vocab)
+    if key not in rows:
+        order.append(key)
+        rows[key] = {"predicted": [], "measured": [], "steps": [], "refused": None}
+    if rest.startswith("refused "):
+        rows[key]["refused"] = rest[len("refused "):].strip()
+        continue
+    source, predicted, *steps = rest.split()
+    steps = [float(s) for s in steps]
+    rows[key].update(source=source)
+    rows[key]["predicted"].append(float(predicted))
+    rows[key]["measured"].append(statistics.median(steps))
+    rows[key]["steps"] += steps
+print(f"| schedule | vocab | measured ms (median of {sys.argv[2]} rounds) | spread | predicted ms | from | error |")
+print("|---|---|---:|---:|---:|---|---:|")
+errors = []
+for key in order:
+    r = rows[key]
+    if not r["measured"]:
+        print(f"| {key[0]} | {key[1]} | refused: {r['refused']} | | | | |")
+        continue
+    measured, predicted = statistics.median(r["measured"]), statistics.median(r["predicted"])
+    spread = 100 * (max(r["steps"]) - min(r["steps"])) / statistics.median(r["steps"])
+    error = 100 * (predicted - measured) / measured
+    errors.append(abs(error))
+    print(f"| {key[0]} | {key[1]} | {measured:.1f} | {spread:.1f}% | {predicted:.1f} | {r['source']} | {error:+.1f}% |")
+if errors:
+    print(f"\nmean |error| over {len(errors)} rows: {statistics.mean(errors):.1f}%")
+PY

@@ -13,7 +13,8 @@ namespace pipesim::runtime {
 /// kernel and whichever op allocates them next pays a page fault per 4 KiB page in its measured
 /// time -- how many depends on the schedule's order of allocations and frees, not on the op's work,
 /// so two schedules' profiles would disagree about the same layer. A CUDA run's device pool is kept
-/// between steps for the same reason. make_cpu_backend calls it; once per process.
+/// between steps for the same reason. make_cpu_backend calls it; once per process. (The pipesim
+/// executable sets a lower threshold at start-up for planning, tools/huge_pages.cpp; this one wins.)
 void keep_freed_host_memory();
 
 std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,

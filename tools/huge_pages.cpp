@@ -31,7 +31,10 @@ std::atomic<std::uintptr_t> heap_advised{0};  ///< the break up to which the hea
 std::mutex heap_advice_mutex;
 
 /// The heap grows by kHeapStep at least, and blocks under kLarge stay in it (glibc would otherwise
-/// map each block of 128 KiB or more apart, on small pages, and unmap it when freed).
+/// map each block of 128 KiB or more apart, on small pages, and unmap it when freed). `pipesim run`
+/// raises the threshold to 32 MiB and stops trimming when its CPU backend starts
+/// (keep_freed_host_memory, runtime/cpu_backend.h): measured op times must not include faults.
+/// Planning keeps 1 MiB: blocks above it are whole huge pages of their own (allocate below).
 const bool heap_configured = [] {
   mallopt(M_TOP_PAD, int(kHeapStep));
   mallopt(M_MMAP_THRESHOLD, int(kLarge));

@@ -70,10 +70,19 @@ struct PlannedLayout {
 };
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom = nullptr);
 
+/// Whether make_plan proves that the graph runs to its end (validate's check_orderable). Callers
+/// that simulate the graph next leave it to the simulator: its event loop walks the same waits, so
+/// the proof comes at no extra cost, and a failure is reported as make_plan would (invalid_graph).
+enum class Orderability { Checked, LeftToSimulation };
+
 /// Builds and validates the graph for config.schedule.name (or `custom`, when given) and
 /// config.schedule.vocab. Errors start with the JSON path of the field to change (e.g.
 /// "schedule.name: unknown schedule ...").
-Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = nullptr);
+Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = nullptr,
+                       Orderability orderability = Orderability::Checked);
+
+/// make_plan's error for a graph that fails validation: which schedule produced it, and why.
+Error invalid_graph(const Config& config, const Error& why);
 
 /// Adds to the per-device compute orders the P2P transfers between stages on different devices,
 /// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.

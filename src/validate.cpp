@@ -212,7 +212,9 @@ bool orderable(const TaskGraph& graph, const std::vector<TaskId>& rep) {
   return ordered == vertices;
 }
 
-Status check_cycles(const TaskGraph& graph) {
+}  // namespace
+
+Status check_orderable(const TaskGraph& graph) {
   const std::vector<TaskId> rep = rendezvous_representatives(graph);
   if (orderable(graph, rep)) return Status::Ok();
   WaitGraph g(graph.size());
@@ -253,13 +255,15 @@ Status check_cycles(const TaskGraph& graph) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status validate(const TaskGraph& graph, const Layout& layout, int microbatches) {
+Status validate_structure(const TaskGraph& graph, const Layout& layout, int microbatches) {
   if (Status s = check_ops(graph, layout, microbatches); !s.ok()) return s;
   if (Status s = check_local_dependencies(graph); !s.ok()) return s;
-  if (Status s = check_p2p(graph); !s.ok()) return s;
-  return check_cycles(graph);
+  return check_p2p(graph);
+}
+
+Status validate(const TaskGraph& graph, const Layout& layout, int microbatches) {
+  if (Status s = validate_structure(graph, layout, microbatches); !s.ok()) return s;
+  return check_orderable(graph);
 }
 
 }  // namespace pipesim

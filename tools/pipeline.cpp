@@ -7,6 +7,7 @@
 #include "metrics.h"
 #include "simulator.h"
 #include "sizes.h"
+#include "validate.h"
 
 namespace pipesim {
 namespace {
@@ -15,7 +16,7 @@ constexpr std::int64_t kSlowPlanTasks = 20'000'000;
 
 }  // namespace
 
-Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom) {
+Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom, Orderability orderability) {
   const Bytes memory = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
   if (std::optional<FieldError> e = check_plan_fits(config, memory))
     return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
@@ -23,21 +24,26 @@ Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* cust
   if (const std::int64_t tasks = estimated_tasks(config).value_or(0); tasks > kSlowPlanTasks)
     fmt::print(stderr, "pipesim: note: {}: about {} million tasks (~{:.1f} GiB); building and simulating may take "
                "minutes\n", config.source, tasks / 1'000'000, double(tasks * limits::kBytesPerTask) / double(1 << 30));
-  Result<Plan> plan = make_plan(config, custom);
+  Result<Plan> plan = make_plan(config, custom, orderability);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
   return plan;
 }
 
 Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom,
                                      const std::optional<ExplicitCosts>& timing) {
-  Result<Plan> plan = plan_within_memory(config, custom);
+  Result<Plan> plan = plan_within_memory(config, custom, Orderability::LeftToSimulation);
   if (!plan.ok()) return plan.error();
   SimulatedRun run{std::move(plan).value(), {}, {}};
   Config timed = run.plan.config;
   if (timing) timed.costs = timing;
   const std::unique_ptr<CostModel> costs = make_cost_model(timed, run.plan.layout);
   Result<Timeline> timeline = simulate(run.plan.graph, op_durations(*costs, run.plan.graph));
-  if (!timeline.ok()) return Error{fmt::format("{}: {}", config.source, timeline.error().message)};
+  if (!timeline.ok()) {
+    // A graph that cannot run to its end: name the cycle, as make_plan's own check would have.
+    if (Status s = check_orderable(run.plan.graph); !s.ok())
+      return Error{fmt::format("{}: {}", config.source, invalid_graph(run.plan.config, s.error()).message)};
+    return Error{fmt::format("{}: {}", config.source, timeline.error().message)};
+  }
   run.timeline = std::move(timeline).value();
   const RunMetrics metrics = compute_metrics(run.plan.config, run.plan.graph, run.timeline, run.plan.static_bytes);
   run.report = make_report(run.plan, std::string(costs->source()), metrics);

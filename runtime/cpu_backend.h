@@ -14,7 +14,8 @@ namespace pipesim::runtime {
 /// time -- how many depends on the schedule's order of allocations and frees, not on the op's work,
 /// so two schedules' profiles would disagree about the same layer. A CUDA run's device pool is kept
 /// between steps for the same reason. make_cpu_backend calls it; once per process. (The pipesim
-/// executable sets a lower threshold at start-up for planning, tools/huge_pages.cpp; this one wins.)
+/// executable already keeps every block in the heap from start-up, tools/huge_pages.cpp; this is
+/// for other hosts of the runtime, such as the tests.)
 void keep_freed_host_memory();
 
 std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,

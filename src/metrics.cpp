@@ -11,12 +11,27 @@ struct Interval {
   TimeNs start, end;
 };
 
-/// Merges intervals into disjoint ones (sorted by start).
-std::vector<Interval> merged(std::vector<Interval> intervals) {
-  // A device's compute stream runs in program order, so its intervals come sorted: skip the sort.
-  const auto by_start = [](Interval a, Interval b) { return a.start < b.start; };
-  if (!std::is_sorted(intervals.begin(), intervals.end(), by_start))
-    std::sort(intervals.begin(), intervals.end(), by_start);
+/// Sorts `items`, made of consecutive runs each nearly or wholly in order (`ends`: where each run
+/// ends), by merging neighbouring runs: O(n log runs) instead of O(n log n), and stable, so the
+/// result is std::stable_sort's. A device's streams run in program order, so what is read from
+/// each comes in runs of rising times.
+template <class T, class Less>
+void sort_runs(std::vector<T>& items, std::vector<std::size_t> ends, Less less) {
+  const auto at = [&](std::size_t i) { return items.begin() + std::ptrdiff_t(i); };
+  for (std::size_t run = 0, begin = 0; run < ends.size(); begin = ends[run++])
+    if (!std::is_sorted(at(begin), at(ends[run]), less)) std::stable_sort(at(begin), at(ends[run]), less);
+  while (ends.size() > 1) {
+    std::size_t kept = 0, begin = 0;
+    for (std::size_t run = 0; run < ends.size(); run += 2) {
+      if (run + 1 < ends.size()) std::inplace_merge(at(begin), at(ends[run]), at(ends[run + 1]), less);
+      begin = ends[kept++] = ends[std::min(run + 1, ends.size() - 1)];
+    }
+    ends.resize(kept);
+  }
+}
+
+/// Merges intervals sorted by start into disjoint ones.
+std::vector<Interval> merged(const std::vector<Interval>& intervals) {
   std::vector<Interval> out;
   for (Interval i : intervals) {
     if (!out.empty() && i.start <= out.back().end) out.back().end = std::max(out.back().end, i.end);
@@ -58,14 +73,23 @@ void track_memory(const TaskGraph& graph, const Timeline& timeline, DeviceMetric
 }  // namespace
 
 std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline& timeline, int device) {
-  std::vector<MemoryChange> changes;
-  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s)
+  // Per stream, its allocations and then its releases, each run in time order as the stream runs.
+  std::vector<MemoryChange> changes, releases;
+  std::vector<std::size_t> ends;
+  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) {
     for (TaskId id : graph.stream(s)) {
       const Task& t = graph.task(id);
       if (t.alloc_bytes) changes.push_back({timeline.start[static_cast<std::size_t>(id)], t.alloc_bytes, id});
-      if (t.free_bytes) changes.push_back({timeline.end[static_cast<std::size_t>(id)], -t.free_bytes, id});
+      if (t.free_bytes) releases.push_back({timeline.end[static_cast<std::size_t>(id)], -t.free_bytes, id});
     }
-  std::stable_sort(changes.begin(), changes.end(), [](const MemoryChange& a, const MemoryChange& b) {
+    for (std::size_t run : {changes.size(), changes.size() + releases.size()})
+      if (ends.empty() || ends.back() != run) ends.push_back(run);
+    changes.insert(changes.end(), releases.begin(), releases.end());
+    releases.clear();
+  }
+  // A release never ties with an allocation (their deltas differ in sign), and ties within either
+  // keep stream order: the same order as a stable sort of the changes op by op.
+  sort_runs(changes, std::move(ends), [](const MemoryChange& a, const MemoryChange& b) {
     return a.time != b.time ? a.time < b.time : a.delta < b.delta;
   });
   return changes;
@@ -87,12 +111,17 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
     DeviceMetrics device;
     device.rank = d;
     std::vector<Interval> compute, comm;
-    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s)
-      for (TaskId id : graph.stream(s)) {
-        const Interval i{timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]};
-        (graph.stream_kind_of(s) == Stream::Compute ? compute : comm).push_back(i);
-      }
-    const std::vector<Interval> busy = merged(std::move(compute)), talking = merged(std::move(comm));
+    std::vector<std::size_t> comm_ends;  // one run per communication stream
+    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
+      std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
+      for (TaskId id : graph.stream(s))
+        into.push_back({timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]});
+      if (&into == &comm && !graph.stream(s).empty()) comm_ends.push_back(comm.size());
+    }
+    const auto by_start = [](Interval a, Interval b) { return a.start < b.start; };
+    sort_runs(compute, {compute.size()}, by_start);
+    sort_runs(comm, std::move(comm_ends), by_start);
+    const std::vector<Interval> busy = merged(compute), talking = merged(comm);
     device.busy_ns = length(busy);
     device.bubble_fraction = 1.0 - double(device.busy_ns) / double(std::max<TimeNs>(run.iteration_ns, 1));
     device.comm_ns = length(talking);

@@ -18,7 +18,7 @@ DataInputs data_inputs(const ComputeStep& s, int stages) {
   }
 }
 
-Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders) {
+Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders, OpTimes times) {
   const Layout& layout = context.layout;
   const int stages = layout.stage_count(), m = context.microbatches;
   constexpr TimeNs kPending = std::numeric_limits<TimeNs>::max();
@@ -36,8 +36,12 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
   std::vector<TimeNs> free_at(orders.size(), 0);
   std::vector<Bytes> live(orders.size(), 0);
   cost.peak_activation.assign(orders.size(), 0);
-  cost.start.resize(orders.size());
-  cost.end.resize(orders.size());
+  const bool record = times == OpTimes::Record;
+  if (record) {
+    cost.start.resize(orders.size());
+    cost.end.resize(orders.size());
+    for (std::size_t d = 0; d < orders.size(); ++d) cost.start[d].reserve(orders[d].size()), cost.end[d].reserve(orders[d].size());
+  }
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (std::size_t d = 0; d < orders.size(); ++d)
@@ -66,8 +70,7 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
           live[d] -= w.weight_held_bytes;
         }
         const TimeNs end = std::max(ready, free_at[d]) + duration;
-        cost.start[d].push_back(end - duration);
-        cost.end[d].push_back(end);
+        if (record) cost.start[d].push_back(end - duration), cost.end[d].push_back(end);
         free_at[d] = end;
         if (s.kind == OpKind::F) forward_end[at(s.stage, s.microbatch)] = end;
         if (s.kind == OpKind::B) backward_end[at(s.stage, s.microbatch)] = end;

@@ -12,8 +12,12 @@ namespace pipesim {
 struct OrderCost {
   TimeNs makespan = 0;
   std::vector<Bytes> peak_activation;  ///< per device, from the order alone (F adds, B and W free)
-  std::vector<std::vector<TimeNs>> start, end;  ///< per device, per position in its order
+  std::vector<std::vector<TimeNs>> start, end;  ///< per device, per position in its order (OpTimes::Record)
 };
+
+/// Whether evaluate_orders keeps every op's start and end, or only the makespan and peaks (what
+/// choosing between candidate orders needs, without the arrays' 16 bytes an op).
+enum class OpTimes { Skip, Record };
 
 /// The transformer ops whose results `step` consumes: F(s-1) for F(s); F(s) and B(s+1) for B(s);
 /// B(s) for W(s) -- the data flow every analysis of the orders follows.
@@ -27,6 +31,7 @@ struct DataInputs {
 DataInputs data_inputs(const ComputeStep& step, int stages);
 
 /// Fails if the orders cannot run to the end (an op waits for one that comes after it).
-Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders);
+Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders,
+                                  OpTimes times = OpTimes::Skip);
 
 }  // namespace pipesim

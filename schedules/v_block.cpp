@@ -140,15 +140,28 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
     const int chunk0 = layout.stage_of(d, 0), chunk1 = layout.stage_of(d, 1);
     const std::array<ComputeStep, 6> passes = {{{OpKind::F, chunk0, 0}, {OpKind::F, chunk1, 0}, {OpKind::B, chunk1, 0},
                                                 {OpKind::B, chunk0, 0}, {OpKind::W, chunk1, 0}, {OpKind::W, chunk0, 0}}};
-    std::vector<std::pair<TimeNs, ComputeStep>> timed;
-    for (int mb = 0; mb < context.microbatches; ++mb)
+    // Each pass repeats every period, so its starts rise with the microbatch: six sorted runs,
+    // merged. Equal starts go to the earlier microbatch, then the earlier pass.
+    const std::array<TimeNs, 6>& start = block.start[std::size_t(d)];
+    const auto start_of = [&](std::size_t pass, int mb) { return start[pass] + block.period * mb; };
+    std::array<int, 6> next{};  // per pass, its next microbatch
+    std::vector<ComputeStep>& order = orders[std::size_t(d)];
+    order.reserve(passes.size() * std::size_t(context.microbatches));
+    for (std::size_t n = 0; n < passes.size() * std::size_t(context.microbatches); ++n) {
+      std::size_t first = passes.size();
       for (std::size_t pass = 0; pass < passes.size(); ++pass) {
-        ComputeStep step = passes[pass];
-        step.microbatch = mb;
-        timed.emplace_back(block.start[std::size_t(d)][pass] + block.period * mb, step);
+        if (next[pass] == context.microbatches) continue;
+        if (first == passes.size()) {
+          first = pass;
+          continue;
+        }
+        const TimeNs t = start_of(pass, next[pass]), earliest = start_of(first, next[first]);
+        if (t < earliest || (t == earliest && next[pass] < next[first])) first = pass;
       }
-    std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [start, step] : timed) orders[std::size_t(d)].push_back(step);
+      ComputeStep step = passes[first];
+      step.microbatch = next[first]++;
+      order.push_back(step);
+    }
   }
   return orders;
 }

@@ -177,7 +177,7 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
   if (vocab == VocabPlacement::OnStages) return orders;
   const Layout& layout = context.layout;
   const int m = context.microbatches, last = layout.stage_count() - 1;
-  Result<OrderCost> estimate = evaluate_orders(context, orders);
+  Result<OrderCost> estimate = evaluate_orders(context, orders, OpTimes::Record);
   if (!estimate.ok()) return estimate.error();
   const OrderCost& cost = estimate.value();
 

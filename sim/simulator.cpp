@@ -25,8 +25,9 @@ struct Event {
   }
 };
 
-/// Everything the event loop reads or writes for one op, in one record: with hundreds of streams
-/// advancing through memory at once, one cache-line stream per op beats six parallel arrays.
+/// What the event loop reads for one op, in one record: with hundreds of streams advancing
+/// through memory at once, one cache-line stream per op beats parallel arrays. The times it
+/// writes go straight to the Timeline it returns.
 struct OpState {
   std::int32_t pending;  ///< unfinished dependencies; kArrived once it heads a free stream, ready
   std::uint32_t slot;    ///< the stream it runs on (TaskGraph::stream_of)
@@ -34,9 +35,8 @@ struct OpState {
   std::int32_t group;    ///< collective group, or -1
   std::uint32_t successors_begin, successors_end;  ///< range in the graph's successor list
   TimeNs duration;
-  TimeNs start = -1, end = -1;
 };
-static_assert(sizeof(OpState) == 48);
+static_assert(sizeof(OpState) == 32);
 constexpr std::int32_t kArrived = -1;
 
 /// Op state for a whole graph runs to tens of MiB; on 4 KiB pages, faulting it in costs as much
@@ -97,6 +97,8 @@ class Engine {
       head_[slot] = order.data();
       end_[slot] = order.data() + order.size();
     }
+    timeline_.start.assign(n, -1);
+    timeline_.end.assign(n, -1);
     busy_.assign(slots, 0);
     group_arrivals_.assign(graph.groups().size(), 0);
     std::vector<Event> storage;
@@ -128,14 +130,7 @@ class Engine {
       }
     }
     if (done != ops_.size()) return Error{deadlock_report(now)};
-    Timeline timeline;
-    timeline.start.reserve(ops_.size());
-    timeline.end.reserve(ops_.size());
-    for (const OpState& op : ops_) {
-      timeline.start.push_back(op.start);
-      timeline.end.push_back(op.end);
-    }
-    return timeline;
+    return std::move(timeline_);
   }
 
  private:
@@ -150,14 +145,14 @@ class Engine {
       const OpState& partner = ops_[std::size_t(op.partner)];
       if (partner.pending != kArrived) return;
       // One event ends both sides of the transfer.
-      ops_[std::size_t(op.partner)].start = now;
+      timeline_.start[std::size_t(op.partner)] = now;
       start(t, now, now + std::max(op.duration, partner.duration));
     } else if (op.group >= 0) {
       const auto& members = graph_.groups()[std::size_t(op.group)].members;
       if (++group_arrivals_[std::size_t(op.group)] < members.size()) return;
       TimeNs longest = 0;
       for (TaskId m : members) longest = std::max(longest, ops_[std::size_t(m)].duration);
-      for (TaskId m : members) ops_[std::size_t(m)].start = now;
+      for (TaskId m : members) timeline_.start[std::size_t(m)] = now;
       start(members.front(), now, now + longest);  // one event ends every member
     } else {
       start(t, now, now + op.duration);
@@ -165,8 +160,8 @@ class Engine {
   }
 
   void start(TaskId t, TimeNs now, TimeNs end) {
-    OpState& op = ops_[std::size_t(t)];
-    op.start = now;
+    const OpState& op = ops_[std::size_t(t)];
+    timeline_.start[std::size_t(t)] = now;
     // The stream's next ops are needed when this one ends: fetch them into cache meanwhile.
     const TaskId* head = head_[op.slot];
     const std::ptrdiff_t behind = end_[op.slot] - head - 1;
@@ -176,8 +171,8 @@ class Engine {
   }
 
   void finish(TaskId t, TimeNs now) {
-    OpState& op = ops_[std::size_t(t)];
-    op.end = now;
+    const OpState& op = ops_[std::size_t(t)];
+    timeline_.end[std::size_t(t)] = now;
     const std::size_t slot = op.slot;
     ++head_[slot];
     busy_[slot] = 0;
@@ -197,7 +192,7 @@ class Engine {
       std::string reason = "waits for the other members of its collective";
       if (ops_[std::size_t(t)].pending > 0) {
         for (TaskId dep : graph_.deps(t))
-          if (ops_[std::size_t(dep)].end < 0) {
+          if (timeline_.end[std::size_t(dep)] < 0) {
             reason = "waits for " + graph_.describe(dep);
             break;
           }
@@ -213,6 +208,7 @@ class Engine {
   const TaskGraph& graph_;
   const TaskId* successors_;  ///< the graph's successor list, indexed by OpState ranges
   OpStates ops_;
+  Timeline timeline_;  ///< start and end of every op; -1 until it starts, ends
   std::vector<const TaskId*> head_, end_;  ///< per (device, stream): next op, end of its program
   std::vector<std::uint8_t> busy_;         ///< per (device, stream): its head has arrived or runs
   std::vector<std::size_t> group_arrivals_;

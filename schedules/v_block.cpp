@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 
+#include "beside.h"
 #include "greedy.h"
 #include "order_eval.h"
 
@@ -168,6 +169,17 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
 
 Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
                                 const VPattern* pattern) {
+  // Candidates that need no memory bound are built and timed beside the reference and the greedy
+  // order, which do; the squeeze of the pattern takes about as long as all of those together.
+  const auto timed = [&context](DeviceOrders orders) {
+    Result<OrderCost> cost = evaluate_orders(context, orders);
+    return std::pair{std::move(orders), std::move(cost)};
+  };
+  auto unit = beside(context, [&] { return timed(orders_from_block(context, v_block(unit_costs(context), spacing))); });
+  auto costed = beside(context, [&] { return timed(orders_from_block(context, v_block(context, spacing))); });
+  std::future<DeviceOrders> squeezed;
+  if (pattern) squeezed = beside(context, [&] { return squeezed_v_orders(context, *pattern); });
+
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);
   if (!bound.ok()) return bound.error();
@@ -177,20 +189,21 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   // schedule is known by. The greedy scheduler keeps each device within its own share.
   const Bytes peak = *std::max_element(limit.begin(), limit.end());
   const std::vector<Bytes> uniform(limit.size(), peak);
-
-  GreedyOptions options{limit};
-  std::vector<Result<DeviceOrders>> candidates;
-  candidates.emplace_back(orders_from_block(context, v_block(unit_costs(context), spacing)));
-  candidates.emplace_back(orders_from_block(context, v_block(context, spacing)));
-  candidates.push_back(greedy_schedule(context, options));
-  if (pattern) candidates.emplace_back(within_memory(context, squeezed_v_orders(context, *pattern), uniform));
-  for (Result<DeviceOrders>& candidate : candidates) {
-    if (!candidate.ok()) continue;
-    Result<OrderCost> cost = evaluate_orders(context, candidate.value());
-    if (!cost.ok() || cost.value().makespan >= best_makespan) continue;
+  const auto consider = [&](DeviceOrders& candidate, const Result<OrderCost>& cost) {
+    if (!cost.ok() || cost.value().makespan >= best_makespan) return;
     const auto& held = cost.value().peak_activation;
     if (*std::max_element(held.begin(), held.end()) <= peak)
-      best = std::move(candidate).value(), best_makespan = cost.value().makespan;
+      best = std::move(candidate), best_makespan = cost.value().makespan;
+  };
+  for (auto* candidate : {&unit, &costed}) {
+    auto [orders, cost] = candidate->get();
+    consider(orders, cost);
+  }
+  if (Result<DeviceOrders> greedy = greedy_schedule(context, GreedyOptions{limit}); greedy.ok())
+    consider(greedy.value(), evaluate_orders(context, greedy.value()));
+  if (pattern) {
+    DeviceOrders fitted = within_memory(context, squeezed.get(), uniform);
+    consider(fitted, evaluate_orders(context, fitted));
   }
   return best;
 }

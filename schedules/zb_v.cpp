@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "beside.h"
 #include "greedy.h"
 #include "order_eval.h"
 #include "zbv_reference.h"
@@ -19,9 +20,10 @@ Bytes largest(const std::vector<Bytes>& peaks) { return peaks.empty() ? 0 : *std
 Result<DeviceOrders> generate_zb_v(const ScheduleContext& context) {
   GreedyOptions options;
   options.budget = activation_budget(context, [](int, int devices) { return 2.0 * devices; });
-  Result<DeviceOrders> greedy = greedy_schedule(context, options);
+  std::future<Result<DeviceOrders>> greedy_order = beside(context, [&] { return greedy_schedule(context, options); });
   DeviceOrders reference = zbv_reference_orders(context.layout, context.microbatches);
   Result<OrderCost> reference_cost = evaluate_orders(context, reference);
+  Result<DeviceOrders> greedy = greedy_order.get();
   if (!reference_cost.ok()) return greedy;  // e.g. too few microbatches for PyTorch's order
   if (!greedy.ok()) return reference;
   Result<OrderCost> greedy_cost = evaluate_orders(context, greedy.value());

@@ -129,7 +129,7 @@ Error invalid_graph(const Config& config, const Error& why) {
   return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, why.message)};
 }
 
-Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Orderability orderability) {
+Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Validation validation) {
   Plan plan;
   plan.config = requested;
   Config& config = plan.config;
@@ -169,10 +169,8 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Or
   plan.graph = assemble(plan.layout, orders, context.work, vocab_work(config, plan.layout), m,
                         config.parallel.dp, boundary_bytes, config.precision.grad_bytes,
                         custom ? custom->comms : DeviceComms{});
-  if (Status s = orderability == Orderability::Checked ? validate(plan.graph, plan.layout, m)
-                                                        : validate_structure(plan.graph, plan.layout, m);
-      !s.ok())
-    return invalid_graph(config, s.error());
+  if (validation == Validation::InPlan)
+    if (Status s = validate(plan.graph, plan.layout, m); !s.ok()) return invalid_graph(config, s.error());
   plan.static_bytes = static_memory_bytes(config, plan.layout);
   return plan;
 }

@@ -70,16 +70,17 @@ struct PlannedLayout {
 };
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom = nullptr);
 
-/// Whether make_plan proves that the graph runs to its end (validate's check_orderable). Callers
-/// that simulate the graph next leave it to the simulator: its event loop walks the same waits, so
-/// the proof comes at no extra cost, and a failure is reported as make_plan would (invalid_graph).
-enum class Orderability { Checked, LeftToSimulation };
+/// Who validates the graph (validate.h). A caller that simulates it next does so itself: it checks
+/// the structure while the graph is simulated, and the simulation proves that the graph runs to its
+/// end (its event loop walks the same waits as check_orderable). Failures read as make_plan's
+/// (invalid_graph).
+enum class Validation { InPlan, ByCaller };
 
 /// Builds and validates the graph for config.schedule.name (or `custom`, when given) and
 /// config.schedule.vocab. Errors start with the JSON path of the field to change (e.g.
 /// "schedule.name: unknown schedule ...").
 Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = nullptr,
-                       Orderability orderability = Orderability::Checked);
+                       Validation validation = Validation::InPlan);
 
 /// make_plan's error for a graph that fails validation: which schedule produced it, and why.
 Error invalid_graph(const Config& config, const Error& why);

@@ -9,6 +9,7 @@
 #include "cost_model.h"
 #include "plan.h"
 #include "simulator.h"
+#include "validate.h"
 
 namespace pipesim {
 namespace {
@@ -44,8 +45,11 @@ double peak_rss_mib() {
 /// Builds, then simulates `repeats` times and keeps the fastest simulation (least disturbed).
 bool measure(const Case& c, int repeats) {
   const auto build_start = std::chrono::steady_clock::now();
-  // As `simulate` builds: the simulation below proves the graph runs to its end.
-  Result<Plan> plan = make_plan(bench_config(c), nullptr, Orderability::LeftToSimulation);
+  // As `simulate` builds, but with the structure checks on this thread (`simulate` runs them beside
+  // the simulation); the simulation below proves the graph runs to its end.
+  Result<Plan> plan = make_plan(bench_config(c), nullptr, Validation::ByCaller);
+  if (plan.ok())
+    if (Status s = validate_structure(plan.value().graph, plan.value().layout, c.microbatches); !s.ok()) plan = s.error();
   const double build_s = seconds_since(build_start);
   if (!plan.ok()) {
     fmt::print(stderr, "pipesim: error: bench {}: {}\n", c.schedule, plan.error().message);

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <future>
+
 #include "cost_model.h"
 #include "metrics.h"
 #include "simulator.h"
@@ -13,10 +15,11 @@ namespace pipesim {
 namespace {
 
 constexpr std::int64_t kSlowPlanTasks = 20'000'000;
+constexpr std::size_t kWorthAThread = std::size_t(1) << 16;  ///< ops; a thread costs about 0.1 ms
 
 }  // namespace
 
-Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom, Orderability orderability) {
+Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom, Validation validation) {
   const Bytes memory = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
   if (std::optional<FieldError> e = check_plan_fits(config, memory))
     return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
@@ -24,20 +27,29 @@ Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* cust
   if (const std::int64_t tasks = estimated_tasks(config).value_or(0); tasks > kSlowPlanTasks)
     fmt::print(stderr, "pipesim: note: {}: about {} million tasks (~{:.1f} GiB); building and simulating may take "
                "minutes\n", config.source, tasks / 1'000'000, double(tasks * limits::kBytesPerTask) / double(1 << 30));
-  Result<Plan> plan = make_plan(config, custom, orderability);
+  Result<Plan> plan = make_plan(config, custom, validation);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
   return plan;
 }
 
 Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule* custom,
                                      const std::optional<ExplicitCosts>& timing) {
-  Result<Plan> plan = plan_within_memory(config, custom, Orderability::LeftToSimulation);
+  Result<Plan> plan = plan_within_memory(config, custom, Validation::ByCaller);
   if (!plan.ok()) return plan.error();
   SimulatedRun run{std::move(plan).value(), {}, {}};
-  Config timed = run.plan.config;
+  const Plan& p = run.plan;
+  // The structure checks only read the graph, and the simulator copes with any graph assemble
+  // builds: on a large graph they run on a second thread during the simulation, which a failure
+  // discards. Orderability is the simulation's own outcome (Validation).
+  std::future<Status> structure =
+      std::async(p.graph.size() >= kWorthAThread ? std::launch::async : std::launch::deferred,
+                 [&p] { return validate_structure(p.graph, p.layout, p.config.parallel.microbatches); });
+  Config timed = p.config;
   if (timing) timed.costs = timing;
-  const std::unique_ptr<CostModel> costs = make_cost_model(timed, run.plan.layout);
-  Result<Timeline> timeline = simulate(run.plan.graph, op_durations(*costs, run.plan.graph));
+  const std::unique_ptr<CostModel> costs = make_cost_model(timed, p.layout);
+  Result<Timeline> timeline = simulate(p.graph, op_durations(*costs, p.graph));
+  if (Status s = structure.get(); !s.ok())
+    return Error{fmt::format("{}: {}", config.source, invalid_graph(p.config, s.error()).message)};
   if (!timeline.ok()) {
     // A graph that cannot run to its end: name the cycle, as make_plan's own check would have.
     if (Status s = check_orderable(run.plan.graph); !s.ok())

@@ -19,7 +19,7 @@ struct SimulatedRun {
 /// make_plan, refused up front when its estimated size exceeds this machine's memory (before the
 /// graph grows until the kernel ends the process). Errors name the config source and the field.
 Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom = nullptr,
-                                Orderability orderability = Orderability::Checked);
+                                Validation validation = Validation::InPlan);
 
 /// Errors name the config source and the field to change. `custom` replaces the schedule generator.
 /// With `timing`, the plan is made with the config's own costs and timed with these (a measured

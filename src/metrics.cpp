@@ -30,14 +30,14 @@ void sort_runs(std::vector<T>& items, std::vector<std::size_t> ends, Less less) 
   }
 }
 
-/// Merges intervals sorted by start into disjoint ones.
-std::vector<Interval> merged(const std::vector<Interval>& intervals) {
-  std::vector<Interval> out;
+/// Merges intervals sorted by start into disjoint ones, in place.
+void merge_overlaps(std::vector<Interval>& intervals) {
+  std::size_t kept = 0;
   for (Interval i : intervals) {
-    if (!out.empty() && i.start <= out.back().end) out.back().end = std::max(out.back().end, i.end);
-    else out.push_back(i);
+    if (kept > 0 && i.start <= intervals[kept - 1].end) intervals[kept - 1].end = std::max(intervals[kept - 1].end, i.end);
+    else intervals[kept++] = i;
   }
-  return out;
+  intervals.resize(kept);
 }
 
 TimeNs length(const std::vector<Interval>& disjoint) {
@@ -76,6 +76,10 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
   // Per stream, its allocations and then its releases, each run in time order as the stream runs.
   std::vector<MemoryChange> changes, releases;
   std::vector<std::size_t> ends;
+  std::size_t ops = 0;
+  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) ops += graph.stream(s).size();
+  changes.reserve(2 * ops);
+  releases.reserve(ops);
   for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) {
     for (TaskId id : graph.stream(s)) {
       const Task& t = graph.task(id);
@@ -112,6 +116,11 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
     device.rank = d;
     std::vector<Interval> compute, comm;
     std::vector<std::size_t> comm_ends;  // one run per communication stream
+    std::size_t ops = 0;
+    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) ops += graph.stream(s).size();
+    const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
+    compute.reserve(compute_ops);
+    comm.reserve(ops - compute_ops);
     for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
       std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
       for (TaskId id : graph.stream(s))
@@ -121,11 +130,12 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
     const auto by_start = [](Interval a, Interval b) { return a.start < b.start; };
     sort_runs(compute, {compute.size()}, by_start);
     sort_runs(comm, std::move(comm_ends), by_start);
-    const std::vector<Interval> busy = merged(compute), talking = merged(comm);
-    device.busy_ns = length(busy);
+    merge_overlaps(compute);  // now the times the device computes
+    merge_overlaps(comm);     // and those it communicates
+    device.busy_ns = length(compute);
     device.bubble_fraction = 1.0 - double(device.busy_ns) / double(std::max<TimeNs>(run.iteration_ns, 1));
-    device.comm_ns = length(talking);
-    device.exposed_comm_ns = uncovered(talking, busy);
+    device.comm_ns = length(comm);
+    device.exposed_comm_ns = uncovered(comm, compute);
     device.static_bytes = static_bytes[static_cast<std::size_t>(d)];
     track_memory(graph, timeline, device);
     device.peak_memory_bytes = device.static_bytes + device.peak_activation_bytes;

@@ -68,6 +68,7 @@ Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches)
   for (int s = 0; s < stages; ++s)
     for (int m = 0; m < microbatches; ++m) {
       const auto& [f, b, w] = position[static_cast<std::size_t>(s) * microbatches + m];
+      if (f >= 0 && b >= f && (!split_weight || w >= b)) continue;
       const std::string op = fmt::format("(s{},m{})", s, m);
       if (f < 0) return Error{"missing F" + op};
       if (b < 0) return Error{"missing B" + op};

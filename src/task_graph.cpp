@@ -181,9 +181,11 @@ TaskGraph TaskGraphBuilder::build() && {
   // Grown past a reserve() by doubling, it may hold twice its size: give that back. A close reserve
   // is kept as it is (a copy of every op costs more than the slack).
   if (graph.tasks_.capacity() > graph.tasks_.size() + graph.tasks_.size() / 4) graph.tasks_.shrink_to_fit();
+  // Each op's stream, worked out once for both passes of the counting sort.
+  std::vector<std::uint32_t> stream(graph.tasks_.size());
+  for (std::size_t i = 0; i < stream.size(); ++i) stream[i] = std::uint32_t(graph.stream_of(graph.tasks_[i]));
   build_csr(
-      std::size_t(devices_) * graph.streams_per_device(), graph.tasks_.size(),
-      [&graph](std::size_t i) { return graph.stream_of(static_cast<TaskId>(i)); },
+      std::size_t(devices_) * graph.streams_per_device(), graph.tasks_.size(), [&stream](std::size_t i) { return stream[i]; },
       [](std::size_t i) { return static_cast<TaskId>(i); }, graph.stream_offsets_, graph.stream_ids_);
 
   graph.groups_ = std::move(groups_);

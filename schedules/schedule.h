@@ -11,6 +11,7 @@
 #include "layout.h"
 #include "status.h"
 #include "task_graph.h"
+#include "two_threads.h"
 
 namespace pipesim {
 
@@ -36,6 +37,10 @@ struct ScheduleContext {
   /// every device's warm-up, the greedy scheduler builds it in, and plan.cpp moves the last stage's
   /// backwards for the other schedules where the orders stay executable.
   int vocab_delay = 0;
+
+  /// Whether generating orders for it repays a second thread (two_threads.h): 2^13
+  /// stage-microbatches are about 2^16 ops.
+  bool worth_a_thread() const { return times.size() * std::size_t(microbatches) >= kOpsWorthAThread / 8; }
 };
 
 struct ScheduleInfo {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <deque>
 
-#include "beside.h"
 #include "greedy.h"
 #include "order_eval.h"
+#include "two_threads.h"
 
 namespace pipesim {
 namespace {
@@ -175,10 +175,10 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     Result<OrderCost> cost = evaluate_orders(context, orders);
     return std::pair{std::move(orders), std::move(cost)};
   };
-  auto unit = beside(context, [&] { return timed(orders_from_block(context, v_block(unit_costs(context), spacing))); });
-  auto costed = beside(context, [&] { return timed(orders_from_block(context, v_block(context, spacing))); });
+  auto unit = beside(context.worth_a_thread(), [&] { return timed(orders_from_block(context, v_block(unit_costs(context), spacing))); });
+  auto costed = beside(context.worth_a_thread(), [&] { return timed(orders_from_block(context, v_block(context, spacing))); });
   std::future<DeviceOrders> squeezed;
-  if (pattern) squeezed = beside(context, [&] { return squeezed_v_orders(context, *pattern); });
+  if (pattern) squeezed = beside(context.worth_a_thread(), [&] { return squeezed_v_orders(context, *pattern); });
 
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);

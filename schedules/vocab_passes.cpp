@@ -186,77 +186,85 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
   const auto first_forward = op_times(layout, orders, cost, OpKind::F, 0, m);    // the embedding is needed
   const auto first_backward = op_times(layout, orders, cost, OpKind::B, 0, m);   // dY comes back
   DeviceOrders result(orders.size());
-  for (std::size_t d = 0; d < orders.size(); ++d) {
-    // Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
-    // T) after every op the last stage's forward of x waits for, and before every op that waits for
-    // the last stage's backward of x; IF before every op that waits for the first stage's forward
-    // of x; IB after every op the first stage's backward of x waits for.
-    const auto s_low = past_last_at_most(reach_of_ops.feeds_last_forward[d], m);
-    const auto s_high = first_at_least(reach_of_ops.waits_last_backward[d], m);
-    const auto if_high = first_at_least(reach_of_ops.waits_first_forward[d], m);
-    const auto ib_low = past_last_at_most(reach_of_ops.feeds_first_backward[d], m);
-    const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
-      return std::max(low, std::min(slot, high));
-    };
-    std::vector<Insertion> insertions;
-    std::vector<std::size_t> s_slot(static_cast<std::size_t>(m));
-    std::vector<TimeNs> s_time(static_cast<std::size_t>(m));
-    for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices
-      const auto i = std::size_t(x);
-      s_time[i] = last_forward[i].second;
-      s_slot[i] = clamp(slot_at(cost.start[d], s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
-      insertions.push_back({s_slot[i], s_time[i], 0, {OpKind::S, -1, x}});
-    }
-    std::vector<std::size_t> t_slot(static_cast<std::size_t>(m));
-    for (int x = 0; x < m; ++x) {
-      const auto i = std::size_t(x);
-      const bool before_backward = vocab != VocabPlacement::Vocab2;  // T feeds C1, which the backward waits for
-      std::size_t slot = s_slot[i];  // interlaced, or the last microbatch: right after S(x)
-      TimeNs time = s_time[i];
-      // T(x) with S(x + 1) -- unless, for Algorithm 1, the last stage's forward of x + 1 waits for
-      // its backward of x (no delay between them in this schedule): then right after S(x) ...
-      if (vocab != VocabPlacement::Interlaced && x + 1 < m &&
-          (!before_backward || !reach_of_ops.last_forward_waits_backward[i])) {
-        slot = s_slot[i + 1], time = s_time[i + 1];
-        if (before_backward && slot > s_high[i]) slot = s_high[i], time = s_time[i];  // ... or before the backward
+  // From here each device is on its own: on a large schedule, half of them on a second thread.
+  in_two_halves(orders.size(), context.worth_a_thread(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t d = begin; d < end; ++d) {
+      // Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
+      // T) after every op the last stage's forward of x waits for, and before every op that waits for
+      // the last stage's backward of x; IF before every op that waits for the first stage's forward
+      // of x; IB after every op the first stage's backward of x waits for.
+      const auto s_low = past_last_at_most(reach_of_ops.feeds_last_forward[d], m);
+      const auto s_high = first_at_least(reach_of_ops.waits_last_backward[d], m);
+      const auto if_high = first_at_least(reach_of_ops.waits_first_forward[d], m);
+      const auto ib_low = past_last_at_most(reach_of_ops.feeds_first_backward[d], m);
+      const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
+        return std::max(low, std::min(slot, high));
+      };
+      std::vector<Insertion> insertions;
+      std::vector<std::size_t> s_slot(static_cast<std::size_t>(m));
+      std::vector<TimeNs> s_time(static_cast<std::size_t>(m));
+      for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices
+        const auto i = std::size_t(x);
+        s_time[i] = last_forward[i].second;
+        s_slot[i] = clamp(slot_at(cost.start[d], s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
+        insertions.push_back({s_slot[i], s_time[i], 0, {OpKind::S, -1, x}});
       }
-      t_slot[i] = slot;
-      insertions.push_back({slot, time, 1, {OpKind::T, -1, x}});
-    }
-    // IF of x just before the first stage needs it, IB of x once its gradient has come back; and,
-    // because the barriers tie microbatches together, IF before and IB after the S and T passes of
-    // the microbatches within `reach` of x (no schedule runs forwards further ahead of backwards).
-    const int reach = 2 * layout.devices + context.vocab_delay + 2;
-    // Per y: the least slot of S and T of microbatches y and later, and the greatest of y and earlier.
-    std::vector<std::size_t> least_from(static_cast<std::size_t>(m)), greatest_to(static_cast<std::size_t>(m));
-    for (int y = m - 1; y >= 0; --y)
-      least_from[std::size_t(y)] = std::min({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
-                                             y + 1 < m ? least_from[std::size_t(y + 1)] : s_slot[std::size_t(y)]});
-    for (int y = 0; y < m; ++y)
-      greatest_to[std::size_t(y)] = std::max({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
-                                              y > 0 ? greatest_to[std::size_t(y - 1)] : s_slot[std::size_t(y)]});
-    for (int x = 0; x < m; ++x) {
-      const std::size_t latest = std::min(if_high[std::size_t(x)], least_from[std::size_t(std::max(0, x - reach))]);
-      const TimeNs needed = first_forward[std::size_t(x)].first;
-      const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
-      insertions.push_back({std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
+      std::vector<std::size_t> t_slot(static_cast<std::size_t>(m));
+      for (int x = 0; x < m; ++x) {
+        const auto i = std::size_t(x);
+        const bool before_backward = vocab != VocabPlacement::Vocab2;  // T feeds C1, which the backward waits for
+        std::size_t slot = s_slot[i];  // interlaced, or the last microbatch: right after S(x)
+        TimeNs time = s_time[i];
+        // T(x) with S(x + 1) -- unless, for Algorithm 1, the last stage's forward of x + 1 waits for
+        // its backward of x (no delay between them in this schedule): then right after S(x) ...
+        if (vocab != VocabPlacement::Interlaced && x + 1 < m &&
+            (!before_backward || !reach_of_ops.last_forward_waits_backward[i])) {
+          slot = s_slot[i + 1], time = s_time[i + 1];
+          if (before_backward && slot > s_high[i]) slot = s_high[i], time = s_time[i];  // ... or before the backward
+        }
+        t_slot[i] = slot;
+        insertions.push_back({slot, time, 1, {OpKind::T, -1, x}});
+      }
+      // IF of x just before the first stage needs it, IB of x once its gradient has come back; and,
+      // because the barriers tie microbatches together, IF before and IB after the S and T passes of
+      // the microbatches within `reach` of x (no schedule runs forwards further ahead of backwards).
+      const int reach = 2 * layout.devices + context.vocab_delay + 2;
+      // Per y: the least slot of S and T of microbatches y and later, and the greatest of y and earlier.
+      std::vector<std::size_t> least_from(static_cast<std::size_t>(m)), greatest_to(static_cast<std::size_t>(m));
+      for (int y = m - 1; y >= 0; --y)
+        least_from[std::size_t(y)] = std::min({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
+                                               y + 1 < m ? least_from[std::size_t(y + 1)] : s_slot[std::size_t(y)]});
+      for (int y = 0; y < m; ++y)
+        greatest_to[std::size_t(y)] = std::max({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
+                                                y > 0 ? greatest_to[std::size_t(y - 1)] : s_slot[std::size_t(y)]});
+      for (int x = 0; x < m; ++x) {
+        const std::size_t latest = std::min(if_high[std::size_t(x)], least_from[std::size_t(std::max(0, x - reach))]);
+        const TimeNs needed = first_forward[std::size_t(x)].first;
+        const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
+        insertions.push_back(
+            {std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
 
-      const std::size_t earliest = std::max(ib_low[std::size_t(x)], greatest_to[std::size_t(std::min(m - 1, x + reach))]);
-      const TimeNs returned = first_backward[std::size_t(x)].second;
-      insertions.push_back({slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
+        const std::size_t earliest =
+            std::max(ib_low[std::size_t(x)], greatest_to[std::size_t(std::min(m - 1, x + reach))]);
+        const TimeNs returned = first_backward[std::size_t(x)].second;
+        insertions.push_back(
+            {slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
+      }
+      std::stable_sort(insertions.begin(), insertions.end(), [](const Insertion& a, const Insertion& b) {
+        // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last.
+        const auto group = [](const Insertion& i) {
+          return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1;
+        };
+        return std::tuple(a.slot, group(a), a.time, a.rank) < std::tuple(b.slot, group(b), b.time, b.rank);
+      });
+      auto& out = result[d];
+      std::size_t next = 0;
+      for (std::size_t i = 0; i <= orders[d].size(); ++i) {
+        while (next < insertions.size() && insertions[next].slot == i) out.push_back(insertions[next++].step);
+        if (i < orders[d].size()) out.push_back(orders[d][i]);
+      }
     }
-    std::stable_sort(insertions.begin(), insertions.end(), [](const Insertion& a, const Insertion& b) {
-      // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last.
-    const auto group = [](const Insertion& i) { return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1; };
-    return std::tuple(a.slot, group(a), a.time, a.rank) < std::tuple(b.slot, group(b), b.time, b.rank);
-    });
-    auto& out = result[d];
-    std::size_t next = 0;
-    for (std::size_t i = 0; i <= orders[d].size(); ++i) {
-      while (next < insertions.size() && insertions[next].slot == i) out.push_back(insertions[next++].step);
-      if (i < orders[d].size()) out.push_back(orders[d][i]);
-    }
-  }
+  });
   return result;
 }
 

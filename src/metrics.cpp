@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "model_math.h"
+#include "two_threads.h"
 
 namespace pipesim {
 namespace {
@@ -70,6 +71,39 @@ void track_memory(const TaskGraph& graph, const Timeline& timeline, DeviceMetric
   }
 }
 
+/// Busy time, bubbles, communication and peak activation memory of one device.
+DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, int d, TimeNs iteration_ns,
+                             Bytes static_bytes) {
+  DeviceMetrics device;
+  device.rank = d;
+  std::vector<Interval> compute, comm;
+  std::vector<std::size_t> comm_ends;  // one run per communication stream
+  std::size_t ops = 0;
+  for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) ops += graph.stream(s).size();
+  const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
+  compute.reserve(compute_ops);
+  comm.reserve(ops - compute_ops);
+  for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
+    std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
+    for (TaskId id : graph.stream(s))
+      into.push_back({timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]});
+    if (&into == &comm && !graph.stream(s).empty()) comm_ends.push_back(comm.size());
+  }
+  const auto by_start = [](Interval a, Interval b) { return a.start < b.start; };
+  sort_runs(compute, {compute.size()}, by_start);
+  sort_runs(comm, std::move(comm_ends), by_start);
+  merge_overlaps(compute);  // now the times the device computes
+  merge_overlaps(comm);     // and those it communicates
+  device.busy_ns = length(compute);
+  device.bubble_fraction = 1.0 - double(device.busy_ns) / double(std::max<TimeNs>(iteration_ns, 1));
+  device.comm_ns = length(comm);
+  device.exposed_comm_ns = uncovered(comm, compute);
+  device.static_bytes = static_bytes;
+  track_memory(graph, timeline, device);
+  device.peak_memory_bytes = device.static_bytes + device.peak_activation_bytes;
+  return device;
+}
+
 }  // namespace
 
 std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline& timeline, int device) {
@@ -111,36 +145,12 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
             (iteration_s * double(p.pp) * p.tp * p.dp * config.hardware.peak_tflops * 1e12);
   run.memory_capacity_bytes = static_cast<Bytes>(config.hardware.memory_gib * double(1ull << 30));
 
-  for (int d = 0; d < graph.devices(); ++d) {
-    DeviceMetrics device;
-    device.rank = d;
-    std::vector<Interval> compute, comm;
-    std::vector<std::size_t> comm_ends;  // one run per communication stream
-    std::size_t ops = 0;
-    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) ops += graph.stream(s).size();
-    const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
-    compute.reserve(compute_ops);
-    comm.reserve(ops - compute_ops);
-    for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
-      std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
-      for (TaskId id : graph.stream(s))
-        into.push_back({timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]});
-      if (&into == &comm && !graph.stream(s).empty()) comm_ends.push_back(comm.size());
-    }
-    const auto by_start = [](Interval a, Interval b) { return a.start < b.start; };
-    sort_runs(compute, {compute.size()}, by_start);
-    sort_runs(comm, std::move(comm_ends), by_start);
-    merge_overlaps(compute);  // now the times the device computes
-    merge_overlaps(comm);     // and those it communicates
-    device.busy_ns = length(compute);
-    device.bubble_fraction = 1.0 - double(device.busy_ns) / double(std::max<TimeNs>(run.iteration_ns, 1));
-    device.comm_ns = length(comm);
-    device.exposed_comm_ns = uncovered(comm, compute);
-    device.static_bytes = static_bytes[static_cast<std::size_t>(d)];
-    track_memory(graph, timeline, device);
-    device.peak_memory_bytes = device.static_bytes + device.peak_activation_bytes;
-    run.devices.push_back(device);
-  }
+  // Devices are independent: on a large graph, half of them are measured on a second thread.
+  run.devices.resize(std::size_t(graph.devices()));
+  in_two_halves(run.devices.size(), graph.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t d = begin; d < end; ++d)
+      run.devices[d] = measure_device(graph, timeline, int(d), run.iteration_ns, static_bytes[d]);
+  });
 
   Bytes most = 0, least = run.devices.empty() ? 0 : run.devices.front().peak_memory_bytes;
   for (const DeviceMetrics& d : run.devices) {

@@ -3,19 +3,17 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <future>
-
 #include "cost_model.h"
 #include "metrics.h"
 #include "simulator.h"
 #include "sizes.h"
+#include "two_threads.h"
 #include "validate.h"
 
 namespace pipesim {
 namespace {
 
 constexpr std::int64_t kSlowPlanTasks = 20'000'000;
-constexpr std::size_t kWorthAThread = std::size_t(1) << 16;  ///< ops; a thread costs about 0.1 ms
 
 }  // namespace
 
@@ -41,9 +39,9 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   // The structure checks only read the graph, and the simulator copes with any graph assemble
   // builds: on a large graph they run on a second thread during the simulation, which a failure
   // discards. Orderability is the simulation's own outcome (Validation).
-  std::future<Status> structure =
-      std::async(p.graph.size() >= kWorthAThread ? std::launch::async : std::launch::deferred,
-                 [&p] { return validate_structure(p.graph, p.layout, p.config.parallel.microbatches); });
+  std::future<Status> structure = beside(p.graph.size() >= kOpsWorthAThread, [&p] {
+    return validate_structure(p.graph, p.layout, p.config.parallel.microbatches);
+  });
   Config timed = p.config;
   if (timing) timed.costs = timing;
   const std::unique_ptr<CostModel> costs = make_cost_model(timed, p.layout);

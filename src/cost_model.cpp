@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model_math.h"
+#include "two_threads.h"
 
 namespace pipesim {
 namespace {
@@ -306,10 +307,13 @@ std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& l
 }
 
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph) {
-  bool split_weight = false;
-  for (const Task& task : graph.tasks()) split_weight |= task.kind == OpKind::W;
+  const bool split_weight =
+      std::any_of(graph.tasks().begin(), graph.tasks().end(), [](const Task& task) { return task.kind == OpKind::W; });
   std::vector<TimeNs> durations(graph.size());
-  for (std::size_t i = 0; i < durations.size(); ++i) durations[i] = model.duration(graph, static_cast<TaskId>(i), split_weight);
+  // Each op's duration is its own (cost models are immutable): on a large graph, in two halves.
+  in_two_halves(durations.size(), durations.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) durations[i] = model.duration(graph, static_cast<TaskId>(i), split_weight);
+  });
   return durations;
 }
 

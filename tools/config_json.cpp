@@ -21,6 +21,9 @@ using json = nlohmann::json;
 struct ConfigError {
   std::string path;
   std::string message;
+  /// The failure is a key's, not a value's: a field the config does not have, or an override's path
+  /// through something that is not an object.
+  bool about_key = false;
 };
 
 std::string describe(const json& value) {
@@ -93,7 +96,7 @@ class ObjectReader {
         std::string known;
         for (const std::string& k : known_) known += (known.empty() ? "" : ", ") + k;
         throw ConfigError{at(abbreviate(key)),
-                          fmt::format("unknown key{} Known keys here: {}", did_you_mean(key, known_), known)};
+                          fmt::format("unknown key{} Known keys here: {}", did_you_mean(key, known_), known), true};
       }
   }
 
@@ -263,7 +266,7 @@ Config read_config(json root, const std::string& source) {
 void apply_override(json& root, const std::string& assignment) {
   const std::size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", assignment)};
+    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", assignment), true};
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   json value = json::parse(text, nullptr, false);
   if (value.is_discarded()) value = text;
@@ -272,9 +275,10 @@ void apply_override(json& root, const std::string& assignment) {
   while (true) {
     const std::size_t dot = path.find('.', begin);
     const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
-    if (key.empty()) throw ConfigError{"", fmt::format("--set '{}': empty key in '{}'", assignment, path)};
+    if (key.empty()) throw ConfigError{"", fmt::format("--set '{}': empty key in '{}'", assignment, path), true};
     if (!node->is_object())
-      throw ConfigError{"", fmt::format("--set '{}': '{}' is not an object", assignment, path.substr(0, begin - 1))};
+      throw ConfigError{"", fmt::format("--set '{}': '{}' is not an object", assignment, path.substr(0, begin - 1)),
+                        true};
     if (dot == std::string::npos) {
       (*node)[key] = value;
       return;
@@ -326,9 +330,10 @@ Result<json> parse_json(std::string_view text, const std::string& source) {
   }
 }
 
-}  // namespace
-
-Result<Config> parse_config(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+/// parse_config, also saying in `key_fault` whether a failure was a key's (ConfigError::about_key).
+Result<Config> parse(std::string_view text, const std::string& source, const std::vector<std::string>& overrides,
+                     bool& key_fault) {
+  key_fault = false;
   Result<json> parsed = parse_json(text, source);
   if (!parsed.ok()) return parsed.error();
   json& root = parsed.value();
@@ -344,12 +349,27 @@ Result<Config> parse_config(std::string_view text, const std::string& source, co
     }
     return read_config(root, source);
   } catch (const ConfigError& e) {
+    key_fault = e.about_key;
     if (e.path.empty()) return Error{e.message};
     const bool from_set = std::any_of(set_paths.begin(), set_paths.end(), [&](const std::string& set) {
       return e.path == set || e.path.starts_with(set + ".") || e.path.starts_with(set + "[");
     });
     return Error{fmt::format("{}: {}{}: {}", source, e.path, from_set ? " (from --set)" : "", e.message)};
   }
+}
+
+}  // namespace
+
+Result<Config> parse_config(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+  bool key_fault = false;
+  return parse(text, source, overrides, key_fault);
+}
+
+std::optional<Error> key_error(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+  bool key_fault = false;
+  Result<Config> config = parse(text, source, overrides, key_fault);
+  if (config.ok() || !key_fault) return std::nullopt;
+  return config.error();
 }
 
 Result<ExplicitCosts> parse_costs(std::string_view text, const std::string& source) {

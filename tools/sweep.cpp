@@ -38,19 +38,6 @@ std::vector<std::string> split_values(const std::string& list) {
   return values;
 }
 
-/// Whether parsing the config with `key` set failed on the key itself (a name the config does not
-/// have, or a path through a value that is not an object) rather than on the value.
-bool key_error(const std::string& message, const std::string& source, const std::string& key) {
-  if (message.starts_with("--set '" + key + "=")) return true;
-  // The unknown key is the first part of the path that the config does not know.
-  for (std::size_t dot = key.find('.');; dot = key.find('.', dot + 1)) {
-    const std::string part = key.substr(0, dot);
-    for (const char* from : {" (from --set)", ""})
-      if (message.starts_with(fmt::format("{}: {}{}: unknown key", source, abbreviate(part), from))) return true;
-    if (dot == std::string::npos) return false;
-  }
-}
-
 struct SweepRow {
   std::optional<RunReport> report;
   std::string error;
@@ -136,9 +123,9 @@ Result<std::vector<GridAxis>> parse_grids(const std::vector<std::string>& argume
         return Error{fmt::format("--grid: key '{}' is given twice; put all its values in one --grid", abbreviate(key))};
     std::vector<std::string> probe = overrides;
     probe.push_back(key + "=" + axis.value().values.front());
-    if (Result<Config> c = parse_config(config_text, source, probe); !c.ok() && key_error(c.error().message, source, key))
+    if (std::optional<Error> e = key_error(config_text, source, probe))
       return Error{fmt::format("--grid '{}': {}; use a key as --set takes it (docs/config.md lists them)",
-                               abbreviate(argument), c.error().message)};
+                               abbreviate(argument), e->message)};
     points *= axis.value().values.size();
     if (points > kMaxPoints)
       return Error{fmt::format("--grid: more than {} points; sweep fewer values", kMaxPoints)};

@@ -85,7 +85,8 @@ ExitStatus run_bench(const BenchOptions& options) {
   // linear in the number of ops.
   const int p = options.quick ? 8 : 64, largest = options.quick ? 128 : 1024;
   const int repeats = options.quick ? 1 : 5;
-  fmt::print("graph building (generate + assemble + validate, the simulation proving orderability) and simulation, one thread; simulate is the best of {}\n",
+  fmt::print("graph building (generate + assemble + validate; large V schedules' candidate orders on two threads) and "
+             "simulation (the best of {}), per op\n",
              repeats);
   fmt::print("{:<17} {:>4} {:>6} {:>3} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8} {:>9} {:>12}\n", "schedule", "p", "m", "v",
              "ops", "build_ms", "sim_ms", "build_ns", "sim_ns", "graph_B", "rss_mib", "makespan_ms");

@@ -40,7 +40,8 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
   if (record) {
     cost.start.resize(orders.size());
     cost.end.resize(orders.size());
-    for (std::size_t d = 0; d < orders.size(); ++d) cost.start[d].reserve(orders[d].size()), cost.end[d].reserve(orders[d].size());
+    for (std::size_t d = 0; d < orders.size(); ++d)
+      cost.start[d].reserve(orders[d].size()), cost.end[d].reserve(orders[d].size());
   }
   for (bool progressed = true; progressed;) {
     progressed = false;

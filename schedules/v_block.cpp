@@ -175,10 +175,11 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     Result<OrderCost> cost = evaluate_orders(context, orders);
     return std::pair{std::move(orders), std::move(cost)};
   };
-  auto unit = beside(context.worth_a_thread(), [&] { return timed(orders_from_block(context, v_block(unit_costs(context), spacing))); });
-  auto costed = beside(context.worth_a_thread(), [&] { return timed(orders_from_block(context, v_block(context, spacing))); });
+  const bool threads = context.worth_a_thread();
+  auto unit = beside(threads, [&] { return timed(orders_from_block(context, v_block(unit_costs(context), spacing))); });
+  auto costed = beside(threads, [&] { return timed(orders_from_block(context, v_block(context, spacing))); });
   std::future<DeviceOrders> squeezed;
-  if (pattern) squeezed = beside(context.worth_a_thread(), [&] { return squeezed_v_orders(context, *pattern); });
+  if (pattern) squeezed = beside(threads, [&] { return squeezed_v_orders(context, *pattern); });
 
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);

@@ -20,7 +20,8 @@ Bytes largest(const std::vector<Bytes>& peaks) { return peaks.empty() ? 0 : *std
 Result<DeviceOrders> generate_zb_v(const ScheduleContext& context) {
   GreedyOptions options;
   options.budget = activation_budget(context, [](int, int devices) { return 2.0 * devices; });
-  std::future<Result<DeviceOrders>> greedy_order = beside(context.worth_a_thread(), [&] { return greedy_schedule(context, options); });
+  std::future<Result<DeviceOrders>> greedy_order =
+      beside(context.worth_a_thread(), [&] { return greedy_schedule(context, options); });
   DeviceOrders reference = zbv_reference_orders(context.layout, context.microbatches);
   Result<OrderCost> reference_cost = evaluate_orders(context, reference);
   Result<DeviceOrders> greedy = greedy_order.get();

@@ -312,7 +312,8 @@ std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph)
   std::vector<TimeNs> durations(graph.size());
   // Each op's duration is its own (cost models are immutable): on a large graph, in two halves.
   in_two_halves(durations.size(), durations.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t i = begin; i < end; ++i) durations[i] = model.duration(graph, static_cast<TaskId>(i), split_weight);
+    for (std::size_t i = begin; i < end; ++i)
+      durations[i] = model.duration(graph, static_cast<TaskId>(i), split_weight);
   });
   return durations;
 }

@@ -35,10 +35,19 @@ void sort_runs(std::vector<T>& items, std::vector<std::size_t> ends, Less less) 
 void merge_overlaps(std::vector<Interval>& intervals) {
   std::size_t kept = 0;
   for (Interval i : intervals) {
-    if (kept > 0 && i.start <= intervals[kept - 1].end) intervals[kept - 1].end = std::max(intervals[kept - 1].end, i.end);
-    else intervals[kept++] = i;
+    if (kept > 0 && i.start <= intervals[kept - 1].end)
+      intervals[kept - 1].end = std::max(intervals[kept - 1].end, i.end);
+    else
+      intervals[kept++] = i;
   }
   intervals.resize(kept);
+}
+
+/// The ops on all of a device's streams.
+std::size_t device_ops(const TaskGraph& graph, int device) {
+  std::size_t ops = 0;
+  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) ops += graph.stream(s).size();
+  return ops;
 }
 
 TimeNs length(const std::vector<Interval>& disjoint) {
@@ -78,11 +87,9 @@ DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, i
   device.rank = d;
   std::vector<Interval> compute, comm;
   std::vector<std::size_t> comm_ends;  // one run per communication stream
-  std::size_t ops = 0;
-  for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) ops += graph.stream(s).size();
   const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
   compute.reserve(compute_ops);
-  comm.reserve(ops - compute_ops);
+  comm.reserve(device_ops(graph, d) - compute_ops);
   for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
     std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
     for (TaskId id : graph.stream(s))
@@ -110,10 +117,8 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
   // Per stream, its allocations and then its releases, each run in time order as the stream runs.
   std::vector<MemoryChange> changes, releases;
   std::vector<std::size_t> ends;
-  std::size_t ops = 0;
-  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) ops += graph.stream(s).size();
-  changes.reserve(2 * ops);
-  releases.reserve(ops);
+  changes.reserve(2 * device_ops(graph, device));
+  releases.reserve(device_ops(graph, device));
   for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) {
     for (TaskId id : graph.stream(s)) {
       const Task& t = graph.task(id);

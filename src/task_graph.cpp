@@ -185,8 +185,9 @@ TaskGraph TaskGraphBuilder::build() && {
   std::vector<std::uint32_t> stream(graph.tasks_.size());
   for (std::size_t i = 0; i < stream.size(); ++i) stream[i] = std::uint32_t(graph.stream_of(graph.tasks_[i]));
   build_csr(
-      std::size_t(devices_) * graph.streams_per_device(), graph.tasks_.size(), [&stream](std::size_t i) { return stream[i]; },
-      [](std::size_t i) { return static_cast<TaskId>(i); }, graph.stream_offsets_, graph.stream_ids_);
+      std::size_t(devices_) * graph.streams_per_device(), graph.tasks_.size(),
+      [&stream](std::size_t i) { return stream[i]; }, [](std::size_t i) { return static_cast<TaskId>(i); },
+      graph.stream_offsets_, graph.stream_ids_);
 
   graph.groups_ = std::move(groups_);
   return graph;

@@ -49,7 +49,8 @@ bool measure(const Case& c, int repeats) {
   // the simulation); the simulation below proves the graph runs to its end.
   Result<Plan> plan = make_plan(bench_config(c), nullptr, Validation::ByCaller);
   if (plan.ok())
-    if (Status s = validate_structure(plan.value().graph, plan.value().layout, c.microbatches); !s.ok()) plan = s.error();
+    if (Status s = validate_structure(plan.value().graph, plan.value().layout, c.microbatches); !s.ok())
+      plan = s.error();
   const double build_s = seconds_since(build_start);
   if (!plan.ok()) {
     fmt::print(stderr, "pipesim: error: bench {}: {}\n", c.schedule, plan.error().message);

@@ -266,7 +266,8 @@ Config read_config(json root, const std::string& source) {
 void apply_override(json& root, const std::string& assignment) {
   const std::size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", assignment), true};
+    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", assignment),
+                      true};
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   json value = json::parse(text, nullptr, false);
   if (value.is_discarded()) value = text;
@@ -360,12 +361,14 @@ Result<Config> parse(std::string_view text, const std::string& source, const std
 
 }  // namespace
 
-Result<Config> parse_config(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+Result<Config> parse_config(std::string_view text, const std::string& source,
+                            const std::vector<std::string>& overrides) {
   bool key_fault = false;
   return parse(text, source, overrides, key_fault);
 }
 
-std::optional<Error> key_error(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
+std::optional<Error> key_error(std::string_view text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
   bool key_fault = false;
   Result<Config> config = parse(text, source, overrides, key_fault);
   if (config.ok() || !key_fault) return std::nullopt;

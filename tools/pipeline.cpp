@@ -46,12 +46,13 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   if (timing) timed.costs = timing;
   const std::unique_ptr<CostModel> costs = make_cost_model(timed, p.layout);
   Result<Timeline> timeline = simulate(p.graph, op_durations(*costs, p.graph));
-  if (Status s = structure.get(); !s.ok())
-    return Error{fmt::format("{}: {}", config.source, invalid_graph(p.config, s.error()).message)};
+  const auto invalid = [&](const Error& why) {
+    return Error{fmt::format("{}: {}", config.source, invalid_graph(p.config, why).message)};
+  };
+  if (Status s = structure.get(); !s.ok()) return invalid(s.error());
   if (!timeline.ok()) {
     // A graph that cannot run to its end: name the cycle, as make_plan's own check would have.
-    if (Status s = check_orderable(run.plan.graph); !s.ok())
-      return Error{fmt::format("{}: {}", config.source, invalid_graph(run.plan.config, s.error()).message)};
+    if (Status s = check_orderable(p.graph); !s.ok()) return invalid(s.error());
     return Error{fmt::format("{}: {}", config.source, timeline.error().message)};
   }
   run.timeline = std::move(timeline).value();

@@ -61,7 +61,8 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const
     const OpKind kind = op == ReduceOp::None ? OpKind::Broadcast : root >= 0 ? OpKind::Reduce : OpKind::AllReduce;
     std::vector<TaskId> members;
     for (int d = 0; d < devices_; ++d) {
-      const TaskId member = builder.add({.kind = kind, .device = d, .microbatch = x, .lane = lane, .bytes = bytes});
+      const TaskId member =
+          builder.add({.kind = kind, .lane = std::uint8_t(lane), .device = d, .microbatch = x, .bytes = bytes});
       if (const TaskId before = after(d); before != kNoTask) builder.depend(member, before);
       members.push_back(member);
     }

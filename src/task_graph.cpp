@@ -67,7 +67,7 @@ std::span<const TaskId> TaskGraph::stream_order(int device, Stream kind, int pee
   Task probe;
   probe.device = device;
   probe.peer = peer;
-  probe.lane = std::max(peer, 0);
+  probe.lane = std::uint8_t(std::max(peer, 0));
   probe.kind = kind == Stream::Compute      ? OpKind::F
                : kind == Stream::Collective ? OpKind::AllReduce
                : kind == Stream::Send       ? OpKind::Send

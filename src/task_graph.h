@@ -50,9 +50,11 @@ enum class Payload : std::uint8_t { None, Activation, Gradient };
 using TaskId = std::int32_t;
 constexpr TaskId kNoTask = -1;
 
+/// 64 bytes, one cache line: a graph holds hundreds of thousands, and every phase walks them.
 struct Task {
   OpKind kind = OpKind::F;
   Payload payload = Payload::None;
+  std::uint8_t lane = 0;         ///< collectives: which collective stream, 0 .. kCollectiveLanes - 1
   std::int32_t device = 0;
   std::int32_t stage = -1;       ///< virtual stage; -1 for per-device ops
   std::int32_t chunk = -1;       ///< model chunk on the device; -1 for per-device ops
@@ -60,12 +62,12 @@ struct Task {
   std::int32_t peer = -1;        ///< SEND/RECV: the device at the other end
   TaskId partner = kNoTask;      ///< SEND/RECV: the matched op on the peer
   std::int32_t group = -1;       ///< collectives: index into TaskGraph::groups()
-  std::int32_t lane = 0;         ///< collectives: which collective stream, 0 .. kCollectiveLanes - 1
   double flops = 0;              ///< compute ops: floating-point operations
   double bytes = 0;              ///< compute ops: HBM traffic; comm ops: payload size
   Bytes alloc_bytes = 0;         ///< activation memory taken when the op starts
   Bytes free_bytes = 0;          ///< activation memory returned when the op ends
 };
+static_assert(sizeof(Task) == 64);
 
 /// What a collective combines. Every executor reads a collective's meaning from here (the runtime
 /// picks its buffers by it), never from the lane it runs on.

@@ -91,10 +91,14 @@ Result<RunResult> RankExecutor::run() {
     comm_.abort(e.what());
     return Error{e.what()};
   } catch (const std::exception& e) {  // e.g. out of memory: still end every rank, never hang them
-    const std::string why = fmt::format("rank {} failed: {}", rank_, e.what());
+    const std::string why = failure(e);
     comm_.abort(why);
     return Error{why};
   }
+}
+
+std::string RankExecutor::failure(const std::exception& e) const {
+  return fmt::format("rank {} failed: {}", rank_, e.what());
 }
 
 void RankExecutor::wait(std::unique_ptr<Request> request, const std::string& what) {
@@ -121,6 +125,15 @@ void RankExecutor::run_graph() {
   } catch (const CommError&) {
     // Another rank ended the run; say where this one stood.
     throw CommError(fmt::format("rank {} stopped waiting on {}", rank_, waiting_on(cursor, in_flight)));
+  } catch (const RankFailure& e) {
+    // This rank failed: end the run before `in_flight` frees the buffers it lent to transfers and
+    // collectives, which the other ranks may read until they see the abort. (run() aborts again,
+    // for failures outside the graph; the first reason stays.)
+    comm_.abort(e.what());
+    throw;
+  } catch (const std::exception& e) {
+    comm_.abort(failure(e));
+    throw;
   }
 }
 

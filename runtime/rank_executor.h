@@ -53,6 +53,8 @@ class RankExecutor {
 
   // ---- the walk over this rank's streams ----
   void run_graph();
+  /// "rank N failed: ...": the abort reason for an unexpected exception (out of memory, say).
+  std::string failure(const std::exception& e) const;
   void walk(std::vector<std::size_t>& cursor, std::vector<InFlight>& in_flight);
   /// The compute stream's ops in order, each when its dependencies are done; on its own thread.
   void run_compute_stream(const std::stop_token& stop);

@@ -2,12 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cassert>
-#include <cstdlib>
-#include <new>
+#include <memory>
 #include <queue>
 #include <string>
 #include <vector>
@@ -39,44 +36,13 @@ struct OpState {
 static_assert(sizeof(OpState) == 32);
 constexpr std::int32_t kArrived = -1;
 
-/// Op state for a whole graph runs to tens of MiB; on 4 KiB pages, faulting it in costs as much
-/// as simulating. Ask for transparent huge pages (Linux; a no-op hint elsewhere).
-class OpStates {
- public:
-  explicit OpStates(std::size_t n) : size_(n) {
-    constexpr std::size_t kHugePage = 2u << 20;
-    const std::size_t bytes = std::max<std::size_t>(n * sizeof(OpState), 1);
-    // Under 1 MiB an ordinary allocation is cheaper; glibc maps larger ones apart, on small pages,
-    // and faults them in afresh for every simulation.
-    if (bytes < kHugePage / 2) {
-      data_ = static_cast<OpState*>(std::malloc(bytes));
-    } else {
-      const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-      data_ = static_cast<OpState*>(std::aligned_alloc(kHugePage, rounded));
-#ifdef MADV_HUGEPAGE
-      if (data_) madvise(data_, rounded, MADV_HUGEPAGE);
-#endif
-    }
-    if (!data_) throw std::bad_alloc();
-  }
-  ~OpStates() { std::free(data_); }
-  OpStates(const OpStates&) = delete;
-  OpStates& operator=(const OpStates&) = delete;
-  OpState& operator[](std::size_t i) { return data_[i]; }
-  const OpState& operator[](std::size_t i) const { return data_[i]; }
-  std::size_t size() const { return size_; }
-  const OpState* begin() const { return data_; }
-  const OpState* end() const { return data_ + size_; }
-
- private:
-  OpState* data_;
-  std::size_t size_;
-};
-
 class Engine {
  public:
   Engine(const TaskGraph& graph, std::span<const TimeNs> durations)
-      : graph_(graph), successors_(graph.size() ? graph.successors(0).data() : nullptr), ops_(graph.size()) {
+      : graph_(graph),
+        successors_(graph.size() ? graph.successors(0).data() : nullptr),
+        // Left uninitialised (every field is set below): tens of MiB on a large graph, written once.
+        ops_(new OpState[graph.size()]) {
     const std::size_t n = graph.size(), slots = graph.stream_count();
     for (std::size_t i = 0; i < n; ++i) {
       const Task& t = graph.task(TaskId(i));
@@ -129,7 +95,7 @@ class Engine {
         finish(e.task, now);
       }
     }
-    if (done != ops_.size()) return Error{deadlock_report(now)};
+    if (done != graph_.size()) return Error{deadlock_report(now)};
     return std::move(timeline_);
   }
 
@@ -207,7 +173,7 @@ class Engine {
 
   const TaskGraph& graph_;
   const TaskId* successors_;  ///< the graph's successor list, indexed by OpState ranges
-  OpStates ops_;
+  std::unique_ptr<OpState[]> ops_;
   Timeline timeline_;  ///< start and end of every op; -1 until it starts, ends
   std::vector<const TaskId*> head_, end_;  ///< per (device, stream): next op, end of its program
   std::vector<std::uint8_t> busy_;         ///< per (device, stream): its head has arrived or runs

@@ -75,7 +75,8 @@ class DeviceMemory {
     states_.resize(std::size_t(last_ + 2));
     for (int slot = 0; slot <= last_; ++slot) {
       states_[std::size_t(slot + 1)] = states_[std::size_t(slot)];
-      step(states_[std::size_t(slot + 1)], type_at_[std::size_t(slot)], [&](int i) { return backward_chunks_[std::size_t(i)]; });
+      step(states_[std::size_t(slot + 1)], type_at_[std::size_t(slot)],
+           [&](int i) { return backward_chunks_[std::size_t(i)]; });
     }
   }
 
@@ -120,7 +121,9 @@ class DeviceMemory {
     std::copy(replayed_.begin(), replayed_.end(), states_.begin() + to + 1);
     type_at_[std::size_t(to)] = type;
     type_at_[std::size_t(from)] = -1;
-    if (backward) std::rotate(backward_chunks_.begin() + first, backward_chunks_.begin() + moved, backward_chunks_.begin() + moved + 1);
+    if (backward)
+      std::rotate(backward_chunks_.begin() + first, backward_chunks_.begin() + moved,
+                  backward_chunks_.begin() + moved + 1);
     last_ = last;
     states_.resize(std::size_t(last_ + 2));
     return true;

@@ -46,7 +46,8 @@ void merge_overlaps(std::vector<Interval>& intervals) {
 /// The ops on all of a device's streams.
 std::size_t device_ops(const TaskGraph& graph, int device) {
   std::size_t ops = 0;
-  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) ops += graph.stream(s).size();
+  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s)
+    ops += graph.stream(s).size();
   return ops;
 }
 

@@ -164,7 +164,8 @@ void build_csr(std::size_t keys, std::size_t count, KeyOf key_of, ValueOf value_
   for (std::size_t i = 0; i < count; ++i) ++offsets[key_of(i)];
   for (std::size_t k = 1; k <= keys; ++k) offsets[k] += offsets[k - 1];  // offsets[k]: end of key k
   ids.resize(count);
-  for (std::size_t i = count; i-- > 0;) ids[static_cast<std::size_t>(--offsets[key_of(i)])] = static_cast<TaskId>(value_of(i));
+  for (std::size_t i = count; i-- > 0;)
+    ids[static_cast<std::size_t>(--offsets[key_of(i)])] = static_cast<TaskId>(value_of(i));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #pragma once
 /// MPI is a plugin too (libpipesim_mpi.so, see plugin_loader.h): linked into pipesim, Open MPI's
-/// eight libraries added half again to every command's start-up (`pipesim list`: 12 ms, not 8). The plugin owns everything
-/// that touches <mpi.h>; the launcher (mpi_launch.cpp) reaches it through this table.
+/// eight libraries added half again to every command's start-up (`pipesim list`: 12 ms, not 8).
+/// The plugin owns everything that touches <mpi.h>; the launcher (mpi_launch.cpp) reaches it
+/// through this table.
 #include <memory>
 
 #include "comm.h"

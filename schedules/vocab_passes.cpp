@@ -18,26 +18,47 @@ int vocab_delay(VocabPlacement vocab, int devices) {
 DeviceOrders delay_last_backward(const Layout& layout, const DeviceOrders& orders, int delay, int microbatches) {
   if (delay == 0) return orders;
   const int last = layout.stage_count() - 1;
+  const auto m = std::size_t(microbatches);
+  const auto anchor_of = [&](std::size_t x) { return std::min(x + std::size_t(delay), m - 1); };
   DeviceOrders delayed = orders;
   auto& order = delayed[std::size_t(layout.stages[std::size_t(last)].device)];
-  for (int x = 0; x < microbatches; ++x) {
-    const auto is = [&](OpKind kind, int mb) {
-      return [=](const ComputeStep& s) { return s.kind == kind && s.stage == last && s.microbatch == mb; };
-    };
-    const auto backward = std::find_if(order.begin(), order.end(), is(OpKind::B, x));
-    const auto anchor = std::find_if(order.begin(), order.end(), is(OpKind::F, std::min(x + delay, microbatches - 1)));
-    if (backward == order.end() || anchor == order.end() || backward > anchor) continue;
-    std::vector<ComputeStep> moved{*backward};
-    const auto weight = std::find_if(order.begin(), order.end(), is(OpKind::W, x));
-    if (weight != order.end() && weight < anchor) moved.push_back(*weight);
-    std::vector<ComputeStep> rest;
-    for (auto it = order.begin(); it != order.end(); ++it) {
-      if (it == backward || (moved.size() > 1 && it == weight)) continue;
-      rest.push_back(*it);
-      if (it == anchor) rest.insert(rest.end(), moved.begin(), moved.end());
-    }
-    order = std::move(rest);
+  // Moving microbatch x's backward (and W) behind the forward of x + delay never changes the
+  // relative order of another microbatch's ops or of any forward, so each move can be decided on
+  // the original order and the result written in one pass.
+  constexpr std::size_t kAbsent = SIZE_MAX;
+  std::vector<std::size_t> forward(m, kAbsent), backward(m, kAbsent), weight(m, kAbsent);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const ComputeStep& s = order[i];
+    if (s.stage != last) continue;
+    auto& position = s.kind == OpKind::F ? forward : s.kind == OpKind::B ? backward : weight;
+    position[std::size_t(s.microbatch)] = i;
   }
+  std::vector<std::uint8_t> moves_backward(m, 0), moves_weight(m, 0);
+  for (std::size_t x = 0; x < m; ++x) {
+    const std::size_t anchor = forward[anchor_of(x)];
+    if (backward[x] == kAbsent || anchor == kAbsent || backward[x] > anchor) continue;
+    moves_backward[x] = 1;
+    moves_weight[x] = weight[x] != kAbsent && weight[x] < anchor;
+  }
+  std::vector<ComputeStep> result;
+  result.reserve(order.size());
+  for (const ComputeStep& s : order) {
+    const auto x = std::size_t(s.microbatch);
+    const bool moves = s.stage == last && ((s.kind == OpKind::B && moves_backward[x]) ||
+                                           (s.kind == OpKind::W && moves_weight[x]));
+    if (moves) continue;
+    result.push_back(s);
+    if (s.stage != last || s.kind != OpKind::F) continue;
+    // The microbatches anchored here; each move went right behind the anchor, ahead of the moves
+    // made before it, so the latest microbatch comes first.
+    const std::size_t first = x - std::min(x, std::size_t(delay)), past = x + 1 < m ? first + 1 : m;
+    for (std::size_t y = past; y-- > first;) {
+      if (anchor_of(y) != x || !moves_backward[y]) continue;
+      result.push_back({OpKind::B, last, int(y)});
+      if (moves_weight[y]) result.push_back({OpKind::W, last, int(y)});
+    }
+  }
+  order = std::move(result);
   return delayed;
 }
 

@@ -1,6 +1,8 @@
 #include "vocab_passes.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <span>
 #include <tuple>
 
 namespace pipesim {
@@ -79,103 +81,106 @@ std::size_t slot_at(const std::vector<TimeNs>& start, TimeNs time, std::size_t l
                      start.begin());
 }
 
-/// How each op of the transformer orders is tied, through the data flow and program order, to the
-/// ops the vocabulary passes hang on. Per device and position.
+/// How one op of the transformer orders is tied, through the data flow and program order, to the
+/// ops the vocabulary passes hang on.
+struct Ties {
+  int waits_last_backward;   ///< greatest x: the op waits for B(last stage, x); -1 if none
+  int waits_first_forward;   ///< greatest x: the op waits for F(stage 0, x); -1 if none
+  int feeds_last_forward;    ///< least x: F(last stage, x) waits for the op; kNoMicrobatch if none
+  int feeds_first_backward;  ///< least x: B(stage 0, x) waits for the op; kNoMicrobatch if none
+};
+constexpr int kNoMicrobatch = 1 << 30;
+
+/// The ties of every op, the devices' orders laid end to end (one record per op: the passes below
+/// reach ops all over the schedule, one cache line each).
 struct Reach {
-  std::vector<std::vector<int>> waits_last_backward;  ///< greatest x: the op waits for B(last stage, x)
-  std::vector<std::vector<int>> waits_first_forward;  ///< greatest x: the op waits for F(stage 0, x)
-  std::vector<std::vector<int>> feeds_last_forward;   ///< least x: F(last stage, x) waits for the op
-  std::vector<std::vector<int>> feeds_first_backward; ///< least x: B(stage 0, x) waits for the op
-  std::vector<bool> last_forward_waits_backward;      ///< per x: F(last, x + 1) waits for B(last, x)
+  std::vector<std::size_t> first;  ///< where device d's ops start in `ties`; then the end
+  std::vector<Ties> ties;
+  std::vector<bool> last_forward_waits_backward;  ///< per x: F(last, x + 1) waits for B(last, x)
+  std::span<const Ties> of(std::size_t d) const { return std::span(ties).subspan(first[d], first[d + 1] - first[d]); }
 };
 
 Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
-  constexpr int kNone = 1 << 30;
   const int stages = layout.stage_count(), last = stages - 1;
-  // Positions of F, B, W of (stage, x); then the ops in an order where every op follows its inputs.
-  std::vector<std::pair<int, std::size_t>> where(std::size_t(3 * stages * m), {-1, 0});
-  const auto key = [&](OpKind kind, int stage, int x) {
-    return std::size_t((kind == OpKind::F ? 0 : kind == OpKind::B ? 1 : 2) * stages * m + stage * m + x);
+  Reach r;
+  r.first.assign(orders.size() + 1, 0);
+  for (std::size_t d = 0; d < orders.size(); ++d) r.first[d + 1] = r.first[d] + orders[d].size();
+  r.ties.assign(r.first.back(), {-1, -1, kNoMicrobatch, kNoMicrobatch});
+  // Where F, B and W of (stage, x) sit in `ties`.
+  std::vector<std::uint32_t> where(std::size_t(3 * stages * m), 0);
+  const auto key = [&](const ComputeStep& s) {
+    return std::size_t((s.kind == OpKind::F ? 0 : s.kind == OpKind::B ? 1 : 2) * stages * m + s.stage * m + s.microbatch);
   };
   for (std::size_t d = 0; d < orders.size(); ++d)
-    for (std::size_t i = 0; i < orders[d].size(); ++i)
-      where[key(orders[d][i].kind, orders[d][i].stage, orders[d][i].microbatch)] = {int(d), i};
-  const auto at = [&](const ComputeStep& input) { return where[key(input.kind, input.stage, input.microbatch)]; };
-  Reach r;
-  std::vector<std::vector<bool>> done(orders.size());
-  for (std::size_t d = 0; d < orders.size(); ++d) {
-    done[d].assign(orders[d].size(), false);
-    r.waits_last_backward.emplace_back(orders[d].size(), -1);
-    r.waits_first_forward.emplace_back(orders[d].size(), -1);
-    r.feeds_last_forward.emplace_back(orders[d].size(), kNone);
-    r.feeds_first_backward.emplace_back(orders[d].size(), kNone);
-  }
-  std::vector<std::pair<int, std::size_t>> topo;
-  std::vector<std::size_t> next(orders.size(), 0);
+    for (std::size_t i = 0; i < orders[d].size(); ++i) where[key(orders[d][i])] = std::uint32_t(r.first[d] + i);
+
+  // Forwards through the data flow and program order: each op once its inputs and its predecessor
+  // are done, recording that order (every op after its inputs) for the way back.
+  std::vector<std::uint8_t> done(r.ties.size(), 0);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> topo;  // (device, position in ties)
+  topo.reserve(r.ties.size());
+  std::vector<std::size_t> next(r.first.begin(), r.first.end() - 1);
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (std::size_t d = 0; d < orders.size(); ++d)
-      for (; next[d] < orders[d].size(); ++next[d]) {
-        const DataInputs in = data_inputs(orders[d][next[d]], stages);
-        if (std::any_of(in.begin(), in.end(), [&](const ComputeStep& input) {
-              const auto [e, j] = at(input);
-              return !done[std::size_t(e)][j];
-            }))
+      for (; next[d] < r.first[d + 1]; ++next[d]) {
+        const std::size_t at = next[d];
+        const ComputeStep& s = orders[d][at - r.first[d]];
+        const DataInputs in = data_inputs(s, stages);
+        if (std::any_of(in.begin(), in.end(), [&](const ComputeStep& input) { return !done[where[key(input)]]; }))
           break;
-        done[d][next[d]] = true;
-        topo.emplace_back(int(d), next[d]);
+        Ties& t = r.ties[at];
+        if (at > r.first[d]) t.waits_last_backward = r.ties[at - 1].waits_last_backward,
+                             t.waits_first_forward = r.ties[at - 1].waits_first_forward;
+        for (const ComputeStep& input : in) {
+          const Ties& u = r.ties[where[key(input)]];
+          t.waits_last_backward = std::max(t.waits_last_backward, u.waits_last_backward);
+          t.waits_first_forward = std::max(t.waits_first_forward, u.waits_first_forward);
+        }
+        if (s.kind == OpKind::B && s.stage == last) t.waits_last_backward = std::max(t.waits_last_backward, s.microbatch);
+        if (s.kind == OpKind::F && s.stage == 0) t.waits_first_forward = std::max(t.waits_first_forward, s.microbatch);
+        done[at] = 1;
+        topo.emplace_back(std::uint32_t(d), std::uint32_t(at));
         progressed = true;
       }
   }
-  for (const auto& [d, i] : topo) {  // forwards through the data flow and program order
-    const ComputeStep& s = orders[std::size_t(d)][i];
-    int& back = r.waits_last_backward[std::size_t(d)][i];
-    int& front = r.waits_first_forward[std::size_t(d)][i];
-    if (i > 0) back = r.waits_last_backward[std::size_t(d)][i - 1], front = r.waits_first_forward[std::size_t(d)][i - 1];
-    for (const ComputeStep& input : data_inputs(s, stages)) {
-      const auto [e, j] = at(input);
-      back = std::max(back, r.waits_last_backward[std::size_t(e)][j]);
-      front = std::max(front, r.waits_first_forward[std::size_t(e)][j]);
-    }
-    if (s.kind == OpKind::B && s.stage == last) back = std::max(back, s.microbatch);
-    if (s.kind == OpKind::F && s.stage == 0) front = std::max(front, s.microbatch);
-  }
   r.last_forward_waits_backward.assign(std::size_t(m), false);
-  for (int x = 0; x + 1 < m; ++x) {
-    const auto [d, i] = where[key(OpKind::F, last, x + 1)];
-    r.last_forward_waits_backward[std::size_t(x)] = r.waits_last_backward[std::size_t(d)][i] >= x;
-  }
+  for (int x = 0; x + 1 < m; ++x)
+    r.last_forward_waits_backward[std::size_t(x)] =
+        r.ties[where[key({OpKind::F, last, x + 1})]].waits_last_backward >= x;
+
   for (auto it = topo.rbegin(); it != topo.rend(); ++it) {  // and backwards
-    const auto [d, i] = *it;
-    const ComputeStep& s = orders[std::size_t(d)][i];
-    int& forward = r.feeds_last_forward[std::size_t(d)][i];
-    int& backward = r.feeds_first_backward[std::size_t(d)][i];
-    if (s.kind == OpKind::F && s.stage == last) forward = std::min(forward, s.microbatch);
-    if (s.kind == OpKind::B && s.stage == 0) backward = std::min(backward, s.microbatch);
+    const auto [d, at] = *it;
+    const ComputeStep& s = orders[d][at - r.first[d]];
+    Ties& t = r.ties[at];
+    if (s.kind == OpKind::F && s.stage == last) t.feeds_last_forward = std::min(t.feeds_last_forward, s.microbatch);
+    if (s.kind == OpKind::B && s.stage == 0) t.feeds_first_backward = std::min(t.feeds_first_backward, s.microbatch);
     // Hand the values to the inputs and the program-order predecessor.
-    const auto hand = [&](int e, std::size_t j) {
-      r.feeds_last_forward[std::size_t(e)][j] = std::min(r.feeds_last_forward[std::size_t(e)][j], forward);
-      r.feeds_first_backward[std::size_t(e)][j] = std::min(r.feeds_first_backward[std::size_t(e)][j], backward);
+    const auto hand = [&](std::size_t to) {
+      Ties& u = r.ties[to];
+      u.feeds_last_forward = std::min(u.feeds_last_forward, t.feeds_last_forward);
+      u.feeds_first_backward = std::min(u.feeds_first_backward, t.feeds_first_backward);
     };
-    for (const ComputeStep& input : data_inputs(s, stages)) hand(at(input).first, at(input).second);
-    if (i > 0) hand(d, i - 1);
+    for (const ComputeStep& input : data_inputs(s, stages)) hand(where[key(input)]);
+    if (at > r.first[d]) hand(at - 1);
   }
   return r;
 }
 
-/// Per microbatch x: just past the last position whose value is <= x (a lower bound), or the first
-/// position whose value is >= x (an upper bound).
-std::vector<std::size_t> past_last_at_most(const std::vector<int>& values, int m) {
+/// Per microbatch x: just past the last op whose `value` is <= x (a lower bound), or the first
+/// whose `value` is >= x (an upper bound).
+std::vector<std::size_t> past_last_at_most(std::span<const Ties> ties, int Ties::*value, int m) {
   std::vector<std::size_t> bound(std::size_t(m), 0);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (values[i] < m) bound[std::size_t(values[i])] = std::max(bound[std::size_t(values[i])], i + 1);
+  for (std::size_t i = 0; i < ties.size(); ++i)
+    if (const int v = ties[i].*value; v < m) bound[std::size_t(v)] = std::max(bound[std::size_t(v)], i + 1);
   for (int x = 1; x < m; ++x) bound[std::size_t(x)] = std::max(bound[std::size_t(x)], bound[std::size_t(x - 1)]);
   return bound;
 }
-std::vector<std::size_t> first_at_least(const std::vector<int>& values, int m) {
-  std::vector<std::size_t> bound(std::size_t(m), values.size());
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (values[i] >= 0) bound[std::size_t(std::min(values[i], m - 1))] = std::min(bound[std::size_t(std::min(values[i], m - 1))], i);
+std::vector<std::size_t> first_at_least(std::span<const Ties> ties, int Ties::*value, int m) {
+  std::vector<std::size_t> bound(std::size_t(m), ties.size());
+  for (std::size_t i = 0; i < ties.size(); ++i)
+    if (const int v = ties[i].*value; v >= 0)
+      bound[std::size_t(std::min(v, m - 1))] = std::min(bound[std::size_t(std::min(v, m - 1))], i);
   for (int x = m - 2; x >= 0; --x) bound[std::size_t(x)] = std::min(bound[std::size_t(x)], bound[std::size_t(x + 1)]);
   return bound;
 }
@@ -214,10 +219,11 @@ Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const D
       // T) after every op the last stage's forward of x waits for, and before every op that waits for
       // the last stage's backward of x; IF before every op that waits for the first stage's forward
       // of x; IB after every op the first stage's backward of x waits for.
-      const auto s_low = past_last_at_most(reach_of_ops.feeds_last_forward[d], m);
-      const auto s_high = first_at_least(reach_of_ops.waits_last_backward[d], m);
-      const auto if_high = first_at_least(reach_of_ops.waits_first_forward[d], m);
-      const auto ib_low = past_last_at_most(reach_of_ops.feeds_first_backward[d], m);
+      const std::span<const Ties> ties = reach_of_ops.of(d);
+      const auto s_low = past_last_at_most(ties, &Ties::feeds_last_forward, m);
+      const auto s_high = first_at_least(ties, &Ties::waits_last_backward, m);
+      const auto if_high = first_at_least(ties, &Ties::waits_first_forward, m);
+      const auto ib_low = past_last_at_most(ties, &Ties::feeds_first_backward, m);
       const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
         return std::max(low, std::min(slot, high));
       };

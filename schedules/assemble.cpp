@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 
 #include "plan.h"
 #include "vocab_assembly.h"
@@ -25,16 +26,16 @@ struct Transfers {
   TaskGraphBuilder& builder;
   OpTable &forward, &backward, &weight;
   OpTable &activation_recv, &gradient_recv;
-  Bytes boundary_bytes;
+  WorkId boundary;  ///< a transfer's work: the boundary activation (or its gradient)
 
   int device_of(int stage) const { return layout.stages[std::size_t(stage)].device; }
   /// The SEND of stage's output (or input gradient) for mb and its RECV on the other device.
   Task transfer(OpKind kind, Payload payload, int stage, int mb) const {
     const int to = payload == Payload::Activation ? stage + 1 : stage - 1;
     const bool send = kind == OpKind::Send;
-    return {.kind = kind, .payload = payload, .device = device_of(send ? stage : to),
-            .stage = stage, .chunk = layout.stages[std::size_t(stage)].chunk, .microbatch = mb,
-            .peer = device_of(send ? to : stage), .bytes = double(boundary_bytes)};
+    return {.kind = kind, .payload = payload, .chunk = std::int8_t(layout.stages[std::size_t(stage)].chunk),
+            .device = device_of(send ? stage : to), .stage = stage, .microbatch = mb,
+            .peer = device_of(send ? to : stage), .work = boundary};
   }
   TaskId producer(Payload payload, int stage, int mb) const {
     return (payload == Payload::Activation ? forward : backward).at(stage, mb);
@@ -121,28 +122,29 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
                         VocabPasses::collective_ops(layout, microbatches),
                     2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
   }
+  // Each stage's F, B and W work, one record each.
+  std::vector<std::array<WorkId, 3>> stage_work(std::size_t(stages), {kNoWork, kNoWork, kNoWork});
+  for (int s = 0; s < stages; ++s) {
+    const StageWork& w = work[std::size_t(s)];
+    stage_work[std::size_t(s)] = {
+        builder.work({.flops = w.forward_flops, .bytes = w.forward_bytes, .alloc_bytes = w.activation_bytes}),
+        builder.work({.flops = w.backward_flops + (split_weight ? 0 : w.weight_flops),
+                      .bytes = w.backward_bytes + (split_weight ? 0 : w.weight_bytes),
+                      .free_bytes = w.activation_bytes - (split_weight ? w.weight_held_bytes : 0)}),
+        builder.work({.flops = w.weight_flops, .bytes = w.weight_bytes, .free_bytes = w.weight_held_bytes})};
+  }
   OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
   std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);
-  VocabPasses passes(layout.devices, microbatches);
+  VocabPasses passes(builder, layout, microbatches, vocab);
   for (int d = 0; d < layout.devices; ++d)
     for (const ComputeStep& s : orders[std::size_t(d)]) {
       if (s.stage < 0) {  // a vocabulary pass
-        last_compute[std::size_t(d)] = passes.add(builder, d, s, vocab);
+        last_compute[std::size_t(d)] = passes.add(builder, d, s);
         continue;
       }
-      const StageWork& w = work[std::size_t(s.stage)];
-      Task t{.kind = s.kind, .device = d, .stage = s.stage, .chunk = layout.stages[std::size_t(s.stage)].chunk,
-             .microbatch = s.microbatch};
-      switch (s.kind) {
-        case OpKind::F: t.flops = w.forward_flops, t.bytes = w.forward_bytes, t.alloc_bytes = w.activation_bytes; break;
-        case OpKind::B:
-          t.flops = w.backward_flops + (split_weight ? 0 : w.weight_flops);
-          t.bytes = w.backward_bytes + (split_weight ? 0 : w.weight_bytes);
-          t.free_bytes = w.activation_bytes - (split_weight ? w.weight_held_bytes : 0);
-          break;
-        case OpKind::W: t.flops = w.weight_flops, t.bytes = w.weight_bytes, t.free_bytes = w.weight_held_bytes; break;
-        default: break;
-      }
+      const std::size_t pass = s.kind == OpKind::F ? 0 : s.kind == OpKind::B ? 1 : 2;
+      const Task t{.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk), .device = d,
+                   .stage = s.stage, .microbatch = s.microbatch, .work = stage_work[std::size_t(s.stage)][pass]};
       const TaskId id = builder.add(t);
       last_compute[std::size_t(d)] = id;
       passes.record_compute(d, id);
@@ -152,7 +154,8 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     }
 
   OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
-  const Transfers transfers{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary_bytes};
+  const Transfers transfers{layout,         builder,       forward, backward, weight, activation_recv,
+                            gradient_recv, builder.work({.bytes = double(boundary_bytes)})};
   if (comms.empty()) derived_transfers(transfers, orders);
   else file_transfers(transfers, comms);
 
@@ -176,7 +179,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     }
 
   if (layout.vocab != VocabPlacement::OnStages)
-    passes.connect(builder, layout, vocab, [&](int stage, int mb) { return forward.at(stage, mb); },
+    passes.connect(builder, layout, [&](int stage, int mb) { return forward.at(stage, mb); },
                    [&](int stage, int mb) { return backward.at(stage, mb); });
 
   // End of iteration: gradient all-reduce over the DP replicas, then the optimizer step.
@@ -185,8 +188,8 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   for (int d = 0; d < layout.devices; ++d) {
     TaskId before = last_compute[std::size_t(d)];
     if (dp > 1) {
-      const TaskId reduce = builder.add({.kind = OpKind::DpAllReduce, .device = d,
-                                         .bytes = device_params[std::size_t(d)] * grad_bytes_per_param});
+      const WorkId gradients = builder.work({.bytes = device_params[std::size_t(d)] * grad_bytes_per_param});
+      const TaskId reduce = builder.add({.kind = OpKind::DpAllReduce, .device = d, .work = gradients});
       builder.add_group({.members = {reduce}, .ranks = dp, .data = CollectiveData::Gradients, .op = ReduceOp::Sum});
       if (before != kNoTask) builder.depend(reduce, before);
       before = reduce;

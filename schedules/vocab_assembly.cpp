@@ -4,21 +4,27 @@
 
 namespace pipesim {
 
-VocabPasses::VocabPasses(int devices, int microbatches)
-    : devices_(devices), microbatches_(microbatches), compute_(std::size_t(devices)) {
-  for (auto& table : passes_) table.assign(std::size_t(devices) * std::size_t(microbatches), kNoTask);
+VocabPasses::VocabPasses(TaskGraphBuilder& builder, const Layout& layout, int microbatches, const VocabWork& work)
+    : devices_(layout.devices), microbatches_(microbatches), compute_(std::size_t(layout.devices)) {
+  for (auto& table : passes_) table.assign(std::size_t(devices_) * std::size_t(microbatches), kNoTask);
+  if (layout.vocab == VocabPlacement::OnStages) return;
+  pass_work_[kS] = builder.work({.flops = work.s_flops, .bytes = work.s_bytes, .alloc_bytes = work.s_activation_bytes});
+  pass_work_[kT] = builder.work({.flops = work.t_flops, .bytes = work.t_bytes, .free_bytes = work.s_activation_bytes});
+  pass_work_[kIF] = builder.work({.bytes = work.input_forward_bytes});
+  pass_work_[kIB] = builder.work({.bytes = work.input_backward_bytes});
+  using namespace vocab_lane;
+  for (const auto& [lane, bytes] : {std::pair{kInputReduce, work.input_reduce_bytes},
+                                    {kOutputBroadcast, work.output_broadcast_bytes},
+                                    {kBarrier0, work.barrier0_bytes},
+                                    {kBarrier1, work.barrier1_bytes},
+                                    {kGradBroadcast, work.grad_broadcast_bytes}})
+    collective_work_[lane] = builder.work({.bytes = bytes});
 }
 
-TaskId VocabPasses::add(TaskGraphBuilder& builder, int device, const ComputeStep& step, const VocabWork& work) {
-  Task t{.kind = step.kind, .device = device, .microbatch = step.microbatch};
-  Pass p = kS;
-  switch (step.kind) {
-    case OpKind::S: t.flops = work.s_flops, t.bytes = work.s_bytes, t.alloc_bytes = work.s_activation_bytes; break;
-    case OpKind::T: p = kT, t.flops = work.t_flops, t.bytes = work.t_bytes, t.free_bytes = work.s_activation_bytes; break;
-    case OpKind::IF: p = kIF, t.bytes = work.input_forward_bytes; break;
-    default: p = kIB, t.bytes = work.input_backward_bytes; break;
-  }
-  const TaskId id = builder.add(t);
+TaskId VocabPasses::add(TaskGraphBuilder& builder, int device, const ComputeStep& step) {
+  const Pass p = step.kind == OpKind::S ? kS : step.kind == OpKind::T ? kT : step.kind == OpKind::IF ? kIF : kIB;
+  const TaskId id = builder.add({.kind = step.kind, .device = device, .microbatch = step.microbatch,
+                                 .work = pass_work_[p]});
   pass(p, device, step.microbatch) = id;
   record_compute(device, id);
   return id;
@@ -47,7 +53,7 @@ std::size_t VocabPasses::collective_dependencies(const Layout& layout, int micro
   return collective_ops(layout, microbatches) + std::size_t(microbatches) * (2 + 4 * std::size_t(layout.devices));
 }
 
-void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const VocabWork& work,
+void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
                           const std::function<TaskId(int stage, int mb)>& forward,
                           const std::function<TaskId(int stage, int mb)>& backward) {
   const int last = layout.stage_count() - 1;
@@ -56,13 +62,14 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const
   const bool synchronous = layout.vocab == VocabPlacement::Interlaced;
   /// One collective for microbatch x on the lane of its kind: a member per device, each depending
   /// on what that device must have finished (kNoTask: nothing).
-  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x, double bytes,
+  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x,
                                const std::function<TaskId(int)>& after) {
     const OpKind kind = op == ReduceOp::None ? OpKind::Broadcast : root >= 0 ? OpKind::Reduce : OpKind::AllReduce;
     std::vector<TaskId> members;
     for (int d = 0; d < devices_; ++d) {
       const TaskId member =
-          builder.add({.kind = kind, .lane = std::uint8_t(lane), .device = d, .microbatch = x, .bytes = bytes});
+          builder.add({.kind = kind, .lane = std::uint8_t(lane), .device = d, .microbatch = x,
+                       .work = collective_work_[lane]});
       if (const TaskId before = after(d); before != kNoTask) builder.depend(member, before);
       members.push_back(member);
     }
@@ -72,20 +79,16 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout, const
   using enum CollectiveData;
   for (int x = 0; x < microbatches_; ++x) {
     const auto input = collective(vocab_lane::kInputReduce, InputEmbedding, ReduceOp::Sum, first_device,
-                                  x, work.input_reduce_bytes, [&](int d) { return pass(kIF, d, x); });
+                                  x, [&](int d) { return pass(kIF, d, x); });
     builder.depend(forward(0, x), input[std::size_t(first_device)]);
     const auto output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device,
-                                   x, work.output_broadcast_bytes,
-                                   [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
-    const auto barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
-                                     work.barrier0_bytes, [&](int d) { return pass(kS, d, x); });
+                                   x, [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
+    const auto barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x, [&](int d) { return pass(kS, d, x); });
     std::vector<TaskId> barrier1;
     if (two_barriers)
-      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x, work.barrier1_bytes,
-                            [&](int d) { return pass(kT, d, x); });
+      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x, [&](int d) { return pass(kT, d, x); });
     const auto gradient = collective(vocab_lane::kGradBroadcast, InputGrad, ReduceOp::None, first_device,
-                                     x, work.grad_broadcast_bytes,
-                                     [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
+                                     x, [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
     builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0)[std::size_t(last_device)]);
     for (int d = 0; d < devices_; ++d) {
       builder.depend(pass(kS, d, x), output[std::size_t(d)]);

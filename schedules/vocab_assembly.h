@@ -25,9 +25,10 @@ constexpr int kDataParallel = 0, kInputReduce = 1, kOutputBroadcast = 2, kBarrie
 
 class VocabPasses {
  public:
-  VocabPasses(int devices, int microbatches);
+  /// Registers the passes' and the collectives' work with `builder` (when `layout` has passes).
+  VocabPasses(TaskGraphBuilder& builder, const Layout& layout, int microbatches, const VocabWork& work);
   /// Adds the task of one vocabulary pass (an S, T, IF or IB step); returns its id.
-  TaskId add(TaskGraphBuilder& builder, int device, const ComputeStep& step, const VocabWork& work);
+  TaskId add(TaskGraphBuilder& builder, int device, const ComputeStep& step);
   /// Notes a transformer compute task, so that the op after a pass can be found.
   void record_compute(int device, TaskId id);
   /// The ops connect() adds for `layout`: a member per device in each microbatch's collectives
@@ -35,8 +36,7 @@ class VocabPasses {
   static std::size_t collective_ops(const Layout& layout, int microbatches);
   static std::size_t collective_dependencies(const Layout& layout, int microbatches);
   /// Adds the collectives and all dependencies of the passes, once every compute task exists.
-  void connect(TaskGraphBuilder& builder, const Layout& layout, const VocabWork& work,
-               const std::function<TaskId(int stage, int mb)>& forward,
+  void connect(TaskGraphBuilder& builder, const Layout& layout, const std::function<TaskId(int stage, int mb)>& forward,
                const std::function<TaskId(int stage, int mb)>& backward);
 
  private:
@@ -46,6 +46,9 @@ class VocabPasses {
   TaskId next_compute(int device, TaskId id) const;
 
   int devices_, microbatches_;
+  WorkId pass_work_[kPasses] = {};
+  /// Per collective lane, what one member moves.
+  WorkId collective_work_[kCollectiveLanes] = {};
   std::vector<TaskId> passes_[kPasses];
   std::vector<std::vector<TaskId>> compute_;  ///< per device, every compute task in program order
 };

@@ -98,21 +98,21 @@ class AnalyticCostModel final : public CostModel {
   std::string_view source() const override { return "analytic"; }
 
  protected:
-  TimeNs p2p(const Task& task) const override {
+  TimeNs p2p(const Task& task, const TaskWork& work) const override {
     const bool same_node = global_rank(c_, task.device) / h_.gpus_per_node == global_rank(c_, task.peer) / h_.gpus_per_node;
-    return link(task.bytes, same_node);
+    return link(work.bytes, same_node);
   }
-  TimeNs collective(const Task& task, int ranks) const override {
+  TimeNs collective(const Task& task, const TaskWork& work, int ranks) const override {
     // Pipeline-group collectives span nodes when the pipeline does; DP groups stride by tp.
     const bool intra = task.kind == OpKind::DpAllReduce
                            ? c_.parallel.tp * c_.parallel.dp <= h_.gpus_per_node
                            : global_rank(c_, c_.parallel.pp - 1) < h_.gpus_per_node;
-    return ring(task.kind, task.bytes, ranks, intra);
+    return ring(task.kind, work.bytes, ranks, intra);
   }
-  TimeNs vocab_pass(const Task& task) const override {
+  TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
     // GEMM, then memory-bound softmax or gather kernels: their times add.
-    return add_ns(ns_from_s(task.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency) +
-                            task.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)),
+    return add_ns(ns_from_s(work.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency) +
+                            work.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)),
                   launch());
   }
   TimeNs optimizer(int device) const override {
@@ -177,13 +177,13 @@ class ExplicitCostModel final : public CostModel {
   std::string_view source() const override { return "explicit"; }
 
  protected:
-  TimeNs p2p(const Task&) const override { return ns_from_ms(costs_.p2p_ms); }
-  TimeNs collective(const Task& task, int) const override {
+  TimeNs p2p(const Task&, const TaskWork&) const override { return ns_from_ms(costs_.p2p_ms); }
+  TimeNs collective(const Task& task, const TaskWork&, int) const override {
     return ns_from_ms(task.kind == OpKind::DpAllReduce ? costs_.dp_allreduce_ms : costs_.allreduce_ms);
   }
   TimeNs optimizer(int) const override { return ns_from_ms(costs_.optimizer_ms); }
   /// Each device runs 1/p of the vocabulary layers.
-  TimeNs vocab_pass(const Task& task) const override {
+  TimeNs vocab_pass(const Task& task, const TaskWork&) const override {
     switch (task.kind) {
       case OpKind::S: return ns_from_ms(costs_.output_forward_ms / shards_);
       case OpKind::T: return ns_from_ms(costs_.output_backward_ms / shards_);
@@ -289,13 +289,14 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::S:
     case OpKind::T:
     case OpKind::IF:
-    case OpKind::IB: return vocab_pass(task);
+    case OpKind::IB: return vocab_pass(task, graph.work_of(task));
     case OpKind::Send:
-    case OpKind::Recv: return p2p(task);
+    case OpKind::Recv: return p2p(task, graph.work_of(task));
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce:
-    case OpKind::DpAllReduce: return collective(task, graph.groups()[static_cast<std::size_t>(task.group)].ranks);
+    case OpKind::DpAllReduce:
+      return collective(task, graph.work_of(task), graph.groups()[static_cast<std::size_t>(task.group)].ranks);
     case OpKind::Optimizer: return optimizer(task.device);
   }
   return 0;

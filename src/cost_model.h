@@ -63,14 +63,14 @@ class CostModel {
   TimeNs duration(const TaskGraph& graph, TaskId id, bool split_weight) const;
   const StageTimes& stage(int s) const { return stages_[static_cast<std::size_t>(s)]; }
   /// Duration of a SEND or RECV as it would appear in a graph.
-  TimeNs transfer(const Task& task) const { return p2p(task); }
+  TimeNs transfer(const Task& task, const TaskWork& work) const { return p2p(task, work); }
   virtual std::string_view source() const = 0;
 
  protected:
-  virtual TimeNs p2p(const Task& task) const = 0;
-  virtual TimeNs collective(const Task& task, int ranks) const = 0;
+  virtual TimeNs p2p(const Task& task, const TaskWork& work) const = 0;
+  virtual TimeNs collective(const Task& task, const TaskWork& work, int ranks) const = 0;
   virtual TimeNs optimizer(int device) const = 0;
-  virtual TimeNs vocab_pass(const Task& task) const = 0;  ///< S, T, IF, IB
+  virtual TimeNs vocab_pass(const Task& task, const TaskWork& work) const = 0;  ///< S, T, IF, IB
   std::vector<StageTimes> stages_;
 };
 

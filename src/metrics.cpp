@@ -122,9 +122,9 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
   releases.reserve(device_ops(graph, device));
   for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) {
     for (TaskId id : graph.stream(s)) {
-      const Task& t = graph.task(id);
-      if (t.alloc_bytes) changes.push_back({timeline.start[static_cast<std::size_t>(id)], t.alloc_bytes, id});
-      if (t.free_bytes) releases.push_back({timeline.end[static_cast<std::size_t>(id)], -t.free_bytes, id});
+      const TaskWork& w = graph.work(id);
+      if (w.alloc_bytes) changes.push_back({timeline.start[static_cast<std::size_t>(id)], w.alloc_bytes, id});
+      if (w.free_bytes) releases.push_back({timeline.end[static_cast<std::size_t>(id)], -w.free_bytes, id});
     }
     for (std::size_t run : {changes.size(), changes.size() + releases.size()})
       if (ends.empty() || ends.back() != run) ends.push_back(run);

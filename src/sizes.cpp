@@ -48,6 +48,7 @@ std::optional<FieldError> check_model(const ModelConfig& m) {
 
 std::optional<FieldError> check_parallel(const ParallelConfig& p, const HardwareConfig& h) {
   if (p.pp > limits::kPp) return too_large("parallel.pp", p.pp, limits::kPp);
+  if (p.chunks > limits::kChunks) return too_large("parallel.chunks", p.chunks, limits::kChunks);
   if (p.microbatches > limits::kMicrobatches)
     return too_large("parallel.microbatches", p.microbatches, limits::kMicrobatches);
   const std::optional<std::int64_t> gpus = times(times(p.pp, p.tp), p.dp);

@@ -13,6 +13,7 @@ namespace pipesim {
 
 namespace limits {
 constexpr int kPp = 1024;                    ///< streams grow with pp² (one channel per device pair)
+constexpr int kChunks = 127;                 ///< each op names its chunk in one byte (Task)
 constexpr int kLayers = 4096;                ///< the balanced split weighs stages × layers candidates
 constexpr int kHidden = 1 << 17;             ///< 131072; the largest published models use under 30k
 constexpr int kFfnHidden = 1 << 19;          ///< 4 × kHidden

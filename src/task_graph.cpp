@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 
 namespace pipesim {
 
@@ -119,7 +120,7 @@ std::string TaskGraph::describe(TaskId id) const {
 
 std::size_t TaskGraph::memory_bytes() const {
   const auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
-  std::size_t total = bytes(tasks_) + bytes(dep_offsets_) + bytes(dep_ids_) + bytes(succ_offsets_) + bytes(succ_ids_) +
+  std::size_t total = bytes(tasks_) + bytes(works_) + bytes(dep_offsets_) + bytes(dep_ids_) + bytes(succ_offsets_) + bytes(succ_ids_) +
                       bytes(stream_offsets_) + bytes(stream_ids_) + bytes(groups_);
   for (const CollectiveGroup& g : groups_) total += bytes(g.members);
   return total;
@@ -130,6 +131,20 @@ TaskGraphBuilder::TaskGraphBuilder(int devices) : devices_(devices) {}
 void TaskGraphBuilder::reserve(std::size_t tasks, std::size_t edges) {
   tasks_.reserve(tasks);
   edges_.reserve(edges);
+}
+
+std::size_t TaskGraphBuilder::WorkHash::operator()(const TaskWork& w) const {
+  std::size_t h = 0;
+  for (std::uint64_t bits : {std::bit_cast<std::uint64_t>(w.flops), std::bit_cast<std::uint64_t>(w.bytes),
+                             std::uint64_t(w.alloc_bytes), std::uint64_t(w.free_bytes)})
+    h = (h ^ bits) * 0x9E3779B97F4A7C15ull;
+  return h;
+}
+
+WorkId TaskGraphBuilder::work(const TaskWork& work) {
+  const auto [known, added] = work_ids_.try_emplace(work, WorkId(works_.size()));
+  if (added) works_.push_back(work);
+  return known->second;
 }
 
 TaskId TaskGraphBuilder::add(const Task& task) {
@@ -191,6 +206,7 @@ TaskGraph TaskGraphBuilder::build() && {
       graph.stream_offsets_, graph.stream_ids_);
 
   graph.groups_ = std::move(groups_);
+  graph.works_ = std::move(works_);
   return graph;
 }
 

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,24 +51,35 @@ enum class Payload : std::uint8_t { None, Activation, Gradient };
 using TaskId = std::int32_t;
 constexpr TaskId kNoTask = -1;
 
-/// 64 bytes, one cache line: a graph holds hundreds of thousands, and every phase walks them.
+/// What an op computes, moves and holds. Ops with the same figures (a stage's forwards, every
+/// transfer across one boundary, ...) share one record, so that a graph carries a few hundred of
+/// them however many ops it has.
+struct TaskWork {
+  double flops = 0;       ///< compute ops: floating-point operations
+  double bytes = 0;       ///< compute ops: HBM traffic; comm ops: payload size
+  Bytes alloc_bytes = 0;  ///< activation memory taken when the op starts
+  Bytes free_bytes = 0;   ///< activation memory returned when the op ends
+  bool operator==(const TaskWork&) const = default;
+};
+/// Index into TaskGraph's work records; 0 is the record of an op that does no work.
+using WorkId = std::uint32_t;
+constexpr WorkId kNoWork = 0;
+
+/// 32 bytes, half a cache line: a graph holds up to millions, and every phase walks them.
 struct Task {
   OpKind kind = OpKind::F;
   Payload payload = Payload::None;
   std::uint8_t lane = 0;         ///< collectives: which collective stream, 0 .. kCollectiveLanes - 1
+  std::int8_t chunk = -1;        ///< model chunk on the device (limits::kChunks); -1 for per-device ops
   std::int32_t device = 0;
   std::int32_t stage = -1;       ///< virtual stage; -1 for per-device ops
-  std::int32_t chunk = -1;       ///< model chunk on the device; -1 for per-device ops
   std::int32_t microbatch = -1;  ///< -1 for per-iteration ops
   std::int32_t peer = -1;        ///< SEND/RECV: the device at the other end
   TaskId partner = kNoTask;      ///< SEND/RECV: the matched op on the peer
   std::int32_t group = -1;       ///< collectives: index into TaskGraph::groups()
-  double flops = 0;              ///< compute ops: floating-point operations
-  double bytes = 0;              ///< compute ops: HBM traffic; comm ops: payload size
-  Bytes alloc_bytes = 0;         ///< activation memory taken when the op starts
-  Bytes free_bytes = 0;          ///< activation memory returned when the op ends
+  WorkId work = kNoWork;         ///< TaskGraph::work_of; from TaskGraphBuilder::work
 };
-static_assert(sizeof(Task) == 64);
+static_assert(sizeof(Task) == 32);
 
 /// What a collective combines. Every executor reads a collective's meaning from here (the runtime
 /// picks its buffers by it), never from the lane it runs on.
@@ -104,6 +116,8 @@ class TaskGraph {
   std::size_t size() const { return tasks_.size(); }
   const Task& task(TaskId id) const { return tasks_[static_cast<std::size_t>(id)]; }
   std::span<const Task> tasks() const { return tasks_; }
+  const TaskWork& work_of(const Task& task) const { return works_[task.work]; }
+  const TaskWork& work(TaskId id) const { return work_of(task(id)); }
   /// The ops `id` waits for (besides its stream predecessor and its rendezvous partners).
   std::span<const TaskId> deps(TaskId id) const { return csr(dep_offsets_, dep_ids_, id); }
   /// The ops that wait for `id`: deps() inverted, kept so executors need not rebuild it.
@@ -143,6 +157,7 @@ class TaskGraph {
   }
   int devices_ = 0;
   std::vector<Task> tasks_;
+  std::vector<TaskWork> works_;
   std::vector<std::int64_t> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
   std::vector<TaskId> dep_ids_;
   std::vector<std::int64_t> succ_offsets_;  ///< CSR of successors, same layout
@@ -158,6 +173,8 @@ class TaskGraphBuilder {
   explicit TaskGraphBuilder(int devices);
   /// Room for this many ops and edges: a builder that knows its size grows without copying.
   void reserve(std::size_t tasks, std::size_t edges);
+  /// The id of the work record with these figures, added if new: give it to every Task doing them.
+  WorkId work(const TaskWork& work);
   TaskId add(const Task& task);
   /// `task` may start only after `on` has finished.
   void depend(TaskId task, TaskId on);
@@ -171,6 +188,11 @@ class TaskGraphBuilder {
  private:
   int devices_;
   std::vector<Task> tasks_;
+  struct WorkHash {
+    std::size_t operator()(const TaskWork& work) const;
+  };
+  std::vector<TaskWork> works_{TaskWork{}};
+  std::unordered_map<TaskWork, WorkId, WorkHash> work_ids_{{TaskWork{}, kNoWork}};
   std::vector<std::pair<TaskId, TaskId>> edges_;  ///< (task, on)
   std::vector<CollectiveGroup> groups_;
 };

@@ -492,8 +492,8 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
       {"simulate " + d + "/dup.json", d + "/dup.json: key \"layers\" appears twice in one object; keep one\n"},
       {"simulate " + d + "/huge.json", d + "/huge.json: invalid JSON: number overflow parsing '1e999'\n"},
       {"simulate " + tiny + " --schedule interleaved-1f1b --set parallel.chunks=1073741824",
-       tiny + ": model.layers: 8 layers cannot fill 4294967296 virtual stages (pp 4 x chunks 1073741824); use at "
-              "least 4294967296 layers or fewer stages\n"},
+       tiny + ": parallel.chunks (from --set): must be at most 127, got 1073741824 (pipesim's limit; docs/config.md "
+              "says why)\n"},
       {"simulate " + tiny + " --set parallel.microbatches=1e9",
        tiny + ": parallel.microbatches (from --set): must be at most 1048576, got 1000000000 (pipesim's limit; "
               "docs/config.md says why)\n"},

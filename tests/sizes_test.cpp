@@ -44,11 +44,14 @@ TEST_CASE("sizes past a limit, or whose products overflow, are refused with the 
   const double kScoresBytes = 8 * (16 * s * h * (34 + 5 * a * s / h) + s * (4 * V + 8 * h));
   using Case = std::pair<std::vector<std::string>, std::string>;
   const Case c = GENERATE_COPY(values<Case>({
-      // pp × chunks wraps a 32-bit int to 0 (it was a division by zero).
+      // pp × chunks once wrapped a 32-bit int to 0 (a division by zero); the chunk cap now comes first.
       {{"parallel.chunks=1073741824"},
-       "c.json: model.layers: 16 layers cannot fill 4294967296 virtual stages (pp 4 x chunks 1073741824); use at "
-       "least 4294967296 layers or fewer stages"},
+       "c.json: parallel.chunks (from --set): must be at most 127, got 1073741824" + limit},
+      {{"parallel.chunks=100"},
+       "c.json: model.layers: 16 layers cannot fill 400 virtual stages (pp 4 x chunks 100); use at least 400 layers "
+       "or fewer stages"},
       {{"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000" + limit},
+      {{"parallel.chunks=128"}, "c.json: parallel.chunks (from --set): must be at most 127, got 128" + limit},
       {{"model.layers=2147483647"}, "c.json: model.layers (from --set): must be at most 4096, got 2147483647" + limit},
       {{"model.hidden=2147483647"}, "c.json: model.hidden (from --set): must be at most 131072, got 2147483647" + limit},
       {{"model.vocab=2147483647"}, "c.json: model.vocab (from --set): must be at most 16777216, got 2147483647" + limit},

@@ -24,11 +24,11 @@ struct HandGraph {
 
   HandGraph(int m, const std::vector<std::pair<OpKind, int>>& d1_order, const std::vector<int>& recv_order) {
     f0 = b0 = f1 = b1 = act_send = act_recv = grad_send = grad_recv = std::vector<TaskId>(std::size_t(m));
-    for (int i = 0; i < m; ++i) f0[std::size_t(i)] = builder.add({.kind = OpKind::F, .device = 0, .stage = 0, .chunk = 0, .microbatch = i});
-    for (int i = 0; i < m; ++i) b0[std::size_t(i)] = builder.add({.kind = OpKind::B, .device = 0, .stage = 0, .chunk = 0, .microbatch = i});
+    for (int i = 0; i < m; ++i) f0[std::size_t(i)] = builder.add({.kind = OpKind::F, .chunk = 0, .device = 0, .stage = 0, .microbatch = i});
+    for (int i = 0; i < m; ++i) b0[std::size_t(i)] = builder.add({.kind = OpKind::B, .chunk = 0, .device = 0, .stage = 0, .microbatch = i});
     for (auto [kind, i] : d1_order)
       (kind == OpKind::F ? f1 : b1)[std::size_t(i)] =
-          builder.add({.kind = kind, .device = 1, .stage = 1, .chunk = 0, .microbatch = i});
+          builder.add({.kind = kind, .chunk = 0, .device = 1, .stage = 1, .microbatch = i});
     for (int i = 0; i < m; ++i)
       act_send[std::size_t(i)] = builder.add({.kind = OpKind::Send, .payload = Payload::Activation, .device = 0,
                                               .stage = 0, .microbatch = i, .peer = 1});
@@ -127,7 +127,7 @@ TEST_CASE("missing, duplicated, misplaced and reordered ops are refused") {
   }
   SECTION("an op on the wrong device") {
     HandGraph g(1, {{OpKind::F, 0}, {OpKind::B, 0}}, {0});
-    g.builder.add({.kind = OpKind::W, .device = 0, .stage = 1, .chunk = 0, .microbatch = 0});
+    g.builder.add({.kind = OpKind::W, .chunk = 0, .device = 0, .stage = 1, .microbatch = 0});
     CHECK(validation_error(g.build(), 1) == "W(d0,s1,m0) runs on device 0 but stage 1 lives on device 1");
   }
 }
@@ -135,8 +135,8 @@ TEST_CASE("missing, duplicated, misplaced and reordered ops are refused") {
 TEST_CASE("a collective starts when its last member arrives and ends together on every member") {
   // Device 0 computes 3 ms, device 1 computes 1 ms, then both all-reduce (2 ms each).
   TaskGraphBuilder builder(2);
-  const TaskId f0 = builder.add({.kind = OpKind::F, .device = 0, .stage = 0, .chunk = 0, .microbatch = 0});
-  const TaskId f1 = builder.add({.kind = OpKind::F, .device = 1, .stage = 1, .chunk = 0, .microbatch = 0});
+  const TaskId f0 = builder.add({.kind = OpKind::F, .chunk = 0, .device = 0, .stage = 0, .microbatch = 0});
+  const TaskId f1 = builder.add({.kind = OpKind::F, .chunk = 0, .device = 1, .stage = 1, .microbatch = 0});
   const TaskId r0 = builder.add({.kind = OpKind::AllReduce, .device = 0});
   const TaskId r1 = builder.add({.kind = OpKind::AllReduce, .device = 1});
   builder.add_group({.members = {r0, r1}, .ranks = 2, .data = CollectiveData::OutputGrad, .op = ReduceOp::Sum, .root = -1});

@@ -173,7 +173,7 @@ namespace {
 /// the only array besides the result (no cursor copy: at hundreds of thousands of ops, every array
 /// is megabytes the kernel must zero).
 template <class KeyOf, class ValueOf>
-void build_csr(std::size_t keys, std::size_t count, KeyOf key_of, ValueOf value_of, std::vector<std::int64_t>& offsets,
+void build_csr(std::size_t keys, std::size_t count, KeyOf key_of, ValueOf value_of, std::vector<EdgeIndex>& offsets,
                std::vector<TaskId>& ids) {
   offsets.assign(keys + 1, 0);
   for (std::size_t i = 0; i < count; ++i) ++offsets[key_of(i)];

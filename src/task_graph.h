@@ -50,6 +50,9 @@ enum class Payload : std::uint8_t { None, Activation, Gradient };
 
 using TaskId = std::int32_t;
 constexpr TaskId kNoTask = -1;
+/// A position in one of the graph's edge (or stream) lists. 32 bits: a graph has at most
+/// limits::kTasks = 2^28 ops, none with 16 dependencies, so its lists hold under 2^32 entries.
+using EdgeIndex = std::uint32_t;
 
 /// What an op computes, moves and holds. Ops with the same figures (a stage's forwards, every
 /// transfer across one boundary, ...) share one record, so that a graph carries a few hundred of
@@ -150,7 +153,7 @@ class TaskGraph {
  private:
   friend class TaskGraphBuilder;
   std::size_t streams_per_device() const { return 1 + kCollectiveLanes + 2 * std::size_t(devices_); }
-  static std::span<const TaskId> csr(const std::vector<std::int64_t>& offsets, const std::vector<TaskId>& ids,
+  static std::span<const TaskId> csr(const std::vector<EdgeIndex>& offsets, const std::vector<TaskId>& ids,
                                      TaskId id) {
     const auto i = static_cast<std::size_t>(id);
     return {ids.data() + offsets[i], ids.data() + offsets[i + 1]};
@@ -158,11 +161,11 @@ class TaskGraph {
   int devices_ = 0;
   std::vector<Task> tasks_;
   std::vector<TaskWork> works_;
-  std::vector<std::int64_t> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
+  std::vector<EdgeIndex> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
   std::vector<TaskId> dep_ids_;
-  std::vector<std::int64_t> succ_offsets_;  ///< CSR of successors, same layout
+  std::vector<EdgeIndex> succ_offsets_;  ///< CSR of successors, same layout
   std::vector<TaskId> succ_ids_;
-  std::vector<std::int64_t> stream_offsets_{0};  ///< CSR over streams (see first_stream)
+  std::vector<EdgeIndex> stream_offsets_{0};  ///< CSR over streams (see first_stream)
   std::vector<TaskId> stream_ids_;
   std::vector<CollectiveGroup> groups_;
 };

@@ -36,16 +36,17 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   if (!plan.ok()) return plan.error();
   SimulatedRun run{std::move(plan).value(), {}, {}};
   const Plan& p = run.plan;
+  Config timed = p.config;
+  if (timing) timed.costs = timing;
+  const std::unique_ptr<CostModel> costs = make_cost_model(timed, p.layout);
+  const std::vector<TimeNs> durations = op_durations(*costs, p.graph);  // itself in two halves
   // The structure checks only read the graph, and the simulator copes with any graph assemble
   // builds: on a large graph they run on a second thread during the simulation, which a failure
   // discards. Orderability is the simulation's own outcome (Validation).
   std::future<Status> structure = beside(p.graph.size() >= kOpsWorthAThread, [&p] {
     return validate_structure(p.graph, p.layout, p.config.parallel.microbatches);
   });
-  Config timed = p.config;
-  if (timing) timed.costs = timing;
-  const std::unique_ptr<CostModel> costs = make_cost_model(timed, p.layout);
-  Result<Timeline> timeline = simulate(p.graph, op_durations(*costs, p.graph));
+  Result<Timeline> timeline = simulate(p.graph, durations);
   const auto invalid = [&](const Error& why) {
     return Error{fmt::format("{}: {}", config.source, invalid_graph(p.config, why).message)};
   };

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "cost_model.h"
+#include "pipeline.h"
 #include "plan.h"
 #include "simulator.h"
 #include "validate.h"
@@ -82,6 +83,7 @@ bool measure(const Case& c, int repeats) {
 }  // namespace
 
 ExitStatus run_bench(const BenchOptions& options) {
+  share_one_heap();
   // Every schedule at four sizes, doubling m: equal ns per op down a schedule's rows means cost
   // linear in the number of ops.
   const int p = options.quick ? 8 : 64, largest = options.quick ? 128 : 1024;

@@ -20,6 +20,7 @@
 namespace pipesim {
 
 ExitStatus run_simulate(const SimulateOptions& o) {
+  share_one_heap();
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
   std::optional<ExplicitCosts> timing;  // the profile's costs, when the plan keeps the config's
@@ -57,6 +58,7 @@ ExitStatus run_simulate(const SimulateOptions& o) {
 }
 
 ExitStatus run_compare(const CompareOptions& o) {
+  share_one_heap();
   if (Status s = check_names("--schedules", o.schedules, schedule_names()); !s.ok()) return fail(s.error().message);
   if (Status s = check_names("--vocab", o.vocab, vocab_mode_names()); !s.ok()) return fail(s.error().message);
   const bool every_schedule = o.schedules.empty();
@@ -92,6 +94,7 @@ ExitStatus run_compare(const CompareOptions& o) {
 }
 
 ExitStatus run_export(const ExportOptions& o) {
+  share_one_heap();
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
   Result<Plan> plan = plan_within_memory(config.value());

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "cost_model.h"
 #include "metrics.h"
@@ -16,6 +19,12 @@ namespace {
 constexpr std::int64_t kSlowPlanTasks = 20'000'000;
 
 }  // namespace
+
+void share_one_heap() {
+#if defined(__GLIBC__)
+  mallopt(M_ARENA_MAX, 1);
+#endif
+}
 
 Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom, Validation validation) {
   const Bytes memory = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));

@@ -10,6 +10,15 @@
 
 namespace pipesim {
 
+/// For commands that make one plan at a time (simulate, compare, export, bench): its helper threads
+/// (src/two_threads.h) allocate from the main thread's heap, so that what one phase frees the next
+/// reuses, whichever thread ran it (glibc would give each thread an arena of its own, whose freed
+/// pages no other thread's allocations take: up to a fifth more memory touched on a V schedule).
+/// Call before any thread starts; glibc fixes its arena count at the first thread's first
+/// allocation. Commands running plans on a worker pool (tune, sweep) or ranks as threads (run) keep
+/// an arena per thread.
+void share_one_heap();
+
 struct SimulatedRun {
   Plan plan;
   Timeline timeline;

@@ -146,8 +146,9 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
                           0, vocab_delay(vocab->placement, plan.layout.devices)};
   const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
   for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
-  context.transfer_ns = costs->transfer({.kind = OpKind::Send, .device = 0, .peer = std::min(1, plan.layout.devices - 1)},
-                                        {.bytes = double(boundary_bytes)});
+  const int next_device = std::min(1, plan.layout.devices - 1);
+  context.transfer_ns =
+      costs->transfer({.kind = OpKind::Send, .device = 0, .peer = next_device}, {.bytes = double(boundary_bytes)});
   if (Status s = check_times(context); !s.ok()) return s.error();
   Result<DeviceOrders> generated = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
   if (!generated.ok()) return generated.error();

@@ -109,7 +109,8 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
   // Where F, B and W of (stage, x) sit in `ties`.
   std::vector<std::uint32_t> where(std::size_t(3 * stages * m), 0);
   const auto key = [&](const ComputeStep& s) {
-    return std::size_t((s.kind == OpKind::F ? 0 : s.kind == OpKind::B ? 1 : 2) * stages * m + s.stage * m + s.microbatch);
+    const int pass = s.kind == OpKind::F ? 0 : s.kind == OpKind::B ? 1 : 2;
+    return std::size_t((pass * stages + s.stage) * m + s.microbatch);
   };
   for (std::size_t d = 0; d < orders.size(); ++d)
     for (std::size_t i = 0; i < orders[d].size(); ++i) where[key(orders[d][i])] = std::uint32_t(r.first[d] + i);
@@ -130,14 +131,17 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
         if (std::any_of(in.begin(), in.end(), [&](const ComputeStep& input) { return !done[where[key(input)]]; }))
           break;
         Ties& t = r.ties[at];
-        if (at > r.first[d]) t.waits_last_backward = r.ties[at - 1].waits_last_backward,
-                             t.waits_first_forward = r.ties[at - 1].waits_first_forward;
+        if (at > r.first[d]) {  // what the program-order predecessor waits for
+          t.waits_last_backward = r.ties[at - 1].waits_last_backward;
+          t.waits_first_forward = r.ties[at - 1].waits_first_forward;
+        }
         for (const ComputeStep& input : in) {
           const Ties& u = r.ties[where[key(input)]];
           t.waits_last_backward = std::max(t.waits_last_backward, u.waits_last_backward);
           t.waits_first_forward = std::max(t.waits_first_forward, u.waits_first_forward);
         }
-        if (s.kind == OpKind::B && s.stage == last) t.waits_last_backward = std::max(t.waits_last_backward, s.microbatch);
+        if (s.kind == OpKind::B && s.stage == last)
+          t.waits_last_backward = std::max(t.waits_last_backward, s.microbatch);
         if (s.kind == OpKind::F && s.stage == 0) t.waits_first_forward = std::max(t.waits_first_forward, s.microbatch);
         done[at] = 1;
         topo.emplace_back(std::uint32_t(d), std::uint32_t(at));

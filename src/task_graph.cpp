@@ -120,8 +120,8 @@ std::string TaskGraph::describe(TaskId id) const {
 
 std::size_t TaskGraph::memory_bytes() const {
   const auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
-  std::size_t total = bytes(tasks_) + bytes(works_) + bytes(dep_offsets_) + bytes(dep_ids_) + bytes(succ_offsets_) + bytes(succ_ids_) +
-                      bytes(stream_offsets_) + bytes(stream_ids_) + bytes(groups_);
+  std::size_t total = bytes(tasks_) + bytes(works_) + bytes(dep_offsets_) + bytes(dep_ids_) + bytes(succ_offsets_) +
+                      bytes(succ_ids_) + bytes(stream_offsets_) + bytes(stream_ids_) + bytes(groups_);
   for (const CollectiveGroup& g : groups_) total += bytes(g.members);
   return total;
 }

@@ -1,5 +1,6 @@
 // Validation and the simulator's deadlock detection on hand-built graphs: two devices, one stage
-// each, so every expected message can be read off the construction.
+// each, so every expected message can be read off the construction. Also the graph's shared work
+// records.
 #include "helpers.h"
 #include "validate.h"
 
@@ -153,4 +154,29 @@ TEST_CASE("a collective starts when its last member arrives and ends together on
     CHECK(run.value().start[std::size_t(r)] == 3 * kNsPerMs);
     CHECK(run.value().end[std::size_t(r)] == 5 * kNsPerMs);
   }
+}
+
+TEST_CASE("ops with the same figures share one work record, and every op reads its own figures") {
+  TaskGraphBuilder builder(2);
+  const WorkId forward = builder.work({.flops = 6e9, .bytes = 1e6, .alloc_bytes = 4096});
+  const WorkId backward = builder.work({.flops = 12e9, .bytes = 2e6, .free_bytes = 4096});
+  CHECK(builder.work({.flops = 6e9, .bytes = 1e6, .alloc_bytes = 4096}) == forward);
+  CHECK(forward != backward);
+  CHECK(builder.work({}) == kNoWork);
+  std::vector<TaskId> forwards;
+  for (int mb = 0; mb < 3; ++mb)
+    forwards.push_back(builder.add({.kind = OpKind::F, .chunk = 0, .device = 0, .stage = 0, .microbatch = mb,
+                                    .work = forward}));
+  const TaskId b = builder.add({.kind = OpKind::B, .chunk = 0, .device = 0, .stage = 0, .microbatch = 0,
+                                .work = backward});
+  const TaskId step = builder.add({.kind = OpKind::Optimizer, .device = 0});
+  const TaskGraph graph = std::move(builder).build();
+  for (TaskId f : forwards) {
+    CHECK(graph.work(f).flops == 6e9);
+    CHECK(graph.work(f).alloc_bytes == 4096);
+    CHECK(graph.work(f).free_bytes == 0);
+  }
+  CHECK(graph.work(b).bytes == 2e6);
+  CHECK(graph.work(b).free_bytes == 4096);
+  CHECK(graph.work(step) == TaskWork{});
 }

@@ -1,8 +1,13 @@
 // Vocabulary Parallelism (DESIGN.md §5): every mode runs on 1F1B and V-Half over ranges of p and m;
 // with an output layer costing k transformer layers, baseline grows with k and the vocabulary-
 // parallel modes stay within a derived bound; barriers overlap compute except when interlaced;
-// the extra in-flight activations come out of the simulated schedule.
+// the extra in-flight activations come out of the simulated schedule; the last stage's backwards
+// are delayed as the one-microbatch-at-a-time definition does.
+#include <algorithm>
+#include <random>
+
 #include "helpers.h"
+#include "vocab_passes.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
@@ -119,4 +124,55 @@ TEST_CASE("a vocabulary that does not split evenly is padded, and the padding is
   CHECK(plan.layout.padded_vocab == 1002);
   c.schedule.vocab = "baseline";
   CHECK(plan_or_fail(c).layout.padded_vocab == 1000);
+}
+
+TEST_CASE("delaying the last stage's backwards in one pass moves what moving one microbatch at a time does") {
+  // The definition, one microbatch at a time on the order as the earlier moves left it: B(last, x)
+  // (with W(last, x) if it comes before the anchor) goes right behind F(last, min(x + delay, m - 1))
+  // when it is ahead of it.
+  const auto one_at_a_time = [](std::vector<ComputeStep> order, int last, int delay, int m) {
+    const auto find = [&](OpKind kind, int x) {
+      return std::find_if(order.begin(), order.end(), [&](const ComputeStep& s) {
+        return s.kind == kind && s.stage == last && s.microbatch == x;
+      });
+    };
+    for (int x = 0; x < m; ++x) {
+      const auto backward = find(OpKind::B, x), anchor = find(OpKind::F, std::min(x + delay, m - 1));
+      if (backward == order.end() || anchor == order.end() || backward > anchor) continue;
+      const auto weight = find(OpKind::W, x);
+      const bool with_weight = weight != order.end() && weight < anchor;
+      std::vector<ComputeStep> moved{*backward}, rest;
+      if (with_weight) moved.push_back(*weight);
+      for (auto it = order.begin(); it != order.end(); ++it) {
+        if (it == backward || (with_weight && it == weight)) continue;
+        rest.push_back(*it);
+        if (it == anchor) rest.insert(rest.end(), moved.begin(), moved.end());
+      }
+      order = std::move(rest);
+    }
+    return order;
+  };
+  const auto same = [](const std::vector<ComputeStep>& a, const std::vector<ComputeStep>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const ComputeStep& x, const ComputeStep& y) {
+      return x.kind == y.kind && x.stage == y.stage && x.microbatch == y.microbatch;
+    });
+  };
+  // Two devices, stages 0 and 1 (the last) on device 1: random orders of its ops, some without W.
+  Layout layout;
+  layout.devices = 2;
+  layout.stages = {{.device = 0}, {.device = 1}};
+  std::mt19937 random(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int m = 1 + int(random() % 12), delay = 1 + int(random() % 5);
+    const bool weights = random() % 2;
+    std::vector<ComputeStep> order;
+    for (int x = 0; x < m; ++x)
+      for (OpKind kind : {OpKind::F, OpKind::B, OpKind::W})
+        if (kind != OpKind::W || weights) order.push_back({kind, 1, x});
+    order.push_back({OpKind::F, 0, 0});  // an op of another stage moves with nothing
+    std::shuffle(order.begin(), order.end(), random);
+    CAPTURE(trial, m, delay);
+    const DeviceOrders delayed = delay_last_backward(layout, {{}, order}, delay, m);
+    CHECK(same(delayed[1], one_at_a_time(order, 1, delay, m)));
+  }
 }

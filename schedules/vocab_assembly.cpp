@@ -5,7 +5,10 @@
 namespace pipesim {
 
 VocabPasses::VocabPasses(TaskGraphBuilder& builder, const Layout& layout, int microbatches, const VocabWork& work)
-    : devices_(layout.devices), microbatches_(microbatches), compute_(std::size_t(layout.devices)) {
+    : devices_(layout.devices),
+      microbatches_(microbatches),
+      synchronous_(layout.vocab == VocabPlacement::Interlaced),
+      compute_(std::size_t(layout.devices)) {
   for (auto& table : passes_) table.assign(std::size_t(devices_) * std::size_t(microbatches), kNoTask);
   if (layout.vocab == VocabPlacement::OnStages) return;
   pass_work_[kS] = builder.work({.flops = work.s_flops, .bytes = work.s_bytes, .alloc_bytes = work.s_activation_bytes});
@@ -30,7 +33,9 @@ TaskId VocabPasses::add(TaskGraphBuilder& builder, int device, const ComputeStep
   return id;
 }
 
-void VocabPasses::record_compute(int device, TaskId id) { compute_[std::size_t(device)].push_back(id); }
+void VocabPasses::record_compute(int device, TaskId id) {
+  if (synchronous_) compute_[std::size_t(device)].push_back(id);
+}
 
 TaskId VocabPasses::next_compute(int device, TaskId id) const {
   // A device's tasks are added in its program order, so its ids rise.
@@ -59,7 +64,6 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
   const int last = layout.stage_count() - 1;
   const int first_device = layout.stages.front().device, last_device = layout.stages.back().device;
   const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
-  const bool synchronous = layout.vocab == VocabPlacement::Interlaced;
   /// One collective for microbatch x on the lane of its kind: a member per device, each depending
   /// on what that device must have finished (kNoTask: nothing).
   const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x,
@@ -94,7 +98,7 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
       builder.depend(pass(kS, d, x), output[std::size_t(d)]);
       builder.depend(pass(kT, d, x), barrier0[std::size_t(d)]);
       builder.depend(pass(kIB, d, x), gradient[std::size_t(d)]);
-      if (!synchronous) continue;
+      if (!synchronous_) continue;
       // Tensor-parallel style: after the output layer's T the device waits for its all-reduce before
       // it computes on (T itself already waits for C0, right after S).
       if (const TaskId next = next_compute(d, pass(kT, d, x)); next != kNoTask) builder.depend(next, barrier1[std::size_t(d)]);

@@ -29,7 +29,8 @@ class VocabPasses {
   VocabPasses(TaskGraphBuilder& builder, const Layout& layout, int microbatches, const VocabWork& work);
   /// Adds the task of one vocabulary pass (an S, T, IF or IB step); returns its id.
   TaskId add(TaskGraphBuilder& builder, int device, const ComputeStep& step);
-  /// Notes a transformer compute task, so that the op after a pass can be found.
+  /// Notes a transformer compute task, so that the op after a pass can be found (interlaced only:
+  /// the op after T waits for its all-reduce there).
   void record_compute(int device, TaskId id);
   /// The ops connect() adds for `layout`: a member per device in each microbatch's collectives
   /// (none with the vocabulary on the stages), and at most the dependencies it adds.
@@ -46,6 +47,7 @@ class VocabPasses {
   TaskId next_compute(int device, TaskId id) const;
 
   int devices_, microbatches_;
+  bool synchronous_;  ///< interlaced: the device waits for each all-reduce before computing on
   WorkId pass_work_[kPasses] = {};
   /// Per collective lane, what one member moves.
   WorkId collective_work_[kCollectiveLanes] = {};

@@ -40,6 +40,8 @@ class Greedy {
     memory_.assign(std::size_t(devices), 0);
     weights_.resize(std::size_t(devices));
     orders_.resize(std::size_t(devices));
+    for (int d = 0; d < devices; ++d)  // F, B and W of each of its stages, every microbatch
+      orders_[std::size_t(d)].reserve(3 * stages_of_[std::size_t(d)].size() * std::size_t(m_));
   }
 
   /// At each time something may start, passes over the devices in index order, each device

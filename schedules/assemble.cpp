@@ -123,7 +123,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
                     2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
   }
   // Each stage's F, B and W work, one record each.
-  std::vector<std::array<WorkId, 3>> stage_work(std::size_t(stages), {kNoWork, kNoWork, kNoWork});
+  std::vector<std::array<WorkId, 3>> stage_work(static_cast<std::size_t>(stages));
   for (int s = 0; s < stages; ++s) {
     const StageWork& w = work[std::size_t(s)];
     stage_work[std::size_t(s)] = {
@@ -154,8 +154,8 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     }
 
   OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
-  const Transfers transfers{layout,         builder,       forward, backward, weight, activation_recv,
-                            gradient_recv, builder.work({.bytes = double(boundary_bytes)})};
+  const WorkId boundary = builder.work({.bytes = double(boundary_bytes)});
+  const Transfers transfers{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary};
   if (comms.empty()) derived_transfers(transfers, orders);
   else file_transfers(transfers, comms);
 

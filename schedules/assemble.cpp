@@ -142,9 +142,9 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
         last_compute[std::size_t(d)] = passes.add(builder, d, s);
         continue;
       }
-      const std::size_t pass = s.kind == OpKind::F ? 0 : s.kind == OpKind::B ? 1 : 2;
       const Task t{.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk), .device = d,
-                   .stage = s.stage, .microbatch = s.microbatch, .work = stage_work[std::size_t(s.stage)][pass]};
+                   .stage = s.stage, .microbatch = s.microbatch,
+                   .work = stage_work[std::size_t(s.stage)][std::size_t(pass_index(s.kind))]};
       const TaskId id = builder.add(t);
       last_compute[std::size_t(d)] = id;
       passes.record_compute(d, id);

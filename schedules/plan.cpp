@@ -61,7 +61,7 @@ Status check_orders(const DeviceOrders& orders, const Layout& layout, int microb
     return Error{fmt::format("orders for {} devices, expected {}", orders.size(), layout.devices)};
   const std::size_t stages = std::size_t(layout.stage_count()), m = std::size_t(microbatches);
   const auto slot = [&](OpKind kind, std::size_t stage, std::size_t mb) {
-    return ((kind == OpKind::F ? 0 : kind == OpKind::B ? 1 : 2) * stages + stage) * m + mb;
+    return (std::size_t(pass_index(kind)) * stages + stage) * m + mb;
   };
   std::vector<std::uint8_t> seen(3 * stages * m, 0);
   bool split_weight = false;

@@ -87,10 +87,12 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
     builder.depend(forward(0, x), input[std::size_t(first_device)]);
     const auto output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device,
                                    x, [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
-    const auto barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x, [&](int d) { return pass(kS, d, x); });
+    const auto barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
+                                     [&](int d) { return pass(kS, d, x); });
     std::vector<TaskId> barrier1;
     if (two_barriers)
-      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x, [&](int d) { return pass(kT, d, x); });
+      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x,
+                            [&](int d) { return pass(kT, d, x); });
     const auto gradient = collective(vocab_lane::kGradBroadcast, InputGrad, ReduceOp::None, first_device,
                                      x, [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
     builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0)[std::size_t(last_device)]);

@@ -37,7 +37,8 @@ class VocabPasses {
   static std::size_t collective_ops(const Layout& layout, int microbatches);
   static std::size_t collective_dependencies(const Layout& layout, int microbatches);
   /// Adds the collectives and all dependencies of the passes, once every compute task exists.
-  void connect(TaskGraphBuilder& builder, const Layout& layout, const std::function<TaskId(int stage, int mb)>& forward,
+  void connect(TaskGraphBuilder& builder, const Layout& layout,
+               const std::function<TaskId(int stage, int mb)>& forward,
                const std::function<TaskId(int stage, int mb)>& backward);
 
  private:

@@ -97,7 +97,9 @@ struct Reach {
   std::vector<std::size_t> first;  ///< where device d's ops start in `ties`; then the end
   std::vector<Ties> ties;
   std::vector<bool> last_forward_waits_backward;  ///< per x: F(last, x + 1) waits for B(last, x)
-  std::span<const Ties> of(std::size_t d) const { return std::span(ties).subspan(first[d], first[d + 1] - first[d]); }
+  std::span<const Ties> of(std::size_t d) const {
+    return std::span(ties).subspan(first[d], first[d + 1] - first[d]);
+  }
 };
 
 Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
@@ -109,8 +111,7 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
   // Where F, B and W of (stage, x) sit in `ties`.
   std::vector<std::uint32_t> where(std::size_t(3 * stages * m), 0);
   const auto key = [&](const ComputeStep& s) {
-    const int pass = s.kind == OpKind::F ? 0 : s.kind == OpKind::B ? 1 : 2;
-    return std::size_t((pass * stages + s.stage) * m + s.microbatch);
+    return std::size_t((pass_index(s.kind) * stages + s.stage) * m + s.microbatch);
   };
   for (std::size_t d = 0; d < orders.size(); ++d)
     for (std::size_t i = 0; i < orders[d].size(); ++i) where[key(orders[d][i])] = std::uint32_t(r.first[d] + i);

@@ -5,29 +5,18 @@
 #include <algorithm>
 #include <cassert>
 #include <memory>
-#include <queue>
 #include <string>
 #include <vector>
 
 namespace pipesim {
 namespace {
 
-/// 16 bytes: a graph has fewer than 2^31 ops, so the sequence number fits in 32 bits.
-struct Event {
-  TimeNs time;
-  std::uint32_t sequence;
-  TaskId task;
-  bool operator>(const Event& other) const {
-    return time != other.time ? time > other.time : sequence > other.sequence;
-  }
-};
-
-/// What the event loop keeps for one op, in one 16-byte record: with hundreds of streams advancing
+/// What the sweep keeps for one op, in one 16-byte record: with hundreds of streams advancing
 /// through memory at once, one cache line holds what several arrays would spread over as many.
 /// The rest it reads from the graph's own compact lists (successors: 4 bytes an op) and from the
 /// durations; the times it writes go straight to the Timeline it returns.
 struct OpState {
-  std::int32_t pending;  ///< unfinished dependencies; kArrived once it heads a free stream, ready
+  std::int32_t pending;  ///< unfinished dependencies; kArrived once it heads its stream, ready
   std::uint32_t slot;    ///< the stream it runs on (TaskGraph::stream_of)
   TaskId partner;        ///< rendezvous partner, or kNoTask
   std::int32_t group;    ///< collective group, or -1
@@ -35,6 +24,13 @@ struct OpState {
 static_assert(sizeof(OpState) == 16);
 constexpr std::int32_t kArrived = -1;
 
+/// Every time in the model is a max-plus expression: an op arrives when its stream's previous op and
+/// its dependencies have ended, a rendezvous (a SEND and its RECV, or a collective's members) starts
+/// when its last member arrives, and ends its longest duration later. Nothing else competes for a
+/// stream, so these times do not depend on the order in which they are worked out, and no event queue
+/// is needed: the sweep runs each stream forward as far as it can, and a stream that waits is taken up
+/// again when the op it waits for ends. Running along one stream reads its ops' state in program
+/// order, which is mostly memory order.
 class Engine {
  public:
   Engine(const TaskGraph& graph, std::span<const TimeNs> durations)
@@ -54,94 +50,90 @@ class Engine {
       head_[slot] = order.data();
       end_[slot] = order.data() + order.size();
     }
-    timeline_.start.assign(n, -1);
+    // start[t] holds the latest end of t's finished dependencies until t starts.
+    timeline_.start.assign(n, 0);
     timeline_.end.assign(n, -1);
-    busy_.assign(slots, 0);
+    free_at_.assign(slots, 0);
     group_arrivals_.assign(graph.groups().size(), 0);
-    std::vector<Event> storage;
-    storage.reserve(slots);
-    events_ = decltype(events_)(std::greater<>(), std::move(storage));
+    group_ready_.assign(graph.groups().size(), 0);
+    waiting_.reserve(slots);
   }
 
   Result<Timeline> run() {
-    for (std::size_t slot = 0; slot < head_.size(); ++slot) try_start(slot, 0);
-    std::size_t done = 0;
-    TimeNs now = 0;
-    while (!events_.empty()) {
-      const Event e = events_.top();
-      events_.pop();
-      assert(e.time >= now && "an event was scheduled in the past");
-      now = e.time;
-      const OpState& op = ops_[std::size_t(e.task)];
-      if (op.partner != kNoTask) {
-        done += 2;
-        finish(e.task, now);
-        finish(op.partner, now);
-      } else if (op.group >= 0) {
-        const auto& members = graph_.groups()[std::size_t(op.group)].members;
-        done += members.size();
-        for (TaskId m : members) finish(m, now);
-      } else {
-        ++done;
-        finish(e.task, now);
-      }
+    for (std::size_t slot = 0; slot < head_.size(); ++slot) advance(slot);
+    while (!waiting_.empty()) {
+      const std::size_t slot = waiting_.back();
+      waiting_.pop_back();
+      advance(slot);
     }
-    if (done != graph_.size()) return Error{deadlock_report(now)};
+    if (done_ != graph_.size()) return Error{deadlock_report()};
     return std::move(timeline_);
   }
 
  private:
-  void try_start(std::size_t slot, TimeNs now) {
-    if (busy_[slot] || head_[slot] == end_[slot]) return;
-    const TaskId t = *head_[slot];
-    OpState& op = ops_[std::size_t(t)];
-    if (op.pending > 0) return;
-    busy_[slot] = 1;  // the head has arrived: nothing behind it may pass
-    op.pending = kArrived;
-    if (op.partner != kNoTask) {
-      const OpState& partner = ops_[std::size_t(op.partner)];
-      if (partner.pending != kArrived) return;
-      // One event ends both sides of the transfer.
-      timeline_.start[std::size_t(op.partner)] = now;
-      start(t, now, now + std::max(durations_[std::size_t(t)], durations_[std::size_t(op.partner)]));
-    } else if (op.group >= 0) {
-      const auto& members = graph_.groups()[std::size_t(op.group)].members;
-      if (++group_arrivals_[std::size_t(op.group)] < members.size()) return;
-      TimeNs longest = 0;
-      for (TaskId m : members) longest = std::max(longest, durations_[std::size_t(m)]);
-      for (TaskId m : members) timeline_.start[std::size_t(m)] = now;
-      start(members.front(), now, now + longest);  // one event ends every member
-    } else {
-      start(t, now, now + durations_[std::size_t(t)]);
+  /// Starts the ops at the head of `slot` one after another until one must wait: for a dependency
+  /// (its end takes the stream up again) or for its rendezvous (the last member to arrive starts it).
+  void advance(std::size_t slot) {
+    while (head_[slot] != end_[slot]) {
+      const TaskId t = *head_[slot];
+      OpState& op = ops_[std::size_t(t)];
+      if (op.pending != 0) return;  // a dependency has not ended, or it has arrived and waits
+      op.pending = kArrived;
+      const TimeNs arrival = std::max(timeline_.start[std::size_t(t)], free_at_[slot]);
+      if (op.partner != kNoTask) {
+        const TaskId partner = op.partner;
+        if (ops_[std::size_t(partner)].pending != kArrived) {
+          timeline_.start[std::size_t(t)] = arrival;
+          return;
+        }
+        const TimeNs begin = std::max(arrival, timeline_.start[std::size_t(partner)]);
+        const TimeNs end = begin + std::max(durations_[std::size_t(t)], durations_[std::size_t(partner)]);
+        timeline_.start[std::size_t(partner)] = begin;
+        finish(partner, end);
+        timeline_.start[std::size_t(t)] = begin;
+        finish(t, end);
+        wake(ops_[std::size_t(partner)].slot);
+      } else if (op.group >= 0) {
+        const auto group = std::size_t(op.group);
+        group_ready_[group] = std::max(group_ready_[group], arrival);
+        const auto& members = graph_.groups()[group].members;
+        if (++group_arrivals_[group] < members.size()) return;
+        TimeNs longest = 0;
+        for (TaskId m : members) longest = std::max(longest, durations_[std::size_t(m)]);
+        const TimeNs begin = group_ready_[group];
+        for (TaskId m : members) {
+          timeline_.start[std::size_t(m)] = begin;
+          finish(m, begin + longest);
+          if (m != t) wake(ops_[std::size_t(m)].slot);
+        }
+      } else {
+        timeline_.start[std::size_t(t)] = arrival;
+        finish(t, arrival + durations_[std::size_t(t)]);
+      }
     }
   }
 
-  void start(TaskId t, TimeNs now, TimeNs end) {
+  void finish(TaskId t, TimeNs end) {
     const OpState& op = ops_[std::size_t(t)];
-    timeline_.start[std::size_t(t)] = now;
-    // The stream's next ops are needed when this one ends: fetch them into cache meanwhile.
-    const TaskId* head = head_[op.slot];
-    const std::ptrdiff_t behind = end_[op.slot] - head - 1;
-    if (behind > 0) __builtin_prefetch(&ops_[std::size_t(head[1])]);
-    if (behind > 1) __builtin_prefetch(&ops_[std::size_t(head[2])]);
-    events_.push({end, sequence_++, t});
-  }
-
-  void finish(TaskId t, TimeNs now) {
-    const OpState& op = ops_[std::size_t(t)];
-    timeline_.end[std::size_t(t)] = now;
-    const std::size_t slot = op.slot;
-    ++head_[slot];
-    busy_[slot] = 0;
+    timeline_.end[std::size_t(t)] = end;
+    latest_ = std::max(latest_, end);
+    ++done_;
+    free_at_[op.slot] = end;
+    ++head_[op.slot];
     for (const TaskId successor : graph_.successors(t)) {
       OpState& next = ops_[std::size_t(successor)];
-      if (--next.pending == 0) try_start(next.slot, now);
+      TimeNs& ready = timeline_.start[std::size_t(successor)];
+      ready = std::max(ready, end);
+      if (--next.pending == 0 && *head_[next.slot] == successor) wake(next.slot);
     }
-    try_start(slot, now);
   }
 
-  std::string deadlock_report(TimeNs now) const {
-    std::string report = fmt::format("deadlock at t = {:.6f} ms: no op can start, but some have not run:", now / 1e6);
+  /// Takes `slot` up again later (from a stack: the stream most recently woken runs next).
+  void wake(std::size_t slot) { waiting_.push_back(std::uint32_t(slot)); }
+
+  std::string deadlock_report() const {
+    std::string report =
+        fmt::format("deadlock at t = {:.6f} ms: no op can start, but some have not run:", latest_ / 1e6);
     for (std::size_t slot = 0; slot < head_.size(); ++slot) {
       if (head_[slot] == end_[slot]) continue;
       const TaskId t = *head_[slot];
@@ -165,12 +157,14 @@ class Engine {
   const TaskGraph& graph_;
   std::span<const TimeNs> durations_;
   std::unique_ptr<OpState[]> ops_;
-  Timeline timeline_;  ///< start and end of every op; -1 until it starts, ends
+  Timeline timeline_;  ///< start and end of every op; end is -1 until it is known
   std::vector<const TaskId*> head_, end_;  ///< per (device, stream): next op, end of its program
-  std::vector<std::uint8_t> busy_;         ///< per (device, stream): its head has arrived or runs
+  std::vector<TimeNs> free_at_;            ///< per (device, stream): when its last op ended
   std::vector<std::size_t> group_arrivals_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
-  std::uint32_t sequence_ = 0;
+  std::vector<TimeNs> group_ready_;  ///< per collective: latest arrival of its members so far
+  std::vector<std::uint32_t> waiting_;  ///< streams to take up again
+  std::size_t done_ = 0;
+  TimeNs latest_ = 0;  ///< the latest end so far: where a deadlocked run stops
 };
 
 }  // namespace

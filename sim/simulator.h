@@ -1,6 +1,7 @@
 #pragma once
-/// Discrete-event simulator over the task graph. Deterministic: events are ordered by
-/// (time, sequence number), so equal times run first-in first-out.
+/// The simulator over the task graph. Every start and end is a max-plus expression of the durations
+/// (docs/ir.md), worked out exactly in integer nanoseconds: the result does not depend on the order
+/// in which the simulator visits the ops.
 #include <span>
 
 #include "status.h"

@@ -161,10 +161,11 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
     // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
     // where moving them keeps the orders executable.
     DeviceOrders delayed = delay_last_backward(plan.layout, orders, context.vocab_delay, m);
-    Result<DeviceOrders> with_passes =
-        insert_vocab_passes(context, evaluate_orders(context, delayed).ok() ? delayed : orders, vocab->placement);
-    if (!with_passes.ok()) return with_passes.error();
-    orders = std::move(with_passes).value();
+    Result<OrderCost> estimate = evaluate_orders(context, delayed, OpTimes::Record);
+    if (estimate.ok()) orders = std::move(delayed);
+    else estimate = evaluate_orders(context, orders, OpTimes::Record);
+    if (!estimate.ok()) return estimate.error();
+    orders = insert_vocab_passes(context, orders, estimate.value(), vocab->placement);
   }
 
   plan.graph = assemble(plan.layout, orders, context.work, vocab_work(config, plan.layout), m,

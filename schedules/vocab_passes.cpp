@@ -203,14 +203,11 @@ std::vector<std::pair<TimeNs, TimeNs>> op_times(const Layout& layout, const Devi
 
 }  // namespace
 
-Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
-                                         VocabPlacement vocab) {
+DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders, const OrderCost& cost,
+                                 VocabPlacement vocab) {
   if (vocab == VocabPlacement::OnStages) return orders;
   const Layout& layout = context.layout;
   const int m = context.microbatches, last = layout.stage_count() - 1;
-  Result<OrderCost> estimate = evaluate_orders(context, orders, OpTimes::Record);
-  if (!estimate.ok()) return estimate.error();
-  const OrderCost& cost = estimate.value();
 
   const Reach reach_of_ops = reach_of(layout, orders, m);
   const auto last_forward = op_times(layout, orders, cost, OpKind::F, last, m);  // X leaves the last stage

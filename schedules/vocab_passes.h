@@ -24,8 +24,9 @@ DeviceOrders delay_last_backward(const Layout& layout, const DeviceOrders& order
 /// gradient comes back), clamped to where it cannot wait for itself: S (and, for Algorithm 1, T)
 /// between the device's last forward and first backward of that microbatch, IF before its first
 /// forward, IB after its last backward. T of x runs with S of x + 1 (with S of x when interlaced).
-Result<DeviceOrders> insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
-                                         VocabPlacement vocab);
+/// `estimate` is evaluate_orders(context, orders, OpTimes::Record).
+DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
+                                 const OrderCost& estimate, VocabPlacement vocab);
 
 /// Interlaced on 1F1B as its reference implementation runs it: every device steps through the same
 /// iterations, each one forward, one backward and the output layer (S then T, its all-reduces

@@ -40,8 +40,12 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
   if (record) {
     cost.start.resize(orders.size());
     cost.end.resize(orders.size());
-    for (std::size_t d = 0; d < orders.size(); ++d)
+    std::size_t total = 0;
+    for (std::size_t d = 0; d < orders.size(); ++d) {
       cost.start[d].reserve(orders[d].size()), cost.end[d].reserve(orders[d].size());
+      total += orders[d].size();
+    }
+    cost.sequence.reserve(total);
   }
   for (bool progressed = true; progressed;) {
     progressed = false;
@@ -71,7 +75,10 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
           live[d] -= w.weight_held_bytes;
         }
         const TimeNs end = std::max(ready, free_at[d]) + duration;
-        if (record) cost.start[d].push_back(end - duration), cost.end[d].push_back(end);
+        if (record) {
+          cost.start[d].push_back(end - duration), cost.end[d].push_back(end);
+          cost.sequence.emplace_back(std::uint32_t(d), std::uint32_t(next[d]));
+        }
         free_at[d] = end;
         if (s.kind == OpKind::F) forward_end[at(s.stage, s.microbatch)] = end;
         if (s.kind == OpKind::B) backward_end[at(s.stage, s.microbatch)] = end;

@@ -3,6 +3,8 @@
 /// its input has arrived (one transfer time across devices). Generators use it to choose between
 /// candidate orders; the simulator remains the judge of the final graph.
 #include <array>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "schedule.h"
@@ -13,6 +15,9 @@ struct OrderCost {
   TimeNs makespan = 0;
   std::vector<Bytes> peak_activation;  ///< per device, from the order alone (F adds, B and W free)
   std::vector<std::vector<TimeNs>> start, end;  ///< per device, per position in its order (OpTimes::Record)
+  /// (device, position) of every op in the order they were timed: each after its inputs and its
+  /// device's previous op, a topological order of the data flow and program order (OpTimes::Record).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> sequence;
 };
 
 /// Whether evaluate_orders keeps every op's start and end, or only the makespan and peaks (what

@@ -102,7 +102,9 @@ struct Reach {
   }
 };
 
-Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
+/// `sequence`: every op after its inputs and its device's previous op (OrderCost::sequence).
+Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m,
+               std::span<const std::pair<std::uint32_t, std::uint32_t>> sequence) {
   const int stages = layout.stage_count(), last = stages - 1;
   Reach r;
   r.first.assign(orders.size() + 1, 0);
@@ -116,47 +118,31 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
   for (std::size_t d = 0; d < orders.size(); ++d)
     for (std::size_t i = 0; i < orders[d].size(); ++i) where[key(orders[d][i])] = std::uint32_t(r.first[d] + i);
 
-  // Forwards through the data flow and program order: each op once its inputs and its predecessor
-  // are done, recording that order (every op after its inputs) for the way back.
-  std::vector<std::uint8_t> done(r.ties.size(), 0);
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> topo;  // (device, position in ties)
-  topo.reserve(r.ties.size());
-  std::vector<std::size_t> next(r.first.begin(), r.first.end() - 1);
-  for (bool progressed = true; progressed;) {
-    progressed = false;
-    for (std::size_t d = 0; d < orders.size(); ++d)
-      for (; next[d] < r.first[d + 1]; ++next[d]) {
-        const std::size_t at = next[d];
-        const ComputeStep& s = orders[d][at - r.first[d]];
-        const DataInputs in = data_inputs(s, stages);
-        if (std::any_of(in.begin(), in.end(), [&](const ComputeStep& input) { return !done[where[key(input)]]; }))
-          break;
-        Ties& t = r.ties[at];
-        if (at > r.first[d]) {  // what the program-order predecessor waits for
-          t.waits_last_backward = r.ties[at - 1].waits_last_backward;
-          t.waits_first_forward = r.ties[at - 1].waits_first_forward;
-        }
-        for (const ComputeStep& input : in) {
-          const Ties& u = r.ties[where[key(input)]];
-          t.waits_last_backward = std::max(t.waits_last_backward, u.waits_last_backward);
-          t.waits_first_forward = std::max(t.waits_first_forward, u.waits_first_forward);
-        }
-        if (s.kind == OpKind::B && s.stage == last)
-          t.waits_last_backward = std::max(t.waits_last_backward, s.microbatch);
-        if (s.kind == OpKind::F && s.stage == 0) t.waits_first_forward = std::max(t.waits_first_forward, s.microbatch);
-        done[at] = 1;
-        topo.emplace_back(std::uint32_t(d), std::uint32_t(at));
-        progressed = true;
-      }
+  for (const auto& [d, i] : sequence) {  // forwards through the data flow and program order
+    const std::size_t at = r.first[d] + i;
+    const ComputeStep& s = orders[d][i];
+    Ties& t = r.ties[at];
+    if (i > 0) {  // what the program-order predecessor waits for
+      t.waits_last_backward = r.ties[at - 1].waits_last_backward;
+      t.waits_first_forward = r.ties[at - 1].waits_first_forward;
+    }
+    for (const ComputeStep& input : data_inputs(s, stages)) {
+      const Ties& u = r.ties[where[key(input)]];
+      t.waits_last_backward = std::max(t.waits_last_backward, u.waits_last_backward);
+      t.waits_first_forward = std::max(t.waits_first_forward, u.waits_first_forward);
+    }
+    if (s.kind == OpKind::B && s.stage == last) t.waits_last_backward = std::max(t.waits_last_backward, s.microbatch);
+    if (s.kind == OpKind::F && s.stage == 0) t.waits_first_forward = std::max(t.waits_first_forward, s.microbatch);
   }
   r.last_forward_waits_backward.assign(std::size_t(m), false);
   for (int x = 0; x + 1 < m; ++x)
     r.last_forward_waits_backward[std::size_t(x)] =
         r.ties[where[key({OpKind::F, last, x + 1})]].waits_last_backward >= x;
 
-  for (auto it = topo.rbegin(); it != topo.rend(); ++it) {  // and backwards
-    const auto [d, at] = *it;
-    const ComputeStep& s = orders[d][at - r.first[d]];
+  for (auto it = sequence.rbegin(); it != sequence.rend(); ++it) {  // and backwards
+    const auto [d, i] = *it;
+    const std::size_t at = r.first[d] + i;
+    const ComputeStep& s = orders[d][i];
     Ties& t = r.ties[at];
     if (s.kind == OpKind::F && s.stage == last) t.feeds_last_forward = std::min(t.feeds_last_forward, s.microbatch);
     if (s.kind == OpKind::B && s.stage == 0) t.feeds_first_backward = std::min(t.feeds_first_backward, s.microbatch);
@@ -167,7 +153,7 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m) {
       u.feeds_first_backward = std::min(u.feeds_first_backward, t.feeds_first_backward);
     };
     for (const ComputeStep& input : data_inputs(s, stages)) hand(where[key(input)]);
-    if (at > r.first[d]) hand(at - 1);
+    if (i > 0) hand(at - 1);
   }
   return r;
 }
@@ -209,7 +195,7 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
   const Layout& layout = context.layout;
   const int m = context.microbatches, last = layout.stage_count() - 1;
 
-  const Reach reach_of_ops = reach_of(layout, orders, m);
+  const Reach reach_of_ops = reach_of(layout, orders, m, cost.sequence);
   const auto last_forward = op_times(layout, orders, cost, OpKind::F, last, m);  // X leaves the last stage
   const auto first_forward = op_times(layout, orders, cost, OpKind::F, 0, m);    // the embedding is needed
   const auto first_backward = op_times(layout, orders, cost, OpKind::B, 0, m);   // dY comes back

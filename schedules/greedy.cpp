@@ -139,11 +139,13 @@ class Greedy {
     set(free_at_[std::size_t(d)], now + c_.times[std::size_t(s)].weight, d);
   }
 
-  /// Every time a device frees up or an input arrives is a time something may start there.
+  /// Every time a device frees up or an input arrives is a time something may start there -- except
+  /// an input that arrives while the device is busy: the event of its freeing visits it then.
   void set(TimeNs& when, TimeNs time, int device) {
+    const TimeNs busy_until = free_at_[std::size_t(device)];  // read before `when` may change it
     when = time;
-    if (time > now_) events_.emplace(time, device);
-    else wake(device);  // a zero-length op: at this same instant
+    if (time <= now_) wake(device);  // a zero-length op: at this same instant
+    else if (busy_until <= now_ || time > busy_until) events_.emplace(time, device);
   }
 
   /// Device d is visited at now_: in the pass under way if its turn in it is still to come, else in

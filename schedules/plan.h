@@ -72,7 +72,7 @@ Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom =
 
 /// Who validates the graph (validate.h). A caller that simulates it next does so itself: it checks
 /// the structure while the graph is simulated, and the simulation proves that the graph runs to its
-/// end (its event loop walks the same waits as check_orderable). Failures read as make_plan's
+/// end (it walks the same waits as check_orderable). Failures read as make_plan's
 /// (invalid_graph).
 enum class Validation { InPlan, ByCaller };
 

@@ -17,7 +17,7 @@ namespace pipesim {
 Status validate(const TaskGraph& graph, const Layout& layout, int microbatches);
 
 /// What validate checks besides orderability: for callers that simulate the graph next, since the
-/// simulator's event loop walks the same waits and fails exactly when check_orderable would.
+/// simulator walks the same waits and fails exactly when check_orderable would.
 Status validate_structure(const TaskGraph& graph, const Layout& layout, int microbatches);
 
 /// The last of validate's checks: no cycle through dependencies, stream order and rendezvous.

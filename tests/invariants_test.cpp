@@ -1,6 +1,7 @@
 // Properties every generated graph and every simulation must have, over ranges of p and m:
 // the graph validates; no op starts before its dependencies end; a stream runs one op at a time in
-// program order; a SEND and its RECV run together; every op runs.
+// program order; a SEND and its RECV run together; every op runs -- and starts no later than these
+// rules allow (the max-plus expression docs/ir.md gives, checked op by op).
 #include "helpers.h"
 
 using namespace pipesim;
@@ -21,12 +22,33 @@ void check_timeline(const TaskGraph& graph, const std::vector<TimeNs>& durations
       REQUIRE(t.end[std::size_t(task.partner)] == t.end[i]);
     }
   }
+  // When each op is ready: its stream's previous op and its dependencies have ended.
+  std::vector<TimeNs> ready(graph.size(), 0);
   for (std::size_t s = 0; s < graph.stream_count(); ++s) {
     const auto order = graph.stream(s);
     for (std::size_t k = 1; k < order.size(); ++k) {
       INFO(graph.describe(order[k - 1]) << " then " << graph.describe(order[k]));
       REQUIRE(t.end[std::size_t(order[k - 1])] <= t.start[std::size_t(order[k])]);
+      ready[std::size_t(order[k])] = t.end[std::size_t(order[k - 1])];
     }
+  }
+  for (std::size_t i = 0; i < graph.size(); ++i)
+    for (TaskId dep : graph.deps(TaskId(i))) ready[i] = std::max(ready[i], t.end[std::size_t(dep)]);
+  // No later than that: an op starts when the last of its rendezvous (itself, its partner, or its
+  // collective's members) is ready, and ends the longest of their durations later.
+  for (std::size_t i = 0; i < graph.size(); ++i) {
+    const Task& task = graph.task(TaskId(i));
+    std::vector<TaskId> rendezvous{TaskId(i)};
+    if (task.partner != kNoTask) rendezvous.push_back(task.partner);
+    if (task.group >= 0) rendezvous = graph.group_of(TaskId(i)).members;
+    TimeNs last_ready = 0, longest = 0;
+    for (TaskId r : rendezvous) {
+      last_ready = std::max(last_ready, ready[std::size_t(r)]);
+      longest = std::max(longest, durations[std::size_t(r)]);
+    }
+    INFO(graph.describe(TaskId(i)));
+    REQUIRE(t.start[i] == last_ready);
+    REQUIRE(t.end[i] == last_ready + longest);
   }
 }
 

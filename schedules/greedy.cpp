@@ -66,8 +66,8 @@ class Greedy {
       }
       if (placed == total) break;
       if (events_.empty()) return Error{stuck_message()};
-      now_ = events_.top().first;
-      for (; !events_.empty() && events_.top().first == now_; events_.pop()) wake(events_.top().second);
+      now_ = events_.top().time;
+      for (; !events_.empty() && events_.top().time == now_; events_.pop()) wake(events_.top().device);
     }
     return std::move(orders_);
   }
@@ -145,7 +145,7 @@ class Greedy {
     const TimeNs busy_until = free_at_[std::size_t(device)];  // read before `when` may change it
     when = time;
     if (time <= now_) wake(device);  // a zero-length op: at this same instant
-    else if (busy_until <= now_ || time > busy_until) events_.emplace(time, device);
+    else if (busy_until <= now_ || time > busy_until) events_.push({time, device});
   }
 
   /// Device d is visited at now_: in the pass under way if its turn in it is still to come, else in
@@ -180,8 +180,17 @@ class Greedy {
   std::vector<std::deque<std::pair<int, int>>> weights_;  ///< per device: deferred W, oldest first
   DeviceOrders orders_;
   TimeNs now_ = 0;
-  /// (time, device): when an input arrives at the device or it frees up, earliest first.
-  std::priority_queue<std::pair<TimeNs, int>, std::vector<std::pair<TimeNs, int>>, std::greater<>> events_;
+  /// When an input arrives at a device or it frees up, earliest first. Ordered by time alone: every
+  /// event of one time is taken before any device is visited, and the visits go in device order
+  /// whatever order the events came in.
+  struct Event {
+    TimeNs time;
+    int device;
+  };
+  struct Later {
+    bool operator()(const Event& a, const Event& b) const { return a.time > b.time; }
+  };
+  std::priority_queue<Event, std::vector<Event>, Later> events_;
   /// Devices to visit at now_, lowest index first: in the pass under way and in the next one.
   std::priority_queue<int, std::vector<int>, std::greater<>> this_pass_, next_pass_;
   std::int64_t pass_ = 0;               ///< passes so far

@@ -65,7 +65,9 @@ class Engine {
       waiting_.pop_back();
       advance(slot);
     }
-    if (done_ != graph_.size()) return Error{deadlock_report()};
+    // Every op sits on one stream, so all have run when every stream has reached its end.
+    for (std::size_t slot = 0; slot < head_.size(); ++slot)
+      if (head_[slot] != end_[slot]) return Error{deadlock_report()};
     return std::move(timeline_);
   }
 
@@ -115,8 +117,6 @@ class Engine {
   void finish(TaskId t, TimeNs end) {
     const OpState& op = ops_[std::size_t(t)];
     timeline_.end[std::size_t(t)] = end;
-    latest_ = std::max(latest_, end);
-    ++done_;
     free_at_[op.slot] = end;
     ++head_[op.slot];
     for (const TaskId successor : graph_.successors(t)) {
@@ -131,8 +131,10 @@ class Engine {
   void wake(std::size_t slot) { waiting_.push_back(std::uint32_t(slot)); }
 
   std::string deadlock_report() const {
+    // Where the run stopped: the latest end of the ops that ran (-1 for those that did not).
+    const TimeNs stopped = std::max<TimeNs>(0, *std::max_element(timeline_.end.begin(), timeline_.end.end()));
     std::string report =
-        fmt::format("deadlock at t = {:.6f} ms: no op can start, but some have not run:", latest_ / 1e6);
+        fmt::format("deadlock at t = {:.6f} ms: no op can start, but some have not run:", stopped / 1e6);
     for (std::size_t slot = 0; slot < head_.size(); ++slot) {
       if (head_[slot] == end_[slot]) continue;
       const TaskId t = *head_[slot];
@@ -162,8 +164,6 @@ class Engine {
   std::vector<std::size_t> group_arrivals_;
   std::vector<TimeNs> group_ready_;  ///< per collective: latest arrival of its members so far
   std::vector<std::uint32_t> waiting_;  ///< streams to take up again
-  std::size_t done_ = 0;
-  TimeNs latest_ = 0;  ///< the latest end so far: where a deadlocked run stops
 };
 
 }  // namespace

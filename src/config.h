@@ -48,7 +48,8 @@ struct ScheduleConfig {
 struct HardwareConfig {
   std::string preset;
   double peak_tflops = 0;          ///< dense bf16/fp16 peak per GPU, TFLOP/s
-  double compute_efficiency = 0;   ///< achieved fraction of peak for large GEMMs
+  double compute_efficiency = 0;   ///< achieved fraction of peak for GEMMs
+  double attention_efficiency = 0; ///< achieved fraction of peak for fused (flash) causal attention
   double hbm_gbps = 0;             ///< HBM bandwidth, GB/s
   double hbm_efficiency = 0;       ///< achieved fraction of HBM bandwidth
   double intra_node_gbps = 0;      ///< GPU-to-GPU link inside a node, per direction, GB/s
@@ -57,7 +58,7 @@ struct HardwareConfig {
   double inter_node_latency_us = 0;
   int gpus_per_node = 8;
   double memory_gib = 0;           ///< device memory capacity, GiB
-  double kernel_launch_us = 0;     ///< fixed overhead added to every compute op
+  double kernel_launch_us = 0;     ///< fixed overhead added to every kernel of a compute op
 };
 
 struct PrecisionConfig {

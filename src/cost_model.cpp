@@ -9,56 +9,96 @@
 namespace pipesim {
 namespace {
 
-/// One kernel-sized piece of work; its time is its own roofline, so a memory-bound softmax is not
-/// hidden under a compute-bound GEMM of the same op.
-struct Piece {
-  double flops = 0;
-  double bytes = 0;
-};
-
-struct StagePieces {
-  std::vector<Piece> forward, backward, weight;
+/// The kernels of one virtual stage's F, B and W for one microbatch, per tensor-parallel rank.
+struct StageKernels {
+  std::vector<Kernel> forward, backward, weight;
   int tp_allreduces_forward = 0, tp_allreduces_backward = 0;  ///< each of b·s·h activations
 };
 
-StagePieces stage_pieces(const Config& c, const VirtualStage& stage) {
-  const ModelConfig& m = c.model;
-  const PrecisionConfig& p = c.precision;
-  const double t = c.parallel.tp;
-  const double tokens = double(m.micro_batch_size) * m.seq_len;
-  const double gemm = layer_gemm_flops(m) / t, attention = layer_attention_flops(m) / t;
-  const double weights = layer_params(m) * p.param_bytes / t;
-  const double activations = layer_activation_bytes(m, p, c.parallel.tp);
-  StagePieces pieces;
-  for (int l = 0; l < stage.layers; ++l) {
-    pieces.forward.push_back({gemm + attention, weights + activations});
-    pieces.backward.push_back({gemm + 2 * attention, weights + activations});
-    pieces.weight.push_back({gemm, layer_params(m) * p.grad_bytes / t + activations});
-  }
-  pieces.tp_allreduces_forward = pieces.tp_allreduces_backward = 2 * stage.layers;
-  if (stage.has_head) {
-    const double logits = tokens * m.vocab / t;  // fp32 elements
-    const double head_weights = vocab_params(m) * p.param_bytes / t;
-    const double head_gemm = head_forward_flops(m) / t;
-    pieces.forward.push_back({head_gemm, head_weights});
-    pieces.forward.push_back({0, 3 * 4 * logits});  // softmax: max, sum-exp, normalise
-    pieces.backward.push_back({head_gemm, head_weights});
-    pieces.backward.push_back({0, 2 * 4 * logits});  // softmax gradient
-    pieces.weight.push_back({head_gemm, vocab_params(m) * p.grad_bytes / t});
-  }
-  if (stage.has_embedding) {
-    const double rows = tokens * m.hidden / t;
-    pieces.forward.push_back({0, 2 * rows * p.param_bytes});  // gather: read rows, write output
-    pieces.weight.push_back({0, rows * (p.activation_bytes + 2 * p.grad_bytes)});  // scatter-add
-    if (c.parallel.tp > 1) ++pieces.tp_allreduces_forward;  // vocab-parallel embedding sum
-  }
-  return pieces;
+/// A GEMM of an M×K by a K×N operand: its FLOPs, and each operand read and the result written once.
+Kernel gemm(double m, double n, double k, double a_bytes, double b_bytes, double c_bytes) {
+  return {2 * m * n * k, m * k * a_bytes + k * n * b_bytes + m * n * c_bytes, false};
 }
 
-double total(const std::vector<Piece>& pieces, double Piece::*field) {
+/// One decoder layer as a framework runs it (docs/cost-model.md): four GEMMs (QKV, projection, MLP up
+/// — gate and up together for SwiGLU — and down) in each of F (Y = XWᵀ), B (dX = dY·W) and W
+/// (dW = dYᵀX, accumulated into the fp32 main gradient); fused causal attention; and the
+/// memory-bound norms, activation function and residual adds.
+void add_layer(const Config& c, StageKernels& out) {
+  const ModelConfig& m = c.model;
+  const PrecisionConfig& p = c.precision;
+  const double t = c.parallel.tp, tokens = double(m.micro_batch_size) * m.seq_len, h = m.hidden, f = m.ffn_hidden;
+  const double g = double(m.key_value_heads()) / m.heads, act = p.activation_bytes;
+  const bool swiglu = m.mlp == MlpKind::SwiGlu;
+  struct Linear {
+    double out, in;  // per tensor-parallel rank: column-parallel split out, row-parallel split in
+  };
+  const Linear linears[] = {{h * (1 + 2 * g) / t, h}, {h, h / t}, {(swiglu ? 2 : 1) * f / t, h}, {h, f / t}};
+  for (const Linear& l : linears) {
+    out.forward.push_back(gemm(tokens, l.out, l.in, act, p.param_bytes, act));
+    out.backward.push_back(gemm(tokens, l.in, l.out, act, p.param_bytes, act));
+    out.weight.push_back(gemm(l.out, l.in, tokens, act, act, 2 * p.grad_bytes));  // read-modify-write
+  }
+  // Causal attention computes half of the 4bs²h score FLOPs; its backward 2.5× the forward's (five
+  // matrix products to two). Bytes: Q, K, V, O (and dO, dQ, dK, dV) once each.
+  const double scores = 2 * tokens * m.seq_len * h / t, qkvo = tokens * (2 + 2 * g) * h / t * act;
+  out.forward.push_back({scores, qkvo, true});
+  out.backward.push_back({2.5 * scores, 2 * qkvo, true});
+  // Memory-bound, in elements per token: F: two norms (read, write) and the activation function
+  // (GELU reads and writes f, SwiGLU reads gate and up and writes f). B: the norms' backward (read
+  // input and gradient, write gradient), the residual gradients' sums, attention's layout copies, and
+  // the activation's backward (GELU 3f, SwiGLU 5f).
+  out.forward.push_back({0, tokens * (4 * h + (swiglu ? 3 : 2) * f) / t * act, false});
+  out.backward.push_back({0, tokens * (16 * h + (swiglu ? 5 : 3) * f) / t * act, false});
+  if (!swiglu)  // GPT's biases: their gradients read each linear's output gradient
+    out.weight.push_back({0, tokens * (h * (1 + 2 * g) + 2 * h + f) / t * act, false});
+}
+
+/// The LM head with a PyTorch-style cross-entropy: logits in bf16, cast to fp32, log-softmax (read
+/// twice, written once) — 18 bytes a logit forward; backward writes the one-hot gradient, runs the
+/// log-softmax backward and casts back — 22 bytes a logit.
+void add_head(const Config& c, StageKernels& out) {
+  const ModelConfig& m = c.model;
+  const PrecisionConfig& p = c.precision;
+  const double tokens = double(m.micro_batch_size) * m.seq_len, h = m.hidden, rows = double(m.vocab) / c.parallel.tp;
+  const double act = p.activation_bytes;
+  out.forward.push_back(gemm(tokens, rows, h, act, p.param_bytes, act));
+  out.forward.push_back({0, 18 * tokens * rows, false});
+  out.backward.push_back({0, 22 * tokens * rows, false});
+  out.backward.push_back(gemm(tokens, h, rows, act, p.param_bytes, act));
+  out.weight.push_back(gemm(rows, h, tokens, act, act, 2 * p.grad_bytes));
+}
+
+/// The input embedding: a gather of b·s rows (read, write); its gradient cast to fp32 and
+/// scatter-added into the main gradient (read it, read-modify-write the rows).
+void add_embedding(const Config& c, StageKernels& out) {
+  const ModelConfig& m = c.model;
+  const PrecisionConfig& p = c.precision;
+  const double elements = double(m.micro_batch_size) * m.seq_len * m.hidden / c.parallel.tp;
+  out.forward.push_back({0, 2 * elements * p.param_bytes, false});
+  out.weight.push_back({0, elements * (p.activation_bytes + 4 * p.grad_bytes), false});
+  if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
+}
+
+StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
+  StageKernels kernels;
+  for (int l = 0; l < stage.layers; ++l) add_layer(c, kernels);
+  kernels.tp_allreduces_forward = kernels.tp_allreduces_backward = 2 * stage.layers;
+  if (stage.has_head) add_head(c, kernels);
+  if (stage.has_embedding) add_embedding(c, kernels);
+  return kernels;
+}
+
+double total(const std::vector<Kernel>& kernels, double Kernel::*field) {
   double sum = 0;
-  for (const Piece& piece : pieces) sum += piece.*field;
+  for (const Kernel& kernel : kernels) sum += kernel.*field;
   return sum;
+}
+
+double seconds(const std::vector<Kernel>& kernels, const HardwareConfig& h) {
+  double s = 0;
+  for (const Kernel& kernel : kernels) s += kernel_seconds(kernel, h);
+  return s;
 }
 
 /// Parameters of the vocabulary shards each device holds when the vocabulary is split over devices.
@@ -87,12 +127,12 @@ class AnalyticCostModel final : public CostModel {
  public:
   AnalyticCostModel(const Config& config, const Layout& layout) : c_(config), h_(config.hardware), layout_(layout) {
     for (const VirtualStage& stage : layout.stages) {
-      const StagePieces pieces = stage_pieces(config, stage);
+      const StageKernels kernels = stage_kernels(config, stage);
       const TimeNs allreduce = tp_allreduce();
       // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
-      stages_.push_back({add_ns(run(pieces.forward), times_ns(pieces.tp_allreduces_forward, allreduce)),
-                         add_ns(run(pieces.backward), times_ns(pieces.tp_allreduces_backward, allreduce)),
-                         run(pieces.weight)});
+      stages_.push_back({add_ns(run(kernels.forward), times_ns(kernels.tp_allreduces_forward, allreduce)),
+                         add_ns(run(kernels.backward), times_ns(kernels.tp_allreduces_backward, allreduce)),
+                         run(kernels.weight)});
     }
   }
   std::string_view source() const override { return "analytic"; }
@@ -111,9 +151,10 @@ class AnalyticCostModel final : public CostModel {
   }
   TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
     // GEMM, then memory-bound softmax or gather kernels: their times add.
-    return add_ns(ns_from_s(work.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency) +
-                            work.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)),
-                  launch());
+    std::vector<Kernel> kernels;
+    if (work.flops > 0) kernels.push_back({work.flops, 0, false});
+    if (work.bytes > 0) kernels.push_back({0, work.bytes, false});
+    return run(kernels);
   }
   TimeNs optimizer(int device) const override {
     double params = vocab_shard_params(c_, layout_);
@@ -128,14 +169,7 @@ class AnalyticCostModel final : public CostModel {
  private:
   TimeNs launch() const { return ns_from_us(h_.kernel_launch_us); }
   TimeNs memory_time(double bytes) const { return ns_from_s(bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)); }
-  TimeNs run(const std::vector<Piece>& pieces) const {
-    if (pieces.empty()) return 0;
-    double s = 0;
-    for (const Piece& piece : pieces)
-      s += std::max(piece.flops / (h_.peak_tflops * 1e12 * h_.compute_efficiency),
-                    piece.bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency));
-    return add_ns(ns_from_s(s), launch());
-  }
+  TimeNs run(const std::vector<Kernel>& kernels) const { return ns_from_s(seconds(kernels, h_)); }
   TimeNs link(double bytes, bool intra) const {
     const double latency_us = intra ? h_.intra_node_latency_us : h_.inter_node_latency_us;
     const double gbps = intra ? h_.intra_node_gbps : h_.inter_node_gbps;
@@ -207,14 +241,14 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
       config.parallel.tp / std::max(1.0, layer_activation_bytes(m, config.precision, config.parallel.tp));
   std::vector<StageWork> work;
   for (const VirtualStage& stage : layout.stages) {
-    const StagePieces pieces = stage_pieces(config, stage);
+    const StageKernels kernels = stage_kernels(config, stage);
     StageWork w;
-    w.forward_flops = total(pieces.forward, &Piece::flops);
-    w.backward_flops = total(pieces.backward, &Piece::flops);
-    w.weight_flops = total(pieces.weight, &Piece::flops);
-    w.forward_bytes = total(pieces.forward, &Piece::bytes);
-    w.backward_bytes = total(pieces.backward, &Piece::bytes);
-    w.weight_bytes = total(pieces.weight, &Piece::bytes);
+    w.forward_flops = total(kernels.forward, &Kernel::flops);
+    w.backward_flops = total(kernels.backward, &Kernel::flops);
+    w.weight_flops = total(kernels.weight, &Kernel::flops);
+    w.forward_bytes = total(kernels.forward, &Kernel::bytes);
+    w.backward_bytes = total(kernels.backward, &Kernel::bytes);
+    w.weight_bytes = total(kernels.weight, &Kernel::bytes);
     double layer_bytes = stage.layers * layer_activation_bytes(m, config.precision, config.parallel.tp);
     if (config.costs && config.costs->activation_bytes)
       layer_bytes = *config.costs->activation_bytes * share_of_device(config, stage);
@@ -322,29 +356,24 @@ std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph)
 std::vector<OpWork> analytic_op_work(const Config& config) {
   Config one = config;
   one.parallel.tp = 1;
-  const auto as_work = [](std::string name, std::initializer_list<const std::vector<Piece>*> lists) {
-    OpWork work{std::move(name), {}};
-    for (const std::vector<Piece>* list : lists)
-      for (const Piece& piece : *list) work.pieces.emplace_back(piece.flops, piece.bytes);
-    return work;
+  const auto kernels_of = [&](int layers, bool head, bool embedding) {
+    return stage_kernels(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = layers,
+                               .has_embedding = embedding, .has_head = head});
   };
-  const StagePieces layer = stage_pieces(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = 1,
-                                               .has_embedding = false, .has_head = false});
-  const StagePieces head = stage_pieces(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = 0,
-                                              .has_embedding = false, .has_head = true});
-  const StagePieces embedding = stage_pieces(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = 0,
-                                                   .has_embedding = true, .has_head = false});
-  return {as_work("layer_forward", {&layer.forward}), as_work("layer_backward", {&layer.backward}),
-          as_work("layer_weight", {&layer.weight}), as_work("output_forward", {&head.forward}),
-          as_work("output_backward", {&head.backward, &head.weight}), as_work("input_forward", {&embedding.forward}),
-          as_work("input_backward", {&embedding.weight})};
+  const StageKernels layer = kernels_of(1, false, false), head = kernels_of(0, true, false),
+                     embedding = kernels_of(0, false, true);
+  return {{"layer_forward", layer.forward},   {"layer_backward", layer.backward},
+          {"layer_weight", layer.weight},     {"output_forward", head.forward},
+          {"output_backward", head.backward}, {"output_weight", head.weight},
+          {"input_forward", embedding.forward}, {"input_backward", embedding.weight}};
 }
 
-double analytic_seconds(const OpWork& work, const HardwareConfig& h) {
-  double s = 0;
-  for (const auto& [flops, bytes] : work.pieces)
-    s += std::max(flops / (h.peak_tflops * 1e12 * h.compute_efficiency), bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency));
-  return s + h.kernel_launch_us * 1e-6;
+double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
+  const double efficiency = kernel.attention ? h.attention_efficiency : h.compute_efficiency;
+  return std::max(kernel.flops / (h.peak_tflops * 1e12 * efficiency), kernel.bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency)) +
+         h.kernel_launch_us * 1e-6;
 }
+
+double analytic_seconds(const OpWork& work, const HardwareConfig& h) { return seconds(work.kernels, h); }
 
 }  // namespace pipesim

@@ -4,7 +4,6 @@
 /// explicit (per-op times from the config, for calibration and exact closed-form tests).
 #include <memory>
 #include <string>
-#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -81,16 +80,24 @@ std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& l
 /// Durations of every op of `graph`, indexed by TaskId.
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph);
 
-/// One op as the analytic model times it: kernel-sized pieces, each timed by its own roofline
-/// (FLOPs at peak × compute_efficiency, or bytes at HBM bandwidth × hbm_efficiency, the slower),
-/// plus one kernel-launch overhead.
+/// One kernel as the analytic model times it: its FLOPs at peak × compute_efficiency (GEMMs) or ×
+/// attention_efficiency (fused attention), or its bytes at HBM bandwidth × hbm_efficiency, whichever
+/// is slower, plus one kernel launch. An op's time is the sum over its kernels.
+struct Kernel {
+  double flops = 0;
+  double bytes = 0;
+  bool attention = false;
+};
+double kernel_seconds(const Kernel& kernel, const HardwareConfig& hardware);
+
+/// One op's kernels, for calibration.
 struct OpWork {
   std::string name;
-  std::vector<std::pair<double, double>> pieces;  ///< (FLOPs, bytes)
+  std::vector<Kernel> kernels;
 };
 
 /// The work of one transformer layer's F, B and W (`layer_forward`, `layer_backward`, `layer_weight`)
-/// and of the whole vocabulary layers (`output_forward`, `output_backward` with its weight gradient,
+/// and of the whole vocabulary layers (`output_forward`, `output_backward` (dX), `output_weight` (dW),
 /// `input_forward`, `input_backward`), without tensor parallelism: what calibration fits hardware to.
 std::vector<OpWork> analytic_op_work(const Config& config);
 /// Seconds the analytic model gives `work` on `hardware`.

@@ -17,25 +17,35 @@ const char* kThreeStages = R"json({
 
 }  // namespace
 
-TEST_CASE("a transformer layer's forward is its roofline time plus the launch overhead") {
+TEST_CASE("a transformer layer is the sum of its kernels' roofline times, each with a launch") {
   const Config c = parse_or_fail(kThreeStages);
   const Plan plan = plan_or_fail(c);
   const auto model = make_cost_model(plan.config, plan.layout);
-  const double b = 1, s = 2048, h = 1024, f = 4096;
-  const double gemm = 8 * b * s * h * h + 4 * b * s * h * f, attention = 4 * b * s * s * h;
-  const double params = 4 * h * h + 2 * h * f + 9 * h + f;
-  const double activations = s * b * h * 34;  // Korthikanti, flash attention, 2-byte activations
+  const double T = 2048, s = 2048, h = 1024, f = 4096;  // tokens (b = 1), sequence, hidden, FFN
   const HardwareConfig& hw = c.hardware;
-  const auto roofline = [&](double flops, double bytes) {
-    const double seconds_needed = std::max(flops / (hw.peak_tflops * 1e12 * hw.compute_efficiency),
-                                           bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency));
-    return std::llround(seconds_needed * 1e9) + std::llround(hw.kernel_launch_us * 1e3);
+  const auto kernel = [&](double flops, double bytes, double efficiency) {
+    return std::max(flops / (hw.peak_tflops * 1e12 * efficiency), bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency)) +
+           hw.kernel_launch_us * 1e-6;
   };
-  // Stage 1 holds one layer and no vocabulary layer. B (input gradient) redoes the GEMMs and twice
-  // the attention scores; W redoes the GEMMs and writes fp32 gradients.
-  CHECK(model->stage(1).forward == roofline(gemm + attention, params * 2 + activations));
-  CHECK(model->stage(1).backward == roofline(gemm + 2 * attention, params * 2 + activations));
-  CHECK(model->stage(1).weight == roofline(gemm, params * 4 + activations));
+  // GPT's four linears (out, in): QKV, projection, MLP up and down; bf16 operands, fp32 gradients.
+  const std::pair<double, double> linears[] = {{3 * h, h}, {h, h}, {f, h}, {h, f}};
+  double forward = 0, backward = 0, weight = 0;
+  for (const auto& [n_out, n_in] : linears) {
+    forward += kernel(2 * T * n_out * n_in, 2 * (T * n_in + n_in * n_out + T * n_out), hw.compute_efficiency);
+    backward += kernel(2 * T * n_out * n_in, 2 * (T * n_out + n_out * n_in + T * n_in), hw.compute_efficiency);
+    weight += kernel(2 * T * n_out * n_in, 2 * T * n_out + 2 * T * n_in + 8 * n_out * n_in, hw.compute_efficiency);
+  }
+  // Causal attention: half of 4bs²h forward, 2.5× that backward; Q, K, V, O read or written once.
+  forward += kernel(2 * T * s * h, 4 * T * h * 2, hw.attention_efficiency);
+  backward += kernel(2.5 * 2 * T * s * h, 8 * T * h * 2, hw.attention_efficiency);
+  // Memory-bound: norms and GELU (4h + 2f), their backward (16h + 3f), bias gradients (3h + 2h + f).
+  forward += kernel(0, T * (4 * h + 2 * f) * 2, 1);
+  backward += kernel(0, T * (16 * h + 3 * f) * 2, 1);
+  weight += kernel(0, T * (5 * h + f) * 2, 1);
+  // Stage 1 holds one layer and no vocabulary layer.
+  CHECK(model->stage(1).forward == Approx(forward * 1e9).margin(2));
+  CHECK(model->stage(1).backward == Approx(backward * 1e9).margin(2));
+  CHECK(model->stage(1).weight == Approx(weight * 1e9).margin(2));
 }
 
 TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {

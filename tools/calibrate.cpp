@@ -1,12 +1,14 @@
 // `pipesim calibrate`: fits the analytic cost model's hardware efficiencies to measured op times, so
-// the simulator predicts a machine it has measured. Three parameters are fitted -- the fraction of
-// peak FLOP/s large GEMMs reach, the fraction of HBM bandwidth memory-bound kernels reach, and the
-// fixed overhead of every op -- by minimising the squared log error over every measured op, so a
-// 10% miss counts the same on a 50 µs op as on a 50 ms one.
+// the simulator predicts a machine it has measured. Four parameters are fitted -- the fraction of
+// peak FLOP/s GEMMs reach, the fraction fused attention reaches, the fraction of HBM bandwidth
+// memory-bound kernels reach, and the fixed overhead of every kernel -- by minimising the squared log
+// error over every measured op, so a 10% miss counts the same on a 50 µs op as on a 50 ms one.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_support.h"
@@ -23,11 +25,12 @@ using json = nlohmann::ordered_json;
 /// Hardware files open with this: pipesim replaces only files that do.
 constexpr std::string_view kHardwareGenerator = "{\n  \"generator\": \"pipesim calibrate\"";
 
-/// One measured op and the work the analytic model gives it.
+/// One measured op and the work the analytic model gives it; `group` gathers like ops in the summary.
 struct Sample {
   std::string label;
   OpWork work;
   double seconds = 0;
+  std::string group;
 };
 
 /// The ops of a `pipesim run --profile` file: per-layer compute (an op runs the device's share of the
@@ -56,22 +59,27 @@ Result<std::vector<Sample>> run_profile_samples(const json& profile, const std::
     for (int l = 0; l < share; ++l)
       for (const char* name : names) {
         const OpWork& w = find(name);
-        op.pieces.insert(op.pieces.end(), w.pieces.begin(), w.pieces.end());
+        op.kernels.insert(op.kernels.end(), w.kernels.begin(), w.kernels.end());
       }
     return op;
   };
   std::vector<Sample> samples;
   const std::string from = fmt::format("{} ", path);
   const bool split = mean_ms("weight_ms") > 0;
-  samples.push_back({from + "F", layers_op("F", {"layer_forward"}), mean_ms("forward_ms") / 1e3});
+  const auto add = [&](const OpWork& op, double ms) { samples.push_back({from + op.name, op, ms / 1e3, op.name}); };
+  add(layers_op("F", {"layer_forward"}), mean_ms("forward_ms"));
   if (split) {
-    samples.push_back({from + "B", layers_op("B", {"layer_backward"}), mean_ms("backward_ms") / 1e3});
-    samples.push_back({from + "W", layers_op("W", {"layer_weight"}), mean_ms("weight_ms") / 1e3});
+    add(layers_op("B", {"layer_backward"}), mean_ms("backward_ms"));
+    add(layers_op("W", {"layer_weight"}), mean_ms("weight_ms"));
   } else {
-    samples.push_back({from + "B+W", layers_op("B+W", {"layer_backward", "layer_weight"}), mean_ms("backward_ms") / 1e3});
+    add(layers_op("B+W", {"layer_backward", "layer_weight"}), mean_ms("backward_ms"));
   }
-  for (const char* name : {"output_forward", "output_backward", "input_forward", "input_backward"})
-    if (const double ms = mean_ms((std::string(name) + "_ms").c_str()); ms > 0) samples.push_back({from + name, find(name), ms / 1e3});
+  // The runtime's head backward computes dX and dW in one op.
+  OpWork head_backward = find("output_backward");
+  const OpWork& head_weight = find("output_weight");
+  head_backward.kernels.insert(head_backward.kernels.end(), head_weight.kernels.begin(), head_weight.kernels.end());
+  for (const OpWork& op : {find("output_forward"), head_backward, find("input_forward"), find("input_backward")})
+    add(op, mean_ms((op.name + "_ms").c_str()));
   std::erase_if(samples, [](const Sample& s) { return s.seconds <= 0; });
   return samples;
 }
@@ -90,7 +98,55 @@ Result<std::vector<Sample>> shape_samples(const json& profile, const std::string
     for (const Result<double>* r : {&flops, &bytes, &ms})
       if (!r->ok()) return r->error();
     const std::string name = op.contains("name") && op["name"].is_string() ? op["name"].get<std::string>() : fmt::format("ops[{}]", i);
-    samples.push_back({fmt::format("{} {}", path, name), {name, {{flops.value(), bytes.value()}}}, ms.value() / 1e3});
+    samples.push_back({fmt::format("{} {}", path, name), {name, {{flops.value(), bytes.value(), false}}}, ms.value() / 1e3,
+                       "op"});
+  }
+  return samples;
+}
+
+/// Ops measured by tools/measure-ops.py: {"ops": [{"op": "layer"|"head"|"embedding", shape fields,
+/// "F", "B", "W" in ms}, ...]}; each is costed through the analytic model at its own shape.
+Result<std::vector<Sample>> framework_samples(const json& profile, const std::string& path) {
+  std::vector<Sample> samples;
+  for (std::size_t i = 0; i < profile["ops"].size(); ++i) {
+    const json& op = profile["ops"][i];
+    if (op.contains("error")) continue;  // a shape the measurement could not run (out of memory)
+    const std::string at = fmt::format("{}: ops[{}]", path, i);
+    const auto integer = [&](const char* key, int fallback) -> Result<int> {
+      if (!op.contains(key)) return fallback;
+      if (!op[key].is_number_integer() || op[key].get<long long>() < 1 || op[key].get<long long>() > (1 << 30))
+        return Error{fmt::format("{}.{}: expected a positive integer", at, key)};
+      return op[key].get<int>();
+    };
+    const std::string kind = op["op"].is_string() ? op["op"].get<std::string>() : "";
+    if (kind != "layer" && kind != "head" && kind != "embedding")
+      return Error{fmt::format("{}.op: expected \"layer\", \"head\" or \"embedding\" (as tools/measure-ops.py writes)", at)};
+    Result<int> b = integer("b", 0), s = integer("s", 0), h = integer("h", 0), heads = integer("heads", 1),
+                kv = integer("kv_heads", 0), f = integer("f", 4), vocab = integer("V", 8);
+    for (const Result<int>* r : {&b, &s, &h, &heads, &kv, &f, &vocab})
+      if (!r->ok()) return r->error();
+    if (!b.value() || !s.value() || !h.value()) return Error{fmt::format("{}: needs \"b\", \"s\" and \"h\"", at)};
+    const bool llama = op.value("llama", false);
+    const json model{{"layers", 1}, {"hidden", h.value()}, {"heads", heads.value()},
+                     {"kv_heads", kv.value() ? kv.value() : heads.value()}, {"ffn_hidden", f.value()},
+                     {"seq_len", s.value()}, {"vocab", vocab.value()}, {"micro_batch_size", b.value()},
+                     {"mlp", llama ? "swiglu" : "gelu"}};
+    Result<Config> config = parse_config(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}.dump(), at);
+    if (!config.ok()) return config.error();
+    const std::vector<OpWork> work = analytic_op_work(config.value());
+    const auto find = [&](std::string_view name) { return *std::find_if(work.begin(), work.end(), [&](const OpWork& w) { return w.name == name; }); };
+    const std::map<std::string, std::vector<std::pair<std::string, std::string>>> names{
+        {"layer", {{"F", "layer_forward"}, {"B", "layer_backward"}, {"W", "layer_weight"}}},
+        {"head", {{"F", "output_forward"}, {"B", "output_backward"}, {"W", "output_weight"}}},
+        {"embedding", {{"F", "input_forward"}, {"W", "input_backward"}}}};
+    const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value())
+                                              : fmt::format("b{} s{} h{} V{}", b.value(), s.value(), h.value(), vocab.value());
+    for (const auto& [pass, name] : names.at(kind)) {
+      if (!op.contains(pass)) continue;
+      if (!op[pass].is_number() || op[pass].get<double>() <= 0) return Error{fmt::format("{}.{}: expected a time in ms > 0", at, pass)};
+      samples.push_back({fmt::format("{} {} {}", kind, shape, pass), find(name), op[pass].get<double>() / 1e3,
+                         fmt::format("{} {}", kind, pass)});
+    }
   }
   return samples;
 }
@@ -101,27 +157,31 @@ double loss(const std::vector<Sample>& samples, const HardwareConfig& h) {
   return sum;
 }
 
-/// Grid search in log space over the three parameters, zooming in around the best point.
+/// The fitted parameters, as references into a HardwareConfig, with their upper bounds.
+std::array<std::pair<double HardwareConfig::*, double>, 4> fitted_fields() {
+  return {{{&HardwareConfig::compute_efficiency, 1.0},
+           {&HardwareConfig::attention_efficiency, 1.0},
+           {&HardwareConfig::hbm_efficiency, 1.0},
+           {&HardwareConfig::kernel_launch_us, 1e4}}};
+}
+
+/// Coordinate descent in log space from the preset: each parameter in turn is scaled up or down by
+/// the step while that lowers the loss; the step halves when no parameter moves. A parameter no
+/// measured op depends on (attention, for ops without it) keeps the preset's value.
 HardwareConfig fit(const std::vector<Sample>& samples, HardwareConfig h) {
-  double lo[3] = {std::log(1e-7), std::log(1e-6), std::log(1e-3)}, hi[3] = {0, 0, std::log(1e4)};  // launch in µs
-  for (int round = 0; round < 10; ++round) {
-    const int steps = 24;
-    double best = INFINITY, at[3] = {0, 0, 0};
-    for (int i = 0; i <= steps; ++i)
-      for (int j = 0; j <= steps; ++j)
-        for (int k = 0; k <= steps; ++k) {
+  double best = loss(samples, h);
+  for (double step = std::log(2.0); step > 1e-5;) {
+    bool moved = false;
+    for (const auto& [field, upper] : fitted_fields())
+      for (const double direction : {1.0, -1.0})
+        for (;;) {
           HardwareConfig t = h;
-          t.compute_efficiency = std::exp(lo[0] + (hi[0] - lo[0]) * i / steps);
-          t.hbm_efficiency = std::exp(lo[1] + (hi[1] - lo[1]) * j / steps);
-          t.kernel_launch_us = std::exp(lo[2] + (hi[2] - lo[2]) * k / steps);
-          if (const double l = loss(samples, t); l < best)
-            best = l, at[0] = std::log(t.compute_efficiency), at[1] = std::log(t.hbm_efficiency), at[2] = std::log(t.kernel_launch_us);
+          t.*field = std::clamp(h.*field * std::exp(direction * step), 1e-7, upper);
+          const double l = loss(samples, t);
+          if (!(l < best)) break;
+          best = l, h = t, moved = true;
         }
-    for (int d = 0; d < 3; ++d) {
-      const double half = (hi[d] - lo[d]) / 4;
-      lo[d] = at[d] - half, hi[d] = std::min(d < 2 ? 0.0 : INFINITY, at[d] + half);
-    }
-    h.compute_efficiency = std::exp(at[0]), h.hbm_efficiency = std::exp(at[1]), h.kernel_launch_us = std::exp(at[2]);
+    if (!moved) step /= 2;
   }
   return h;
 }
@@ -142,29 +202,49 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
     if (!text.ok()) return fail(text.error().message);
     const json profile = json::parse(text.value(), nullptr, false);
     if (profile.is_discarded() || !profile.is_object()) return fail(fmt::format("{}: not a JSON object", path));
-    Result<std::vector<Sample>> more = profile.contains("ops") && profile["ops"].is_array() ? shape_samples(profile, path)
-                                                                                            : run_profile_samples(profile, path);
+    const bool ops = profile.contains("ops") && profile["ops"].is_array();
+    Result<std::vector<Sample>> more = !ops ? run_profile_samples(profile, path)
+                                       : !profile["ops"].empty() && profile["ops"][0].contains("op") ? framework_samples(profile, path)
+                                                                                                    : shape_samples(profile, path);
     if (!more.ok()) return fail(more.error().message);
     samples.insert(samples.end(), more.value().begin(), more.value().end());
   }
   if (samples.size() < 3)
-    return fail(fmt::format("calibrate: {} measured op(s) with a time > 0; three parameters need at least 3 (give more "
+    return fail(fmt::format("calibrate: {} measured op(s) with a time > 0; the fit needs at least 3 (give more "
                             "profiles)", samples.size()));
   const HardwareConfig before = base.value().hardware, after = fit(samples, before);
-  fmt::print("{:<48} {:>12} {:>14} {:>14}\n", "op", "measured_ms", "preset_err_%", "fitted_err_%");
-  double mean_before = 0, mean_after = 0;
+  fmt::print("{:<48} {:>12} {:>12} {:>12} {:>14}\n", "op", "measured_ms", "preset_ms", "fitted_ms", "fitted_err_%");
+  struct Summary {
+    int ops = 0;
+    double sum_before = 0, max_before = 0, sum_after = 0, max_after = 0;
+    void add(double before, double after) {
+      ++ops, sum_before += std::abs(before), sum_after += std::abs(after);
+      max_before = std::max(max_before, std::abs(before)), max_after = std::max(max_after, std::abs(after));
+    }
+  };
+  std::vector<std::pair<std::string, Summary>> groups;  // in first-seen order
+  Summary all;
   for (const Sample& s : samples) {
-    fmt::print("{:<48} {:>12.4f} {:>+14.1f} {:>+14.1f}\n", s.label, s.seconds * 1e3, error_pct(s, before), error_pct(s, after));
-    mean_before += std::abs(error_pct(s, before)) / double(samples.size());
-    mean_after += std::abs(error_pct(s, after)) / double(samples.size());
+    fmt::print("{:<48} {:>12.4f} {:>12.4f} {:>12.4f} {:>+14.1f}\n", s.label, s.seconds * 1e3,
+               analytic_seconds(s.work, before) * 1e3, analytic_seconds(s.work, after) * 1e3, error_pct(s, after));
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == s.group; });
+    if (group == groups.end()) group = groups.insert(groups.end(), {s.group, {}});
+    group->second.add(error_pct(s, before), error_pct(s, after));
+    all.add(error_pct(s, before), error_pct(s, after));
   }
-  fmt::print("mean |error|: {:.1f}% with preset {}, {:.1f}% fitted: compute_efficiency {:.3g}, hbm_efficiency {:.3g}, "
-             "kernel_launch_us {:.3g}\n",
-             mean_before, o.preset, mean_after, after.compute_efficiency, after.hbm_efficiency, after.kernel_launch_us);
+  fmt::print("\n{:<24} {:>5} {:>22} {:>22}\n", "|error| by op", "ops", fmt::format("{} mean / max", o.preset), "fitted mean / max");
+  groups.emplace_back("all", all);
+  for (const auto& [name, g] : groups)
+    fmt::print("{:<24} {:>5} {:>13.1f}% / {:>5.1f}% {:>13.1f}% / {:>5.1f}%\n", name, g.ops, g.sum_before / g.ops, g.max_before,
+               g.sum_after / g.ops, g.max_after);
+  fmt::print("fitted: compute_efficiency {:.3g}, attention_efficiency {:.3g}, hbm_efficiency {:.3g}, kernel_launch_us {:.3g}\n",
+             after.compute_efficiency, after.attention_efficiency, after.hbm_efficiency, after.kernel_launch_us);
+  if (o.output.empty()) return ExitStatus::Success;
   const json file{{"generator", "pipesim calibrate"},
                   {"description", fmt::format("fitted by pipesim calibrate to {} measured ops", samples.size())},
                   {"preset", o.preset},
                   {"compute_efficiency", after.compute_efficiency},
+                  {"attention_efficiency", after.attention_efficiency},
                   {"hbm_efficiency", after.hbm_efficiency},
                   {"kernel_launch_us", after.kernel_launch_us}};
   if (Status s = write_output_file(o.output, file.dump(2) + "\n", kHardwareGenerator); !s.ok()) return fail(s.error().message);

@@ -86,8 +86,8 @@ struct RunOptions {
 
 /// `pipesim calibrate`: hardware efficiencies fitted to measured op times.
 struct CalibrateOptions {
-  std::vector<std::string> profiles;  ///< `run --profile` files, or {"ops": [{name, flops, bytes, ms}]}
-  std::string output;                 ///< the hardware file to write
+  std::vector<std::string> profiles;  ///< `run --profile` files, measure-ops.py output, or {"ops": [{name, flops, bytes, ms}]}
+  std::string output;                 ///< the hardware file to write; empty: print the errors only
   std::string preset = "h100-sxm";    ///< whose peak FLOP/s and bandwidth the efficiencies scale
 };
 

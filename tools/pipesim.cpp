@@ -129,10 +129,10 @@ int main(int argc, char** argv) {
 
   pipesim::CalibrateOptions calibrate;
   CLI::App* cal = app.add_subcommand("calibrate", "fit the hardware's efficiencies to measured op times");
-  cal->add_option("profiles", calibrate.profiles, "`pipesim run --profile` files, or {\"ops\": [{name, flops, bytes, ms}]}")
+  cal->add_option("profiles", calibrate.profiles, "`pipesim run --profile` files, tools/measure-ops.py output, or {\"ops\": [{name, flops, bytes, ms}]}")
       ->required();
-  cal->add_option("-o,--output", calibrate.output, "the hardware file to write (configs name it: hardware.file)")
-      ->required();
+  cal->add_option("-o,--output", calibrate.output,
+                  "the hardware file to write (configs name it: hardware.file); without it, only the errors are printed");
   cal->add_option("--preset", calibrate.preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)");
   cal->callback([&] { status = pipesim::run_calibrate(calibrate); });
 

@@ -388,6 +388,30 @@ TEST_CASE("calibrate recovers the efficiencies that produced the op times, and c
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("calibrate reads tools/measure-ops.py's framework times and reports the error by op") {
+  const auto dir = std::filesystem::temp_directory_path() / "pipesim-calibrate-framework-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "ops.json") << R"({"device": "test", "ops": [
+    {"op": "layer", "b": 1, "s": 256, "h": 512, "heads": 4, "kv_heads": 2, "f": 1024, "llama": true, "F": 0.1, "B": 0.2, "W": 0.1},
+    {"op": "head", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.05, "B": 0.05, "W": 0.03},
+    {"op": "head", "b": 4, "s": 4096, "h": 512, "V": 256000, "error": "out of memory"},
+    {"op": "embedding", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.01, "W": 0.02}]})";
+  const Output out = run("calibrate " + (dir / "ops.json").string(), true);
+  REQUIRE(out.exit_code == 0);
+  for (const char* row : {"layer llama b1 s256 h512 F", "head b1 s256 h512 V1000 W", "embedding b1 s256 h512 V1000 W"})
+    CHECK_THAT(out.text, Catch::Contains(row));
+  CHECK_THAT(out.text, !Catch::Contains("V256000"));  // a shape that was not measured is skipped
+  CHECK_THAT(out.text, Catch::Contains("all                          8"));
+  CHECK_THAT(out.text, Catch::Contains("fitted: compute_efficiency"));
+  CHECK(!std::filesystem::exists(dir / "hw.json"));  // no -o: nothing written
+  std::ofstream(dir / "bad.json") << R"({"ops": [{"op": "layer", "b": 1, "s": 8, "h": 8, "F": 1}, {"op": "mlp", "b": 1}]})";
+  const Output bad = run("calibrate " + (dir / "bad.json").string(), true);
+  CHECK(bad.exit_code == 1);
+  CHECK_THAT(bad.text, Catch::Contains("bad.json: ops[1].op: expected \"layer\", \"head\" or \"embedding\""));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("run --check is a verdict: outside its bounds the run fails, naming the worst tensor") {
   // vocab-1 assembles the softmax from shards, so its gradients differ from the reference by rounding
   // (about 6e-7): bounds of zero cannot hold, the default bounds do.

@@ -15,16 +15,17 @@ namespace {
 // efficiencies are fitted (`pipesim calibrate`) to PyTorch op times measured on an H100
 // (docs/data/h100-torch-ops-2.json, docs/cost-model.md), h200's to the same measurement on an H200
 // (docs/data/h200-torch-ops.json); both fits put the launch overhead at zero (the GPU runs a stream's
-// kernels back to back while the CPU runs ahead). a100-80gb's are typical Megatron-LM fractions, not
-// measured here. All of it is overridable per config.
+// kernels back to back while the CPU runs ahead). a100-80gb's GEMM and HBM fractions are typical
+// Megatron-LM ones and its attention keeps the H100's ratio to GEMMs: not measured here. All of it
+// is overridable per config.
 const std::array<HardwareConfig, 3> kPresets = {{
-    {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.55, .attention_efficiency = 0.38,
+    {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.55, .attention_efficiency = 0.47,
      .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300, .intra_node_latency_us = 8,
      .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .kernel_launch_us = 0},
-    {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.48,
+    {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
      .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .kernel_launch_us = 0},
-    {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.43,
+    {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
      .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .kernel_launch_us = 0},
 }};

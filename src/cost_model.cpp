@@ -48,8 +48,8 @@ void add_layer(const Config& c, StageKernels& out) {
   // (GELU reads and writes f, SwiGLU reads gate and up and writes f). B: the norms' backward (read
   // input and gradient, write gradient), the residual gradients' sums, attention's layout copies, and
   // the activation's backward (GELU 3f, SwiGLU 5f).
-  out.forward.push_back({0, tokens * (4 * h + (swiglu ? 3 : 2) * f) / t * act, false});
-  out.backward.push_back({0, tokens * (16 * h + (swiglu ? 5 : 3) * f) / t * act, false});
+  out.forward.push_back({0, tokens * (4 * h + (swiglu ? 5 : 2) * f) / t * act, false});
+  out.backward.push_back({0, tokens * (16 * h + (swiglu ? 13 : 3) * f) / t * act, false});
   if (!swiglu)  // GPT's biases: their gradients read each linear's output gradient
     out.weight.push_back({0, tokens * (h * (1 + 2 * g) + 2 * h + f) / t * act, false});
 }

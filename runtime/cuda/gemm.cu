@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "check.h"
 
@@ -77,6 +78,16 @@ GemmHandle::Plan GemmHandle::make_plan(const Call& call, int align_a, int align_
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, call.transpose_b ? call.n : call.k,
                                             call.transpose_b ? call.k : call.n, call.ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out, call.m, call.n, call.ldc));
+    if (call.batch > 1) {
+      const std::int32_t count = call.batch;
+      const std::pair<cublasLtMatrixLayout_t, std::int64_t> layouts[] = {
+          {plan.a, call.stride_a}, {plan.b, call.stride_b}, {plan.c, call.stride_c}};
+      for (const auto& [layout, stride] : layouts) {
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                      sizeof(stride)));
+      }
+    }
 
     cublasLtMatmulPreference_t preference = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -125,13 +136,14 @@ void GemmHandle::run(const Call& call, const void* a, const void* b, void* c, cu
     return;
   }
   const int align_a = alignment_of(a), align_b = alignment_of(b), align_c = alignment_of(c);
-  const Key key{call.transpose_a, call.transpose_b, call.m,     call.n,     call.k,
-                call.lda,         call.ldb,         call.ldc,   call.types.inputs, call.types.output,
-                align_a,          align_b,          align_c};
+  const Key key{call.transpose_a, call.transpose_b, call.m,        call.n,        call.k,
+                call.lda,         call.ldb,         call.ldc,      call.types.inputs, call.types.output,
+                align_a,          align_b,          align_c,       call.batch,    call.stride_a,
+                call.stride_b,    call.stride_c};
   auto found = plans_.find(key);
   if (found == plans_.end()) found = plans_.emplace(key, make_plan(call, align_a, align_b, align_c)).first;
   const Plan& plan = found->second;
-  const float alpha = 1.0f, beta = call.accumulate ? 1.0f : 0.0f;
+  const float alpha = call.alpha, beta = call.accumulate ? 1.0f : 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c, plan.c, c, plan.c,
                               &plan.algo, workspace_, workspace_bytes_, stream));
 }
@@ -141,19 +153,21 @@ void GemmHandle::run(const Call& call, const void* a, const void* b, void* c, cu
 
 void matmul(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
             bool accumulate, cudaStream_t stream) {
-  const GemmHandle::Call call{false, false, m, n, k, m, k, m, types, accumulate};
+  const GemmHandle::Call call{.m = m, .n = n, .k = k, .lda = m, .ldb = k, .ldc = m, .types = types, .accumulate = accumulate};
   gemm.run(call, b, a, c, stream);
 }
 
 void matmul_bt(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
                bool accumulate, cudaStream_t stream) {
-  const GemmHandle::Call call{true, false, m, n, k, k, k, m, types, accumulate};
+  const GemmHandle::Call call{.transpose_a = true, .m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldc = m, .types = types,
+                              .accumulate = accumulate};
   gemm.run(call, b, a, c, stream);
 }
 
 void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
                bool accumulate, cudaStream_t stream) {
-  const GemmHandle::Call call{false, true, m, k, n, m, k, m, types, accumulate};
+  const GemmHandle::Call call{.transpose_b = true, .m = m, .n = k, .k = n, .lda = m, .ldb = k, .ldc = m, .types = types,
+                              .accumulate = accumulate};
   gemm.run(call, b, a, c, stream);
 }
 

@@ -40,6 +40,11 @@ class GemmHandle {
     int lda = 0, ldb = 0, ldc = 0;
     GemmTypes types;
     bool accumulate = false;  ///< beta = 1 (else 0)
+    float alpha = 1.0f;       ///< D = alpha·op(A)·op(B) (+ C)
+    /// Strided batch: `batch` products, the i-th on A + i·stride_a, B + i·stride_b, C + i·stride_c
+    /// (strides in elements).
+    int batch = 1;
+    long long stride_a = 0, stride_b = 0, stride_c = 0;
   };
   void run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream);
 
@@ -52,8 +57,9 @@ class GemmHandle {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  /// The call's shape and types plus the alignments (bytes, up to 256) of A, B and C.
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, DType, DType, int, int, int>;
+  /// The call's shape, types and batch plus the alignments (bytes, up to 256) of A, B and C.
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, DType, DType, int, int, int, int, long long,
+                         long long, long long>;
   Plan make_plan(const Call& call, int align_a, int align_b, int align_c);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -1,9 +1,11 @@
 // Flash attention forward and backward against cpu::attention_forward/backward (which keep the full
-// probability matrix), over odd sequence lengths and the head widths of each kernel instance.
+// probability matrix), over odd sequence lengths and the head widths of each kernel instance; in
+// bf16 also the cuBLASLt path (attention_gemm.h).
 #include <algorithm>
 #include <cmath>
 
 #include "cpu/kernels.h"
+#include "cuda/attention_gemm.h"
 #include "cuda/kernels.h"
 #include "harness.h"
 
@@ -62,6 +64,19 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
   report.compare("attention_forward", shape, t, "lse", lse_d.download(), reference_lse(qkv, c), tol);
   const auto first_dqkv = dqkv_d.download();
   report.compare("attention_backward", shape, t, "dqkv (+=)", first_dqkv, dqkv, tol);
+
+  if (t == DType::BF16) {  // the tensor-core path bf16 runs take, against the same reference
+    gpu::GemmHandle gemm;
+    Tensor gemm_out(n * c.h, t), gemm_lse(std::size_t(c.batch) * c.heads * c.seq, DType::F32), gemm_dqkv(dqkv0, t);
+    auto* lse_g = static_cast<float*>(gemm_lse.get());
+    gpu::attention_forward_gemm(gemm, qkv_d.get(), gemm_out.get(), lse_g, c.batch, c.seq, c.h, c.heads, stream.get());
+    gpu::attention_backward_gemm(gemm, qkv_d.get(), gemm_out.get(), lse_g, dout_d.get(), gemm_dqkv.get(), c.batch, c.seq,
+                                 c.h, c.heads, stream.get());
+    stream.sync();
+    report.compare("attention_forward_gemm", shape, t, "out", gemm_out.download(), out, tol);
+    report.compare("attention_forward_gemm", shape, t, "lse", gemm_lse.download(), reference_lse(qkv, c), tol);
+    report.compare("attention_backward_gemm", shape, t, "dqkv (+=)", gemm_dqkv.download(), dqkv, tol);
+  }
 
   Tensor again(dqkv0, t);
   gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), again.get(), c.batch, c.seq, c.h, c.heads, t,

@@ -1,0 +1,153 @@
+// Causal attention through cuBLASLt (attention_gemm.h): per sequence, the heads' score matrices in one
+// strided-batched GEMM, a row kernel for the probabilities, and batched GEMMs for everything else.
+//
+// Layouts (row-major): qkv rows [q | k | v] of width 3h, head `head` at columns head·d of each part;
+// scores and probabilities [head][i][j], seq × seq per head. cuBLASLt is column-major, so a row-major
+// matrix X with row stride ld is the column-major Xᵀ with leading dimension ld: the comments give each
+// product in row-major terms and the call in column-major ones.
+#include "attention_gemm.h"
+
+#include <cmath>
+#include <string>
+
+#include "attention_common.cuh"
+
+namespace pipesim::runtime::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kRowThreads = 256;
+
+/// One block per row i of one head's scores S (already scaled): P[i][j] = exp(S[i][j] − lse_i) for
+/// j <= i, 0 after. With `lse_out` the row's logsumexp is computed and written there, else read from
+/// `lse_in`.
+__global__ void __launch_bounds__(kRowThreads)
+    causal_probabilities_kernel(const float* scores, bf16* probs, const float* lse_in, float* lse_out, int seq) {
+  __shared__ float scratch[32];
+  const std::size_t row = blockIdx.x;
+  const int i = int(row % std::size_t(seq));
+  const float* s = scores + row * std::size_t(seq);
+  bf16* p = probs + row * std::size_t(seq);
+  float log_sum;
+  if (lse_out != nullptr) {
+    float max = -INFINITY;
+    for (int j = int(threadIdx.x); j <= i; j += blockDim.x) max = fmaxf(max, s[j]);
+    max = block_reduce(max, Max{}, -INFINITY, scratch);
+    float sum = 0;
+    for (int j = int(threadIdx.x); j <= i; j += blockDim.x) sum += expf(s[j] - max);
+    sum = block_reduce(sum, Sum{}, 0.0f, scratch);
+    log_sum = max + logf(sum);  // j = 0 is always in the row: max is finite, sum >= 1
+    if (threadIdx.x == 0) lse_out[row] = log_sum;
+  } else {
+    log_sum = lse_in[row];
+  }
+  for (int j = int(threadIdx.x); j < seq; j += blockDim.x) p[j] = from_float<bf16>(j <= i ? expf(s[j] - log_sum) : 0.0f);
+}
+
+/// D_i = Σ_e dO[i][e]·O[i][e] over one head's columns: one thread per (head, i), row index head·seq + i.
+__global__ void attention_row_delta_kernel(const bf16* out, const bf16* dout, float* delta, AttentionShape s) {
+  const std::size_t row = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= std::size_t(s.heads) * std::size_t(s.seq)) return;
+  const std::size_t head = row / std::size_t(s.seq), i = row % std::size_t(s.seq);
+  const std::size_t at = i * std::size_t(s.h) + head * std::size_t(s.d);
+  float sum = 0;
+  for (int e = 0; e < s.d; ++e) sum += to_float(out[at + std::size_t(e)]) * to_float(dout[at + std::size_t(e)]);
+  delta[row] = sum;
+}
+
+/// dS[i][j] = scale·P[i][j]·(dP[i][j] − D_i) for j <= i, 0 after, with P recomputed in fp32 from the
+/// scores and the logsumexp; one block per row. Written over the probabilities' buffer.
+__global__ void __launch_bounds__(kRowThreads)
+    causal_score_grad_kernel(const float* scores, const float* lse, const float* dp, const float* delta, bf16* ds,
+                             int seq, float scale) {
+  const std::size_t row = blockIdx.x;
+  const int i = int(row % std::size_t(seq));
+  const float log_sum = lse[row], d = delta[row];
+  const std::size_t at = row * std::size_t(seq);
+  for (int j = int(threadIdx.x); j < seq; j += blockDim.x) {
+    const float g = j <= i ? scale * expf(scores[at + std::size_t(j)] - log_sum) * (dp[at + std::size_t(j)] - d) : 0.0f;
+    ds[at + std::size_t(j)] = from_float<bf16>(g);
+  }
+}
+
+/// The call shapes shared by forward and backward, for one sequence's heads.
+struct HeadGemms {
+  const AttentionShape& s;
+  long long square() const { return (long long)s.seq * s.seq; }
+  /// Row-major C[i][j] = alpha·Σ_e A[i][e]·B[j][e] over one head (A, B: seq × d, row stride lda/ldb;
+  /// C: seq × seq). Column-major: Cᵀ = Bᵀᵀ·Aᵀ, i.e. op(B-as-A) transposed.
+  GemmHandle::Call rows_dot_rows(int lda, int ldb, float alpha) const {
+    return {.transpose_a = true, .m = s.seq, .n = s.seq, .k = s.d, .lda = ldb, .ldb = lda, .ldc = s.seq,
+            .types = {DType::BF16, DType::F32}, .alpha = alpha, .batch = s.heads, .stride_a = s.d, .stride_b = s.d,
+            .stride_c = square()};
+  }
+  /// Row-major C[i][e] (+)= Σ_j M[i][j]·X[j][e] (M: seq × seq, X: seq × d with row stride ldx; C with
+  /// row stride ldc); with `transpose_m`, Σ_j M[j][i]·X[j][e] instead.
+  GemmHandle::Call matrix_times_rows(int ldx, int ldc, bool transpose_m, bool accumulate) const {
+    return {.transpose_b = transpose_m, .m = s.d, .n = s.seq, .k = s.seq, .lda = ldx, .ldb = s.seq, .ldc = ldc,
+            .types = {DType::BF16, DType::BF16}, .accumulate = accumulate, .batch = s.heads, .stride_a = s.d,
+            .stride_b = square(), .stride_c = s.d};
+  }
+};
+
+std::size_t scores_count(const AttentionShape& s) { return std::size_t(s.heads) * std::size_t(s.seq) * std::size_t(s.seq); }
+
+}  // namespace
+
+void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
+                            int heads, cudaStream_t stream) {
+  const AttentionShape s = attention_shape(batch, seq, h, heads);
+  const HeadGemms g{s};
+  StreamScratch scores(scores_count(s) * sizeof(float), stream), probs(scores_count(s) * sizeof(bf16), stream);
+  const std::size_t rows = std::size_t(s.heads) * std::size_t(s.seq);
+  for (int b = 0; b < batch; ++b) {
+    const bf16* q = static_cast<const bf16*>(qkv) + std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h);
+    // S[i][j] = scale·Σ_e Q[i][e]·K[j][e]
+    gemm.run(g.rows_dot_rows(3 * h, 3 * h, s.scale), q + h, q, scores.as<float>(), stream);
+    causal_probabilities_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
+        scores.as<float>(), probs.as<bf16>(), nullptr, lse + std::size_t(b) * rows, seq);
+    CUDA_CHECK_LAUNCH();
+    // O[i][e] = Σ_j P[i][j]·V[j][e]
+    gemm.run(g.matrix_times_rows(3 * h, h, false, false), q + 2 * h, probs.as<bf16>(),
+             static_cast<bf16*>(out) + std::size_t(b) * std::size_t(seq) * std::size_t(h), stream);
+  }
+}
+
+void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
+                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream) {
+  const AttentionShape s = attention_shape(batch, seq, h, heads);
+  const HeadGemms g{s};
+  const std::size_t rows = std::size_t(s.heads) * std::size_t(s.seq);
+  StreamScratch scores(scores_count(s) * sizeof(float), stream), probs(scores_count(s) * sizeof(bf16), stream),
+      dp(scores_count(s) * sizeof(float), stream), delta(rows * sizeof(float), stream);
+  for (int b = 0; b < batch; ++b) {
+    const std::size_t qkv_at = std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h);
+    const std::size_t out_at = std::size_t(b) * std::size_t(seq) * std::size_t(h);
+    const bf16* q = static_cast<const bf16*>(qkv) + qkv_at;
+    const bf16* o = static_cast<const bf16*>(out) + out_at;
+    const bf16* d_o = static_cast<const bf16*>(dout) + out_at;
+    bf16* dq = static_cast<bf16*>(dqkv) + qkv_at;
+    const float* row_lse = lse + std::size_t(b) * rows;
+
+    attention_row_delta_kernel<<<unsigned((rows + kRowThreads - 1) / kRowThreads), kRowThreads, 0, stream>>>(
+        o, d_o, delta.as<float>(), s);
+    CUDA_CHECK_LAUNCH();
+    gemm.run(g.rows_dot_rows(3 * h, 3 * h, s.scale), q + h, q, scores.as<float>(), stream);  // S again
+    causal_probabilities_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
+        scores.as<float>(), probs.as<bf16>(), row_lse, nullptr, seq);
+    CUDA_CHECK_LAUNCH();
+    // dV[j][e] += Σ_i P[i][j]·dO[i][e]
+    gemm.run(g.matrix_times_rows(h, 3 * h, true, true), d_o, probs.as<bf16>(), dq + 2 * h, stream);
+    // dP[i][j] = Σ_e dO[i][e]·V[j][e]
+    gemm.run(g.rows_dot_rows(h, 3 * h, 1.0f), q + 2 * h, d_o, dp.as<float>(), stream);
+    causal_score_grad_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
+        scores.as<float>(), row_lse, dp.as<float>(), delta.as<float>(), probs.as<bf16>(), seq, s.scale);
+    CUDA_CHECK_LAUNCH();
+    // dQ[i][e] += Σ_j dS[i][j]·K[j][e];  dK[j][e] += Σ_i dS[i][j]·Q[i][e]
+    gemm.run(g.matrix_times_rows(3 * h, 3 * h, false, true), q + h, probs.as<bf16>(), dq, stream);
+    gemm.run(g.matrix_times_rows(3 * h, 3 * h, true, true), q, probs.as<bf16>(), dq + h, stream);
+  }
+}
+
+}  // namespace pipesim::runtime::cuda

@@ -409,6 +409,19 @@ TEST_CASE("calibrate reads tools/measure-ops.py's framework times and reports th
   const Output bad = run("calibrate " + (dir / "bad.json").string(), true);
   CHECK(bad.exit_code == 1);
   CHECK_THAT(bad.text, Catch::Contains("bad.json: ops[1].op: expected \"layer\", \"head\" or \"embedding\""));
+  // Entries and fields of the wrong JSON type are errors that name them, never a crash.
+  const std::pair<const char*, const char*> wrong_types[] = {
+      {R"({"ops": [{"op": "layer", "b": 1, "s": 8, "h": 8, "F": 1}, 5]})", "ops[1]: expected an object"},
+      {R"({"ops": [{"op": "layer", "b": 1, "s": 8, "h": 8, "F": 1, "llama": "yes"}]})", "ops[0].llama: expected true"},
+      {R"({"model": {"layers": 2, "hidden": 8, "heads": 1, "seq_len": 4, "vocab": 8}, "pp": 2,
+           "costs": {"forward_ms": ["x"]}})", "bad.json: unexpected JSON"}};
+  for (const auto& [text, message] : wrong_types) {
+    std::ofstream(dir / "bad.json") << text;
+    const Output wrong = run("calibrate " + (dir / "bad.json").string(), true);
+    INFO(text);
+    CHECK(wrong.exit_code == 1);
+    CHECK_THAT(wrong.text, Catch::Contains(message));
+  }
   std::filesystem::remove_all(dir);
 }
 

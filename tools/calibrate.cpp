@@ -110,15 +110,16 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
   std::vector<Sample> samples;
   for (std::size_t i = 0; i < profile["ops"].size(); ++i) {
     const json& op = profile["ops"][i];
-    if (op.contains("error")) continue;  // a shape the measurement could not run (out of memory)
     const std::string at = fmt::format("{}: ops[{}]", path, i);
+    if (!op.is_object()) return Error{fmt::format("{}: expected an object with \"op\" and the shape", at)};
+    if (op.contains("error")) continue;  // a shape the measurement could not run (out of memory)
     const auto integer = [&](const char* key, int fallback) -> Result<int> {
       if (!op.contains(key)) return fallback;
       if (!op[key].is_number_integer() || op[key].get<long long>() < 1 || op[key].get<long long>() > (1 << 30))
         return Error{fmt::format("{}.{}: expected a positive integer", at, key)};
       return op[key].get<int>();
     };
-    const std::string kind = op["op"].is_string() ? op["op"].get<std::string>() : "";
+    const std::string kind = op.contains("op") && op["op"].is_string() ? op["op"].get<std::string>() : "";
     if (kind != "layer" && kind != "head" && kind != "embedding")
       return Error{fmt::format("{}.op: expected \"layer\", \"head\" or \"embedding\" (as tools/measure-ops.py writes)", at)};
     Result<int> b = integer("b", 0), s = integer("s", 0), h = integer("h", 0), heads = integer("heads", 1),
@@ -126,6 +127,8 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     for (const Result<int>* r : {&b, &s, &h, &heads, &kv, &f, &vocab})
       if (!r->ok()) return r->error();
     if (!b.value() || !s.value() || !h.value()) return Error{fmt::format("{}: needs \"b\", \"s\" and \"h\"", at)};
+    if (op.contains("llama") && !op["llama"].is_boolean())
+      return Error{fmt::format("{}.llama: expected true (RMSNorm, SwiGLU) or false (GPT)", at)};
     const bool llama = op.value("llama", false);
     const json model{{"layers", 1}, {"hidden", h.value()}, {"heads", heads.value()},
                      {"kv_heads", kv.value() ? kv.value() : heads.value()}, {"ffn_hidden", f.value()},
@@ -149,6 +152,19 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     }
   }
   return samples;
+}
+
+/// The samples of one file, whichever of the three formats it is. Each reader checks the fields it
+/// uses; a field of another JSON type than expected anywhere else is refused with the file's name
+/// rather than ending the program.
+Result<std::vector<Sample>> samples_of(const json& profile, const std::string& path) {
+  try {
+    if (!profile.contains("ops") || !profile["ops"].is_array()) return run_profile_samples(profile, path);
+    const bool framework = !profile["ops"].empty() && profile["ops"][0].is_object() && profile["ops"][0].contains("op");
+    return framework ? framework_samples(profile, path) : shape_samples(profile, path);
+  } catch (const json::exception& e) {
+    return Error{fmt::format("{}: unexpected JSON ({}); see `pipesim calibrate --help` for the formats", path, e.what())};
+  }
 }
 
 double loss(const std::vector<Sample>& samples, const HardwareConfig& h) {
@@ -202,10 +218,7 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
     if (!text.ok()) return fail(text.error().message);
     const json profile = json::parse(text.value(), nullptr, false);
     if (profile.is_discarded() || !profile.is_object()) return fail(fmt::format("{}: not a JSON object", path));
-    const bool ops = profile.contains("ops") && profile["ops"].is_array();
-    Result<std::vector<Sample>> more = !ops ? run_profile_samples(profile, path)
-                                       : !profile["ops"].empty() && profile["ops"][0].contains("op") ? framework_samples(profile, path)
-                                                                                                    : shape_samples(profile, path);
+    Result<std::vector<Sample>> more = samples_of(profile, path);
     if (!more.ok()) return fail(more.error().message);
     samples.insert(samples.end(), more.value().begin(), more.value().end());
   }

@@ -181,14 +181,34 @@ std::array<std::pair<double HardwareConfig::*, double>, 4> fitted_fields() {
            {&HardwareConfig::kernel_launch_us, 1e4}}};
 }
 
-/// Coordinate descent in log space from the preset: each parameter in turn is scaled up or down by
-/// the step while that lowers the loss; the step halves when no parameter moves. A parameter no
-/// measured op depends on (attention, for ops without it) keeps the preset's value.
-HardwareConfig fit(const std::vector<Sample>& samples, HardwareConfig h) {
+/// A coarse grid first (9 values a parameter, log-spaced: efficiencies 1e-6..1, launch 1e-3..1e4 µs),
+/// so that a machine far from the preset (a CPU) does not leave the descent in a corner where one
+/// roofline explains everything; a parameter that changes no measured op's time (attention, for ops
+/// without it) is then put back to the preset's value. Then coordinate descent in log space: each
+/// parameter in turn is scaled up or down by the step while that lowers the loss; the step halves
+/// when no parameter moves.
+HardwareConfig fit(const std::vector<Sample>& samples, const HardwareConfig& preset) {
+  const auto fields = fitted_fields();
+  HardwareConfig h = preset;
   double best = loss(samples, h);
+  constexpr int kSteps = 9;
+  const auto grid_value = [](std::size_t field, int i) {
+    return field == 3 ? std::pow(10.0, -3 + 7.0 * i / (kSteps - 1)) : std::pow(10.0, -6 + 6.0 * i / (kSteps - 1));
+  };
+  for (int point = 0; point < kSteps * kSteps * kSteps * kSteps; ++point) {
+    HardwareConfig t = preset;
+    for (std::size_t f = 0, rest = std::size_t(point); f < fields.size(); ++f, rest /= kSteps)
+      t.*fields[f].first = grid_value(f, int(rest % kSteps));
+    if (const double l = loss(samples, t); l < best) best = l, h = t;
+  }
+  for (const auto& [field, upper] : fields) {
+    HardwareConfig t = h;
+    t.*field = preset.*field;
+    if (const double l = loss(samples, t); l <= best) best = l, h = t;
+  }
   for (double step = std::log(2.0); step > 1e-5;) {
     bool moved = false;
-    for (const auto& [field, upper] : fitted_fields())
+    for (const auto& [field, upper] : fields)
       for (const double direction : {1.0, -1.0})
         for (;;) {
           HardwareConfig t = h;
@@ -225,7 +245,8 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
   if (samples.size() < 3)
     return fail(fmt::format("calibrate: {} measured op(s) with a time > 0; the fit needs at least 3 (give more "
                             "profiles)", samples.size()));
-  const HardwareConfig before = base.value().hardware, after = fit(samples, before);
+  const HardwareConfig& before = base.value().hardware;
+  const HardwareConfig after = fit(samples, before);
   fmt::print("{:<48} {:>12} {:>12} {:>12} {:>14}\n", "op", "measured_ms", "preset_ms", "fitted_ms", "fitted_err_%");
   struct Summary {
     int ops = 0;

@@ -152,11 +152,12 @@ class AnalyticCostModel final : public CostModel {
     return ring(task.kind, work.bytes, ranks, intra);
   }
   TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
-    // GEMM, then memory-bound softmax or gather kernels: their times add.
-    std::vector<Kernel> kernels;
-    if (work.flops > 0) kernels.push_back({work.flops, 0, false});
-    if (work.bytes > 0) kernels.push_back({0, work.bytes, false});
-    return run(kernels);
+    // GEMM, then memory-bound softmax or gather kernels: their times add. (No vector: this runs for
+    // every vocabulary op of the graph.)
+    double s = 0;
+    if (work.flops > 0) s += kernel_seconds({work.flops, 0, false}, h_);
+    if (work.bytes > 0) s += kernel_seconds({0, work.bytes, false}, h_);
+    return ns_from_s(s);
   }
   TimeNs optimizer(int device) const override {
     double params = vocab_shard_params(c_, layout_);

@@ -45,9 +45,10 @@ void add_layer(const Config& c, StageKernels& out) {
   out.forward.push_back({scores, qkvo, true});
   out.backward.push_back({2.5 * scores, 2 * qkvo, true});
   // Memory-bound, in elements per token: F: two norms (read, write) and the activation function
-  // (GELU reads and writes f, SwiGLU reads gate and up and writes f). B: the norms' backward (read
-  // input and gradient, write gradient), the residual gradients' sums, attention's layout copies, and
-  // the activation's backward (GELU 3f, SwiGLU 5f).
+  // (GELU one fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f). B: the
+  // norms' backward (read input and gradient, write gradient), the residual gradients' sums,
+  // attention's layout copies, and the activation's backward (GELU 3f; SwiGLU 13f: two products,
+  // SiLU's backward, the gate and up gradients copied into one).
   out.forward.push_back({0, tokens * (4 * h + (swiglu ? 5 : 2) * f) / t * act, false});
   out.backward.push_back({0, tokens * (16 * h + (swiglu ? 13 : 3) * f) / t * act, false});
   if (!swiglu)  // GPT's biases: their gradients read each linear's output gradient
@@ -166,12 +167,11 @@ class AnalyticCostModel final : public CostModel {
     const PrecisionConfig& p = c_.precision;
     // Read gradients, read and write weights and optimizer states.
     const double states = p.optimizer_bytes / (p.distributed_optimizer ? c_.parallel.dp : 1);
-    return add_ns(memory_time(params * (p.grad_bytes + 2 * (p.param_bytes + states))), launch());
+    // One fused kernel (multi-tensor Adam).
+    return ns_from_s(kernel_seconds({0, params * (p.grad_bytes + 2 * (p.param_bytes + states)), false}, h_));
   }
 
  private:
-  TimeNs launch() const { return ns_from_us(h_.kernel_launch_us); }
-  TimeNs memory_time(double bytes) const { return ns_from_s(bytes / (h_.hbm_gbps * 1e9 * h_.hbm_efficiency)); }
   TimeNs run(const std::vector<Kernel>& kernels) const { return ns_from_s(seconds(kernels, h_)); }
   TimeNs link(double bytes, bool intra) const {
     const double latency_us = intra ? h_.intra_node_latency_us : h_.inter_node_latency_us;

@@ -33,8 +33,13 @@ struct Sample {
   std::string group;
 };
 
+/// The op of analytic_op_work's list with this name (every name looked up here is in it).
+const OpWork& op_named(const std::vector<OpWork>& work, std::string_view name) {
+  return *std::find_if(work.begin(), work.end(), [&](const OpWork& w) { return w.name == name; });
+}
+
 /// The ops of a `pipesim run --profile` file: per-layer compute (an op runs the device's share of the
-/// layers, L/p of them, and pays one launch) and the vocabulary layers, where measured.
+/// layers, L/p of them) and the vocabulary layers, where measured.
 Result<std::vector<Sample>> run_profile_samples(const json& profile, const std::string& path) {
   if (!profile.contains("model") || !profile.contains("pp") || !profile.contains("costs"))
     return Error{fmt::format("{}: not a profile with op shapes: expected \"model\", \"pp\" and \"costs\" as `pipesim run "
@@ -44,7 +49,7 @@ Result<std::vector<Sample>> run_profile_samples(const json& profile, const std::
   Result<Config> config = parse_config(text, path);
   if (!config.ok()) return config.error();
   const std::vector<OpWork> work = analytic_op_work(config.value());
-  const auto find = [&](std::string_view name) { return *std::find_if(work.begin(), work.end(), [&](const OpWork& w) { return w.name == name; }); };
+  const auto find = [&](std::string_view name) -> const OpWork& { return op_named(work, name); };
   const json& costs = profile["costs"];
   const int share = std::max(1, int(std::lround(double(config.value().model.layers) / profile["pp"].get<double>())));
   const auto mean_ms = [&](const char* key) {
@@ -104,6 +109,12 @@ Result<std::vector<Sample>> shape_samples(const json& profile, const std::string
   return samples;
 }
 
+/// measure-ops.py's passes of each kind of op, and the analytic op each is.
+const std::map<std::string, std::vector<std::pair<std::string, std::string>>> kFrameworkPasses{
+    {"layer", {{"F", "layer_forward"}, {"B", "layer_backward"}, {"W", "layer_weight"}}},
+    {"head", {{"F", "output_forward"}, {"B", "output_backward"}, {"W", "output_weight"}}},
+    {"embedding", {{"F", "input_forward"}, {"W", "input_backward"}}}};
+
 /// Ops measured by tools/measure-ops.py: {"ops": [{"op": "layer"|"head"|"embedding", shape fields,
 /// "F", "B", "W" in ms}, ...]}; each is costed through the analytic model at its own shape.
 Result<std::vector<Sample>> framework_samples(const json& profile, const std::string& path) {
@@ -137,17 +148,12 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     Result<Config> config = parse_config(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}.dump(), at);
     if (!config.ok()) return config.error();
     const std::vector<OpWork> work = analytic_op_work(config.value());
-    const auto find = [&](std::string_view name) { return *std::find_if(work.begin(), work.end(), [&](const OpWork& w) { return w.name == name; }); };
-    const std::map<std::string, std::vector<std::pair<std::string, std::string>>> names{
-        {"layer", {{"F", "layer_forward"}, {"B", "layer_backward"}, {"W", "layer_weight"}}},
-        {"head", {{"F", "output_forward"}, {"B", "output_backward"}, {"W", "output_weight"}}},
-        {"embedding", {{"F", "input_forward"}, {"W", "input_backward"}}}};
     const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value())
                                               : fmt::format("b{} s{} h{} V{}", b.value(), s.value(), h.value(), vocab.value());
-    for (const auto& [pass, name] : names.at(kind)) {
+    for (const auto& [pass, name] : kFrameworkPasses.at(kind)) {
       if (!op.contains(pass)) continue;
       if (!op[pass].is_number() || op[pass].get<double>() <= 0) return Error{fmt::format("{}.{}: expected a time in ms > 0", at, pass)};
-      samples.push_back({fmt::format("{} {} {}", kind, shape, pass), find(name), op[pass].get<double>() / 1e3,
+      samples.push_back({fmt::format("{} {} {}", kind, shape, pass), op_named(work, name), op[pass].get<double>() / 1e3,
                          fmt::format("{} {}", kind, pass)});
     }
   }
@@ -173,13 +179,16 @@ double loss(const std::vector<Sample>& samples, const HardwareConfig& h) {
   return sum;
 }
 
-/// The fitted parameters, as references into a HardwareConfig, with their upper bounds.
-std::array<std::pair<double HardwareConfig::*, double>, 4> fitted_fields() {
-  return {{{&HardwareConfig::compute_efficiency, 1.0},
-           {&HardwareConfig::attention_efficiency, 1.0},
-           {&HardwareConfig::hbm_efficiency, 1.0},
-           {&HardwareConfig::kernel_launch_us, 1e4}}};
-}
+/// A fitted parameter of HardwareConfig: the coarse grid spans [grid_low, upper] in log space; the
+/// descent stays in [1e-7, upper].
+struct FittedField {
+  double HardwareConfig::*field;
+  double grid_low, upper;
+};
+constexpr std::array<FittedField, 4> kFittedFields{{{&HardwareConfig::compute_efficiency, 1e-6, 1.0},
+                                                     {&HardwareConfig::attention_efficiency, 1e-6, 1.0},
+                                                     {&HardwareConfig::hbm_efficiency, 1e-6, 1.0},
+                                                     {&HardwareConfig::kernel_launch_us, 1e-3, 1e4}}};
 
 /// A coarse grid first (9 values a parameter, log-spaced: efficiencies 1e-6..1, launch 1e-3..1e4 µs),
 /// so that a machine far from the preset (a CPU) does not leave the descent in a corner where one
@@ -188,27 +197,26 @@ std::array<std::pair<double HardwareConfig::*, double>, 4> fitted_fields() {
 /// parameter in turn is scaled up or down by the step while that lowers the loss; the step halves
 /// when no parameter moves.
 HardwareConfig fit(const std::vector<Sample>& samples, const HardwareConfig& preset) {
-  const auto fields = fitted_fields();
   HardwareConfig h = preset;
   double best = loss(samples, h);
   constexpr int kSteps = 9;
-  const auto grid_value = [](std::size_t field, int i) {
-    return field == 3 ? std::pow(10.0, -3 + 7.0 * i / (kSteps - 1)) : std::pow(10.0, -6 + 6.0 * i / (kSteps - 1));
-  };
   for (int point = 0; point < kSteps * kSteps * kSteps * kSteps; ++point) {
     HardwareConfig t = preset;
-    for (std::size_t f = 0, rest = std::size_t(point); f < fields.size(); ++f, rest /= kSteps)
-      t.*fields[f].first = grid_value(f, int(rest % kSteps));
+    int rest = point;  // the point's index in each field, base kSteps
+    for (const auto& [field, low, upper] : kFittedFields) {
+      t.*field = low * std::pow(upper / low, double(rest % kSteps) / (kSteps - 1));
+      rest /= kSteps;
+    }
     if (const double l = loss(samples, t); l < best) best = l, h = t;
   }
-  for (const auto& [field, upper] : fields) {
+  for (const auto& [field, low, upper] : kFittedFields) {
     HardwareConfig t = h;
     t.*field = preset.*field;
     if (const double l = loss(samples, t); l <= best) best = l, h = t;
   }
   for (double step = std::log(2.0); step > 1e-5;) {
     bool moved = false;
-    for (const auto& [field, upper] : fields)
+    for (const auto& [field, low, upper] : kFittedFields)
       for (const double direction : {1.0, -1.0})
         for (;;) {
           HardwareConfig t = h;
@@ -221,8 +229,6 @@ HardwareConfig fit(const std::vector<Sample>& samples, const HardwareConfig& pre
   }
   return h;
 }
-
-double error_pct(const Sample& s, const HardwareConfig& h) { return 100.0 * (analytic_seconds(s.work, h) / s.seconds - 1); }
 
 }  // namespace
 
@@ -259,12 +265,14 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
   std::vector<std::pair<std::string, Summary>> groups;  // in first-seen order
   Summary all;
   for (const Sample& s : samples) {
-    fmt::print("{:<48} {:>12.4f} {:>12.4f} {:>12.4f} {:>+14.1f}\n", s.label, s.seconds * 1e3,
-               analytic_seconds(s.work, before) * 1e3, analytic_seconds(s.work, after) * 1e3, error_pct(s, after));
+    const double preset_s = analytic_seconds(s.work, before), fitted_s = analytic_seconds(s.work, after);
+    const double preset_error = 100 * (preset_s / s.seconds - 1), fitted_error = 100 * (fitted_s / s.seconds - 1);
+    fmt::print("{:<48} {:>12.4f} {:>12.4f} {:>12.4f} {:>+14.1f}\n", s.label, s.seconds * 1e3, preset_s * 1e3, fitted_s * 1e3,
+               fitted_error);
     auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == s.group; });
     if (group == groups.end()) group = groups.insert(groups.end(), {s.group, {}});
-    group->second.add(error_pct(s, before), error_pct(s, after));
-    all.add(error_pct(s, before), error_pct(s, after));
+    group->second.add(preset_error, fitted_error);
+    all.add(preset_error, fitted_error);
   }
   fmt::print("\n{:<24} {:>5} {:>22} {:>22}\n", "|error| by op", "ops", fmt::format("{} mean / max", o.preset), "fitted mean / max");
   groups.emplace_back("all", all);

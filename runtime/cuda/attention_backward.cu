@@ -164,6 +164,22 @@ constexpr std::size_t kScoreTileFloats = std::size_t(kTile) * (kTile + 1);
 
 }  // namespace
 
+namespace detail {
+
+void attention_delta(const void* out, const void* dout, float* delta, const AttentionShape& s, DType dtype,
+                     cudaStream_t stream) {
+  const std::size_t rows = std::size_t(s.batch) * std::size_t(s.heads) * std::size_t(s.seq);
+  const unsigned blocks = unsigned((rows * 32 + kDeltaThreads - 1) / kDeltaThreads);
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    attention_delta_kernel<<<blocks, kDeltaThreads, 0, stream>>>(static_cast<const T*>(out),
+                                                                 static_cast<const T*>(dout), delta, s);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace detail
+
 void attention_backward(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv, int batch,
                         int seq, int h, int heads, DType dtype, cudaStream_t stream) {
   const AttentionShape s = attention_shape(batch, seq, h, heads);
@@ -172,15 +188,12 @@ void attention_backward(const void* qkv, const void* out, const float* lse, cons
   const std::size_t dkv_smem = (4 * tile_floats(s) + 2 * kScoreTileFloats + 2 * kTile) * sizeof(float);
   const std::size_t dq_smem = (4 * tile_floats(s) + kScoreTileFloats) * sizeof(float);
   const dim3 grid(unsigned(batch * heads), unsigned((seq + kTile - 1) / kTile));
+  attention_delta(out, dout, delta.as<float>(), s, dtype, stream);
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto* qkv_t = static_cast<const T*>(qkv);
     const auto* dout_t = static_cast<const T*>(dout);
     auto* dqkv_t = static_cast<T*>(dqkv);
-    const unsigned delta_blocks = unsigned((rows * 32 + kDeltaThreads - 1) / kDeltaThreads);
-    attention_delta_kernel<<<delta_blocks, kDeltaThreads, 0, stream>>>(static_cast<const T*>(out), dout_t,
-                                                                       delta.as<float>(), s);
-    CUDA_CHECK_LAUNCH();
     dispatch_head_width(s.d, [&](auto width) {
       constexpr int kMaxD = decltype(width)::value;
       const auto dkv = attention_dkv_kernel<T, kMaxD>;

@@ -63,6 +63,11 @@ void dispatch_head_width(int d, F&& f) {
   else f(std::integral_constant<int, 128>{});
 }
 
+/// delta[(b·heads + head)·seq + i] = Σ_e dout·out over the head's columns of token (b, i), the
+/// softmax backward's Σ_j p_j·dp_j: both attention backwards start from it (attention_backward.cu).
+void attention_delta(const void* out, const void* dout, float* delta, const AttentionShape& s, DType dtype,
+                     cudaStream_t stream);
+
 /// Dynamic shared memory beyond the default 48 KiB must be opted into per kernel (and device).
 template <class Kernel>
 void allow_shared_memory(Kernel kernel, std::size_t bytes) {

@@ -7,6 +7,7 @@
 // product in row-major terms and the call in column-major ones.
 #include "attention_gemm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -45,17 +46,6 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int j = int(threadIdx.x); j < seq; j += blockDim.x) p[j] = from_float<bf16>(j <= i ? expf(s[j] - log_sum) : 0.0f);
 }
 
-/// D_i = Σ_e dO[i][e]·O[i][e] over one head's columns: one thread per (head, i), row index head·seq + i.
-__global__ void attention_row_delta_kernel(const bf16* out, const bf16* dout, float* delta, AttentionShape s) {
-  const std::size_t row = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= std::size_t(s.heads) * std::size_t(s.seq)) return;
-  const std::size_t head = row / std::size_t(s.seq), i = row % std::size_t(s.seq);
-  const std::size_t at = i * std::size_t(s.h) + head * std::size_t(s.d);
-  float sum = 0;
-  for (int e = 0; e < s.d; ++e) sum += to_float(out[at + std::size_t(e)]) * to_float(dout[at + std::size_t(e)]);
-  delta[row] = sum;
-}
-
 /// dS[i][j] = scale·P[i][j]·(dP[i][j] − D_i) for j <= i, 0 after, with P recomputed in fp32 from the
 /// scores and the logsumexp; one block per row. Written over the probabilities' buffer.
 __global__ void __launch_bounds__(kRowThreads)
@@ -91,63 +81,87 @@ struct HeadGemms {
   }
 };
 
-std::size_t scores_count(const AttentionShape& s) { return std::size_t(s.heads) * std::size_t(s.seq) * std::size_t(s.seq); }
+/// Heads per call: as many as keep their seq × seq matrices (`square_bytes` for each element: what
+/// one call holds at once) within `budget`, at least one, spread evenly over the calls.
+int heads_per_call(const AttentionShape& s, std::size_t square_bytes, std::size_t budget) {
+  const std::size_t per_head = square_bytes * std::size_t(s.seq) * std::size_t(s.seq);
+  const int most = int(std::clamp<std::size_t>(budget / per_head, 1, std::size_t(s.heads)));
+  const int calls = (s.heads + most - 1) / most;
+  return (s.heads + calls - 1) / calls;
+}
+
+/// Calls step(b, first_head, part) for each sequence b and each group of heads, `part` being the
+/// shape with heads = the group's size (what HeadGemms and the row kernels batch over).
+template <class Step>
+void for_head_groups(const AttentionShape& s, int group, Step step) {
+  for (int b = 0; b < s.batch; ++b)
+    for (int first = 0; first < s.heads; first += group) {
+      AttentionShape part = s;
+      part.heads = std::min(group, s.heads - first);
+      step(b, first, part);
+    }
+}
+
+std::size_t squares(const AttentionShape& s) { return std::size_t(s.heads) * std::size_t(s.seq) * std::size_t(s.seq); }
 
 }  // namespace
 
 void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
-                            int heads, cudaStream_t stream) {
+                            int heads, cudaStream_t stream, std::size_t workspace_bytes) {
   const AttentionShape s = attention_shape(batch, seq, h, heads);
-  const HeadGemms g{s};
-  StreamScratch scores(scores_count(s) * sizeof(float), stream), probs(scores_count(s) * sizeof(bf16), stream);
-  const std::size_t rows = std::size_t(s.heads) * std::size_t(s.seq);
-  for (int b = 0; b < batch; ++b) {
-    const bf16* q = static_cast<const bf16*>(qkv) + std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h);
+  AttentionShape most = s;
+  most.heads = heads_per_call(s, sizeof(float) + sizeof(bf16), workspace_bytes);
+  StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream);
+  for_head_groups(s, most.heads, [&](int b, int first, const AttentionShape& part) {
+    const HeadGemms g{part};
+    const std::size_t column = std::size_t(first) * std::size_t(s.d), rows = std::size_t(part.heads) * std::size_t(seq);
+    const bf16* q = static_cast<const bf16*>(qkv) + std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h) + column;
     // S[i][j] = scale·Σ_e Q[i][e]·K[j][e]
     gemm.run(g.rows_dot_rows(3 * h, 3 * h, s.scale), q + h, q, scores.as<float>(), stream);
     causal_probabilities_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
-        scores.as<float>(), probs.as<bf16>(), nullptr, lse + std::size_t(b) * rows, seq);
+        scores.as<float>(), probs.as<bf16>(), nullptr, lse + (std::size_t(b) * heads + first) * std::size_t(seq), seq);
     CUDA_CHECK_LAUNCH();
     // O[i][e] = Σ_j P[i][j]·V[j][e]
     gemm.run(g.matrix_times_rows(3 * h, h, false, false), q + 2 * h, probs.as<bf16>(),
-             static_cast<bf16*>(out) + std::size_t(b) * std::size_t(seq) * std::size_t(h), stream);
-  }
+             static_cast<bf16*>(out) + std::size_t(b) * std::size_t(seq) * std::size_t(h) + column, stream);
+  });
 }
 
 void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
-                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream) {
+                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream,
+                             std::size_t workspace_bytes) {
   const AttentionShape s = attention_shape(batch, seq, h, heads);
-  const HeadGemms g{s};
-  const std::size_t rows = std::size_t(s.heads) * std::size_t(s.seq);
-  StreamScratch scores(scores_count(s) * sizeof(float), stream), probs(scores_count(s) * sizeof(bf16), stream),
-      dp(scores_count(s) * sizeof(float), stream), delta(rows * sizeof(float), stream);
-  for (int b = 0; b < batch; ++b) {
-    const std::size_t qkv_at = std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h);
-    const std::size_t out_at = std::size_t(b) * std::size_t(seq) * std::size_t(h);
+  AttentionShape most = s;
+  most.heads = heads_per_call(s, 2 * sizeof(float) + sizeof(bf16), workspace_bytes);
+  StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream),
+      dp(squares(most) * sizeof(float), stream), delta(std::size_t(batch) * heads * seq * sizeof(float), stream);
+  attention_delta(out, dout, delta.as<float>(), s, DType::BF16, stream);
+  for_head_groups(s, most.heads, [&](int b, int first, const AttentionShape& part) {
+    const HeadGemms g{part};
+    const std::size_t column = std::size_t(first) * std::size_t(s.d), rows = std::size_t(part.heads) * std::size_t(seq);
+    const std::size_t qkv_at = std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h) + column;
+    const std::size_t out_at = std::size_t(b) * std::size_t(seq) * std::size_t(h) + column;
+    const std::size_t stats_at = (std::size_t(b) * heads + first) * std::size_t(seq);
     const bf16* q = static_cast<const bf16*>(qkv) + qkv_at;
-    const bf16* o = static_cast<const bf16*>(out) + out_at;
     const bf16* d_o = static_cast<const bf16*>(dout) + out_at;
     bf16* dq = static_cast<bf16*>(dqkv) + qkv_at;
-    const float* row_lse = lse + std::size_t(b) * rows;
 
-    attention_row_delta_kernel<<<unsigned((rows + kRowThreads - 1) / kRowThreads), kRowThreads, 0, stream>>>(
-        o, d_o, delta.as<float>(), s);
-    CUDA_CHECK_LAUNCH();
     gemm.run(g.rows_dot_rows(3 * h, 3 * h, s.scale), q + h, q, scores.as<float>(), stream);  // S again
     causal_probabilities_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
-        scores.as<float>(), probs.as<bf16>(), row_lse, nullptr, seq);
+        scores.as<float>(), probs.as<bf16>(), lse + stats_at, nullptr, seq);
     CUDA_CHECK_LAUNCH();
     // dV[j][e] += Σ_i P[i][j]·dO[i][e]
     gemm.run(g.matrix_times_rows(h, 3 * h, true, true), d_o, probs.as<bf16>(), dq + 2 * h, stream);
     // dP[i][j] = Σ_e dO[i][e]·V[j][e]
     gemm.run(g.rows_dot_rows(h, 3 * h, 1.0f), q + 2 * h, d_o, dp.as<float>(), stream);
     causal_score_grad_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
-        scores.as<float>(), row_lse, dp.as<float>(), delta.as<float>(), probs.as<bf16>(), seq, s.scale);
+        scores.as<float>(), lse + stats_at, dp.as<float>(), delta.as<float>() + stats_at, probs.as<bf16>(), seq,
+        s.scale);
     CUDA_CHECK_LAUNCH();
     // dQ[i][e] += Σ_j dS[i][j]·K[j][e];  dK[j][e] += Σ_i dS[i][j]·Q[i][e]
     gemm.run(g.matrix_times_rows(3 * h, 3 * h, false, true), q + h, probs.as<bf16>(), dq, stream);
     gemm.run(g.matrix_times_rows(3 * h, 3 * h, true, true), q, probs.as<bf16>(), dq + h, stream);
-  }
+  });
 }
 
 }  // namespace pipesim::runtime::cuda

@@ -3,18 +3,25 @@
 /// head come from strided-batched cuBLASLt GEMMs (bf16 operands, fp32 accumulate) and two row
 /// kernels, as unfused attention does. Same arguments, layouts and accumulate-into-dqkv contract as
 /// kernels.h's attention_forward / attention_backward, whose flash-style fp32 kernels stay the
-/// correctness path (fp32 runs and --check). Workspace: the seq × seq scores of every head of one
-/// sequence at a time (fp32, plus bf16 probabilities; the backward adds fp32 dP), taken from the
-/// stream's pool for the call.
+/// correctness path (fp32 runs and --check). Workspace, from the stream's pool for the call: the
+/// seq × seq scores of as many heads of one sequence as fit `workspace_bytes` (fp32 scores and bf16
+/// probabilities; the backward adds fp32 dP), at least one head: a long sequence runs its heads in
+/// groups rather than asking for all of them at once (64 heads at seq 8192 would need 43 GB).
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
 
 #include "gemm.h"
 
 namespace pipesim::runtime::cuda {
 
+/// Per call. At seq 4096 that is up to 12 heads a call backward (10 bytes a score) and 21 forward (6).
+constexpr std::size_t kAttentionWorkspaceBytes = std::size_t(2) << 30;
+
 void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
-                            int heads, cudaStream_t stream);
+                            int heads, cudaStream_t stream, std::size_t workspace_bytes = kAttentionWorkspaceBytes);
 void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
-                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream);
+                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream,
+                             std::size_t workspace_bytes = kAttentionWorkspaceBytes);
 
 }  // namespace pipesim::runtime::cuda

@@ -1,5 +1,6 @@
-// Causal attention through cuBLASLt (attention_gemm.h): per sequence, the heads' score matrices in one
-// strided-batched GEMM, a row kernel for the probabilities, and batched GEMMs for everything else.
+// Causal attention through cuBLASLt (attention_gemm.h): per sequence and group of heads, the heads'
+// score matrices in one strided-batched GEMM, a row kernel for the probabilities, and batched GEMMs
+// for everything else.
 //
 // Layouts (row-major): qkv rows [q | k | v] of width 3h, head `head` at columns head·d of each part;
 // scores and probabilities [head][i][j], seq × seq per head. cuBLASLt is column-major, so a row-major

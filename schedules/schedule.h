@@ -21,9 +21,6 @@ struct ComputeStep {
   int microbatch;
 };
 
-/// 0, 1, 2 for F, B, W: where a transformer pass goes in tables kept per (pass, stage, microbatch).
-constexpr int pass_index(OpKind kind) { return kind == OpKind::F ? 0 : kind == OpKind::B ? 1 : 2; }
-
 /// Per device, its compute ops in program order.
 using DeviceOrders = std::vector<std::vector<ComputeStep>>;
 

@@ -34,6 +34,11 @@ enum class OpKind : std::uint8_t {
   Optimizer,    ///< end-of-iteration optimizer step
 };
 constexpr int kOpKindCount = 14;
+/// 0, 1, 2 for F, B, W: where a transformer pass goes in tables kept per (pass, stage, microbatch);
+/// -1 for every other kind.
+constexpr int pass_index(OpKind kind) {
+  return kind == OpKind::F ? 0 : kind == OpKind::B ? 1 : kind == OpKind::W ? 2 : -1;
+}
 std::string_view op_kind_name(OpKind kind);
 
 /// Kinds of stream. Every device has one compute stream, kCollectiveLanes collective streams (one

@@ -53,7 +53,7 @@ Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches)
     for (std::size_t i = 0; i < order.size(); ++i) {
       const Task& t = graph.task(order[i]);
       if (t.kind == OpKind::Optimizer) ++optimizers[static_cast<std::size_t>(d)];
-      const int slot = t.kind == OpKind::F ? 0 : t.kind == OpKind::B ? 1 : t.kind == OpKind::W ? 2 : -1;
+      const int slot = pass_index(t.kind);
       if (slot < 0) continue;
       if (t.stage < 0 || t.stage >= stages || t.microbatch < 0 || t.microbatch >= microbatches)
         return Error{fmt::format("{} is outside {} stages x {} microbatches", graph.describe(order[i]), stages, microbatches)};

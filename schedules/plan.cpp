@@ -5,10 +5,15 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <future>
+#include <optional>
+#include <utility>
 
-#include "spellcheck.h"
-#include "validate.h"
 #include "order_eval.h"
+#include "simulator.h"
+#include "spellcheck.h"
+#include "two_threads.h"
+#include "validate.h"
 #include "vocab_passes.h"
 
 namespace pipesim {
@@ -89,6 +94,50 @@ Status check_orders(const DeviceOrders& orders, const Layout& layout, int microb
   return Status::Ok();
 }
 
+/// The iteration time the simulator gives `graph` under `costs`; nothing if it cannot run to its end.
+std::optional<TimeNs> simulated_iteration(const CostModel& costs, const TaskGraph& graph) {
+  const Result<Timeline> timeline = simulate(graph, op_durations(costs, graph));
+  if (!timeline.ok()) return std::nullopt;
+  const std::vector<TimeNs>& end = timeline.value().end;
+  return end.empty() ? 0 : *std::max_element(end.begin(), end.end());
+}
+
+/// The graph of `orders` with the vocabulary passes placed (`build` assembles one). The passes want
+/// the last stage's backward of each microbatch to trail its forward by context.vocab_delay
+/// microbatches; generators that know it already leave that room, the others' orders are moved
+/// (delay_last_backward) where the moved orders still run. A move can cost more than it saves:
+/// where it slows the transformer passes' own estimate (PyTorch's ZB-V order and DualPipeV turn the
+/// last stage's backward round at once, and their patterns lose their fit when it is moved), both
+/// graphs are simulated and the faster kept, the unmoved one on a tie (it holds less activation).
+template <class Build>
+Result<TaskGraph> with_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders, VocabPlacement vocab,
+                                    const CostModel& costs, Build build) {
+  const auto placed = [&](const DeviceOrders& o, const OrderCost& estimate) {
+    return build(insert_vocab_passes(context, o, estimate, vocab));
+  };
+  const DeviceOrders delayed = delay_last_backward(context.layout, orders, context.vocab_delay, context.microbatches);
+  const Result<OrderCost> delayed_cost = evaluate_orders(context, delayed, OpTimes::Record);
+  if (delayed_cost.ok() && delayed == orders) return placed(delayed, delayed_cost.value());
+  const Result<OrderCost> own_cost = evaluate_orders(context, orders, OpTimes::Record);
+  if (!delayed_cost.ok()) {
+    if (!own_cost.ok()) return own_cost.error();
+    return placed(orders, own_cost.value());
+  }
+  if (!own_cost.ok() || delayed_cost.value().makespan <= own_cost.value().makespan)
+    return placed(delayed, delayed_cost.value());
+  // Each version built and simulated beside the other (they share nothing they write).
+  std::future<std::pair<TaskGraph, std::optional<TimeNs>>> moved = beside(context.worth_a_thread(), [&] {
+    TaskGraph graph = placed(delayed, delayed_cost.value());
+    const std::optional<TimeNs> time = simulated_iteration(costs, graph);
+    return std::pair{std::move(graph), time};
+  });
+  TaskGraph unmoved = placed(orders, own_cost.value());
+  const std::optional<TimeNs> unmoved_time = simulated_iteration(costs, unmoved);
+  auto [moved_graph, moved_time] = moved.get();
+  if (unmoved_time && (!moved_time || *unmoved_time <= *moved_time)) return unmoved;
+  return std::move(moved_graph);
+}
+
 }  // namespace
 
 std::span<const VocabModeInfo> vocab_modes() { return kVocabModes; }
@@ -155,22 +204,19 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   if (Status s = check_orders(generated.value(), plan.layout, m); !s.ok())
     return Error{fmt::format("schedule '{}': {}", config.schedule.name, s.error().message)};
   DeviceOrders orders = std::move(generated).value();
+  const auto build = [&](const DeviceOrders& final_orders) {
+    return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, config.parallel.dp,
+                    boundary_bytes, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});
+  };
   if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
-    orders = interlaced_1f1b_orders(context);  // the lockstep program replaces 1F1B's order
+    plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order
   } else if (vocab->placement != VocabPlacement::OnStages) {
-    // Delay the last stage's backwards for the vocabulary passes where the generator has not, and
-    // where moving them keeps the orders executable.
-    DeviceOrders delayed = delay_last_backward(plan.layout, orders, context.vocab_delay, m);
-    Result<OrderCost> estimate = evaluate_orders(context, delayed, OpTimes::Record);
-    if (estimate.ok()) orders = std::move(delayed);
-    else estimate = evaluate_orders(context, orders, OpTimes::Record);
-    if (!estimate.ok()) return estimate.error();
-    orders = insert_vocab_passes(context, orders, estimate.value(), vocab->placement);
+    Result<TaskGraph> graph = with_vocab_passes(context, orders, vocab->placement, *costs, build);
+    if (!graph.ok()) return graph.error();
+    plan.graph = std::move(graph).value();
+  } else {
+    plan.graph = build(orders);
   }
-
-  plan.graph = assemble(plan.layout, orders, context.work, vocab_work(config, plan.layout), m,
-                        config.parallel.dp, boundary_bytes, config.precision.grad_bytes,
-                        custom ? custom->comms : DeviceComms{});
   if (validation == Validation::InPlan)
     if (Status s = validate(plan.graph, plan.layout, m); !s.ok()) return invalid_graph(config, s.error());
   plan.static_bytes = static_memory_bytes(config, plan.layout);

@@ -19,6 +19,7 @@ struct ComputeStep {
   OpKind kind;  ///< F, B or W; or a vocabulary pass S, T, IF, IB
   int stage;    ///< virtual stage; -1 for vocabulary passes (they run on every device)
   int microbatch;
+  bool operator==(const ComputeStep&) const = default;
 };
 
 /// Per device, its compute ops in program order.

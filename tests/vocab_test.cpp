@@ -2,7 +2,7 @@
 // with an output layer costing k transformer layers, baseline grows with k and the vocabulary-
 // parallel modes stay within a derived bound; barriers overlap compute except when interlaced;
 // the extra in-flight activations come out of the simulated schedule; the last stage's backwards
-// are delayed as the one-microbatch-at-a-time definition does.
+// are delayed as the one-microbatch-at-a-time definition does, and only where that is not slower.
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -213,7 +213,7 @@ TEST_CASE("the last stage's backwards are moved for the vocabulary passes only w
           REQUIRE((unmoved || moved));
           const TimeNs best = std::min(unmoved.value_or(moved.value_or(0)), moved.value_or(unmoved.value_or(0)));
           CHECK(chosen.metrics.iteration_ns == best);
-          if (moved && unmoved && delayed != orders) (*moved < *unmoved ? moved_won : unmoved_won) += 1;
+          if (moved && unmoved) moved_won += *moved < *unmoved, unmoved_won += *unmoved < *moved;
         }
   CHECK(moved_won > 0);
   CHECK(unmoved_won > 0);

@@ -91,4 +91,13 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
   return cost;
 }
 
+TimeNs iteration_lower_bound(const ScheduleContext& context, const DeviceOrders& orders, const OrderCost& estimate,
+                             TimeNs shortest_transfer) {
+  if (context.transfer_ns <= shortest_transfer) return estimate.makespan;
+  ScheduleContext shorter = context;
+  shorter.transfer_ns = shortest_transfer;
+  const Result<OrderCost> cost = evaluate_orders(shorter, orders);
+  return cost.ok() ? cost.value().makespan : 0;
+}
+
 }  // namespace pipesim

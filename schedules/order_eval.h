@@ -39,4 +39,14 @@ DataInputs data_inputs(const ComputeStep& step, int stages);
 Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders,
                                   OpTimes times = OpTimes::Skip);
 
+/// No graph assembled from `orders`, with vocabulary passes inserted or not, simulates to an
+/// iteration shorter than this. evaluate_orders times the same compute ops in the same order on
+/// each device, with the same durations and data inputs; the graph only adds waits (passes,
+/// barriers, a transfer's rendezvous, the end of the iteration), so by the max-plus rule
+/// (docs/ir.md) none of its times is earlier -- where the evaluation's transfer is no longer than
+/// any of the graph's: `shortest_transfer` (cost_model.h) is used where context.transfer_ns is
+/// longer. `estimate` is evaluate_orders(context, orders).
+TimeNs iteration_lower_bound(const ScheduleContext& context, const DeviceOrders& orders, const OrderCost& estimate,
+                             TimeNs shortest_transfer);
+
 }  // namespace pipesim

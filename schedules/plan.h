@@ -12,6 +12,7 @@
 #include "schedule.h"
 #include "status.h"
 #include "task_graph.h"
+#include "timeline.h"
 
 namespace pipesim {
 
@@ -57,6 +58,9 @@ struct Plan {
   Layout layout;
   TaskGraph graph;
   std::vector<Bytes> static_bytes;  ///< per device
+  /// The graph simulated under the config's own costs, where planning had to simulate it (to choose
+  /// between two versions of the vocabulary passes): a caller timing it with the same costs reuses it.
+  std::optional<Timeline> timeline;
 };
 
 /// The first step of make_plan, for callers that need the layout without the graph (`tune`'s

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "model_math.h"
 #include "two_threads.h"
@@ -342,6 +344,18 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
 std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& layout) {
   if (config.costs) return std::make_unique<ExplicitCostModel>(config, layout);
   return std::make_unique<AnalyticCostModel>(config, layout);
+}
+
+TimeNs shortest_transfer(const CostModel& model, const Layout& layout, Bytes boundary_bytes) {
+  TimeNs shortest = std::numeric_limits<TimeNs>::max();
+  const TaskWork boundary{.bytes = double(boundary_bytes)};
+  for (std::size_t s = 0; s + 1 < layout.stages.size(); ++s) {
+    const int a = layout.stages[s].device, b = layout.stages[s + 1].device;
+    if (a == b) continue;
+    for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}})
+      shortest = std::min(shortest, model.transfer({.kind = OpKind::Send, .device = from, .peer = to}, boundary));
+  }
+  return shortest;
 }
 
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph) {

@@ -77,6 +77,10 @@ class CostModel {
 /// them alive while it is used.
 std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& layout);
 
+/// The shortest time a transfer of `boundary_bytes` between the devices of two neighbouring stages
+/// takes under `model`, in either direction; the largest TimeNs when every boundary stays on a device.
+TimeNs shortest_transfer(const CostModel& model, const Layout& layout, Bytes boundary_bytes);
+
 /// Durations of every op of `graph`, indexed by TaskId.
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph);
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli_support.h"
 #include "config_json.h"
 #include "cost_model.h"
 #include "metrics.h"
@@ -46,6 +47,15 @@ inline Config shipped_config(const std::string& name, const std::vector<std::str
   std::stringstream text;
   text << file.rdbuf();
   Result<Config> config = parse_config(text.str(), "configs/" + name, overrides);
+  if (!config.ok()) FAIL(config.error().message);
+  return config.value();
+}
+
+/// configs/NAME by its full path, so that the Hugging Face file it names is found from any folder.
+inline Config source_config(const std::string& name, const std::vector<std::string>& overrides = {}) {
+  const char* root = std::getenv("PIPESIM_SOURCE");
+  REQUIRE(root);
+  Result<Config> config = load_config(std::string(root) + "/configs/" + name, overrides);
   if (!config.ok()) FAIL(config.error().message);
   return config.value();
 }

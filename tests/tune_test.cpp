@@ -14,15 +14,6 @@ using namespace pipesim::testing;
 
 namespace {
 
-/// configs/NAME by its full path, so that the Hugging Face file it names is found from any folder.
-Config source_config(const std::string& name) {
-  const char* root = std::getenv("PIPESIM_SOURCE");
-  REQUIRE(root);
-  Result<Config> config = load_config(std::string(root) + "/configs/" + name, {});
-  if (!config.ok()) FAIL(config.error().message);
-  return config.value();
-}
-
 /// Small spaces, each candidate simulated in well under a millisecond: the runtime's tiny GPT under
 /// the analytic model (hundreds of candidates), and a pipeline with explicit per-device costs (tens:
 /// its pp, tp and micro-batch stay fixed).

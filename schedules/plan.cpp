@@ -99,16 +99,26 @@ Status check_orders(const DeviceOrders& orders, const Layout& layout, int microb
 /// falls short of the unmoved graph's time, and above it nearly always reaches it.
 constexpr TimeNs kCloseEstimates = 10;
 
-/// A graph and, where planning simulated it under the config's costs, its timeline.
+/// A graph and, where planning simulated it under the config's costs, its timeline and the verdict
+/// of its structure checks (validate_structure), which ran beside the simulation.
 struct PlacedGraph {
   TaskGraph graph;
   std::optional<Timeline> timeline;  ///< nothing if not simulated, or if it cannot run to its end
+  Status structure = Status::Ok();
 };
 
-PlacedGraph simulated(TaskGraph graph, const CostModel& costs) {
-  Result<Timeline> timeline = simulate(graph, op_durations(costs, graph));
-  if (!timeline.ok()) return {std::move(graph), std::nullopt};
-  return {std::move(graph), std::move(timeline).value()};
+/// `graph` simulated under `costs`; its structure checked beside the simulation when `check`
+/// (two cores' worth on a large graph), or else left to the caller.
+PlacedGraph simulated(TaskGraph graph, const ScheduleContext& context, const CostModel& costs, bool check) {
+  const std::vector<TimeNs> durations = op_durations(costs, graph);  // itself in two halves
+  std::future<Status> structure = beside(check && graph.size() >= kOpsWorthAThread, [&] {
+    return check ? validate_structure(graph, context.layout, context.microbatches) : Status::Ok();
+  });
+  Result<Timeline> timeline = simulate(graph, durations);
+  Status verdict = structure.get();  // before the graph moves
+  PlacedGraph placed{std::move(graph), std::nullopt, std::move(verdict)};
+  if (timeline.ok()) placed.timeline = std::move(timeline).value();
+  return placed;
 }
 
 TimeNs iteration(const Timeline& timeline) {
@@ -147,19 +157,21 @@ Result<PlacedGraph> with_vocab_passes(const ScheduleContext& context, const Devi
   const TimeNs own = own_cost.value().makespan, delayed_estimate = delayed_cost.value().makespan;
   if (delayed_estimate - own < own / kCloseEstimates) {
     // Close estimates (DualPipeV): the bound rarely rules the moved graph out, so both are built and
-    // simulated side by side (they share nothing they write).
+    // simulated side by side (they share nothing they write), and the one kept is checked after.
     std::future<PlacedGraph> moved = beside(context.worth_a_thread(), [&] {
-      return simulated(placed(delayed, delayed_cost.value()), costs);
+      return simulated(placed(delayed, delayed_cost.value()), context, costs, false);
     });
-    PlacedGraph unmoved = simulated(placed(orders, own_cost.value()), costs);
+    PlacedGraph unmoved = simulated(placed(orders, own_cost.value()), context, costs, false);
     PlacedGraph other = moved.get();
-    return faster(unmoved, other);
+    PlacedGraph kept = faster(unmoved, other);
+    kept.structure = validate_structure(kept.graph, context.layout, context.microbatches);
+    return kept;
   }
-  PlacedGraph unmoved = simulated(placed(orders, own_cost.value()), costs);
+  PlacedGraph unmoved = simulated(placed(orders, own_cost.value()), context, costs, true);
   if (unmoved.timeline &&
       iteration_lower_bound(context, delayed, delayed_cost.value(), shortest_transfer) >= iteration(*unmoved.timeline))
     return unmoved;
-  PlacedGraph moved = simulated(placed(delayed, delayed_cost.value()), costs);
+  PlacedGraph moved = simulated(placed(delayed, delayed_cost.value()), context, costs, true);
   return faster(unmoved, moved);
 }
 
@@ -239,12 +251,14 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
     Result<PlacedGraph> placed = with_vocab_passes(context, orders, vocab->placement, *costs,
                                                    shortest_transfer(*costs, plan.layout, boundary_bytes), build);
     if (!placed.ok()) return placed.error();
+    if (!placed.value().structure.ok()) return invalid_graph(config, placed.value().structure.error());
     plan.graph = std::move(placed.value().graph);
     plan.timeline = std::move(placed.value().timeline);
   } else {
     plan.graph = build(orders);
   }
-  if (validation == Validation::InPlan)
+  // A graph that planning simulated has had its structure checked, and it runs to its end.
+  if (validation == Validation::InPlan && !plan.timeline)
     if (Status s = validate(plan.graph, plan.layout, m); !s.ok()) return invalid_graph(config, s.error());
   plan.static_bytes = static_memory_bytes(config, plan.layout);
   return plan;

@@ -59,7 +59,9 @@ struct Plan {
   TaskGraph graph;
   std::vector<Bytes> static_bytes;  ///< per device
   /// The graph simulated under the config's own costs, where planning had to simulate it (to choose
-  /// between two versions of the vocabulary passes): a caller timing it with the same costs reuses it.
+  /// between two versions of the vocabulary passes): a caller timing it with the same costs reuses
+  /// it. Such a graph is validated whatever the Validation asked: its structure checked, and the
+  /// simulation ran to its end.
   std::optional<Timeline> timeline;
 };
 

@@ -38,6 +38,7 @@ class Greedy {
     free_at_.assign(std::size_t(devices), 0);
     queued_for_.assign(std::size_t(devices), -1);
     memory_.assign(std::size_t(devices), 0);
+    cost_.peak_activation.assign(std::size_t(devices), 0);
     weights_.resize(std::size_t(devices));
     orders_.resize(std::size_t(devices));
     for (int d = 0; d < devices; ++d)  // F, B and W of each of its stages, every microbatch
@@ -49,7 +50,7 @@ class Greedy {
   /// others at the same instant). Only devices woken at this time -- freed, or given an input --
   /// are visited: any other is busy or found nothing ready when last visited, and nothing it waits
   /// for has changed since.
-  Result<DeviceOrders> run() {
+  Result<GreedyOrders> run() {
     const std::size_t total = std::size_t(stages_) * m_ * 3;
     std::size_t placed = 0;
     for (int d = 0; d < c_.layout.devices; ++d) wake(d);
@@ -69,7 +70,7 @@ class Greedy {
       now_ = events_.top().time;
       for (; !events_.empty() && events_.top().time == now_; events_.pop()) wake(events_.top().device);
     }
-    return std::move(orders_);
+    return GreedyOrders{std::move(orders_), std::move(cost_)};
   }
 
  private:
@@ -108,6 +109,8 @@ class Greedy {
     const TimeNs end = now + c_.times[std::size_t(s)].forward;
     orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
     memory_[std::size_t(d)] += work(s).activation_bytes;
+    cost_.peak_activation[std::size_t(d)] = std::max(cost_.peak_activation[std::size_t(d)], memory_[std::size_t(d)]);
+    cost_.makespan = std::max(cost_.makespan, end);
     if (s + 1 < stages_) {
       set(forward_ready_[at(s + 1, mb)], end + hop(s, s + 1), device_of(s + 1));
     } else {
@@ -125,6 +128,7 @@ class Greedy {
     const int mb = next_backward_[std::size_t(s)]++;
     const TimeNs end = now + c_.times[std::size_t(s)].backward;
     orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
+    cost_.makespan = std::max(cost_.makespan, end);
     memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
     weights_[std::size_t(d)].push_back({s, mb});
     if (s > 0) set(backward_ready_[at(s - 1, mb)], end + hop(s, s - 1), device_of(s - 1));
@@ -136,7 +140,9 @@ class Greedy {
     weights_[std::size_t(d)].pop_front();
     orders_[std::size_t(d)].push_back({OpKind::W, s, mb});
     memory_[std::size_t(d)] -= work(s).weight_held_bytes;
-    set(free_at_[std::size_t(d)], now + c_.times[std::size_t(s)].weight, d);
+    const TimeNs end = now + c_.times[std::size_t(s)].weight;
+    cost_.makespan = std::max(cost_.makespan, end);
+    set(free_at_[std::size_t(d)], end, d);
   }
 
   /// Every time a device frees up or an input arrives is a time something may start there -- except
@@ -179,6 +185,7 @@ class Greedy {
   std::vector<Bytes> memory_;                           ///< per device: live activation bytes
   std::vector<std::deque<std::pair<int, int>>> weights_;  ///< per device: deferred W, oldest first
   DeviceOrders orders_;
+  OrderCost cost_;  ///< makespan and peak activations, kept as the ops are placed
   TimeNs now_ = 0;
   /// When an input arrives at a device or it frees up, earliest first. Ordered by time alone: every
   /// event of one time is taken before any device is visited, and the visits go in device order
@@ -200,7 +207,7 @@ class Greedy {
 
 }  // namespace
 
-Result<DeviceOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options) {
+Result<GreedyOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options) {
   return Greedy(context, options).run();
 }
 

@@ -7,6 +7,7 @@
 /// to W -- never exceed its budget, by construction.
 #include <vector>
 
+#include "order_eval.h"
 #include "schedule.h"
 
 namespace pipesim {
@@ -15,8 +16,16 @@ struct GreedyOptions {
   std::vector<Bytes> budget;  ///< per device: activation bytes it may hold at once
 };
 
+/// The orders and their cost: the makespan and peak activations evaluate_orders(context, orders)
+/// gives (no per-op times). The scheduler starts each op as soon as its device is free and its input
+/// has arrived -- the evaluation's own rule -- so callers need not evaluate the orders again.
+struct GreedyOrders {
+  DeviceOrders orders;
+  OrderCost cost;
+};
+
 /// Fails, naming the device, when a budget is too small for the pipeline to make progress.
-Result<DeviceOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options);
+Result<GreedyOrders> greedy_schedule(const ScheduleContext& context, const GreedyOptions& options);
 
 /// Per device d: units(d) + vocab_delay x (chunks + 1) times the average activation of one of its
 /// chunks for one microbatch (the vocabulary passes hold the last stage's backward back by

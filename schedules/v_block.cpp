@@ -200,8 +200,8 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     auto [orders, cost] = candidate->get();
     consider(orders, cost);
   }
-  if (Result<DeviceOrders> greedy = greedy_schedule(context, GreedyOptions{limit}); greedy.ok())
-    consider(greedy.value(), evaluate_orders(context, greedy.value()));
+  if (Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit}); greedy.ok())
+    consider(greedy.value().orders, greedy.value().cost);
   if (pattern) {
     DeviceOrders fitted = within_memory(context, squeezed.get(), uniform);
     consider(fitted, evaluate_orders(context, fitted));

@@ -43,10 +43,8 @@ Result<DeviceOrders> generate_zb_h1(const ScheduleContext& context) {
   if (!cost.ok()) return cost.error();
   GreedyOptions options;
   options.budget = cost.value().peak_activation;
-  Result<DeviceOrders> greedy = greedy_schedule(context, options);
-  if (greedy.ok())
-    if (Result<OrderCost> g = evaluate_orders(context, greedy.value()); g.ok() && g.value().makespan < cost.value().makespan)
-      best = std::move(greedy).value();
+  Result<GreedyOrders> greedy = greedy_schedule(context, options);
+  if (greedy.ok() && greedy.value().cost.makespan < cost.value().makespan) best = std::move(greedy.value().orders);
   return best;
 }
 

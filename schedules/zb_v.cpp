@@ -20,17 +20,18 @@ Bytes largest(const std::vector<Bytes>& peaks) { return peaks.empty() ? 0 : *std
 Result<DeviceOrders> generate_zb_v(const ScheduleContext& context) {
   GreedyOptions options;
   options.budget = activation_budget(context, [](int, int devices) { return 2.0 * devices; });
-  std::future<Result<DeviceOrders>> greedy_order =
+  std::future<Result<GreedyOrders>> greedy_order =
       beside(context.worth_a_thread(), [&] { return greedy_schedule(context, options); });
   DeviceOrders reference = zbv_reference_orders(context.layout, context.microbatches);
   Result<OrderCost> reference_cost = evaluate_orders(context, reference);
-  Result<DeviceOrders> greedy = greedy_order.get();
-  if (!reference_cost.ok()) return greedy;  // e.g. too few microbatches for PyTorch's order
-  if (!greedy.ok()) return reference;
-  Result<OrderCost> greedy_cost = evaluate_orders(context, greedy.value());
-  if (greedy_cost.ok() && greedy_cost.value().makespan < reference_cost.value().makespan &&
-      largest(greedy_cost.value().peak_activation) <= largest(reference_cost.value().peak_activation))
-    return greedy;
+  Result<GreedyOrders> greedy = greedy_order.get();
+  if (!greedy.ok()) return reference_cost.ok() ? Result<DeviceOrders>(std::move(reference)) : greedy.error();
+  // e.g. too few microbatches for PyTorch's order
+  if (!reference_cost.ok()) return std::move(greedy.value().orders);
+  const OrderCost& greedy_cost = greedy.value().cost;
+  if (greedy_cost.makespan < reference_cost.value().makespan &&
+      largest(greedy_cost.peak_activation) <= largest(reference_cost.value().peak_activation))
+    return std::move(greedy.value().orders);
   return reference;
 }
 

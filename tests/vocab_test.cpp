@@ -48,23 +48,6 @@ std::pair<TimeNs, TimeNs> barrier_exposure(const Simulated& s, int device) {
   return {total, exposed};
 }
 
-/// What a transfer between stages carries, as make_plan computes it.
-Bytes boundary_bytes(const Config& config) {
-  const ModelConfig& model = config.model;
-  return Bytes(double(model.micro_batch_size) * model.seq_len * model.hidden * config.precision.activation_bytes /
-               config.parallel.tp);
-}
-
-/// The context make_plan gives a schedule's generator for `config` laid out as `layout`.
-ScheduleContext generator_context(const Config& config, const Layout& layout, const CostModel& costs) {
-  ScheduleContext context{layout, config.parallel.microbatches, {}, stage_work(config, layout), 0,
-                          vocab_delay(layout.vocab, layout.devices)};
-  for (int s = 0; s < layout.stage_count(); ++s) context.times.push_back(costs.stage(s));
-  context.transfer_ns = costs.transfer({.kind = OpKind::Send, .device = 0, .peer = std::min(1, layout.devices - 1)},
-                                       {.bytes = double(boundary_bytes(config))});
-  return context;
-}
-
 }  // namespace
 
 TEST_CASE("every vocabulary mode validates and simulates on 1F1B and V-Half") {

@@ -26,8 +26,7 @@ Result<DeviceOrders> generate_zb_v(const ScheduleContext& context) {
   Result<OrderCost> reference_cost = evaluate_orders(context, reference);
   Result<GreedyOrders> greedy = greedy_order.get();
   if (!greedy.ok()) return reference_cost.ok() ? Result<DeviceOrders>(std::move(reference)) : greedy.error();
-  // e.g. too few microbatches for PyTorch's order
-  if (!reference_cost.ok()) return std::move(greedy.value().orders);
+  if (!reference_cost.ok()) return std::move(greedy.value().orders);  // e.g. too few microbatches for PyTorch's order
   const OrderCost& greedy_cost = greedy.value().cost;
   if (greedy_cost.makespan < reference_cost.value().makespan &&
       largest(greedy_cost.peak_activation) <= largest(reference_cost.value().peak_activation))

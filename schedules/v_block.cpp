@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <tuple>
 
 #include "greedy.h"
 #include "order_eval.h"
@@ -136,33 +137,29 @@ ScheduleContext unit_costs(const ScheduleContext& context) {
 
 DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& block) {
   const Layout& layout = context.layout;
+  const int m = context.microbatches;
   DeviceOrders orders(std::size_t(layout.devices));
   for (int d = 0; d < layout.devices; ++d) {
     const int chunk0 = layout.stage_of(d, 0), chunk1 = layout.stage_of(d, 1);
     const std::array<ComputeStep, 6> passes = {{{OpKind::F, chunk0, 0}, {OpKind::F, chunk1, 0}, {OpKind::B, chunk1, 0},
                                                 {OpKind::B, chunk0, 0}, {OpKind::W, chunk1, 0}, {OpKind::W, chunk0, 0}}};
-    // Each pass repeats every period, so its starts rise with the microbatch: six sorted runs,
-    // merged. Equal starts go to the earlier microbatch, then the earlier pass.
+    // Pass p of microbatch x starts at start[p] + period * x: the order is every (p, x) by start,
+    // equal starts to the earlier microbatch, then the earlier pass. With start[p] = q[p] * period +
+    // r[p] (0 <= r[p] < period), (p, x) starts in period q[p] + x at offset r[p]: period by period,
+    // the passes go in the order of their offsets, so one sort of the six passes orders them all.
     const std::array<TimeNs, 6>& start = block.start[std::size_t(d)];
-    const auto start_of = [&](std::size_t pass, int mb) { return start[pass] + block.period * mb; };
-    std::array<int, 6> next{};  // per pass, its next microbatch
     std::vector<ComputeStep>& order = orders[std::size_t(d)];
-    order.reserve(passes.size() * std::size_t(context.microbatches));
-    for (std::size_t n = 0; n < passes.size() * std::size_t(context.microbatches); ++n) {
-      std::size_t first = passes.size();
-      for (std::size_t pass = 0; pass < passes.size(); ++pass) {
-        if (next[pass] == context.microbatches) continue;
-        if (first == passes.size()) {
-          first = pass;
-          continue;
-        }
-        const TimeNs t = start_of(pass, next[pass]), earliest = start_of(first, next[first]);
-        if (t < earliest || (t == earliest && next[pass] < next[first])) first = pass;
-      }
-      ComputeStep step = passes[first];
-      step.microbatch = next[first]++;
-      order.push_back(step);
-    }
+    order.reserve(passes.size() * std::size_t(m));
+    std::array<TimeNs, 6> q{}, r{};  // a block's period is at least 1 and its starts are not negative
+    for (std::size_t p = 0; p < passes.size(); ++p) q[p] = start[p] / block.period, r[p] = start[p] % block.period;
+    std::array<std::size_t, 6> by_offset{0, 1, 2, 3, 4, 5};
+    std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
+      return std::tuple(r[a], -q[a], a) < std::tuple(r[b], -q[b], b);  // larger q: the earlier microbatch
+    });
+    const TimeNs first = *std::min_element(q.begin(), q.end()), last = *std::max_element(q.begin(), q.end()) + m - 1;
+    for (TimeNs period = first; period <= last; ++period)
+      for (const std::size_t p : by_offset)
+        if (const TimeNs x = period - q[p]; x >= 0 && x < m) order.push_back({passes[p].kind, passes[p].stage, int(x)});
   }
   return orders;
 }

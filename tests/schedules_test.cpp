@@ -5,6 +5,7 @@
 #include "greedy.h"
 #include "helpers.h"
 #include "order_eval.h"
+#include "v_block.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
@@ -200,4 +201,36 @@ TEST_CASE("the greedy scheduler's own makespan and peaks are what evaluating its
           }
         }
   CHECK(compared > 300);
+}
+
+TEST_CASE("a V block's order is every pass of every microbatch by its start, then microbatch, then pass") {
+  // orders_from_block lays a periodic block out period by period; here the definition itself, a
+  // sort of all 6m passes, over random blocks (equal starts and offsets included).
+  std::mt19937 random(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int p = 2 + int(random() % 3), m = 1 + int(random() % 12);
+    Config c = parse_or_fail(explicit_json(p, m, 2, 1, 2, "v-half", double(kActivation)));
+    Result<PlannedLayout> planned = plan_layout(c);
+    REQUIRE(planned.ok());
+    const Layout& layout = planned.value().layout;
+    const std::unique_ptr<CostModel> costs = make_cost_model(c, layout);
+    const ScheduleContext context = generator_context(c, layout, *costs);
+    VBlock block{1 + TimeNs(random() % 12), std::vector<std::array<TimeNs, 6>>(std::size_t(p))};
+    for (auto& starts : block.start)
+      for (TimeNs& start : starts) start = TimeNs(random() % 30);
+    const DeviceOrders orders = orders_from_block(context, block);
+    for (int d = 0; d < p; ++d) {
+      const std::array<OpKind, 6> kinds = {OpKind::F, OpKind::F, OpKind::B, OpKind::B, OpKind::W, OpKind::W};
+      const std::array<int, 6> stages = {layout.stage_of(d, 0), layout.stage_of(d, 1), layout.stage_of(d, 1),
+                                         layout.stage_of(d, 0), layout.stage_of(d, 1), layout.stage_of(d, 0)};
+      std::vector<std::tuple<TimeNs, int, int>> keys;  // (start, microbatch, pass)
+      for (int pass = 0; pass < 6; ++pass)
+        for (int x = 0; x < m; ++x) keys.emplace_back(block.start[std::size_t(d)][std::size_t(pass)] + block.period * x, x, pass);
+      std::sort(keys.begin(), keys.end());
+      std::vector<ComputeStep> expected;
+      for (const auto& [start, x, pass] : keys) expected.push_back({kinds[std::size_t(pass)], stages[std::size_t(pass)], x});
+      CAPTURE(trial, p, m, d, block.period);
+      CHECK(orders[std::size_t(d)] == expected);
+    }
+  }
 }

@@ -1,6 +1,7 @@
 #include "v_block.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <tuple>
 
@@ -166,17 +167,20 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
 
 Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
                                 const VPattern* pattern) {
-  // Candidates that need no memory bound are built and timed beside the reference and the greedy
-  // order, which do; the squeeze of the pattern takes about as long as all of those together.
   const auto timed = [&context](DeviceOrders orders) {
     Result<OrderCost> cost = evaluate_orders(context, orders);
     return std::pair{std::move(orders), std::move(cost)};
   };
+  // The squeeze of the pattern takes about as long as all the other candidates together: it has the
+  // second core to itself, and the others are built and timed on this one. Without a squeeze, the
+  // two block candidates, which need no memory bound, go beside the reference and the greedy order.
   const bool threads = context.worth_a_thread();
-  auto unit = beside(threads, [&] { return timed(orders_from_block(context, v_block(unit_costs(context), spacing))); });
-  auto costed = beside(threads, [&] { return timed(orders_from_block(context, v_block(context, spacing))); });
   std::future<DeviceOrders> squeezed;
   if (pattern) squeezed = beside(threads, [&] { return squeezed_v_orders(context, *pattern); });
+  auto blocks = beside(threads && !pattern, [&] {
+    return std::array{timed(orders_from_block(context, v_block(unit_costs(context), spacing))),
+                      timed(orders_from_block(context, v_block(context, spacing)))};
+  });
 
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);
@@ -193,12 +197,10 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     if (*std::max_element(held.begin(), held.end()) <= peak)
       best = std::move(candidate), best_makespan = cost.value().makespan;
   };
-  for (auto* candidate : {&unit, &costed}) {
-    auto [orders, cost] = candidate->get();
-    consider(orders, cost);
-  }
-  if (Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit}); greedy.ok())
-    consider(greedy.value().orders, greedy.value().cost);
+  Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit});
+  // Weighed in this order (the first of equal makespans is kept): the blocks, greedy, the squeeze.
+  for (auto& [orders, cost] : blocks.get()) consider(orders, cost);
+  if (greedy.ok()) consider(greedy.value().orders, greedy.value().cost);
   if (pattern) {
     DeviceOrders fitted = within_memory(context, squeezed.get(), uniform);
     consider(fitted, evaluate_orders(context, fitted));

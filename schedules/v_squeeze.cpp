@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
-#include <tuple>
+#include <cstdint>
 
 namespace pipesim {
 namespace {
@@ -20,18 +20,18 @@ int last_slot(const Slots& s) {
   return bound;
 }
 
-/// W passes into the free slots after their B (one list, or one per chunk), oldest first.
+/// W passes into the free slots after their B (one list, or one per chunk), oldest first. `s` holds
+/// the four F and B lists, at most one pass a slot.
 Slots put_w(Slots s, bool split) {
   const int bound = last_slot(s);
+  std::vector<std::int8_t> type_at(std::size_t(bound + 1), -1);  // per slot: its pass type, -1 when free
+  for (int t = 0; t < 4; ++t)
+    for (int slot : s[std::size_t(t)]) type_at[std::size_t(slot)] = std::int8_t(t);
   s.resize(split ? 6 : 5);
-  std::vector<std::size_t> next(4, 0);
   int pending[2] = {0, 0};
   for (int slot = 0; slot <= bound + 2 * int(s[0].size()); ++slot) {
-    int type = -1;
-    for (int t = 0; t < 4; ++t)
-      if (next[std::size_t(t)] < s[std::size_t(t)].size() && s[std::size_t(t)][next[std::size_t(t)]] == slot) type = t;
+    const int type = slot <= bound ? type_at[std::size_t(slot)] : -1;
     if (type >= 0) {
-      ++next[std::size_t(type)];
       if (type >= kB1) ++pending[split ? type - kB1 : 0];
       continue;
     }
@@ -309,15 +309,20 @@ DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& p
     const int chunk0 = layout.stage_of(d, 0), chunk1 = layout.stage_of(d, 1);
     const ComputeStep kinds[6] = {{OpKind::F, chunk0, 0}, {OpKind::F, chunk1, 0}, {OpKind::B, chunk1, 0},
                                   {OpKind::B, chunk0, 0}, {OpKind::W, chunk1, 0}, {OpKind::W, chunk0, 0}};
-    std::vector<std::tuple<int, int, int>> timed;  // (slot, type, microbatch)
+    // The passes by (slot, type, microbatch): a counting sort by slot of the passes listed by type,
+    // then microbatch, which keeps that order among equal slots.
+    std::vector<std::size_t> first(std::size_t(last_slot(s) + 2), 0);  // per slot: where its passes go
+    for (const auto& list : s)
+      for (int slot : list) ++first[std::size_t(slot + 1)];
+    std::partial_sum(first.begin(), first.end(), first.begin());
+    std::vector<ComputeStep>& order = orders[std::size_t(d)];
+    order.resize(first.back());
     for (int t = 0; t < 6; ++t)
-      for (int x = 0; x < int(s[std::size_t(t)].size()); ++x) timed.emplace_back(s[std::size_t(t)][std::size_t(x)], t, x);
-    std::sort(timed.begin(), timed.end());
-    for (const auto& [slot, t, x] : timed) {
-      ComputeStep step = kinds[t];
-      step.microbatch = x;
-      orders[std::size_t(d)].push_back(step);
-    }
+      for (int x = 0; x < int(s[std::size_t(t)].size()); ++x) {
+        ComputeStep step = kinds[t];
+        step.microbatch = x;
+        order[first[std::size_t(s[std::size_t(t)][std::size_t(x)])]++] = step;
+      }
   }
   return orders;
 }

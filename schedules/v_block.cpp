@@ -171,15 +171,17 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     Result<OrderCost> cost = evaluate_orders(context, orders);
     return std::pair{std::move(orders), std::move(cost)};
   };
-  // The squeeze of the pattern takes about as long as all the other candidates together: it has the
-  // second core to itself, and the others are built and timed on this one. Without a squeeze, the
-  // two block candidates, which need no memory bound, go beside the reference and the greedy order.
-  const bool threads = context.worth_a_thread();
-  std::future<DeviceOrders> squeezed;
-  if (pattern) squeezed = beside(threads, [&] { return squeezed_v_orders(context, *pattern); });
-  auto blocks = beside(threads && !pattern, [&] {
-    return std::array{timed(orders_from_block(context, v_block(unit_costs(context), spacing))),
-                      timed(orders_from_block(context, v_block(context, spacing)))};
+  // The candidates that need no memory bound -- the squeezed pattern and the two blocks -- on a
+  // second thread, about as much work as the reference and the greedy order on this one.
+  struct Unbounded {
+    std::optional<DeviceOrders> squeezed;
+    std::array<decltype(timed(DeviceOrders{})), 2> blocks;
+  };
+  auto unbounded = beside(context.worth_a_thread(), [&] {
+    std::optional<DeviceOrders> squeezed;
+    if (pattern) squeezed = squeezed_v_orders(context, *pattern);
+    return Unbounded{std::move(squeezed), {timed(orders_from_block(context, v_block(unit_costs(context), spacing))),
+                                           timed(orders_from_block(context, v_block(context, spacing)))}};
   });
 
   DeviceOrders best = orders_from_block(context, reference);
@@ -199,10 +201,11 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   };
   Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit});
   // Weighed in this order (the first of equal makespans is kept): the blocks, greedy, the squeeze.
-  for (auto& [orders, cost] : blocks.get()) consider(orders, cost);
+  Unbounded others = unbounded.get();
+  for (auto& [orders, cost] : others.blocks) consider(orders, cost);
   if (greedy.ok()) consider(greedy.value().orders, greedy.value().cost);
-  if (pattern) {
-    DeviceOrders fitted = within_memory(context, squeezed.get(), uniform);
+  if (others.squeezed) {
+    DeviceOrders fitted = within_memory(context, *others.squeezed, uniform);
     consider(fitted, evaluate_orders(context, fitted));
   }
   return best;

@@ -185,16 +185,21 @@ void in_slot_order(const Grid& g, Visit visit) {
   for (const auto& [k, x] : order) visit(k / types, k % types, x);
 }
 
-/// The slot of a device's n-th B of either chunk (from 0): each chunk's B slots rise, so a merge
-/// walk finds it without sorting them.
+/// The slot of a device's n-th B of either chunk (from 0): each chunk's B slots rise, so it is the
+/// (n + 1)-th smallest of two sorted lists, found by a binary search for how many come from chunk 1.
 int nth_backward(const Slots& s, int n) {
   const std::vector<int>& b1 = s[kB1];
   const std::vector<int>& b0 = s[kB0];
-  for (std::size_t i = 0, j = 0;;) {
-    const bool chunk1 = j == b0.size() || (i < b1.size() && b1[i] < b0[j]);
-    if (n-- == 0) return chunk1 ? b1[i] : b0[j];
-    chunk1 ? ++i : ++j;
+  const int k = n + 1;  // passes taken from the two lists together
+  // The fewest taken from b1 such that its next is not below the last taken from b0.
+  int low = std::max(0, k - int(b0.size())), high = std::min(k, int(b1.size()));
+  while (low < high) {
+    const int i = (low + high) / 2;
+    if (b1[std::size_t(i)] < b0[std::size_t(k - i - 1)]) low = i + 1;
+    else high = i;
   }
+  const int from_b1 = low, from_b0 = k - low;
+  return std::max(from_b1 > 0 ? b1[std::size_t(from_b1 - 1)] : -1, from_b0 > 0 ? b0[std::size_t(from_b0 - 1)] : -1);
 }
 
 /// The last slot a pass must follow: its input on the neighbouring device (down the V for F of

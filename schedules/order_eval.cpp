@@ -5,19 +5,6 @@
 
 namespace pipesim {
 
-DataInputs data_inputs(const ComputeStep& s, int stages) {
-  switch (s.kind) {
-    case OpKind::F:
-      if (s.stage > 0) return {{{{OpKind::F, s.stage - 1, s.microbatch}}}, 1};
-      return {};
-    case OpKind::B:
-      if (s.stage + 1 < stages) return {{{{OpKind::F, s.stage, s.microbatch}, {OpKind::B, s.stage + 1, s.microbatch}}}, 2};
-      return {{{{OpKind::F, s.stage, s.microbatch}}}, 1};
-    case OpKind::W: return {{{{OpKind::B, s.stage, s.microbatch}}}, 1};
-    default: return {};
-  }
-}
-
 Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders, OpTimes times) {
   const Layout& layout = context.layout;
   const int stages = layout.stage_count(), m = context.microbatches;

@@ -26,14 +26,25 @@ enum class OpTimes { Skip, Record };
 
 /// The transformer ops whose results `step` consumes: F(s-1) for F(s); F(s) and B(s+1) for B(s);
 /// B(s) for W(s) -- the data flow every analysis of the orders follows.
-/// At most two, held inline: the analyses call this for every op, so it allocates nothing.
+/// At most two, held inline, and defined here to be inlined: the analyses call this for every op.
 struct DataInputs {
   std::array<ComputeStep, 2> steps;
   int count = 0;
   const ComputeStep* begin() const { return steps.data(); }
   const ComputeStep* end() const { return steps.data() + count; }
 };
-DataInputs data_inputs(const ComputeStep& step, int stages);
+inline DataInputs data_inputs(const ComputeStep& s, int stages) {
+  switch (s.kind) {
+    case OpKind::F:
+      if (s.stage > 0) return {{{{OpKind::F, s.stage - 1, s.microbatch}}}, 1};
+      return {};
+    case OpKind::B:
+      if (s.stage + 1 < stages) return {{{{OpKind::F, s.stage, s.microbatch}, {OpKind::B, s.stage + 1, s.microbatch}}}, 2};
+      return {{{{OpKind::F, s.stage, s.microbatch}}}, 1};
+    case OpKind::W: return {{{{OpKind::B, s.stage, s.microbatch}}}, 1};
+    default: return {};
+  }
+}
 
 /// Fails if the orders cannot run to the end (an op waits for one that comes after it).
 Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders,

@@ -27,43 +27,6 @@ std::string_view op_kind_name(OpKind kind) {
   return "?";
 }
 
-Stream stream_kind(OpKind kind) {
-  switch (kind) {
-    case OpKind::F:
-    case OpKind::B:
-    case OpKind::W:
-    case OpKind::S:
-    case OpKind::T:
-    case OpKind::IF:
-    case OpKind::IB:
-    case OpKind::Optimizer: return Stream::Compute;
-    case OpKind::Send: return Stream::Send;
-    case OpKind::Recv: return Stream::Recv;
-    case OpKind::AllReduce:
-    case OpKind::Broadcast:
-    case OpKind::Reduce:
-    case OpKind::DpAllReduce: return Stream::Collective;
-  }
-  return Stream::Compute;
-}
-
-bool is_compute(OpKind kind) { return stream_kind(kind) == Stream::Compute; }
-
-// Device d's streams, from first_stream(d): compute, the collective lanes, send to each device,
-// receive from each device (the entries for d itself stay empty).
-constexpr std::size_t kFirstSend = 1 + kCollectiveLanes;
-
-std::size_t TaskGraph::stream_of(const Task& t) const {
-  const std::size_t base = first_stream(t.device);
-  switch (stream_kind(t.kind)) {
-    case Stream::Compute: return base;
-    case Stream::Collective: return base + 1 + std::size_t(t.lane);
-    case Stream::Send: return base + kFirstSend + std::size_t(t.peer);
-    case Stream::Recv: return base + kFirstSend + std::size_t(devices_) + std::size_t(t.peer);
-  }
-  return base;
-}
-
 std::span<const TaskId> TaskGraph::stream_order(int device, Stream kind, int peer) const {
   Task probe;
   probe.device = device;

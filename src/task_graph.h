@@ -47,8 +47,28 @@ std::string_view op_kind_name(OpKind kind);
 /// pair, whose SENDs and RECVs pair up in order, as NCCL matches them.
 enum class Stream : std::uint8_t { Compute, Collective, Send, Recv };
 constexpr int kCollectiveLanes = 6;
-Stream stream_kind(OpKind kind);
-bool is_compute(OpKind kind);
+/// Defined here, like TaskGraph::stream_of, because the simulator and the graph's builder ask it of
+/// every op.
+constexpr Stream stream_kind(OpKind kind) {
+  switch (kind) {
+    case OpKind::F:
+    case OpKind::B:
+    case OpKind::W:
+    case OpKind::S:
+    case OpKind::T:
+    case OpKind::IF:
+    case OpKind::IB:
+    case OpKind::Optimizer: return Stream::Compute;
+    case OpKind::Send: return Stream::Send;
+    case OpKind::Recv: return Stream::Recv;
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Reduce:
+    case OpKind::DpAllReduce: return Stream::Collective;
+  }
+  return Stream::Compute;
+}
+constexpr bool is_compute(OpKind kind) { return stream_kind(kind) == Stream::Compute; }
 
 /// What a SEND/RECV carries.
 enum class Payload : std::uint8_t { None, Activation, Gradient };
@@ -135,7 +155,16 @@ class TaskGraph {
   std::size_t first_stream(int device) const { return std::size_t(device) * streams_per_device(); }
   /// The stream `id` runs on.
   std::size_t stream_of(TaskId id) const { return stream_of(task(id)); }
-  std::size_t stream_of(const Task& task) const;
+  std::size_t stream_of(const Task& task) const {
+    const std::size_t base = first_stream(task.device);
+    switch (stream_kind(task.kind)) {
+      case Stream::Compute: return base;
+      case Stream::Collective: return base + 1 + std::size_t(task.lane);
+      case Stream::Send: return base + kFirstSend + std::size_t(task.peer);
+      case Stream::Recv: return base + kFirstSend + std::size_t(devices_) + std::size_t(task.peer);
+    }
+    return base;
+  }
   /// Ops of a stream, in program order.
   std::span<const TaskId> stream(std::size_t s) const {
     return {stream_ids_.data() + stream_offsets_[s], stream_ids_.data() + stream_offsets_[s + 1]};
@@ -157,6 +186,9 @@ class TaskGraph {
 
  private:
   friend class TaskGraphBuilder;
+  /// Device d's streams, from first_stream(d): compute, the collective lanes, send to each device,
+  /// receive from each device (the entries for d itself stay empty).
+  static constexpr std::size_t kFirstSend = 1 + kCollectiveLanes;
   std::size_t streams_per_device() const { return 1 + kCollectiveLanes + 2 * std::size_t(devices_); }
   static std::span<const TaskId> csr(const std::vector<EdgeIndex>& offsets, const std::vector<TaskId>& ids,
                                      TaskId id) {

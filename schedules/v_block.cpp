@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <optional>
 #include <tuple>
 
 #include "greedy.h"
@@ -158,24 +159,25 @@ DeviceOrders orders_from_block(const ScheduleContext& context, const VBlock& blo
       return std::tuple(r[a], -q[a], a) < std::tuple(r[b], -q[b], b);  // larger q: the earlier microbatch
     });
     const TimeNs first = *std::min_element(q.begin(), q.end()), last = *std::max_element(q.begin(), q.end()) + m - 1;
-    for (TimeNs period = first; period <= last; ++period)
+    for (TimeNs round = first; round <= last; ++round)  // round: which period of the block
       for (const std::size_t p : by_offset)
-        if (const TimeNs x = period - q[p]; x >= 0 && x < m) order.push_back({passes[p].kind, passes[p].stage, int(x)});
+        if (const TimeNs x = round - q[p]; x >= 0 && x < m) order.push_back({passes[p].kind, passes[p].stage, int(x)});
   }
   return orders;
 }
 
 Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& reference, VSpacing spacing,
                                 const VPattern* pattern) {
+  using Timed = std::pair<DeviceOrders, Result<OrderCost>>;
   const auto timed = [&context](DeviceOrders orders) {
     Result<OrderCost> cost = evaluate_orders(context, orders);
-    return std::pair{std::move(orders), std::move(cost)};
+    return Timed{std::move(orders), std::move(cost)};
   };
   // The candidates that need no memory bound -- the squeezed pattern and the two blocks -- on a
   // second thread, about as much work as the reference and the greedy order on this one.
   struct Unbounded {
     std::optional<DeviceOrders> squeezed;
-    std::array<decltype(timed(DeviceOrders{})), 2> blocks;
+    std::array<Timed, 2> blocks;
   };
   auto unbounded = beside(context.worth_a_thread(), [&] {
     std::optional<DeviceOrders> squeezed;

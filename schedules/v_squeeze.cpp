@@ -1,8 +1,8 @@
 #include "v_squeeze.h"
 
 #include <algorithm>
-#include <numeric>
 #include <cstdint>
+#include <numeric>
 
 namespace pipesim {
 namespace {

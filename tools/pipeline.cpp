@@ -55,7 +55,7 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   // The structure checks only read the graph, and the simulator copes with any graph assemble
   // builds: on a large graph they run on a second thread during the simulation, which a failure
   // discards. Orderability is the simulation's own outcome (Validation).
-  std::future<Status> structure = beside(p.graph.size() >= kOpsWorthAThread, [&p, simulated] {
+  std::future<Status> structure = beside(!simulated && p.graph.size() >= kOpsWorthAThread, [&p, simulated] {
     return simulated ? Status::Ok() : validate_structure(p.graph, p.layout, p.config.parallel.microbatches);
   });
   Result<Timeline> timeline = simulated ? Result<Timeline>(*std::move(run.plan.timeline)) : simulate(p.graph, durations);

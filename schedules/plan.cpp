@@ -215,6 +215,22 @@ Error invalid_graph(const Config& config, const Error& why) {
   return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, why.message)};
 }
 
+Bytes boundary_bytes(const Config& config) {
+  const ModelConfig& model = config.model;
+  return static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
+                            config.precision.activation_bytes / config.parallel.tp);
+}
+
+ScheduleContext schedule_context(const Config& config, const Layout& layout, const CostModel& costs) {
+  ScheduleContext context{layout, config.parallel.microbatches, {}, stage_work(config, layout),
+                          0, vocab_delay(layout.vocab, layout.devices)};
+  for (int s = 0; s < layout.stage_count(); ++s) context.times.push_back(costs.stage(s));
+  const int next_device = std::min(1, layout.devices - 1);
+  context.transfer_ns = costs.transfer({.kind = OpKind::Send, .device = 0, .peer = next_device},
+                                       {.bytes = double(boundary_bytes(config))});
+  return context;
+}
+
 Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Validation validation) {
   Plan plan;
   plan.config = requested;
@@ -225,16 +241,9 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   const VocabModeInfo* vocab = planned.value().vocab;
   plan.layout = std::move(planned.value().layout);
   const int m = config.parallel.microbatches;
-  const ModelConfig& model = config.model;
-  const auto boundary_bytes = static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
-                                                 config.precision.activation_bytes / config.parallel.tp);
-  ScheduleContext context{plan.layout, m, {}, stage_work(config, plan.layout),
-                          0, vocab_delay(vocab->placement, plan.layout.devices)};
+  const Bytes boundary = boundary_bytes(config);
   const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
-  for (int s = 0; s < plan.layout.stage_count(); ++s) context.times.push_back(costs->stage(s));
-  const int next_device = std::min(1, plan.layout.devices - 1);
-  context.transfer_ns =
-      costs->transfer({.kind = OpKind::Send, .device = 0, .peer = next_device}, {.bytes = double(boundary_bytes)});
+  const ScheduleContext context = schedule_context(config, plan.layout, *costs);
   if (Status s = check_times(context); !s.ok()) return s.error();
   Result<DeviceOrders> generated = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
   if (!generated.ok()) return generated.error();
@@ -243,13 +252,13 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   DeviceOrders orders = std::move(generated).value();
   const auto build = [&](const DeviceOrders& final_orders) {
     return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, config.parallel.dp,
-                    boundary_bytes, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});
+                    boundary, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});
   };
   if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order
   } else if (vocab->placement != VocabPlacement::OnStages) {
     Result<PlacedGraph> placed = with_vocab_passes(context, orders, vocab->placement, *costs,
-                                                   shortest_transfer(*costs, plan.layout, boundary_bytes), build);
+                                                   shortest_transfer(*costs, plan.layout, boundary), build);
     if (!placed.ok()) return placed.error();
     if (!placed.value().structure.ok()) return invalid_graph(config, placed.value().structure.error());
     plan.graph = std::move(placed.value().graph);

@@ -76,6 +76,13 @@ struct PlannedLayout {
 };
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom = nullptr);
 
+/// What one activation (or its gradient) crossing a stage boundary holds, per tensor-parallel rank.
+Bytes boundary_bytes(const Config& config);
+
+/// What make_plan gives the schedule's generator for `config` laid out as `layout`: stage times and
+/// work, the transfer between devices 0 and 1, and the vocabulary passes' delay.
+ScheduleContext schedule_context(const Config& config, const Layout& layout, const CostModel& costs);
+
 /// Who validates the graph (validate.h). A caller that simulates it next does so itself: it checks
 /// the structure while the graph is simulated, and the simulation proves that the graph runs to its
 /// end (it walks the same waits as check_orderable). Failures read as make_plan's

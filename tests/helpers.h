@@ -14,7 +14,6 @@
 #include "metrics.h"
 #include "plan.h"
 #include "simulator.h"
-#include "vocab_passes.h"
 
 namespace pipesim::testing {
 
@@ -71,23 +70,6 @@ inline Plan plan_or_fail(const Config& config) {
   Result<Plan> plan = make_plan(config);
   if (!plan.ok()) FAIL(plan.error().message);
   return std::move(plan).value();
-}
-
-/// What a transfer between stages carries, as make_plan computes it.
-inline Bytes boundary_bytes(const Config& config) {
-  const ModelConfig& model = config.model;
-  return Bytes(double(model.micro_batch_size) * model.seq_len * model.hidden * config.precision.activation_bytes /
-               config.parallel.tp);
-}
-
-/// The context make_plan gives a schedule's generator for `config` laid out as `layout`.
-inline ScheduleContext generator_context(const Config& config, const Layout& layout, const CostModel& costs) {
-  ScheduleContext context{layout, config.parallel.microbatches, {}, stage_work(config, layout), 0,
-                          vocab_delay(layout.vocab, layout.devices)};
-  for (int s = 0; s < layout.stage_count(); ++s) context.times.push_back(costs.stage(s));
-  context.transfer_ns = costs.transfer({.kind = OpKind::Send, .device = 0, .peer = std::min(1, layout.devices - 1)},
-                                       {.bytes = double(boundary_bytes(config))});
-  return context;
 }
 
 struct Simulated {

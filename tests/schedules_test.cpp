@@ -1,5 +1,6 @@
 // The zero-bubble and V-shaped schedules against their papers' claims (DESIGN.md §6), over ranges of
 // p and m, with explicit costs. F, B, W are one device's share per microbatch; a V chunk gets half.
+#include <array>
 #include <random>
 
 #include "greedy.h"
@@ -184,14 +185,14 @@ TEST_CASE("the greedy scheduler's own makespan and peaks are what evaluating its
           REQUIRE(planned.ok());
           const Layout& layout = planned.value().layout;
           const std::unique_ptr<CostModel> costs = make_cost_model(c, layout);
-          const ScheduleContext context = generator_context(c, layout, *costs);
-          for (const double units : {0.0, 1.0, 2.0 * p, 4.0 * p}) {
-            CAPTURE(schedule, vocab, p, m, units);
-            // activation_budget takes a plain function: the units go through a variable it can read.
-            static double budget_units;
-            budget_units = units;
-            const Result<GreedyOrders> greedy =
-                greedy_schedule(context, {activation_budget(context, [](int, int) { return budget_units; })});
+          const ScheduleContext context = schedule_context(c, layout, *costs);
+          using Units = double (*)(int device, int devices);
+          const std::array<Units, 4> budgets = {[](int, int) { return 0.0; }, [](int, int) { return 1.0; },
+                                                [](int, int devices) { return 2.0 * devices; },
+                                                [](int, int devices) { return 4.0 * devices; }};
+          for (std::size_t b = 0; b < budgets.size(); ++b) {
+            CAPTURE(schedule, vocab, p, m, b);
+            const Result<GreedyOrders> greedy = greedy_schedule(context, {activation_budget(context, budgets[b])});
             if (!greedy.ok()) continue;  // a budget too small to progress
             const Result<OrderCost> evaluated = evaluate_orders(context, greedy.value().orders);
             REQUIRE(evaluated.ok());
@@ -214,7 +215,7 @@ TEST_CASE("a V block's order is every pass of every microbatch by its start, the
     REQUIRE(planned.ok());
     const Layout& layout = planned.value().layout;
     const std::unique_ptr<CostModel> costs = make_cost_model(c, layout);
-    const ScheduleContext context = generator_context(c, layout, *costs);
+    const ScheduleContext context = schedule_context(c, layout, *costs);
     VBlock block{1 + TimeNs(random() % 12), std::vector<std::array<TimeNs, 6>>(std::size_t(p))};
     for (auto& starts : block.start)
       for (TimeNs& start : starts) start = TimeNs(random() % 30);

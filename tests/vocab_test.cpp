@@ -193,7 +193,7 @@ TEST_CASE("the last stage's backwards are moved for the vocabulary passes only w
           REQUIRE(planned.ok());
           const Layout& layout = planned.value().layout;
           const std::unique_ptr<CostModel> costs = make_cost_model(config, layout);
-          const ScheduleContext context = generator_context(config, layout, *costs);
+          const ScheduleContext context = schedule_context(config, layout, *costs);
           const Result<DeviceOrders> generated = planned.value().schedule->generate(context);
           REQUIRE(generated.ok());
           const DeviceOrders& orders = generated.value();
@@ -239,7 +239,7 @@ TEST_CASE("the transformer orders' estimate bounds from below the iteration of a
           if (!planned.ok()) continue;  // a schedule that cannot run this (p, m)
           const Layout& layout = planned.value().layout;
           const std::unique_ptr<CostModel> costs = make_cost_model(config, layout);
-          const ScheduleContext context = generator_context(config, layout, *costs);
+          const ScheduleContext context = schedule_context(config, layout, *costs);
           const TimeNs shortest = shortest_transfer(*costs, layout, boundary_bytes(config));
           shorter_transfer += shortest < context.transfer_ns;
           const Result<DeviceOrders> generated = planned.value().schedule->generate(context);

@@ -141,9 +141,17 @@ Result<PlacedGraph> with_vocab_passes(const ScheduleContext& context, const Devi
     return build(insert_vocab_passes(context, o, estimate, vocab));
   };
   const DeviceOrders delayed = delay_last_backward(context.layout, orders, context.vocab_delay, context.microbatches);
+  const bool moved_any = delayed != orders;
+  if (!moved_any) {
+    const Result<OrderCost> cost = evaluate_orders(context, orders, OpTimes::Record);
+    if (!cost.ok()) return cost.error();
+    return PlacedGraph{placed(orders, cost.value()), {}};
+  }
+  // Both versions estimated side by side.
+  std::future<Result<OrderCost>> own_estimate =
+      beside(context.worth_a_thread(), [&] { return evaluate_orders(context, orders, OpTimes::Record); });
   const Result<OrderCost> delayed_cost = evaluate_orders(context, delayed, OpTimes::Record);
-  if (delayed_cost.ok() && delayed == orders) return PlacedGraph{placed(delayed, delayed_cost.value()), {}};
-  const Result<OrderCost> own_cost = evaluate_orders(context, orders, OpTimes::Record);
+  const Result<OrderCost> own_cost = own_estimate.get();
   if (!delayed_cost.ok()) {
     if (!own_cost.ok()) return own_cost.error();
     return PlacedGraph{placed(orders, own_cost.value()), {}};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <future>
 #include <optional>
 #include <tuple>
 
@@ -173,28 +174,37 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     Result<OrderCost> cost = evaluate_orders(context, orders);
     return Timed{std::move(orders), std::move(cost)};
   };
-  // The candidates that need no memory bound -- the squeezed pattern and the two blocks -- on a
-  // second thread, about as much work as the reference and the greedy order on this one.
-  struct Unbounded {
-    std::optional<DeviceOrders> squeezed;
+  // The candidates other than greedy's -- the squeezed pattern, fitted to the reference block's
+  // peak memory, and the two blocks -- on a second thread, about as much work as the reference and
+  // the greedy order on this one. The fit waits for the reference's peak (nothing if it failed).
+  struct Others {
     std::array<Timed, 2> blocks;
+    std::optional<Timed> squeezed;
   };
-  auto unbounded = beside(context.worth_a_thread(), [&] {
+  std::promise<std::optional<Bytes>> reference_peak;
+  auto others = beside(context.worth_a_thread(), [&, peak = reference_peak.get_future()]() mutable {
     std::optional<DeviceOrders> squeezed;
     if (pattern) squeezed = squeezed_v_orders(context, *pattern);
-    return Unbounded{std::move(squeezed), {timed(orders_from_block(context, v_block(unit_costs(context), spacing))),
-                                           timed(orders_from_block(context, v_block(context, spacing)))}};
+    Others o{{timed(orders_from_block(context, v_block(unit_costs(context), spacing))),
+              timed(orders_from_block(context, v_block(context, spacing)))},
+             std::nullopt};
+    if (const std::optional<Bytes> limit = peak.get(); limit && squeezed)
+      o.squeezed = timed(within_memory(context, *squeezed, std::vector<Bytes>(context.layout.devices, *limit)));
+    return o;
   });
 
   DeviceOrders best = orders_from_block(context, reference);
   Result<OrderCost> bound = evaluate_orders(context, best);
-  if (!bound.ok()) return bound.error();
+  if (!bound.ok()) {
+    reference_peak.set_value(std::nullopt);
+    return bound.error();
+  }
   TimeNs best_makespan = bound.value().makespan;
   const std::vector<Bytes>& limit = bound.value().peak_activation;
   // A candidate may not hold more than the reference block's largest device: the peak memory the
   // schedule is known by. The greedy scheduler keeps each device within its own share.
   const Bytes peak = *std::max_element(limit.begin(), limit.end());
-  const std::vector<Bytes> uniform(limit.size(), peak);
+  reference_peak.set_value(peak);
   const auto consider = [&](DeviceOrders& candidate, const Result<OrderCost>& cost) {
     if (!cost.ok() || cost.value().makespan >= best_makespan) return;
     const auto& held = cost.value().peak_activation;
@@ -203,13 +213,10 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   };
   Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit});
   // Weighed in this order (the first of equal makespans is kept): the blocks, greedy, the squeeze.
-  Unbounded others = unbounded.get();
-  for (auto& [orders, cost] : others.blocks) consider(orders, cost);
+  Others candidates = others.get();
+  for (auto& [orders, cost] : candidates.blocks) consider(orders, cost);
   if (greedy.ok()) consider(greedy.value().orders, greedy.value().cost);
-  if (others.squeezed) {
-    DeviceOrders fitted = within_memory(context, *others.squeezed, uniform);
-    consider(fitted, evaluate_orders(context, fitted));
-  }
+  if (candidates.squeezed) consider(candidates.squeezed->first, candidates.squeezed->second);
   return best;
 }
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
-#include <tuple>
+#include <compare>
 
 namespace pipesim {
 
@@ -71,6 +71,16 @@ struct Insertion {
   TimeNs time;       ///< desired start, orders insertions that share a slot
   int rank;          ///< then this, so that S(x + 1) precedes T(x)
   ComputeStep step;
+};
+
+/// What orders the insertions of one device: slot, then Insertion::time and rank within a group.
+struct SortKey {
+  std::size_t slot;
+  std::uint32_t group;
+  TimeNs time;
+  int rank;
+  std::uint32_t index;  ///< into the insertions, as added
+  auto operator<=>(const SortKey&) const = default;
 };
 
 /// The first position in [low, high) whose op starts (in the estimate) at `time` or later; `high`
@@ -265,17 +275,22 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
         insertions.push_back(
             {slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
       }
-      std::stable_sort(insertions.begin(), insertions.end(), [](const Insertion& a, const Insertion& b) {
-        // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last.
-        const auto group = [](const Insertion& i) {
-          return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1;
-        };
-        return std::tuple(a.slot, group(a), a.time, a.rank) < std::tuple(b.slot, group(b), b.time, b.rank);
-      });
+      // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last; then in the
+      // order added. Every key differs, so an unstable sort gives the one order.
+      const auto group = [](const Insertion& i) {
+        return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1;
+      };
+      std::vector<SortKey> keys(insertions.size());
+      for (std::size_t i = 0; i < insertions.size(); ++i) {
+        const Insertion& in = insertions[i];
+        keys[i] = {in.slot, std::uint32_t(group(in)), in.time, in.rank, std::uint32_t(i)};
+      }
+      std::sort(keys.begin(), keys.end());
       auto& out = result[d];
       std::size_t next = 0;
+      out.reserve(orders[d].size() + keys.size());
       for (std::size_t i = 0; i <= orders[d].size(); ++i) {
-        while (next < insertions.size() && insertions[next].slot == i) out.push_back(insertions[next++].step);
+        while (next < keys.size() && keys[next].slot == i) out.push_back(insertions[keys[next++].index].step);
         if (i < orders[d].size()) out.push_back(orders[d][i]);
       }
     }

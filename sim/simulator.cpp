@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "two_threads.h"
+
 namespace pipesim {
 namespace {
 
@@ -38,10 +40,12 @@ class Engine {
         // Left uninitialised (every field is set below): tens of MiB on a large graph, written once.
         ops_(new OpState[graph.size()]) {
     const std::size_t n = graph.size(), slots = graph.stream_count();
-    for (std::size_t i = 0; i < n; ++i) {
-      const Task& t = graph.task(TaskId(i));
-      ops_[i] = {std::int32_t(graph.deps(TaskId(i)).size()), std::uint32_t(graph.stream_of(t)), t.partner, t.group};
-    }
+    in_two_halves(n, n >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const Task& t = graph.task(TaskId(i));
+        ops_[i] = {std::int32_t(graph.deps(TaskId(i)).size()), std::uint32_t(graph.stream_of(t)), t.partner, t.group};
+      }
+    });
     head_.resize(slots);
     end_.resize(slots);
     for (std::size_t slot = 0; slot < slots; ++slot) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "two_threads.h"
+
 namespace pipesim {
 
 std::string_view op_kind_name(OpKind kind) {
@@ -153,8 +155,12 @@ TaskGraph TaskGraphBuilder::build() && {
   graph.devices_ = devices_;
   const auto task = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].first); };
   const auto on = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].second); };
-  build_csr(tasks_.size(), edges_.size(), task, on, graph.dep_offsets_, graph.dep_ids_);
-  build_csr(tasks_.size(), edges_.size(), on, task, graph.succ_offsets_, graph.succ_ids_);
+  // The two edge lists share nothing they write: on a large graph, the dependencies on a second thread.
+  const std::size_t ops = tasks_.size(), edges = edges_.size();
+  std::future<void> deps = beside(ops >= kOpsWorthAThread, [&] {
+    build_csr(ops, edges, task, on, graph.dep_offsets_, graph.dep_ids_);
+  });
+  build_csr(ops, edges, on, task, graph.succ_offsets_, graph.succ_ids_);
 
   graph.tasks_ = std::move(tasks_);
   // Grown past a reserve() by doubling, it may hold twice its size: give that back. A close reserve
@@ -168,6 +174,7 @@ TaskGraph TaskGraphBuilder::build() && {
       [&stream](std::size_t i) { return stream[i]; }, [](std::size_t i) { return static_cast<TaskId>(i); },
       graph.stream_offsets_, graph.stream_ids_);
 
+  deps.get();
   graph.groups_ = std::move(groups_);
   graph.works_ = std::move(works_);
   return graph;

@@ -72,6 +72,30 @@ TEST_CASE("a well-formed hand-built graph validates and simulates") {
   CHECK(simulate(graph, std::vector<TimeNs>(graph.size(), 1)).ok());
 }
 
+TEST_CASE("the simulator takes durations whose total stays within 2^62 ns and names what does not") {
+  HandGraph g(2, {{OpKind::F, 0}, {OpKind::B, 0}, {OpKind::F, 1}, {OpKind::B, 1}}, {0, 1});
+  const TaskGraph graph = g.build();
+  const auto error = [&](std::vector<TimeNs> durations) {
+    const Result<Timeline> run = simulate(graph, durations);
+    return run.ok() ? std::string("(ran)") : run.error().message;
+  };
+  std::vector<TimeNs> durations(graph.size(), 0);
+  // Two ops of 2^61: a total of exactly 2^62, the most the end times may reach.
+  durations[0] = durations[1] = TimeNs(1) << 61;
+  CHECK(error(durations) == "(ran)");
+  durations[1] += 1;
+  CHECK(error(durations) ==
+        "simulate: the ops' durations add up to over 146 years; check the hardware speeds, the costs and the model sizes");
+  // Small durations, one negative: named, even where the others are far from any limit.
+  std::fill(durations.begin(), durations.end(), 1000);
+  durations[2] = -1;
+  CHECK(error(durations) == "simulate: " + graph.describe(2) +
+                                " has no valid duration (negative, NaN or over 146 years); check the hardware speeds, "
+                                "the costs and the model sizes");
+  durations[2] = 1000;
+  CHECK(error(durations) == "(ran)");
+}
+
 TEST_CASE("sends and receives issued in different orders are a p2p order mismatch") {
   HandGraph g(2, {{OpKind::F, 1}, {OpKind::B, 1}, {OpKind::F, 0}, {OpKind::B, 0}}, {1, 0});
   CHECK(validation_error(g.build(), 2) ==

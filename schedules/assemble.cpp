@@ -2,6 +2,7 @@
 #include <array>
 
 #include "plan.h"
+#include "two_threads.h"
 #include "vocab_assembly.h"
 
 namespace pipesim {
@@ -52,20 +53,22 @@ Payload sent_out(const Layout& layout, const ComputeStep& s, int d) {
   return Payload::None;
 }
 
-/// Transfers in each producer's program order. A channel's RECVs are issued in the order of its
-/// SENDs (receives have no dependencies, so posting them early costs nothing), which keeps every
-/// pair matched whatever order the consumer computes in.
-void derived_transfers(const Transfers& t, const DeviceOrders& orders) {
-  for (int d = 0; d < t.layout.devices; ++d)
-    for (const ComputeStep& s : orders[std::size_t(d)]) {
-      const Payload payload = sent_out(t.layout, s, d);
-      if (payload == Payload::None) continue;
-      const TaskId send = t.builder.add(t.transfer(OpKind::Send, payload, s.stage, s.microbatch));
-      const TaskId recv = t.builder.add(t.transfer(OpKind::Recv, payload, s.stage, s.microbatch));
-      t.builder.pair(send, recv);
-      t.builder.depend(send, t.producer(payload, s.stage, s.microbatch));
-      t.receives(payload).at(payload == Payload::Activation ? s.stage + 1 : s.stage - 1, s.microbatch) = recv;
-    }
+/// Device d's transfers, in its program order: a SEND and its RECV per step that sends, filling the
+/// blank ids from `id` on, and each SEND's dependency on its producer from `edge` on. A channel's
+/// RECVs are issued in the order of its SENDs (receives have no dependencies, so posting them early
+/// costs nothing), which keeps every pair matched whatever order the consumer computes in.
+void derived_transfers(const Transfers& t, const std::vector<ComputeStep>& order, int d, TaskId id,
+                       std::pair<TaskId, TaskId>* edge) {
+  for (const ComputeStep& s : order) {
+    const Payload payload = sent_out(t.layout, s, d);
+    if (payload == Payload::None) continue;
+    const TaskId send = id++, recv = id++;
+    t.builder.task(send) = t.transfer(OpKind::Send, payload, s.stage, s.microbatch);
+    t.builder.task(recv) = t.transfer(OpKind::Recv, payload, s.stage, s.microbatch);
+    t.builder.pair(send, recv);
+    *edge++ = {send, t.producer(payload, s.stage, s.microbatch)};
+    t.receives(payload).at(payload == Payload::Activation ? s.stage + 1 : s.stage - 1, s.microbatch) = recv;
+  }
 }
 
 /// Transfers as a schedule file orders them on each rank, each issued after the compute op it
@@ -110,18 +113,22 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   for (const auto& order : orders)
     for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
 
-  TaskGraphBuilder builder(layout.devices);
-  {  // compute ops, a SEND and a RECV per boundary crossed, the end of iteration, vocabulary collectives
-    std::size_t compute = 0, transfers = 0;
-    for (int d = 0; d < layout.devices; ++d)
-      for (const ComputeStep& s : orders[std::size_t(d)]) {
-        ++compute;
-        transfers += sent_out(layout, s, d) != Payload::None;
-      }
-    builder.reserve(compute + 2 * transfers + std::size_t(layout.devices) * (dp > 1 ? 2 : 1) +
-                        VocabPasses::collective_ops(layout, microbatches),
-                    2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
+  // Ops are numbered device by device: first every compute op (vocabulary passes among them), then,
+  // derived from the orders, every SEND and RECV. Knowing where each device's ops begin, the two
+  // halves of the devices fill in their ops on two threads of a large graph, with the ids, and the
+  // dependencies in the order, that adding them one by one would give.
+  const auto devices = std::size_t(layout.devices);
+  std::vector<std::size_t> compute_first(devices + 1, 0), transfer_first(devices + 1, 0);
+  for (std::size_t d = 0; d < devices; ++d) {
+    std::size_t sends = 0;
+    for (const ComputeStep& s : orders[d]) sends += sent_out(layout, s, int(d)) != Payload::None;
+    compute_first[d + 1] = compute_first[d] + orders[d].size();
+    transfer_first[d + 1] = transfer_first[d] + 2 * sends;
   }
+  const std::size_t compute = compute_first.back(), transfers = transfer_first.back() / 2;
+  TaskGraphBuilder builder(layout.devices);
+  builder.reserve(compute + 2 * transfers + devices * (dp > 1 ? 2 : 1) + VocabPasses::collective_ops(layout, microbatches),
+                  2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
   // Each stage's F, B and W work, one record each.
   std::vector<std::array<WorkId, 3>> stage_work(static_cast<std::size_t>(stages));
   for (int s = 0; s < stages; ++s) {
@@ -134,30 +141,40 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
         builder.work({.flops = w.weight_flops, .bytes = w.weight_bytes, .free_bytes = w.weight_held_bytes})};
   }
   OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
-  std::vector<TaskId> last_compute(std::size_t(layout.devices), kNoTask);
-  VocabPasses passes(builder, layout, microbatches, vocab);
-  for (int d = 0; d < layout.devices; ++d)
-    for (const ComputeStep& s : orders[std::size_t(d)]) {
-      if (s.stage < 0) {  // a vocabulary pass
-        last_compute[std::size_t(d)] = passes.add(builder, d, s);
-        continue;
-      }
-      const Task t{.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk), .device = d,
-                   .stage = s.stage, .microbatch = s.microbatch,
-                   .work = stage_work[std::size_t(s.stage)][std::size_t(pass_index(s.kind))]};
-      const TaskId id = builder.add(t);
-      last_compute[std::size_t(d)] = id;
-      passes.record_compute(d, id);
-      if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
-      if (s.kind == OpKind::B) backward.at(s.stage, s.microbatch) = id;
-      if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
-    }
-
   OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
+  std::vector<TaskId> last_compute(devices, kNoTask);
+  VocabPasses passes(builder, layout, microbatches, vocab);
   const WorkId boundary = builder.work({.bytes = double(boundary_bytes)});
-  const Transfers transfers{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary};
-  if (comms.empty()) derived_transfers(transfers, orders);
-  else file_transfers(transfers, comms);
+  const Transfers transfer{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary};
+  const bool derived = comms.empty();
+  const TaskId first_compute = builder.add_blank(compute);
+  const TaskId first_transfer = derived ? builder.add_blank(2 * transfers) : kNoTask;
+  std::vector<std::pair<TaskId, TaskId>> transfer_edges(derived ? transfers : 0);
+  in_two_halves(devices, compute + transfers >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t d = begin; d < end; ++d) {
+      auto id = TaskId(first_compute + compute_first[d]);
+      for (const ComputeStep& s : orders[d]) {
+        last_compute[d] = id;
+        if (s.stage < 0) {  // a vocabulary pass
+          passes.place(builder, id++, int(d), s);
+          continue;
+        }
+        builder.task(id) = {.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk),
+                            .device = int(d), .stage = s.stage, .microbatch = s.microbatch,
+                            .work = stage_work[std::size_t(s.stage)][std::size_t(pass_index(s.kind))]};
+        passes.record_compute(int(d), id);
+        if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
+        if (s.kind == OpKind::B) backward.at(s.stage, s.microbatch) = id;
+        if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
+        ++id;
+      }
+      if (derived)
+        derived_transfers(transfer, orders[d], int(d), TaskId(first_transfer + transfer_first[d]),
+                          transfer_edges.data() + transfer_first[d] / 2);
+    }
+  });
+  if (derived) builder.depend_all(transfer_edges);
+  else file_transfers(transfer, comms);
 
   // Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B.
   // An op missing from the orders (a hand-written schedule file) gets no edges; validation names it.

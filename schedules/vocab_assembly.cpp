@@ -24,13 +24,11 @@ VocabPasses::VocabPasses(TaskGraphBuilder& builder, const Layout& layout, int mi
     collective_work_[lane] = builder.work({.bytes = bytes});
 }
 
-TaskId VocabPasses::add(TaskGraphBuilder& builder, int device, const ComputeStep& step) {
+void VocabPasses::place(TaskGraphBuilder& builder, TaskId id, int device, const ComputeStep& step) {
   const Pass p = step.kind == OpKind::S ? kS : step.kind == OpKind::T ? kT : step.kind == OpKind::IF ? kIF : kIB;
-  const TaskId id = builder.add({.kind = step.kind, .device = device, .microbatch = step.microbatch,
-                                 .work = pass_work_[p]});
+  builder.task(id) = {.kind = step.kind, .device = device, .microbatch = step.microbatch, .work = pass_work_[p]};
   pass(p, device, step.microbatch) = id;
   record_compute(device, id);
-  return id;
 }
 
 void VocabPasses::record_compute(int device, TaskId id) {

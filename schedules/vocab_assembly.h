@@ -27,10 +27,11 @@ class VocabPasses {
  public:
   /// Registers the passes' and the collectives' work with `builder` (when `layout` has passes).
   VocabPasses(TaskGraphBuilder& builder, const Layout& layout, int microbatches, const VocabWork& work);
-  /// Adds the task of one vocabulary pass (an S, T, IF or IB step); returns its id.
-  TaskId add(TaskGraphBuilder& builder, int device, const ComputeStep& step);
+  /// Makes `id` (added, not yet filled in) the task of one vocabulary pass (an S, T, IF or IB step).
+  /// Calls for different devices may run on different threads.
+  void place(TaskGraphBuilder& builder, TaskId id, int device, const ComputeStep& step);
   /// Notes a transformer compute task, so that the op after a pass can be found (interlaced only:
-  /// the op after T waits for its all-reduce there).
+  /// the op after T waits for its all-reduce there). Per device, as place().
   void record_compute(int device, TaskId id);
   /// The ops connect() adds for `layout`: a member per device in each microbatch's collectives
   /// (none with the vocabulary on the stages), and at most the dependencies it adds.

@@ -117,7 +117,17 @@ TaskId TaskGraphBuilder::add(const Task& task) {
   return static_cast<TaskId>(tasks_.size() - 1);
 }
 
+TaskId TaskGraphBuilder::add_blank(std::size_t count) {
+  const auto first = static_cast<TaskId>(tasks_.size());
+  tasks_.resize(tasks_.size() + count);
+  return first;
+}
+
 void TaskGraphBuilder::depend(TaskId task, TaskId on) { edges_.emplace_back(task, on); }
+
+void TaskGraphBuilder::depend_all(std::span<const std::pair<TaskId, TaskId>> edges) {
+  edges_.insert(edges_.end(), edges.begin(), edges.end());
+}
 
 void TaskGraphBuilder::pair(TaskId send, TaskId recv) {
   tasks_[static_cast<std::size_t>(send)].partner = recv;

@@ -216,8 +216,13 @@ class TaskGraphBuilder {
   /// The id of the work record with these figures, added if new: give it to every Task doing them.
   WorkId work(const TaskWork& work);
   TaskId add(const Task& task);
+  /// Adds `count` tasks to be filled in through task(id), possibly from several threads (each its
+  /// own ids); returns the first id.
+  TaskId add_blank(std::size_t count);
   /// `task` may start only after `on` has finished.
   void depend(TaskId task, TaskId on);
+  /// depend() for each (task, on) in turn.
+  void depend_all(std::span<const std::pair<TaskId, TaskId>> edges);
   /// Matches a SEND with its RECV; both start together.
   void pair(TaskId send, TaskId recv);
   /// Registers a collective; each member's `group` is set.

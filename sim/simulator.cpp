@@ -25,6 +25,8 @@ struct OpState {
 };
 static_assert(sizeof(OpState) == 16);
 constexpr std::int32_t kArrived = -1;
+/// How far down its stream an op's records are fetched ahead of its turn (measured: 8 to 16 alike).
+constexpr std::ptrdiff_t kFetchAhead = 16;
 
 /// Every time in the model is a max-plus expression: an op arrives when its stream's previous op and
 /// its dependencies have ended, a rendezvous (a SEND and its RECV, or a collective's members) starts
@@ -82,6 +84,7 @@ class Engine {
   void advance(std::size_t slot) {
     while (head_[slot] != end_[slot]) {
       const TaskId t = *head_[slot];
+      fetch_ahead(slot);
       OpState& op = ops_[std::size_t(t)];
       if (op.pending != 0) return;  // a dependency has not ended, or it has arrived and waits
       op.pending = kArrived;
@@ -130,6 +133,21 @@ class Engine {
       ready = std::max(ready, end);
       if (--next.pending == 0 && *head_[next.slot] == successor) wake(next.slot);
     }
+  }
+
+  /// Asks for the records of the ops further down `slot` before their turn. The sweep walks hundreds
+  /// of streams at once, too many for the processor to follow each one's stride, so an op's records
+  /// would otherwise each wait for memory when it comes up: a fifth of the sweep's time at 1.4 M ops.
+  /// The successor list is read where the op half as far ahead already has its offsets in cache.
+  void fetch_ahead(std::size_t slot) const {
+    if (end_[slot] - head_[slot] <= kFetchAhead) return;
+    const auto far = std::size_t(head_[slot][kFetchAhead]);
+    __builtin_prefetch(&ops_[far], 1);
+    __builtin_prefetch(&timeline_.start[far], 1);
+    __builtin_prefetch(&timeline_.end[far], 1);
+    __builtin_prefetch(&durations_[far]);
+    graph_.prefetch_successors(TaskId(far));
+    __builtin_prefetch(graph_.successors(head_[slot][kFetchAhead / 2]).data());
   }
 
   /// Takes `slot` up again later (from a stack: the stream most recently woken runs next).

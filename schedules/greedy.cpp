@@ -30,6 +30,11 @@ class Greedy {
       for (std::size_t k = 1; k < stages_of_[std::size_t(d)].size(); ++k)
         headroom_[std::size_t(d)] = std::max(headroom_[std::size_t(d)], work(stages_of_[std::size_t(d)][k]).activation_bytes);
     for (Bytes& room : headroom_) room *= 1 + context.vocab_delay;
+    remaining_.assign(std::size_t(devices), 0);
+    for (int s = 0; s < stages_; ++s) {
+      const StageTimes& t = context.times[std::size_t(s)];
+      remaining_[std::size_t(device_of(s))] += m_ * (t.forward + t.backward + t.weight);
+    }
     next_forward_.assign(std::size_t(stages_), 0);
     next_backward_.assign(std::size_t(stages_), 0);
     forward_ready_.assign(std::size_t(stages_) * m_, kNever);
@@ -67,9 +72,12 @@ class Greedy {
       }
       if (placed == total) break;
       if (events_.empty()) return Error{stuck_message()};
+      // Out through the loop's end: measured, one more return from inside it slows the loop by half.
+      if (o_.give_up_at && ++steps_ % kStepsPerCheck == 0 && !can_beat(*o_.give_up_at)) break;
       now_ = events_.top().time;
       for (; !events_.empty() && events_.top().time == now_; events_.pop()) wake(events_.top().device);
     }
+    if (placed < total) return Error{"the greedy order cannot finish before its rival"};
     return GreedyOrders{std::move(orders_), std::move(cost_)};
   }
 
@@ -78,6 +86,15 @@ class Greedy {
   std::size_t at(int stage, int mb) const { return std::size_t(stage) * m_ + std::size_t(mb); }
   const StageWork& work(int stage) const { return c_.work[std::size_t(stage)]; }
   TimeNs hop(int from, int to) const { return device_of(from) == device_of(to) ? 0 : c_.transfer_ns; }
+  /// Whether the makespan may still come out below `rival`. No op starts before now_, and each
+  /// device runs one at a time: its work still to place ends no earlier than that work after now_
+  /// (or after its current op).
+  bool can_beat(const std::atomic<TimeNs>& rival) const {
+    TimeNs bound = cost_.makespan;
+    for (std::size_t d = 0; d < remaining_.size(); ++d)
+      bound = std::max(bound, std::max(now_, free_at_[d]) + remaining_[d]);
+    return bound < rival.load(std::memory_order_relaxed);
+  }
   bool fits(int d, int s) const {
     const bool enters = s == stages_of_[std::size_t(d)].front();
     return memory_[std::size_t(d)] + work(s).activation_bytes + (enters ? headroom_[std::size_t(d)] : 0) <=
@@ -107,6 +124,7 @@ class Greedy {
   void forward(int d, int s, TimeNs now) {
     const int mb = next_forward_[std::size_t(s)]++;
     const TimeNs end = now + c_.times[std::size_t(s)].forward;
+    remaining_[std::size_t(d)] -= c_.times[std::size_t(s)].forward;
     orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
     memory_[std::size_t(d)] += work(s).activation_bytes;
     cost_.peak_activation[std::size_t(d)] = std::max(cost_.peak_activation[std::size_t(d)], memory_[std::size_t(d)]);
@@ -127,6 +145,7 @@ class Greedy {
   void backward(int d, int s, TimeNs now) {
     const int mb = next_backward_[std::size_t(s)]++;
     const TimeNs end = now + c_.times[std::size_t(s)].backward;
+    remaining_[std::size_t(d)] -= c_.times[std::size_t(s)].backward;
     orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
     cost_.makespan = std::max(cost_.makespan, end);
     memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
@@ -141,6 +160,7 @@ class Greedy {
     orders_[std::size_t(d)].push_back({OpKind::W, s, mb});
     memory_[std::size_t(d)] -= work(s).weight_held_bytes;
     const TimeNs end = now + c_.times[std::size_t(s)].weight;
+    remaining_[std::size_t(d)] -= c_.times[std::size_t(s)].weight;
     cost_.makespan = std::max(cost_.makespan, end);
     set(free_at_[std::size_t(d)], end, d);
   }
@@ -183,6 +203,7 @@ class Greedy {
   std::vector<TimeNs> forward_ready_, backward_ready_;  ///< per (stage, mb): when its input arrives
   std::vector<TimeNs> free_at_;
   std::vector<Bytes> memory_;                           ///< per device: live activation bytes
+  std::vector<TimeNs> remaining_;                       ///< per device: the durations of its ops not yet placed
   std::vector<std::deque<std::pair<int, int>>> weights_;  ///< per device: deferred W, oldest first
   DeviceOrders orders_;
   OrderCost cost_;  ///< makespan and peak activations, kept as the ops are placed
@@ -201,6 +222,10 @@ class Greedy {
   /// Devices to visit at now_, lowest index first: in the pass under way and in the next one.
   std::priority_queue<int, std::vector<int>, std::greater<>> this_pass_, next_pass_;
   std::int64_t pass_ = 0;               ///< passes so far
+  std::int64_t steps_ = 0;              ///< times at which ops were started, so far
+  /// How often (in those times) the bound is compared with give_up_at: each check costs a pass
+  /// over the devices.
+  static constexpr std::int64_t kStepsPerCheck = 64;
   int visiting_ = -1;                   ///< the device the pass under way is at
   std::vector<std::int64_t> queued_for_;  ///< per device: the pass it is queued for
 };

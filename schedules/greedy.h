@@ -5,6 +5,7 @@
 /// it fits the device's activation budget, then a deferred weight-gradient pass (it fills what
 /// would be a bubble, and frees the inputs W keeps). A device's activations -- from F, through B,
 /// to W -- never exceed its budget, by construction.
+#include <atomic>
 #include <vector>
 
 #include "order_eval.h"
@@ -14,6 +15,11 @@ namespace pipesim {
 
 struct GreedyOptions {
   std::vector<Bytes> budget;  ///< per device: activation bytes it may hold at once
+  /// For a caller that keeps the greedy order only where it finishes before a rival's: when set, the
+  /// scheduler fails once a bound shows that its makespan cannot come out below *give_up_at (checked
+  /// every few dozen steps, so it may also finish with one that does not). It reads the value as it
+  /// goes: another thread may lower it when it finds a faster rival.
+  const std::atomic<TimeNs>* give_up_at = nullptr;
 };
 
 /// The orders and their cost: the makespan and peak activations evaluate_orders(context, orders)

@@ -174,23 +174,16 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     Result<OrderCost> cost = evaluate_orders(context, orders);
     return Timed{std::move(orders), std::move(cost)};
   };
-  // The candidates other than greedy's -- the squeezed pattern, fitted to the reference block's
-  // peak memory, and the two blocks -- on a second thread, about as much work as the reference and
-  // the greedy order on this one. The fit waits for the reference's peak (nothing if it failed).
-  struct Others {
-    std::array<Timed, 2> blocks;
-    std::optional<Timed> squeezed;
-  };
+  // The squeezed pattern, fitted to the reference block's peak memory, on a second thread: about
+  // as much work as the other candidates on this one. The fit waits for the reference's peak
+  // (nothing if it failed).
   std::promise<std::optional<Bytes>> reference_peak;
-  auto others = beside(context.worth_a_thread(), [&, peak = reference_peak.get_future()]() mutable {
-    std::optional<DeviceOrders> squeezed;
-    if (pattern) squeezed = squeezed_v_orders(context, *pattern);
-    Others o{{timed(orders_from_block(context, v_block(unit_costs(context), spacing))),
-              timed(orders_from_block(context, v_block(context, spacing)))},
-             std::nullopt};
-    if (const std::optional<Bytes> limit = peak.get(); limit && squeezed)
-      o.squeezed = timed(within_memory(context, *squeezed, std::vector<Bytes>(context.layout.devices, *limit)));
-    return o;
+  auto squeezed = beside(context.worth_a_thread(), [&, peak = reference_peak.get_future()]() mutable {
+    std::optional<DeviceOrders> orders;
+    if (pattern) orders = squeezed_v_orders(context, *pattern);
+    const std::optional<Bytes> limit = peak.get();
+    if (!limit || !orders) return std::optional<Timed>();
+    return std::optional(timed(within_memory(context, *orders, std::vector<Bytes>(context.layout.devices, *limit))));
   });
 
   DeviceOrders best = orders_from_block(context, reference);
@@ -211,12 +204,16 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
     if (*std::max_element(held.begin(), held.end()) <= peak)
       best = std::move(candidate), best_makespan = cost.value().makespan;
   };
-  Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit});
   // Weighed in this order (the first of equal makespans is kept): the blocks, greedy, the squeeze.
-  Others candidates = others.get();
-  for (auto& [orders, cost] : candidates.blocks) consider(orders, cost);
+  for (const VBlock& block : {v_block(unit_costs(context), spacing), v_block(context, spacing)}) {
+    Timed candidate = timed(orders_from_block(context, block));
+    consider(candidate.first, candidate.second);
+  }
+  // The greedy order is kept only if it beats the best so far: it stops once it cannot.
+  const std::atomic<TimeNs> to_beat = best_makespan;
+  Result<GreedyOrders> greedy = greedy_schedule(context, GreedyOptions{limit, &to_beat});
   if (greedy.ok()) consider(greedy.value().orders, greedy.value().cost);
-  if (candidates.squeezed) consider(candidates.squeezed->first, candidates.squeezed->second);
+  if (std::optional<Timed> fitted = squeezed.get()) consider(fitted->first, fitted->second);
   return best;
 }
 

@@ -41,8 +41,10 @@ Result<DeviceOrders> generate_zb_h1(const ScheduleContext& context) {
   DeviceOrders best = zb_h1_order(context);
   Result<OrderCost> cost = evaluate_orders(context, best);
   if (!cost.ok()) return cost.error();
+  const std::atomic<TimeNs> to_beat = cost.value().makespan;  // the greedy order stops once it cannot
   GreedyOptions options;
   options.budget = cost.value().peak_activation;
+  options.give_up_at = &to_beat;
   Result<GreedyOrders> greedy = greedy_schedule(context, options);
   if (greedy.ok() && greedy.value().cost.makespan < cost.value().makespan) best = std::move(greedy.value().orders);
   return best;

@@ -1,6 +1,7 @@
 // The zero-bubble and V-shaped schedules against their papers' claims (DESIGN.md §6), over ranges of
 // p and m, with explicit costs. F, B, W are one device's share per microbatch; a V chunk gets half.
 #include <array>
+#include <atomic>
 #include <random>
 
 #include "greedy.h"
@@ -202,6 +203,52 @@ TEST_CASE("the greedy scheduler's own makespan and peaks are what evaluating its
           }
         }
   CHECK(compared > 300);
+}
+
+TEST_CASE("the greedy scheduler gives up only where its makespan does not come out below the limit") {
+  // The V and zero-bubble generators keep the greedy order only where it beats a rival's makespan,
+  // and let it stop once a bound shows it cannot. Against the same run without a limit: where it
+  // finishes, the orders are the same; where it gives up, its makespan reaches the limit.
+  std::mt19937 random(17);
+  std::uniform_real_distribution<double> ms(0.1, 3.0);
+  const auto costs_for = [&](int p) {
+    std::vector<double> v;
+    for (int d = 0; d < p; ++d) v.push_back(ms(random));
+    return v;
+  };
+  int gave_up = 0, finished = 0;
+  for (const std::string schedule : {"zb-h1", "zb-v"})
+    for (const int p : {2, 4, 8})
+      for (const int m : {64, 150}) {
+        Config c = parse_or_fail(explicit_json(p, m, 2, 1, 2, schedule, double(kActivation)));
+        c.costs->forward_ms = costs_for(p), c.costs->backward_ms = costs_for(p), c.costs->weight_ms = costs_for(p);
+        c.costs->p2p_ms = ms(random) / 4;
+        Result<PlannedLayout> planned = plan_layout(c);
+        REQUIRE(planned.ok());
+        const Layout& layout = planned.value().layout;
+        const std::unique_ptr<CostModel> costs = make_cost_model(c, layout);
+        const ScheduleContext context = schedule_context(c, layout, *costs);
+        const GreedyOptions roomy{activation_budget(context, [](int, int devices) { return 2.0 * devices; })};
+        const Result<GreedyOrders> unlimited = greedy_schedule(context, roomy);
+        REQUIRE(unlimited.ok());
+        const TimeNs makespan = unlimited.value().cost.makespan;
+        for (const TimeNs limit : {makespan / 4, makespan / 2, makespan * 9 / 10, makespan - 1, makespan, makespan + 1}) {
+          CAPTURE(schedule, p, m, makespan, limit);
+          const std::atomic<TimeNs> to_beat = limit;
+          GreedyOptions options = roomy;
+          options.give_up_at = &to_beat;
+          const Result<GreedyOrders> limited = greedy_schedule(context, options);
+          if (limited.ok()) {
+            CHECK(limited.value().orders == unlimited.value().orders);
+            ++finished;
+          } else {
+            CHECK(makespan >= limit);
+            ++gave_up;
+          }
+        }
+      }
+  CHECK(gave_up >= 12);  // the limits of a quarter and a half of the makespan, at least
+  CHECK(finished >= 12);  // the limit past the makespan, at least
 }
 
 TEST_CASE("a V block's order is every pass of every microbatch by its start, then microbatch, then pass") {

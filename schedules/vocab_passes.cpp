@@ -1,9 +1,12 @@
 #include "vocab_passes.h"
 
 #include <algorithm>
-#include <cstdint>
-#include <span>
 #include <compare>
+#include <cstdint>
+#include <future>
+#include <span>
+
+#include "two_threads.h"
 
 namespace pipesim {
 
@@ -92,35 +95,41 @@ std::size_t slot_at(const std::vector<TimeNs>& start, TimeNs time, std::size_t l
 }
 
 /// How one op of the transformer orders is tied, through the data flow and program order, to the
-/// ops the vocabulary passes hang on.
-struct Ties {
-  int waits_last_backward;   ///< greatest x: the op waits for B(last stage, x); -1 if none
-  int waits_first_forward;   ///< greatest x: the op waits for F(stage 0, x); -1 if none
-  int feeds_last_forward;    ///< least x: F(last stage, x) waits for the op; kNoMicrobatch if none
-  int feeds_first_backward;  ///< least x: B(stage 0, x) waits for the op; kNoMicrobatch if none
+/// ops the vocabulary passes hang on: what it waits for, and what waits for it. The two are worked
+/// out apart (forwards and backwards through the ops), so each has its own record.
+struct Waits {
+  int last_backward = -1;  ///< greatest x: the op waits for B(last stage, x); -1 if none
+  int first_forward = -1;  ///< greatest x: the op waits for F(stage 0, x); -1 if none
 };
 constexpr int kNoMicrobatch = 1 << 30;
+struct Feeds {
+  int last_forward = kNoMicrobatch;    ///< least x: F(last stage, x) waits for the op; kNoMicrobatch if none
+  int first_backward = kNoMicrobatch;  ///< least x: B(stage 0, x) waits for the op; kNoMicrobatch if none
+};
 
 /// The ties of every op, the devices' orders laid end to end (one record per op: the passes below
 /// reach ops all over the schedule, one cache line each).
 struct Reach {
-  std::vector<std::size_t> first;  ///< where device d's ops start in `ties`; then the end
-  std::vector<Ties> ties;
+  std::vector<std::size_t> first;  ///< where device d's ops start in `waits` and `feeds`; then the end
+  std::vector<Waits> waits;
+  std::vector<Feeds> feeds;
   std::vector<bool> last_forward_waits_backward;  ///< per x: F(last, x + 1) waits for B(last, x)
-  std::span<const Ties> of(std::size_t d) const {
+  template <class T>
+  std::span<const T> of(const std::vector<T>& ties, std::size_t d) const {
     return std::span(ties).subspan(first[d], first[d + 1] - first[d]);
   }
 };
 
 /// `sequence`: every op after its inputs and its device's previous op (OrderCost::sequence).
-Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m,
+/// The pass forwards (what each op waits for) and the pass backwards (what waits for it) share
+/// nothing they write: on a large schedule they run on two threads.
+Reach reach_of(const ScheduleContext& context, const DeviceOrders& orders,
                std::span<const std::pair<std::uint32_t, std::uint32_t>> sequence) {
-  const int stages = layout.stage_count(), last = stages - 1;
+  const int stages = context.layout.stage_count(), last = stages - 1, m = context.microbatches;
   Reach r;
   r.first.assign(orders.size() + 1, 0);
   for (std::size_t d = 0; d < orders.size(); ++d) r.first[d + 1] = r.first[d] + orders[d].size();
-  r.ties.assign(r.first.back(), {-1, -1, kNoMicrobatch, kNoMicrobatch});
-  // Where F, B and W of (stage, x) sit in `ties`.
+  // Where F, B and W of (stage, x) sit in `waits` and `feeds`.
   std::vector<std::uint32_t> where(std::size_t(3 * stages * m), 0);
   const auto key = [&](const ComputeStep& s) {
     return std::size_t((pass_index(s.kind) * stages + s.stage) * m + s.microbatch);
@@ -128,56 +137,59 @@ Reach reach_of(const Layout& layout, const DeviceOrders& orders, int m,
   for (std::size_t d = 0; d < orders.size(); ++d)
     for (std::size_t i = 0; i < orders[d].size(); ++i) where[key(orders[d][i])] = std::uint32_t(r.first[d] + i);
 
-  for (const auto& [d, i] : sequence) {  // forwards through the data flow and program order
+  std::future<void> backwards = beside(context.worth_a_thread(), [&] {
+    r.feeds.assign(r.first.back(), Feeds{});
+    for (auto it = sequence.rbegin(); it != sequence.rend(); ++it) {
+      const auto [d, i] = *it;
+      const std::size_t at = r.first[d] + i;
+      const ComputeStep& s = orders[d][i];
+      Feeds& t = r.feeds[at];
+      if (s.kind == OpKind::F && s.stage == last) t.last_forward = std::min(t.last_forward, s.microbatch);
+      if (s.kind == OpKind::B && s.stage == 0) t.first_backward = std::min(t.first_backward, s.microbatch);
+      // Hand the values to the inputs and the program-order predecessor.
+      const auto hand = [&](std::size_t to) {
+        Feeds& u = r.feeds[to];
+        u.last_forward = std::min(u.last_forward, t.last_forward);
+        u.first_backward = std::min(u.first_backward, t.first_backward);
+      };
+      for (const ComputeStep& input : data_inputs(s, stages)) hand(where[key(input)]);
+      if (i > 0) hand(at - 1);
+    }
+  });
+
+  r.waits.assign(r.first.back(), Waits{});
+  for (const auto& [d, i] : sequence) {
     const std::size_t at = r.first[d] + i;
     const ComputeStep& s = orders[d][i];
-    Ties& t = r.ties[at];
-    if (i > 0) {  // what the program-order predecessor waits for
-      t.waits_last_backward = r.ties[at - 1].waits_last_backward;
-      t.waits_first_forward = r.ties[at - 1].waits_first_forward;
-    }
+    Waits& t = r.waits[at];
+    if (i > 0) t = r.waits[at - 1];  // what the program-order predecessor waits for
     for (const ComputeStep& input : data_inputs(s, stages)) {
-      const Ties& u = r.ties[where[key(input)]];
-      t.waits_last_backward = std::max(t.waits_last_backward, u.waits_last_backward);
-      t.waits_first_forward = std::max(t.waits_first_forward, u.waits_first_forward);
+      const Waits& u = r.waits[where[key(input)]];
+      t.last_backward = std::max(t.last_backward, u.last_backward);
+      t.first_forward = std::max(t.first_forward, u.first_forward);
     }
-    if (s.kind == OpKind::B && s.stage == last) t.waits_last_backward = std::max(t.waits_last_backward, s.microbatch);
-    if (s.kind == OpKind::F && s.stage == 0) t.waits_first_forward = std::max(t.waits_first_forward, s.microbatch);
+    if (s.kind == OpKind::B && s.stage == last) t.last_backward = std::max(t.last_backward, s.microbatch);
+    if (s.kind == OpKind::F && s.stage == 0) t.first_forward = std::max(t.first_forward, s.microbatch);
   }
   r.last_forward_waits_backward.assign(std::size_t(m), false);
   for (int x = 0; x + 1 < m; ++x)
-    r.last_forward_waits_backward[std::size_t(x)] =
-        r.ties[where[key({OpKind::F, last, x + 1})]].waits_last_backward >= x;
-
-  for (auto it = sequence.rbegin(); it != sequence.rend(); ++it) {  // and backwards
-    const auto [d, i] = *it;
-    const std::size_t at = r.first[d] + i;
-    const ComputeStep& s = orders[d][i];
-    Ties& t = r.ties[at];
-    if (s.kind == OpKind::F && s.stage == last) t.feeds_last_forward = std::min(t.feeds_last_forward, s.microbatch);
-    if (s.kind == OpKind::B && s.stage == 0) t.feeds_first_backward = std::min(t.feeds_first_backward, s.microbatch);
-    // Hand the values to the inputs and the program-order predecessor.
-    const auto hand = [&](std::size_t to) {
-      Ties& u = r.ties[to];
-      u.feeds_last_forward = std::min(u.feeds_last_forward, t.feeds_last_forward);
-      u.feeds_first_backward = std::min(u.feeds_first_backward, t.feeds_first_backward);
-    };
-    for (const ComputeStep& input : data_inputs(s, stages)) hand(where[key(input)]);
-    if (i > 0) hand(at - 1);
-  }
+    r.last_forward_waits_backward[std::size_t(x)] = r.waits[where[key({OpKind::F, last, x + 1})]].last_backward >= x;
+  backwards.get();
   return r;
 }
 
 /// Per microbatch x: just past the last op whose `value` is <= x (a lower bound), or the first
 /// whose `value` is >= x (an upper bound).
-std::vector<std::size_t> past_last_at_most(std::span<const Ties> ties, int Ties::*value, int m) {
+template <class T>
+std::vector<std::size_t> past_last_at_most(std::span<const T> ties, int T::*value, int m) {
   std::vector<std::size_t> bound(std::size_t(m), 0);
   for (std::size_t i = 0; i < ties.size(); ++i)
     if (const int v = ties[i].*value; v < m) bound[std::size_t(v)] = std::max(bound[std::size_t(v)], i + 1);
   for (int x = 1; x < m; ++x) bound[std::size_t(x)] = std::max(bound[std::size_t(x)], bound[std::size_t(x - 1)]);
   return bound;
 }
-std::vector<std::size_t> first_at_least(std::span<const Ties> ties, int Ties::*value, int m) {
+template <class T>
+std::vector<std::size_t> first_at_least(std::span<const T> ties, int T::*value, int m) {
   std::vector<std::size_t> bound(std::size_t(m), ties.size());
   for (std::size_t i = 0; i < ties.size(); ++i)
     if (const int v = ties[i].*value; v >= 0)
@@ -205,7 +217,7 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
   const Layout& layout = context.layout;
   const int m = context.microbatches, last = layout.stage_count() - 1;
 
-  const Reach reach_of_ops = reach_of(layout, orders, m, cost.sequence);
+  const Reach reach_of_ops = reach_of(context, orders, cost.sequence);
   const auto last_forward = op_times(layout, orders, cost, OpKind::F, last, m);  // X leaves the last stage
   const auto first_forward = op_times(layout, orders, cost, OpKind::F, 0, m);    // the embedding is needed
   const auto first_backward = op_times(layout, orders, cost, OpKind::B, 0, m);   // dY comes back
@@ -217,11 +229,12 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
       // T) after every op the last stage's forward of x waits for, and before every op that waits for
       // the last stage's backward of x; IF before every op that waits for the first stage's forward
       // of x; IB after every op the first stage's backward of x waits for.
-      const std::span<const Ties> ties = reach_of_ops.of(d);
-      const auto s_low = past_last_at_most(ties, &Ties::feeds_last_forward, m);
-      const auto s_high = first_at_least(ties, &Ties::waits_last_backward, m);
-      const auto if_high = first_at_least(ties, &Ties::waits_first_forward, m);
-      const auto ib_low = past_last_at_most(ties, &Ties::feeds_first_backward, m);
+      const std::span<const Waits> waits = reach_of_ops.of(reach_of_ops.waits, d);
+      const std::span<const Feeds> feeds = reach_of_ops.of(reach_of_ops.feeds, d);
+      const auto s_low = past_last_at_most(feeds, &Feeds::last_forward, m);
+      const auto s_high = first_at_least(waits, &Waits::last_backward, m);
+      const auto if_high = first_at_least(waits, &Waits::first_forward, m);
+      const auto ib_low = past_last_at_most(feeds, &Feeds::first_backward, m);
       const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
         return std::max(low, std::min(slot, high));
       };

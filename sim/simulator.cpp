@@ -25,7 +25,7 @@ struct OpState {
 };
 static_assert(sizeof(OpState) == 16);
 constexpr std::int32_t kArrived = -1;
-/// How far down its stream an op's records are fetched ahead of its turn (measured: 8 to 16 alike).
+/// How far down its stream an op's records are fetched ahead of its turn (measured: 16 to 32 alike).
 constexpr std::ptrdiff_t kFetchAhead = 16;
 
 /// Every time in the model is a max-plus expression: an op arrives when its stream's previous op and
@@ -137,11 +137,15 @@ class Engine {
 
   /// Asks for the records of the ops further down `slot` before their turn. The sweep walks hundreds
   /// of streams at once, too many for the processor to follow each one's stride, so an op's records
-  /// would otherwise each wait for memory when it comes up: a fifth of the sweep's time at 1.4 M ops.
-  /// The successor list is read where the op half as far ahead already has its offsets in cache.
+  /// would otherwise each wait for memory when it comes up (measured at 1.4 M ops: 53 ms without
+  /// these requests, 30 with them). Each request reads only what an earlier one brought in: the
+  /// stream's list far ahead, then an op's own records and successor offsets, its successor list
+  /// closer, and the records of its successors (which it updates when it ends) closer still.
   /// Always inlined: GCC finds a function that only prefetches free of effects and drops the call.
   [[gnu::always_inline]] void fetch_ahead(std::size_t slot) const {
-    if (end_[slot] - head_[slot] <= kFetchAhead) return;
+    const std::ptrdiff_t left = end_[slot] - head_[slot];
+    if (left <= kFetchAhead) return;
+    __builtin_prefetch(head_[slot] + std::min(4 * kFetchAhead, left - 1));
     const auto far = std::size_t(head_[slot][kFetchAhead]);
     __builtin_prefetch(&ops_[far], 1);
     __builtin_prefetch(&timeline_.start[far], 1);
@@ -149,6 +153,10 @@ class Engine {
     __builtin_prefetch(&durations_[far]);
     graph_.prefetch_successors(TaskId(far));
     __builtin_prefetch(graph_.successors(head_[slot][kFetchAhead / 2]).data());
+    for (const TaskId successor : graph_.successors(head_[slot][kFetchAhead / 4])) {
+      __builtin_prefetch(&ops_[std::size_t(successor)], 1);
+      __builtin_prefetch(&timeline_.start[std::size_t(successor)], 1);
+    }
   }
 
   /// Takes `slot` up again later (from a stack: the stream most recently woken runs next).

@@ -165,26 +165,25 @@ TaskGraph TaskGraphBuilder::build() && {
   graph.devices_ = devices_;
   const auto task = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].first); };
   const auto on = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].second); };
-  // The two edge lists share nothing they write: on a large graph, the dependencies on a second thread.
+  // The three lists share nothing they write: on a large graph, the dependencies and the streams
+  // (about as much work as the successors) on a second thread.
   const std::size_t ops = tasks_.size(), edges = edges_.size();
-  std::future<void> deps = beside(ops >= kOpsWorthAThread, [&] {
+  std::future<void> deps_and_streams = beside(ops >= kOpsWorthAThread, [&] {
     build_csr(ops, edges, task, on, graph.dep_offsets_, graph.dep_ids_);
+    // Each op's stream, worked out once for both passes of the counting sort.
+    std::vector<std::uint32_t> stream(ops);
+    for (std::size_t i = 0; i < ops; ++i) stream[i] = std::uint32_t(graph.stream_of(tasks_[i]));
+    build_csr(
+        std::size_t(devices_) * graph.streams_per_device(), ops, [&stream](std::size_t i) { return stream[i]; },
+        [](std::size_t i) { return static_cast<TaskId>(i); }, graph.stream_offsets_, graph.stream_ids_);
   });
   build_csr(ops, edges, on, task, graph.succ_offsets_, graph.succ_ids_);
+  deps_and_streams.get();
 
   graph.tasks_ = std::move(tasks_);
   // Grown past a reserve() by doubling, it may hold twice its size: give that back. A close reserve
   // is kept as it is (a copy of every op costs more than the slack).
   if (graph.tasks_.capacity() > graph.tasks_.size() + graph.tasks_.size() / 4) graph.tasks_.shrink_to_fit();
-  // Each op's stream, worked out once for both passes of the counting sort.
-  std::vector<std::uint32_t> stream(graph.tasks_.size());
-  for (std::size_t i = 0; i < stream.size(); ++i) stream[i] = std::uint32_t(graph.stream_of(graph.tasks_[i]));
-  build_csr(
-      std::size_t(devices_) * graph.streams_per_device(), graph.tasks_.size(),
-      [&stream](std::size_t i) { return stream[i]; }, [](std::size_t i) { return static_cast<TaskId>(i); },
-      graph.stream_offsets_, graph.stream_ids_);
-
-  deps.get();
   graph.groups_ = std::move(groups_);
   graph.works_ = std::move(works_);
   return graph;

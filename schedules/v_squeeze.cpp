@@ -13,10 +13,12 @@ enum { kF0, kF1, kB1, kB0, kW };
 using Slots = std::vector<std::vector<int>>;  ///< per type, per microbatch: the slot it starts in
 using Grid = std::vector<Slots>;              ///< per device
 
+/// The last slot any pass takes. Each list rises (every pass follows the same pass of the
+/// microbatch before it), so that is the largest of the lists' last entries.
 int last_slot(const Slots& s) {
   int bound = 0;
   for (const auto& type : s)
-    for (int t : type) bound = std::max(bound, t);
+    if (!type.empty()) bound = std::max(bound, type.back());
   return bound;
 }
 
@@ -65,18 +67,18 @@ class DeviceMemory {
  public:
   /// `s`: four lists (F0, F1, B1, B0), or five with one W list; at most one pass a slot.
   DeviceMemory(const Slots& s, const ChunkBytes& bytes) : bytes_(bytes), implicit_w_(s.size() == 4) {
-    for (const auto& type : s)
-      for (int slot : type) last_ = std::max(last_, slot);
+    last_ = last_slot(s);
     type_at_.assign(std::size_t(last_ + 1), -1);
     for (std::size_t t = 0; t < s.size(); ++t)
       for (int slot : s[t]) type_at_[std::size_t(slot)] = int(t);
+    backward_chunks_.reserve(s[kB1].size() + s[kB0].size());
     for (int type : type_at_)
       if (type == kB1 || type == kB0) backward_chunks_.push_back(chunk_of(type));
     states_.resize(std::size_t(last_ + 2));
+    State state;
     for (int slot = 0; slot <= last_; ++slot) {
-      states_[std::size_t(slot + 1)] = states_[std::size_t(slot)];
-      step(states_[std::size_t(slot + 1)], type_at_[std::size_t(slot)],
-           [&](int i) { return backward_chunks_[std::size_t(i)]; });
+      step(state, type_at_[std::size_t(slot)], [&](int i) { return backward_chunks_[std::size_t(i)]; });
+      states_[std::size_t(slot + 1)] = state;
     }
   }
 

@@ -239,6 +239,7 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
         return std::max(low, std::min(slot, high));
       };
       std::vector<Insertion> insertions;
+      insertions.reserve(4 * std::size_t(m));  // S, T, IF and IB of every microbatch
       std::vector<std::size_t> s_slot(static_cast<std::size_t>(m));
       std::vector<TimeNs> s_time(static_cast<std::size_t>(m));
       for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices

@@ -137,21 +137,25 @@ template <class Build>
 Result<PlacedGraph> with_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders,
                                       VocabPlacement vocab, const CostModel& costs, TimeNs shortest_transfer,
                                       Build build) {
-  const auto placed = [&](const DeviceOrders& o, const OrderCost& estimate) {
-    return build(insert_vocab_passes(context, o, estimate, vocab));
+  // Placing the passes is the last use of an estimate's per-op times (only its makespan is read
+  // after): they are dropped there, and the graph and its simulation reuse their memory.
+  const auto placed = [&](const DeviceOrders& o, OrderCost& estimate) {
+    const DeviceOrders with_passes = insert_vocab_passes(context, o, estimate, vocab);
+    estimate.start = {}, estimate.end = {}, estimate.sequence = {};
+    return build(with_passes);
   };
   const DeviceOrders delayed = delay_last_backward(context.layout, orders, context.vocab_delay, context.microbatches);
   const bool moved_any = delayed != orders;
   if (!moved_any) {
-    const Result<OrderCost> cost = evaluate_orders(context, orders, OpTimes::Record);
+    Result<OrderCost> cost = evaluate_orders(context, orders, OpTimes::Record);
     if (!cost.ok()) return cost.error();
     return PlacedGraph{placed(orders, cost.value()), {}};
   }
   // Both versions estimated side by side.
   std::future<Result<OrderCost>> own_estimate =
       beside(context.worth_a_thread(), [&] { return evaluate_orders(context, orders, OpTimes::Record); });
-  const Result<OrderCost> delayed_cost = evaluate_orders(context, delayed, OpTimes::Record);
-  const Result<OrderCost> own_cost = own_estimate.get();
+  Result<OrderCost> delayed_cost = evaluate_orders(context, delayed, OpTimes::Record);
+  Result<OrderCost> own_cost = own_estimate.get();
   if (!delayed_cost.ok()) {
     if (!own_cost.ok()) return own_cost.error();
     return PlacedGraph{placed(orders, own_cost.value()), {}};

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <memory>
 #include <vector>
 
 #include "units.h"
@@ -137,6 +138,25 @@ struct CollectiveGroup {
   int root = -1;  ///< BROADCAST and REDUCE: the device that holds the source or gets the result; -1 otherwise
 };
 
+/// The allocator of the op array, which writes nothing where the array grows: every op is written
+/// whole before it is read (add() copies one in, add_blank()'s callers fill in theirs), and Task,
+/// an aggregate, begins to exist with its storage. Millions of ops are then written once, by the
+/// threads that fill them, not first with defaults by one.
+template <class T>
+struct UnfilledAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UnfilledAllocator<U>;
+  };
+  template <class U>
+  void construct(U*) noexcept {}
+  template <class U, class... Args>
+  void construct(U* at, Args&&... args) {
+    ::new (static_cast<void*>(at)) U(std::forward<Args>(args)...);
+  }
+};
+using TaskArray = std::vector<Task, UnfilledAllocator<Task>>;
+
 /// Frozen, index-based graph: copies and compares cheaply, borrowed by const&.
 class TaskGraph {
  public:
@@ -199,7 +219,7 @@ class TaskGraph {
     return {ids.data() + offsets[i], ids.data() + offsets[i + 1]};
   }
   int devices_ = 0;
-  std::vector<Task> tasks_;
+  TaskArray tasks_;
   std::vector<TaskWork> works_;
   std::vector<EdgeIndex> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
   std::vector<TaskId> dep_ids_;
@@ -220,7 +240,7 @@ class TaskGraphBuilder {
   WorkId work(const TaskWork& work);
   TaskId add(const Task& task);
   /// Adds `count` tasks to be filled in through task(id), possibly from several threads (each its
-  /// own ids); returns the first id.
+  /// own ids), before the graph is built: until then they hold nothing. Returns the first id.
   TaskId add_blank(std::size_t count);
   /// `task` may start only after `on` has finished.
   void depend(TaskId task, TaskId on);
@@ -235,7 +255,7 @@ class TaskGraphBuilder {
 
  private:
   int devices_;
-  std::vector<Task> tasks_;
+  TaskArray tasks_;
   struct WorkHash {
     std::size_t operator()(const TaskWork& work) const;
   };

@@ -63,11 +63,12 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
   const int first_device = layout.stages.front().device, last_device = layout.stages.back().device;
   const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
   /// One collective for microbatch x on the lane of its kind: a member per device, each depending
-  /// on what that device must have finished (kNoTask: nothing).
-  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x,
-                               const std::function<TaskId(int)>& after) {
+  /// on what that device must have finished (kNoTask: nothing). The members are added one after
+  /// another: device d's is the returned id + d.
+  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x, auto after) {
     const OpKind kind = op == ReduceOp::None ? OpKind::Broadcast : root >= 0 ? OpKind::Reduce : OpKind::AllReduce;
     std::vector<TaskId> members;
+    members.reserve(std::size_t(devices_));
     for (int d = 0; d < devices_; ++d) {
       const TaskId member =
           builder.add({.kind = kind, .lane = std::uint8_t(lane), .device = d, .microbatch = x,
@@ -75,33 +76,33 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
       if (const TaskId before = after(d); before != kNoTask) builder.depend(member, before);
       members.push_back(member);
     }
-    builder.add_group({.members = members, .ranks = devices_, .data = data, .op = op, .root = root});
-    return members;
+    const TaskId first = members.front();
+    builder.add_group({.members = std::move(members), .ranks = devices_, .data = data, .op = op, .root = root});
+    return first;
   };
   using enum CollectiveData;
   for (int x = 0; x < microbatches_; ++x) {
-    const auto input = collective(vocab_lane::kInputReduce, InputEmbedding, ReduceOp::Sum, first_device,
-                                  x, [&](int d) { return pass(kIF, d, x); });
-    builder.depend(forward(0, x), input[std::size_t(first_device)]);
-    const auto output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device,
-                                   x, [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
-    const auto barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
-                                     [&](int d) { return pass(kS, d, x); });
-    std::vector<TaskId> barrier1;
+    const TaskId input = collective(vocab_lane::kInputReduce, InputEmbedding, ReduceOp::Sum, first_device, x,
+                                    [&](int d) { return pass(kIF, d, x); });
+    builder.depend(forward(0, x), input + first_device);
+    const TaskId output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device, x,
+                                     [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
+    const TaskId barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
+                                       [&](int d) { return pass(kS, d, x); });
+    TaskId barrier1 = kNoTask;
     if (two_barriers)
-      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x,
-                            [&](int d) { return pass(kT, d, x); });
-    const auto gradient = collective(vocab_lane::kGradBroadcast, InputGrad, ReduceOp::None, first_device,
-                                     x, [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
-    builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0)[std::size_t(last_device)]);
+      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x, [&](int d) { return pass(kT, d, x); });
+    const TaskId gradient = collective(vocab_lane::kGradBroadcast, InputGrad, ReduceOp::None, first_device, x,
+                                       [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
+    builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0) + last_device);
     for (int d = 0; d < devices_; ++d) {
-      builder.depend(pass(kS, d, x), output[std::size_t(d)]);
-      builder.depend(pass(kT, d, x), barrier0[std::size_t(d)]);
-      builder.depend(pass(kIB, d, x), gradient[std::size_t(d)]);
+      builder.depend(pass(kS, d, x), output + d);
+      builder.depend(pass(kT, d, x), barrier0 + d);
+      builder.depend(pass(kIB, d, x), gradient + d);
       if (!synchronous_) continue;
       // Tensor-parallel style: after the output layer's T the device waits for its all-reduce before
       // it computes on (T itself already waits for C0, right after S).
-      if (const TaskId next = next_compute(d, pass(kT, d, x)); next != kNoTask) builder.depend(next, barrier1[std::size_t(d)]);
+      if (const TaskId next = next_compute(d, pass(kT, d, x)); next != kNoTask) builder.depend(next, barrier1 + d);
     }
   }
 }

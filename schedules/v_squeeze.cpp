@@ -270,9 +270,11 @@ VPattern v_min_pattern(int p) {
 
 /// The slots compacted as the reference generator does between its passes: visited in slot order,
 /// every pass starts in the first slot its inputs (one slot each) and its device allow.
-Grid compacted(const Grid& g) {
+Grid compacted(Grid g) {
   const int p = int(g.size());
-  Grid start = g, end = g;
+  // The grid becomes each pass's end slot as the passes are visited (one slot after its start; an
+  // input not yet visited is read at its old slot), then every start, one slot before.
+  Grid& end = g;
   std::vector<int> device_free(std::size_t(p), 0);
   in_slot_order(g, [&](int d, int t, int x) {
     int ready = device_free[std::size_t(d)];
@@ -281,10 +283,12 @@ Grid compacted(const Grid& g) {
     if ((t == kF1 || t == kB0) && d + 1 < p) after(d + 1, t, x);
     if (t > kF0 && t < kW) after(d, t - 1, x);
     if (x > 0) after(d, t, x - 1);
-    slot_of(start, d, t, x) = ready;
     slot_of(end, d, t, x) = device_free[std::size_t(d)] = ready + 1;
   });
-  return start;
+  for (Slots& s : g)
+    for (std::vector<int>& list : s)
+      for (int& slot : list) --slot;
+  return g;
 }
 
 DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern) {

@@ -282,7 +282,8 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
         const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
         insertions.push_back(
             {std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
-
+      }
+      for (int x = 0; x < m; ++x) {
         const std::size_t earliest =
             std::max(ib_low[std::size_t(x)], greatest_to[std::size_t(std::min(m - 1, x + reach))]);
         const TimeNs returned = first_backward[std::size_t(x)].second;
@@ -290,7 +291,9 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
             {slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
       }
       // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last; then in the
-      // order added. Every key differs, so an unstable sort gives the one order.
+      // order added. Every key differs (the kinds differ in group or rank), so any sort gives the one
+      // order: here each kind's run (S, T, IF, IB, each in microbatch order, so mostly in order
+      // already) is sorted where it is not, and the four are merged.
       const auto group = [](const Insertion& i) {
         return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1;
       };
@@ -299,7 +302,12 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
         const Insertion& in = insertions[i];
         keys[i] = {in.slot, std::uint32_t(group(in)), in.time, in.rank, std::uint32_t(i)};
       }
-      std::sort(keys.begin(), keys.end());
+      const auto run = [&](std::size_t k) { return keys.begin() + std::ptrdiff_t(k * std::size_t(m)); };
+      for (std::size_t k = 0; k < 4; ++k)
+        if (!std::is_sorted(run(k), run(k + 1))) std::sort(run(k), run(k + 1));
+      std::inplace_merge(run(0), run(1), run(2));
+      std::inplace_merge(run(2), run(3), run(4));
+      std::inplace_merge(run(0), run(2), run(4));
       auto& out = result[d];
       std::size_t next = 0;
       out.reserve(orders[d].size() + keys.size());

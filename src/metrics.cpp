@@ -81,9 +81,10 @@ void track_memory(const TaskGraph& graph, const Timeline& timeline, DeviceMetric
   }
 }
 
-/// Busy time, bubbles, communication and peak activation memory of one device.
-DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, int d, TimeNs iteration_ns,
-                             Bytes static_bytes) {
+/// Busy time, communication and peak activation memory of one device (its bubbles need the
+/// iteration's length: the caller's), and the latest end of its ops in `last_end`.
+DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, int d, Bytes static_bytes,
+                             TimeNs& last_end) {
   DeviceMetrics device;
   device.rank = d;
   std::vector<Interval> compute, comm;
@@ -91,10 +92,14 @@ DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, i
   const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
   compute.reserve(compute_ops);
   comm.reserve(device_ops(graph, d) - compute_ops);
+  last_end = 0;
   for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
     std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
-    for (TaskId id : graph.stream(s))
-      into.push_back({timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]});
+    for (TaskId id : graph.stream(s)) {
+      const Interval ran{timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]};
+      last_end = std::max(last_end, ran.end);
+      into.push_back(ran);
+    }
     if (&into == &comm && !graph.stream(s).empty()) comm_ends.push_back(comm.size());
   }
   const auto by_start = [](Interval a, Interval b) { return a.start < b.start; };
@@ -103,7 +108,6 @@ DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, i
   merge_overlaps(compute);  // now the times the device computes
   merge_overlaps(comm);     // and those it communicates
   device.busy_ns = length(compute);
-  device.bubble_fraction = 1.0 - double(device.busy_ns) / double(std::max<TimeNs>(iteration_ns, 1));
   device.comm_ns = length(comm);
   device.exposed_comm_ns = uncovered(comm, compute);
   device.static_bytes = static_bytes;
@@ -142,7 +146,17 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
 RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const Timeline& timeline,
                            const std::vector<Bytes>& static_bytes) {
   RunMetrics run;
-  for (TimeNs end : timeline.end) run.iteration_ns = std::max(run.iteration_ns, end);
+  // Devices are independent: on a large graph, half of them are measured on a second thread. Every
+  // op runs on a device, so the iteration ends with the last of theirs.
+  run.devices.resize(std::size_t(graph.devices()));
+  std::vector<TimeNs> last_end(run.devices.size(), 0);
+  in_two_halves(run.devices.size(), graph.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t d = begin; d < end; ++d)
+      run.devices[d] = measure_device(graph, timeline, int(d), static_bytes[d], last_end[d]);
+  });
+  for (const TimeNs end : last_end) run.iteration_ns = std::max(run.iteration_ns, end);
+  for (DeviceMetrics& d : run.devices)
+    d.bubble_fraction = 1.0 - double(d.busy_ns) / double(std::max<TimeNs>(run.iteration_ns, 1));
   const double iteration_s = std::max(seconds(run.iteration_ns), 1e-12);
   const ModelConfig& m = config.model;
   const ParallelConfig& p = config.parallel;
@@ -150,13 +164,6 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
   run.mfu = paper_iteration_flops(config) /
             (iteration_s * double(p.pp) * p.tp * p.dp * config.hardware.peak_tflops * 1e12);
   run.memory_capacity_bytes = static_cast<Bytes>(config.hardware.memory_gib * double(1ull << 30));
-
-  // Devices are independent: on a large graph, half of them are measured on a second thread.
-  run.devices.resize(std::size_t(graph.devices()));
-  in_two_halves(run.devices.size(), graph.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t d = begin; d < end; ++d)
-      run.devices[d] = measure_device(graph, timeline, int(d), run.iteration_ns, static_bytes[d]);
-  });
 
   Bytes most = 0, least = run.devices.empty() ? 0 : run.devices.front().peak_memory_bytes;
   for (const DeviceMetrics& d : run.devices) {

@@ -91,7 +91,8 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
                                        [&](int d) { return pass(kS, d, x); });
     TaskId barrier1 = kNoTask;
     if (two_barriers)
-      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x, [&](int d) { return pass(kT, d, x); });
+      barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x,
+                            [&](int d) { return pass(kT, d, x); });
     const TaskId gradient = collective(vocab_lane::kGradBroadcast, InputGrad, ReduceOp::None, first_device, x,
                                        [&](int d) { return d == first_device ? backward(0, x) : kNoTask; });
     builder.depend(backward(last, x), (two_barriers ? barrier1 : barrier0) + last_device);

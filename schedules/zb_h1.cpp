@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 
 #include "greedy.h"
 #include "order_eval.h"

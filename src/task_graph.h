@@ -5,12 +5,12 @@
 /// matched pairs that start together (rendezvous, NCCL semantics); collectives start when every
 /// member of their group has reached them.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
-#include <memory>
 #include <vector>
 
 #include "units.h"
@@ -172,7 +172,9 @@ class TaskGraph {
   std::span<const TaskId> successors(TaskId id) const { return csr(succ_offsets_, succ_ids_, id); }
   /// Starts fetching where successors(id) begins, for a sweep that will ask for it soon. (Always
   /// inlined: GCC finds a function that only prefetches free of effects and drops the call.)
-  [[gnu::always_inline]] void prefetch_successors(TaskId id) const { __builtin_prefetch(&succ_offsets_[static_cast<std::size_t>(id)]); }
+  [[gnu::always_inline]] void prefetch_successors(TaskId id) const {
+    __builtin_prefetch(&succ_offsets_[static_cast<std::size_t>(id)]);
+  }
   /// Streams are numbered device by device: [first_stream(d), first_stream(d + 1)) are device d's.
   std::size_t stream_count() const { return stream_offsets_.size() - 1; }
   std::size_t first_stream(int device) const { return std::size_t(device) * streams_per_device(); }

@@ -232,7 +232,8 @@ TEST_CASE("the greedy scheduler gives up only where its makespan does not come o
         const Result<GreedyOrders> unlimited = greedy_schedule(context, roomy);
         REQUIRE(unlimited.ok());
         const TimeNs makespan = unlimited.value().cost.makespan;
-        for (const TimeNs limit : {makespan / 4, makespan / 2, makespan * 9 / 10, makespan - 1, makespan, makespan + 1}) {
+        for (const TimeNs limit :
+             {makespan / 4, makespan / 2, makespan * 9 / 10, makespan - 1, makespan, makespan + 1}) {
           CAPTURE(schedule, p, m, makespan, limit);
           const std::atomic<TimeNs> to_beat = limit;
           GreedyOptions options = roomy;

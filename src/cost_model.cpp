@@ -1,6 +1,7 @@
 #include "cost_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -211,29 +212,34 @@ class ExplicitCostModel final : public CostModel {
                          ns_from_ms(at(costs_.backward_ms, stage.device) * share + backward),
                          ns_from_ms(at(costs_.weight_ms, stage.device) * share)});
     }
-    shards_ = layout.devices;
+    // Each device runs 1/p of the vocabulary layers.
+    const int shards = layout.devices;
+    vocab_ns_ = {ns_from_ms(costs_.output_forward_ms / shards), ns_from_ms(costs_.output_backward_ms / shards),
+                 ns_from_ms(costs_.input_forward_ms / shards), ns_from_ms(costs_.input_backward_ms / shards)};
   }
   std::string_view source() const override { return "explicit"; }
 
  protected:
-  TimeNs p2p(const Task&, const TaskWork&) const override { return ns_from_ms(costs_.p2p_ms); }
+  // Asked of every op of a graph, millions of them: the conversions are made once, here.
+  TimeNs p2p(const Task&, const TaskWork&) const override { return p2p_ns_; }
   TimeNs collective(const Task& task, const TaskWork&, int) const override {
-    return ns_from_ms(task.kind == OpKind::DpAllReduce ? costs_.dp_allreduce_ms : costs_.allreduce_ms);
+    return task.kind == OpKind::DpAllReduce ? dp_allreduce_ns_ : allreduce_ns_;
   }
-  TimeNs optimizer(int) const override { return ns_from_ms(costs_.optimizer_ms); }
-  /// Each device runs 1/p of the vocabulary layers.
+  TimeNs optimizer(int) const override { return optimizer_ns_; }
   TimeNs vocab_pass(const Task& task, const TaskWork&) const override {
     switch (task.kind) {
-      case OpKind::S: return ns_from_ms(costs_.output_forward_ms / shards_);
-      case OpKind::T: return ns_from_ms(costs_.output_backward_ms / shards_);
-      case OpKind::IF: return ns_from_ms(costs_.input_forward_ms / shards_);
-      default: return ns_from_ms(costs_.input_backward_ms / shards_);
+      case OpKind::S: return vocab_ns_[0];
+      case OpKind::T: return vocab_ns_[1];
+      case OpKind::IF: return vocab_ns_[2];
+      default: return vocab_ns_[3];
     }
   }
 
  private:
   const ExplicitCosts& costs_;
-  int shards_ = 1;
+  const TimeNs p2p_ns_ = ns_from_ms(costs_.p2p_ms), allreduce_ns_ = ns_from_ms(costs_.allreduce_ms),
+               dp_allreduce_ns_ = ns_from_ms(costs_.dp_allreduce_ms), optimizer_ns_ = ns_from_ms(costs_.optimizer_ms);
+  std::array<TimeNs, 4> vocab_ns_{};  ///< S, T, IF, IB
 };
 
 }  // namespace

@@ -365,8 +365,7 @@ TimeNs shortest_transfer(const CostModel& model, const Layout& layout, Bytes bou
 }
 
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph) {
-  const bool split_weight =
-      std::any_of(graph.tasks().begin(), graph.tasks().end(), [](const Task& task) { return task.kind == OpKind::W; });
+  const bool split_weight = graph.has(OpKind::W);
   std::vector<TimeNs> durations(graph.size());
   // Each op's duration is its own (cost models are immutable): on a large graph, in two halves.
   in_two_halves(durations.size(), durations.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {

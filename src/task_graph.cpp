@@ -170,9 +170,12 @@ TaskGraph TaskGraphBuilder::build() && {
   const std::size_t ops = tasks_.size(), edges = edges_.size();
   std::future<void> deps_and_streams = beside(ops >= kOpsWorthAThread, [&] {
     build_csr(ops, edges, task, on, graph.dep_offsets_, graph.dep_ids_);
-    // Each op's stream, worked out once for both passes of the counting sort.
+    // Each op's stream, worked out once for both passes of the counting sort, and the kinds present.
     std::vector<std::uint32_t> stream(ops);
-    for (std::size_t i = 0; i < ops; ++i) stream[i] = std::uint32_t(graph.stream_of(tasks_[i]));
+    for (std::size_t i = 0; i < ops; ++i) {
+      stream[i] = std::uint32_t(graph.stream_of(tasks_[i]));
+      graph.kinds_ |= 1u << static_cast<int>(tasks_[i].kind);
+    }
     build_csr(
         std::size_t(devices_) * graph.streams_per_device(), ops, [&stream](std::size_t i) { return stream[i]; },
         [](std::size_t i) { return static_cast<TaskId>(i); }, graph.stream_offsets_, graph.stream_ids_);

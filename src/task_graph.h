@@ -164,6 +164,8 @@ class TaskGraph {
   std::size_t size() const { return tasks_.size(); }
   const Task& task(TaskId id) const { return tasks_[static_cast<std::size_t>(id)]; }
   std::span<const Task> tasks() const { return tasks_; }
+  /// Whether any op is of `kind` (noted as the graph is built, not searched for).
+  bool has(OpKind kind) const { return kinds_ >> static_cast<int>(kind) & 1u; }
   const TaskWork& work_of(const Task& task) const { return works_[task.work]; }
   const TaskWork& work(TaskId id) const { return work_of(task(id)); }
   /// The ops `id` waits for (besides its stream predecessor and its rendezvous partners).
@@ -221,6 +223,8 @@ class TaskGraph {
     return {ids.data() + offsets[i], ids.data() + offsets[i + 1]};
   }
   int devices_ = 0;
+  std::uint32_t kinds_ = 0;  ///< bit k: some op is of OpKind k
+  static_assert(kOpKindCount <= 32);
   TaskArray tasks_;
   std::vector<TaskWork> works_;
   std::vector<EdgeIndex> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])

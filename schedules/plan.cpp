@@ -122,7 +122,14 @@ PlacedGraph simulated(TaskGraph graph, const ScheduleContext& context, const Cos
 }
 
 TimeNs iteration(const Timeline& timeline) {
-  return timeline.end.empty() ? 0 : *std::max_element(timeline.end.begin(), timeline.end.end());
+  // Millions of ops on a large graph: in two halves.
+  const std::size_t n = timeline.end.size();
+  TimeNs first_half = 0, second_half = 0;
+  in_two_halves(n, n >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+    TimeNs& last = begin == 0 ? first_half : second_half;
+    for (std::size_t i = begin; i < end; ++i) last = std::max(last, timeline.end[i]);
+  });
+  return std::max(first_half, second_half);
 }
 
 /// The graph of `orders` with the vocabulary passes placed (`build` assembles one). The passes want

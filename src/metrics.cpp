@@ -120,11 +120,16 @@ DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, i
 
 std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline& timeline, int device) {
   // Per stream, its allocations and then its releases, each run in time order as the stream runs.
+  // Where only compute ops hold memory (as assemble builds graphs), the device's first stream.
+  const std::size_t first = graph.first_stream(device);
+  const std::size_t past = graph.memory_on_compute_only() ? first + 1 : graph.first_stream(device + 1);
+  std::size_t ops = 0;
+  for (std::size_t s = first; s < past; ++s) ops += graph.stream(s).size();
   std::vector<MemoryChange> changes, releases;
   std::vector<std::size_t> ends;
-  changes.reserve(2 * device_ops(graph, device));
-  releases.reserve(device_ops(graph, device));
-  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s) {
+  changes.reserve(2 * ops);
+  releases.reserve(ops);
+  for (std::size_t s = first; s < past; ++s) {
     for (TaskId id : graph.stream(s)) {
       const TaskWork& w = graph.work(id);
       if (w.alloc_bytes) changes.push_back({timeline.start[static_cast<std::size_t>(id)], w.alloc_bytes, id});

@@ -170,11 +170,15 @@ TaskGraph TaskGraphBuilder::build() && {
   const std::size_t ops = tasks_.size(), edges = edges_.size();
   std::future<void> deps_and_streams = beside(ops >= kOpsWorthAThread, [&] {
     build_csr(ops, edges, task, on, graph.dep_offsets_, graph.dep_ids_);
-    // Each op's stream, worked out once for both passes of the counting sort, and the kinds present.
+    // Each op's stream, worked out once for both passes of the counting sort; the kinds present, and
+    // whether an op off the compute streams holds memory.
     std::vector<std::uint32_t> stream(ops);
     for (std::size_t i = 0; i < ops; ++i) {
-      stream[i] = std::uint32_t(graph.stream_of(tasks_[i]));
-      graph.kinds_ |= 1u << static_cast<int>(tasks_[i].kind);
+      const Task& t = tasks_[i];
+      stream[i] = std::uint32_t(graph.stream_of(t));
+      graph.kinds_ |= 1u << static_cast<int>(t.kind);
+      if (!is_compute(t.kind) && (works_[t.work].alloc_bytes != 0 || works_[t.work].free_bytes != 0))
+        graph.memory_on_compute_only_ = false;
     }
     build_csr(
         std::size_t(devices_) * graph.streams_per_device(), ops, [&stream](std::size_t i) { return stream[i]; },

@@ -166,6 +166,9 @@ class TaskGraph {
   std::span<const Task> tasks() const { return tasks_; }
   /// Whether any op is of `kind` (noted as the graph is built, not searched for).
   bool has(OpKind kind) const { return kinds_ >> static_cast<int>(kind) & 1u; }
+  /// Whether only compute ops take or return activation memory (noted as the graph is built): the
+  /// memory held over time can then be read from the compute streams alone.
+  bool memory_on_compute_only() const { return memory_on_compute_only_; }
   const TaskWork& work_of(const Task& task) const { return works_[task.work]; }
   const TaskWork& work(TaskId id) const { return work_of(task(id)); }
   /// The ops `id` waits for (besides its stream predecessor and its rendezvous partners).
@@ -225,6 +228,7 @@ class TaskGraph {
   int devices_ = 0;
   std::uint32_t kinds_ = 0;  ///< bit k: some op is of OpKind k
   static_assert(kOpKindCount <= 32);
+  bool memory_on_compute_only_ = true;
   TaskArray tasks_;
   std::vector<TaskWork> works_;
   std::vector<EdgeIndex> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])

@@ -204,3 +204,24 @@ TEST_CASE("ops with the same figures share one work record, and every op reads i
   CHECK(graph.work(b).free_bytes == 4096);
   CHECK(graph.work(step) == TaskWork{});
 }
+
+TEST_CASE("the memory over time counts every op that holds memory, on any stream") {
+  // The graph notes whether only compute ops hold memory (as assemble builds them), and the memory
+  // over time then reads the compute streams alone: a RECV given a buffer must still be counted.
+  for (const bool receive_holds : {false, true}) {
+    CAPTURE(receive_holds);
+    HandGraph h(1, {{OpKind::F, 0}, {OpKind::B, 0}}, {0});
+    h.builder.task(h.f1[0]).work = h.builder.work({.alloc_bytes = 100});
+    h.builder.task(h.b1[0]).work = h.builder.work({.free_bytes = 100});
+    if (receive_holds) h.builder.task(h.act_recv[0]).work = h.builder.work({.alloc_bytes = 7});
+    const TaskGraph graph = h.build();
+    CHECK(graph.memory_on_compute_only() == !receive_holds);
+    const Result<Timeline> timeline = simulate(graph, std::vector<TimeNs>(graph.size(), 1));
+    REQUIRE(timeline.ok());
+    const std::vector<MemoryChange> changes = memory_changes(graph, timeline.value(), 1);
+    REQUIRE(changes.size() == (receive_holds ? 3u : 2u));
+    Bytes held = 0, peak = 0;
+    for (const MemoryChange& c : changes) peak = std::max(peak, held += c.delta);
+    CHECK(peak == (receive_holds ? 107 : 100));
+  }
+}

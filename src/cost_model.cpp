@@ -200,27 +200,32 @@ class AnalyticCostModel final : public CostModel {
 
 class ExplicitCostModel final : public CostModel {
  public:
-  ExplicitCostModel(const Config& config, const Layout& layout) : costs_(*config.costs) {
+  ExplicitCostModel(const Config& config, const Layout& layout) {
+    const ExplicitCosts& costs = *config.costs;
     const auto at = [](const std::vector<double>& values, int device) {
       return values.size() == 1 ? values[0] : values[static_cast<std::size_t>(device)];
     };
     for (const VirtualStage& stage : layout.stages) {
       const double share = share_of_device(config, stage);
-      const double forward = (stage.has_head ? costs_.output_forward_ms : 0) + (stage.has_embedding ? costs_.input_forward_ms : 0);
-      const double backward = (stage.has_head ? costs_.output_backward_ms : 0) + (stage.has_embedding ? costs_.input_backward_ms : 0);
-      stages_.push_back({ns_from_ms(at(costs_.forward_ms, stage.device) * share + forward),
-                         ns_from_ms(at(costs_.backward_ms, stage.device) * share + backward),
-                         ns_from_ms(at(costs_.weight_ms, stage.device) * share)});
+      const double forward = (stage.has_head ? costs.output_forward_ms : 0) + (stage.has_embedding ? costs.input_forward_ms : 0);
+      const double backward = (stage.has_head ? costs.output_backward_ms : 0) + (stage.has_embedding ? costs.input_backward_ms : 0);
+      stages_.push_back({ns_from_ms(at(costs.forward_ms, stage.device) * share + forward),
+                         ns_from_ms(at(costs.backward_ms, stage.device) * share + backward),
+                         ns_from_ms(at(costs.weight_ms, stage.device) * share)});
     }
+    // Asked of every op of a graph, millions of them: the conversions are made once, here.
+    p2p_ns_ = ns_from_ms(costs.p2p_ms);
+    allreduce_ns_ = ns_from_ms(costs.allreduce_ms);
+    dp_allreduce_ns_ = ns_from_ms(costs.dp_allreduce_ms);
+    optimizer_ns_ = ns_from_ms(costs.optimizer_ms);
     // Each device runs 1/p of the vocabulary layers.
     const int shards = layout.devices;
-    vocab_ns_ = {ns_from_ms(costs_.output_forward_ms / shards), ns_from_ms(costs_.output_backward_ms / shards),
-                 ns_from_ms(costs_.input_forward_ms / shards), ns_from_ms(costs_.input_backward_ms / shards)};
+    vocab_ns_ = {ns_from_ms(costs.output_forward_ms / shards), ns_from_ms(costs.output_backward_ms / shards),
+                 ns_from_ms(costs.input_forward_ms / shards), ns_from_ms(costs.input_backward_ms / shards)};
   }
   std::string_view source() const override { return "explicit"; }
 
  protected:
-  // Asked of every op of a graph, millions of them: the conversions are made once, here.
   TimeNs p2p(const Task&, const TaskWork&) const override { return p2p_ns_; }
   TimeNs collective(const Task& task, const TaskWork&, int) const override {
     return task.kind == OpKind::DpAllReduce ? dp_allreduce_ns_ : allreduce_ns_;
@@ -236,9 +241,7 @@ class ExplicitCostModel final : public CostModel {
   }
 
  private:
-  const ExplicitCosts& costs_;
-  const TimeNs p2p_ns_ = ns_from_ms(costs_.p2p_ms), allreduce_ns_ = ns_from_ms(costs_.allreduce_ms),
-               dp_allreduce_ns_ = ns_from_ms(costs_.dp_allreduce_ms), optimizer_ns_ = ns_from_ms(costs_.optimizer_ms);
+  TimeNs p2p_ns_ = 0, allreduce_ns_ = 0, dp_allreduce_ns_ = 0, optimizer_ns_ = 0;
   std::array<TimeNs, 4> vocab_ns_{};  ///< S, T, IF, IB
 };
 

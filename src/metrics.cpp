@@ -43,11 +43,10 @@ void merge_overlaps(std::vector<Interval>& intervals) {
   intervals.resize(kept);
 }
 
-/// The ops on all of a device's streams.
-std::size_t device_ops(const TaskGraph& graph, int device) {
+/// The ops on streams [first, past).
+std::size_t stream_ops(const TaskGraph& graph, std::size_t first, std::size_t past) {
   std::size_t ops = 0;
-  for (std::size_t s = graph.first_stream(device); s < graph.first_stream(device + 1); ++s)
-    ops += graph.stream(s).size();
+  for (std::size_t s = first; s < past; ++s) ops += graph.stream(s).size();
   return ops;
 }
 
@@ -91,7 +90,7 @@ DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, i
   std::vector<std::size_t> comm_ends;  // one run per communication stream
   const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
   compute.reserve(compute_ops);
-  comm.reserve(device_ops(graph, d) - compute_ops);
+  comm.reserve(stream_ops(graph, graph.first_stream(d), graph.first_stream(d + 1)) - compute_ops);
   last_end = 0;
   for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
     std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
@@ -123,8 +122,7 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
   // Where only compute ops hold memory (as assemble builds graphs), the device's first stream.
   const std::size_t first = graph.first_stream(device);
   const std::size_t past = graph.memory_on_compute_only() ? first + 1 : graph.first_stream(device + 1);
-  std::size_t ops = 0;
-  for (std::size_t s = first; s < past; ++s) ops += graph.stream(s).size();
+  const std::size_t ops = stream_ops(graph, first, past);
   std::vector<MemoryChange> changes, releases;
   std::vector<std::size_t> ends;
   changes.reserve(2 * ops);

@@ -123,8 +123,8 @@ class Greedy {
 
   void forward(int d, int s, TimeNs now) {
     const int mb = next_forward_[std::size_t(s)]++;
-    const TimeNs end = now + c_.times[std::size_t(s)].forward;
-    remaining_[std::size_t(d)] -= c_.times[std::size_t(s)].forward;
+    const TimeNs duration = c_.times[std::size_t(s)].forward, end = now + duration;
+    remaining_[std::size_t(d)] -= duration;
     orders_[std::size_t(d)].push_back({OpKind::F, s, mb});
     memory_[std::size_t(d)] += work(s).activation_bytes;
     cost_.peak_activation[std::size_t(d)] = std::max(cost_.peak_activation[std::size_t(d)], memory_[std::size_t(d)]);
@@ -144,8 +144,8 @@ class Greedy {
 
   void backward(int d, int s, TimeNs now) {
     const int mb = next_backward_[std::size_t(s)]++;
-    const TimeNs end = now + c_.times[std::size_t(s)].backward;
-    remaining_[std::size_t(d)] -= c_.times[std::size_t(s)].backward;
+    const TimeNs duration = c_.times[std::size_t(s)].backward, end = now + duration;
+    remaining_[std::size_t(d)] -= duration;
     orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
     cost_.makespan = std::max(cost_.makespan, end);
     memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
@@ -159,8 +159,8 @@ class Greedy {
     weights_[std::size_t(d)].pop_front();
     orders_[std::size_t(d)].push_back({OpKind::W, s, mb});
     memory_[std::size_t(d)] -= work(s).weight_held_bytes;
-    const TimeNs end = now + c_.times[std::size_t(s)].weight;
-    remaining_[std::size_t(d)] -= c_.times[std::size_t(s)].weight;
+    const TimeNs duration = c_.times[std::size_t(s)].weight, end = now + duration;
+    remaining_[std::size_t(d)] -= duration;
     cost_.makespan = std::max(cost_.makespan, end);
     set(free_at_[std::size_t(d)], end, d);
   }

@@ -5,11 +5,16 @@
 // allocation functions is the standard hook: every std::vector goes through them, and the arrays
 // need no allocator of their own. Sanitizer builds keep their own.
 //
-// Every block comes from glibc's heap, which grows with brk in steps of 32 MiB, each marked for huge
+// Every block comes from glibc's heap, which grows with brk in steps of 256 MiB, each marked for huge
 // pages as soon as the break moves, before most of it is touched. glibc would otherwise map each
 // block of 128 KiB or more apart and unmap it when freed, so that every phase of planning (the V
 // schedules' candidate orders, the graph, the simulator's state) faulted in fresh pages; kept in
 // the heap, what one phase frees the next reuses, already faulted in.
+//
+// Why steps that large: each is a memory region of its own (the marked region before it cannot grow
+// into it), and the huge page that straddles two regions is faulted in as 512 small pages. With
+// 32 MiB steps that made 3.6k of the 4.5k faults of a 1.4 M-op run and ~8 % of its time. A step costs
+// only address space; its pages are faulted in when first touched.
 #if !defined(__SANITIZE_ADDRESS__)
 #include <malloc.h>
 #include <sys/mman.h>
@@ -25,7 +30,7 @@
 namespace {
 
 constexpr std::size_t kHugePage = std::size_t(2) << 20;
-constexpr std::size_t kHeapStep = std::size_t(32) << 20;
+constexpr std::size_t kHeapStep = std::size_t(256) << 20;
 
 std::atomic<std::uintptr_t> heap_advised{0};  ///< the break up to which the heap is marked; 0: not yet
 std::mutex heap_advice_mutex;

@@ -13,6 +13,7 @@
 #include "cpu/kernels.h"
 #include "cpu/vocab.h"
 #include "partition.h"
+#include "release.h"
 
 namespace pipesim::runtime {
 namespace {
@@ -35,7 +36,7 @@ struct CpuActivations final : StageActivations {
   }
   void keep_for_weight_pass() override {
     // W needs the layer inputs and the linear maps' output gradients; the rest can go now.
-    final_input = {}, normed = {}, dlogits = {};
+    release(final_input), release(normed), release(dlogits);
   }
 };
 

@@ -111,11 +111,11 @@ struct PlacedGraph {
 /// `graph` simulated under `costs`; its structure checked beside the simulation when `check`
 /// (two cores' worth on a large graph), or else left to the caller.
 PlacedGraph simulated(TaskGraph graph, const ScheduleContext& context, const CostModel& costs, bool check) {
-  const std::vector<TimeNs> durations = op_durations(costs, graph);  // itself in two halves
+  std::vector<TimeNs> durations = op_durations(costs, graph);  // itself in two halves
   std::future<Status> structure = beside(check && graph.size() >= kOpsWorthAThread, [&] {
     return check ? validate_structure(graph, context.layout, context.microbatches) : Status::Ok();
   });
-  Result<Timeline> timeline = simulate(graph, durations);
+  Result<Timeline> timeline = simulate(graph, std::move(durations));
   Status verdict = structure.get();  // before the graph moves
   PlacedGraph placed{std::move(graph), std::nullopt, std::move(verdict)};
   if (timeline.ok()) placed.timeline = std::move(timeline).value();

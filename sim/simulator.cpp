@@ -16,7 +16,8 @@ namespace {
 /// What the sweep keeps for one op, in one 16-byte record: with hundreds of streams advancing
 /// through memory at once, one cache line holds what several arrays would spread over as many.
 /// The rest it reads from the graph's own compact lists (successors: 4 bytes an op) and from the
-/// durations; the times it writes go straight to the Timeline it returns.
+/// durations; the times it writes go straight to the Timeline it returns, whose end times take the
+/// durations' place (an op's duration is last read when it starts, and its end first written then).
 struct OpState {
   std::int32_t pending;  ///< unfinished dependencies; kArrived once it heads its stream, ready
   std::uint32_t slot;    ///< the stream it runs on (TaskGraph::stream_of)
@@ -37,9 +38,8 @@ constexpr std::ptrdiff_t kFetchAhead = 16;
 /// order, which is mostly memory order.
 class Engine {
  public:
-  Engine(const TaskGraph& graph, std::span<const TimeNs> durations)
+  Engine(const TaskGraph& graph, std::vector<TimeNs> durations)
       : graph_(graph),
-        durations_(durations),
         // Left uninitialised (every field is set below): tens of MiB on a large graph, written once.
         ops_(new OpState[graph.size()]) {
     const std::size_t n = graph.size(), slots = graph.stream_count();
@@ -56,9 +56,10 @@ class Engine {
       head_[slot] = order.data();
       end_[slot] = order.data() + order.size();
     }
-    // start[t] holds the latest end of t's finished dependencies until t starts.
+    // start[t] holds the latest end of t's finished dependencies until t starts; end[t] holds t's
+    // duration until it ends.
     timeline_.start.assign(n, 0);
-    timeline_.end.assign(n, -1);
+    timeline_.end = std::move(durations);
     free_at_.assign(slots, 0);
     group_arrivals_.assign(graph.groups().size(), 0);
     group_ready_.assign(graph.groups().size(), 0);
@@ -96,7 +97,7 @@ class Engine {
           return;
         }
         const TimeNs begin = std::max(arrival, timeline_.start[std::size_t(partner)]);
-        const TimeNs end = begin + std::max(durations_[std::size_t(t)], durations_[std::size_t(partner)]);
+        const TimeNs end = begin + std::max(duration(t), duration(partner));
         timeline_.start[std::size_t(partner)] = begin;
         finish(partner, end);
         timeline_.start[std::size_t(t)] = begin;
@@ -108,7 +109,7 @@ class Engine {
         const auto& members = graph_.groups()[group].members;
         if (++group_arrivals_[group] < members.size()) return;
         TimeNs longest = 0;
-        for (TaskId m : members) longest = std::max(longest, durations_[std::size_t(m)]);
+        for (TaskId m : members) longest = std::max(longest, duration(m));
         const TimeNs begin = group_ready_[group];
         for (TaskId m : members) {
           timeline_.start[std::size_t(m)] = begin;
@@ -117,10 +118,13 @@ class Engine {
         }
       } else {
         timeline_.start[std::size_t(t)] = arrival;
-        finish(t, arrival + durations_[std::size_t(t)]);
+        finish(t, arrival + duration(t));
       }
     }
   }
+
+  /// Until `t` ends, its end time holds its duration.
+  TimeNs duration(TaskId t) const { return timeline_.end[std::size_t(t)]; }
 
   void finish(TaskId t, TimeNs end) {
     const OpState& op = ops_[std::size_t(t)];
@@ -150,7 +154,6 @@ class Engine {
     __builtin_prefetch(&ops_[far], 1);
     __builtin_prefetch(&timeline_.start[far], 1);
     __builtin_prefetch(&timeline_.end[far], 1);
-    __builtin_prefetch(&durations_[far]);
     graph_.prefetch_successors(TaskId(far));
     __builtin_prefetch(graph_.successors(head_[slot][kFetchAhead / 2]).data());
     for (const TaskId successor : graph_.successors(head_[slot][kFetchAhead / 4])) {
@@ -163,8 +166,14 @@ class Engine {
   void wake(std::size_t slot) { waiting_.push_back(std::uint32_t(slot)); }
 
   std::string deadlock_report() const {
-    // Where the run stopped: the latest end of the ops that ran (-1 for those that did not).
-    const TimeNs stopped = std::max<TimeNs>(0, *std::max_element(timeline_.end.begin(), timeline_.end.end()));
+    // The ops that ran: those before the head of their stream.
+    std::vector<bool> ran(graph_.size(), false);
+    TimeNs stopped = 0;  // where the run stopped: the latest end of the ops that ran
+    for (std::size_t slot = 0; slot < head_.size(); ++slot)
+      for (const TaskId* t = graph_.stream(slot).data(); t != head_[slot]; ++t) {
+        ran[std::size_t(*t)] = true;
+        stopped = std::max(stopped, timeline_.end[std::size_t(*t)]);
+      }
     std::string report =
         fmt::format("deadlock at t = {:.6f} ms: no op can start, but some have not run:", stopped / 1e6);
     for (std::size_t slot = 0; slot < head_.size(); ++slot) {
@@ -174,7 +183,7 @@ class Engine {
       std::string reason = "waits for the other members of its collective";
       if (ops_[std::size_t(t)].pending > 0) {
         for (TaskId dep : graph_.deps(t))
-          if (timeline_.end[std::size_t(dep)] < 0) {
+          if (!ran[std::size_t(dep)]) {
             reason = "waits for " + graph_.describe(dep);
             break;
           }
@@ -188,9 +197,8 @@ class Engine {
   }
 
   const TaskGraph& graph_;
-  std::span<const TimeNs> durations_;
   std::unique_ptr<OpState[]> ops_;
-  Timeline timeline_;  ///< start and end of every op; end is -1 until it is known
+  Timeline timeline_;  ///< start and end of every op; end is its duration until it is known
   std::vector<const TaskId*> head_, end_;  ///< per (device, stream): next op, end of its program
   std::vector<TimeNs> free_at_;            ///< per (device, stream): when its last op ended
   std::vector<std::size_t> group_arrivals_;
@@ -200,7 +208,7 @@ class Engine {
 
 }  // namespace
 
-Result<Timeline> simulate(const TaskGraph& graph, std::span<const TimeNs> durations) {
+Result<Timeline> simulate(const TaskGraph& graph, std::vector<TimeNs> durations) {
   if (durations.size() != graph.size())
     return Error{fmt::format("simulate: {} durations for {} ops", durations.size(), graph.size())};
   // Every end time is a sum of durations along a chain, so a total below 2^62 keeps all of them exact.
@@ -208,7 +216,7 @@ Result<Timeline> simulate(const TaskGraph& graph, std::span<const TimeNs> durati
   // negative (its sign bit would make the width 64): one OR over the durations shows it.
   std::uint64_t bits = 0;
   for (const TimeNs d : durations) bits |= std::uint64_t(d);
-  if (std::bit_width(bits) + std::bit_width(durations.size()) <= 62) return Engine(graph, durations).run();
+  if (std::bit_width(bits) + std::bit_width(durations.size()) <= 62) return Engine(graph, std::move(durations)).run();
   TimeNs total = 0;  // otherwise the exact check, naming what fails
   for (std::size_t i = 0; i < durations.size(); ++i) {
     if (durations[i] < 0)
@@ -219,7 +227,7 @@ Result<Timeline> simulate(const TaskGraph& graph, std::span<const TimeNs> durati
       return Error{"simulate: the ops' durations add up to over 146 years; check the hardware speeds, the costs and "
                    "the model sizes"};
   }
-  return Engine(graph, durations).run();
+  return Engine(graph, std::move(durations)).run();
 }
 
 }  // namespace pipesim

@@ -51,14 +51,14 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   // Planning may have validated and simulated the graph already, under the config's own costs.
   const bool simulated = !timing && p.timeline;
   // Computed before the structure checks start (it runs in two halves itself).
-  const std::vector<TimeNs> durations = simulated ? std::vector<TimeNs>{} : op_durations(*costs, p.graph);
+  std::vector<TimeNs> durations = simulated ? std::vector<TimeNs>{} : op_durations(*costs, p.graph);
   // The structure checks only read the graph, and the simulator copes with any graph assemble
   // builds: on a large graph they run on a second thread during the simulation, which a failure
   // discards. Orderability is the simulation's own outcome (Validation).
   std::future<Status> structure = beside(!simulated && p.graph.size() >= kOpsWorthAThread, [&p, simulated] {
     return simulated ? Status::Ok() : validate_structure(p.graph, p.layout, p.config.parallel.microbatches);
   });
-  Result<Timeline> timeline = simulated ? Result<Timeline>(*std::move(run.plan.timeline)) : simulate(p.graph, durations);
+  Result<Timeline> timeline = simulated ? Result<Timeline>(*std::move(run.plan.timeline)) : simulate(p.graph, std::move(durations));
   run.plan.timeline.reset();
   const auto invalid = [&](const Error& why) {
     return Error{fmt::format("{}: {}", config.source, invalid_graph(p.config, why).message)};

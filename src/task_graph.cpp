@@ -149,7 +149,7 @@ namespace {
 /// is megabytes the kernel must zero).
 template <class KeyOf, class ValueOf>
 void build_csr(std::size_t keys, std::size_t count, KeyOf key_of, ValueOf value_of, std::vector<EdgeIndex>& offsets,
-               std::vector<TaskId>& ids) {
+               IdArray& ids) {
   offsets.assign(keys + 1, 0);
   for (std::size_t i = 0; i < count; ++i) ++offsets[key_of(i)];
   for (std::size_t k = 1; k <= keys; ++k) offsets[k] += offsets[k - 1];  // offsets[k]: end of key k

@@ -138,10 +138,11 @@ struct CollectiveGroup {
   int root = -1;  ///< BROADCAST and REDUCE: the device that holds the source or gets the result; -1 otherwise
 };
 
-/// The allocator of the op array, which writes nothing where the array grows: every op is written
-/// whole before it is read (add() copies one in, add_blank()'s callers fill in theirs), and Task,
-/// an aggregate, begins to exist with its storage. Millions of ops are then written once, by the
-/// threads that fill them, not first with defaults by one.
+/// The allocator of the op array and the CSR id lists, which writes nothing where an array grows:
+/// every op is written whole before it is read (add() copies one in, add_blank()'s callers fill in
+/// theirs), and Task, an aggregate, begins to exist with its storage; the counting sort that builds
+/// a CSR list writes each entry once. Millions of entries are then written once, by the threads
+/// that fill them, not first with defaults by one.
 template <class T>
 struct UnfilledAllocator : std::allocator<T> {
   template <class U>
@@ -156,6 +157,7 @@ struct UnfilledAllocator : std::allocator<T> {
   }
 };
 using TaskArray = std::vector<Task, UnfilledAllocator<Task>>;
+using IdArray = std::vector<TaskId, UnfilledAllocator<TaskId>>;
 
 /// Frozen, index-based graph: copies and compares cheaply, borrowed by const&.
 class TaskGraph {
@@ -220,8 +222,7 @@ class TaskGraph {
   /// receive from each device (the entries for d itself stay empty).
   static constexpr std::size_t kFirstSend = 1 + kCollectiveLanes;
   std::size_t streams_per_device() const { return 1 + kCollectiveLanes + 2 * std::size_t(devices_); }
-  static std::span<const TaskId> csr(const std::vector<EdgeIndex>& offsets, const std::vector<TaskId>& ids,
-                                     TaskId id) {
+  static std::span<const TaskId> csr(const std::vector<EdgeIndex>& offsets, const IdArray& ids, TaskId id) {
     const auto i = static_cast<std::size_t>(id);
     return {ids.data() + offsets[i], ids.data() + offsets[i + 1]};
   }
@@ -232,11 +233,11 @@ class TaskGraph {
   TaskArray tasks_;
   std::vector<TaskWork> works_;
   std::vector<EdgeIndex> dep_offsets_;  ///< CSR: deps of task i are dep_ids_[off[i]..off[i+1])
-  std::vector<TaskId> dep_ids_;
+  IdArray dep_ids_;
   std::vector<EdgeIndex> succ_offsets_;  ///< CSR of successors, same layout
-  std::vector<TaskId> succ_ids_;
+  IdArray succ_ids_;
   std::vector<EdgeIndex> stream_offsets_{0};  ///< CSR over streams (see first_stream)
-  std::vector<TaskId> stream_ids_;
+  IdArray stream_ids_;
   std::vector<CollectiveGroup> groups_;
 };
 

@@ -236,12 +236,15 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
   const int m = int(g[0][0].size());
   int phase = 0;
   in_slot_order(g, [&](int d, int t, int x) {
-    int& slot = slot_of(g, d, t, x);
     if (t == kB0 && d == 0 && phase == 0) phase = 1;
-    const bool fixed = phase == 1 || (phase == 0 && !with_w);
-    if (phase == 1 && t == kF0 && x == m - 1) phase = 2;
+    if (phase == 1) {  // the steady state, up to the last forward, stays as it is
+      if (t == kF0 && x == m - 1) phase = 2;
+      return;
+    }
+    if (phase == 0 && !with_w) return;
+    int& slot = slot_of(g, d, t, x);
     DeviceMemory& device = memory[std::size_t(d)];
-    for (int candidate = fixed ? slot : inputs_done(g, d, t, x) + 1; candidate < slot; ++candidate)
+    for (int candidate = inputs_done(g, d, t, x) + 1; candidate < slot; ++candidate)
       if (device.free(candidate) && device.move_within(slot, candidate, limit)) {
         slot = candidate;
         break;

@@ -148,8 +148,7 @@ Result<PlacedGraph> with_vocab_passes(const ScheduleContext& context, DeviceOrde
                                       const CostModel& costs, TimeNs shortest_transfer, Build build) {
   // Each version of the orders is placed once at most, and placing the passes is the last use of
   // its orders and of its estimate's per-op times (only the makespan is read after): both are
-  // dropped there, before the graph is built, and the graph and its simulation reuse their memory
-  // (at p = 64, m = 1024: 20 MiB).
+  // dropped there, before the graph is built, and the graph and its simulation reuse their memory.
   const auto placed = [&](DeviceOrders& o, OrderCost& estimate) {
     const DeviceOrders with_passes = insert_vocab_passes(context, o, estimate, vocab);
     release(o), drop_op_times(estimate);

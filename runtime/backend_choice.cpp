@@ -19,18 +19,18 @@ Status check_backend(const RunOptions& options) {
   return Status::Ok();
 }
 
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Plan& plan, int rank) {
-  const cpu::ModelShape shape = model_shape(plan.config);
-  if (options.backend == BackendKind::Cpu) return make_cpu_backend(shape, plan.layout, rank, options.seed);
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank) {
+  const cpu::ModelShape& shape = job.shape;
+  if (options.backend == BackendKind::Cpu) return make_cpu_backend(shape, job.layout, rank, options.seed);
   if (options.device >= 0)  // one process per GPU (MPI)
-    return cuda::make_backend(shape, plan.layout, rank, options.seed,
+    return cuda::make_backend(shape, job.layout, rank, options.seed,
                               {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1, .index_on_device = 0});
   // Ranks of one process go round-robin over the GPUs; those that share one split its SMs equally.
-  const int gpus = cuda::device_count(), ranks = plan.layout.devices;
+  const int gpus = cuda::device_count(), ranks = job.layout.devices;
   const cuda::BackendOptions gpu{.device = rank % gpus, .dtype = options.dtype,
                                  .ranks_on_device = ranks / gpus + (rank % gpus < ranks % gpus ? 1 : 0),
                                  .index_on_device = rank / gpus};
-  return cuda::make_backend(shape, plan.layout, rank, options.seed, gpu);
+  return cuda::make_backend(shape, job.layout, rank, options.seed, gpu);
 }
 
 }  // namespace pipesim::runtime

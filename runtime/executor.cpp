@@ -40,12 +40,11 @@ double reference_iteration(const cpu::ModelShape& shape, const cpu::Model& model
 
 }  // namespace
 
-RankExecutor::RankExecutor(Transport& comm, std::unique_ptr<Backend> backend, const Plan& plan, const RunOptions& options)
-    : comm_(comm), plan_(plan), graph_(plan.graph), layout_(plan.layout), options_(options), rank_(comm.rank()),
-      shape_(model_shape(plan.config)), n_(shape_.tokens()), h_(shape_.hidden), backend_(std::move(backend)),
+RankExecutor::RankExecutor(Transport& comm, std::unique_ptr<Backend> backend, const Job& job, const RunOptions& options)
+    : comm_(comm), graph_(job.graph), layout_(job.layout), options_(options), rank_(comm.rank()),
+      shape_(job.shape), microbatches_(job.microbatches), n_(shape_.tokens()), h_(shape_.hidden), backend_(std::move(backend)),
       first_device_(layout_.stages.front().device), last_device_(layout_.stages.back().device),
-      last_stage_(layout_.stage_count() - 1), done_(graph_.size()) {
-  for (const Task& t : graph_.tasks()) split_weight_ |= t.kind == OpKind::W;
+      last_stage_(layout_.stage_count() - 1), split_weight_(graph_.has(OpKind::W)), done_(graph_.size()) {
   for (std::size_t s = graph_.first_stream(rank_); s < graph_.first_stream(rank_ + 1); ++s)
     if (!graph_.stream(s).empty()) streams_.push_back(s);
   for (const Task& t : graph_.tasks()) own_tasks_ += t.device == rank_;
@@ -61,7 +60,7 @@ Result<RunResult> RankExecutor::run() {
     for (int step = 0; step < options_.steps; ++step) {
       step_ = step;
       batches_.clear();
-      for (int mb = 0; mb < plan_.config.parallel.microbatches; ++mb)
+      for (int mb = 0; mb < microbatches_; ++mb)
         batches_.push_back(make_batch(options_.seed, step, mb, n_, shape_.vocab));
       backend_->set_batches(batches_);
       if (options_.check && step == 0) {
@@ -329,8 +328,7 @@ bool CheckResult::passed() const {
 
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
-Status check_runnable(const Plan& plan, const RunOptions& options) {
-  const Config& c = plan.config;
+Status check_runnable(const Config& c, const RunOptions& options) {
   if (c.parallel.tp != 1)
     return Error{fmt::format("{}: parallel.tp: the runtime runs each stage on one device; set parallel.tp to 1", c.source)};
   if (c.parallel.dp != 1)
@@ -363,19 +361,19 @@ Status check_runnable(const Plan& plan, const RunOptions& options) {
   return Status::Ok();
 }
 
-Result<RunResult> run_rank(Transport& comm, const Plan& plan, const RunOptions& options) {
-  if (comm.size() != plan.layout.devices)
-    return Error{fmt::format("{} ranks cannot run a pipeline of {} devices", comm.size(), plan.layout.devices)};
+Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& options) {
+  if (comm.size() != job.layout.devices)
+    return Error{fmt::format("{} ranks cannot run a pipeline of {} devices", comm.size(), job.layout.devices)};
   std::unique_ptr<Backend> backend;
   try {
-    backend = make_backend(options, plan, comm.rank());
+    backend = make_backend(options, job, comm.rank());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),
                                         options.backend == BackendKind::Cuda ? "CUDA" : "CPU", e.what());
     comm.abort(why);
     return Error{why};
   }
-  RankExecutor executor(comm, std::move(backend), plan, options);
+  RankExecutor executor(comm, std::move(backend), job, options);
   return executor.run();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-/// Runs a plan's task graph with real math: each rank walks its own streams of the IR, op by op in
+/// Runs a job's task graph with real math: each rank walks its own streams of the IR, op by op in
 /// program order, calling the CPU kernels for compute ops and the communicator for SEND/RECV and the
 /// collectives. The same function runs under every backend (threads or MPI processes), so what the
 /// in-process tests check is what `mpirun` runs.
@@ -11,7 +11,8 @@
 
 #include "backend.h"
 #include "comm.h"
-#include "plan.h"
+#include "config.h"
+#include "job.h"
 #include "status.h"
 #include "timeline.h"
 
@@ -71,16 +72,16 @@ struct RunResult {
 /// Physical memory of this machine.
 Bytes machine_memory_bytes();
 
-/// Whether this runtime can execute the plan with these options (one pipeline replica, no tensor
+/// Whether this runtime can execute a job of this config with these options (one pipeline replica, no tensor
 /// parallelism, a model whose CPU math -- the CPU backend, or --check's reference -- fits in this
 /// machine's memory); the error names the config field to change.
-Status check_runnable(const Plan& plan, const RunOptions& options);
+Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present.
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Plan& plan, int rank);
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank);
 
-/// Runs `options.steps` training steps of the plan as rank comm.rank().
-Result<RunResult> run_rank(Transport& comm, const Plan& plan, const RunOptions& options);
+/// Runs `options.steps` training steps of the job as rank comm.rank().
+Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& options);
 
 }  // namespace pipesim::runtime

@@ -9,18 +9,19 @@ namespace pipesim::runtime {
 
 /// One thread per pipeline device, talking through an in-process communicator. A failure on any
 /// rank ends all of them; the error is the failing rank's (rank and op).
-Result<RunResult> run_in_process(const Plan& plan, const RunOptions& options);
+Result<RunResult> run_in_process(const Job& job, const RunOptions& options);
 
 /// Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx).
 bool launched_by_mpi();
 
-/// This process as one rank of an MPI job (MPI_Init .. MPI_Finalize inside). `ranks` is set to the
-/// job's size before `plan_for` builds the plan, so the pipeline has one device per process.
+/// This process as one rank of an MPI job (MPI_Init .. MPI_Finalize inside). `job_for` is given the
+/// MPI job's size and returns the job to run, with one pipeline device per process; what it borrows
+/// must live until run_mpi returns.
 /// A failure on any rank aborts the job (MPI_Abort) after printing the failing rank's message.
 struct MpiRun {
   int rank = 0, size = 1;
   Result<RunResult> result = Error{"not run"};
 };
-MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options);
+MpiRun run_mpi(const std::function<Result<Job>(int ranks)>& job_for, const RunOptions& options);
 
 }  // namespace pipesim::runtime

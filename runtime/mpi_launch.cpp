@@ -29,16 +29,16 @@ const mpi::PluginApi* load(std::string& error) {
 }
 
 /// The transport of this process: MPI alone, or NCCL over MPI for the CUDA backend.
-std::unique_ptr<Transport> make_transport(const mpi::PluginApi& api, const Plan& plan, RunOptions& options) {
+std::unique_ptr<Transport> make_transport(const mpi::PluginApi& api, const Job& job, RunOptions& options) {
   std::unique_ptr<Transport> transport = api.make_transport();
   if (options.backend != BackendKind::Cuda) return transport;
   options.device = cuda::local_device(transport->rank());
-  return cuda::make_nccl_transport(std::move(transport), plan.graph, options.device);
+  return cuda::make_nccl_transport(std::move(transport), job.graph, options.device);
 }
 
 }  // namespace
 
-MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const RunOptions& options) {
+MpiRun run_mpi(const std::function<Result<Job>(int ranks)>& job_for, const RunOptions& options) {
   MpiRun run;
   std::string error;
   const mpi::PluginApi* api = load(error);
@@ -47,17 +47,17 @@ MpiRun run_mpi(const std::function<Result<Plan>(int ranks)>& plan_for, const Run
     return run;
   }
   api->init(&run.rank, &run.size);
-  if (Result<Plan> plan = plan_for(run.size); !plan.ok()) {
-    run.result = plan.error();  // every rank builds the same plan, so every rank fails alike
+  if (Result<Job> job = job_for(run.size); !job.ok()) {
+    run.result = job.error();  // every rank builds the same job, so every rank fails alike
   } else {
     RunOptions mine = options;
     std::unique_ptr<Transport> comm;
     try {
-      comm = make_transport(*api, plan.value(), mine);
+      comm = make_transport(*api, job.value(), mine);
     } catch (const std::exception& e) {  // e.g. two ranks on one GPU: every rank must end
       api->abort(fmt::format("rank {}: {}", run.rank, e.what()).c_str());
     }
-    if (Result<RunResult> result = run_rank(*comm, plan.value(), mine); !result.ok())
+    if (Result<RunResult> result = run_rank(*comm, job.value(), mine); !result.ok())
       comm->abort(result.error().message);
     else
       run.result = std::move(result).value();

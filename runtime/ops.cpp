@@ -48,7 +48,7 @@ void RankExecutor::forward(TaskId id, const Task& t) {
   if (t.stage == last_stage_) {
     backend_->final_norm(*cache, std::move(x));
     if (stage.has_head)  // baseline: the whole LM head and the loss here
-      vocab_layer(id, [&] { loss_part_ += backend_->head_forward(*cache, mb, 1.0f / float(plan_.config.parallel.microbatches)); });
+      vocab_layer(id, [&] { loss_part_ += backend_->head_forward(*cache, mb, 1.0f / float(microbatches_)); });
     else  // vocabulary-parallel: X goes to every device (the broadcast on the output lane)
       buffers_.put({Buf::VocabX, -1, mb}, backend_->final_output(*cache));
   } else if (layout_.stages[std::size_t(t.stage) + 1].device == rank_) {

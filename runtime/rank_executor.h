@@ -38,14 +38,14 @@ struct InFlight {
 
 class RankExecutor {
  public:
-  RankExecutor(Transport& comm, std::unique_ptr<Backend> backend, const Plan& plan, const RunOptions& options);
+  RankExecutor(Transport& comm, std::unique_ptr<Backend> backend, const Job& job, const RunOptions& options);
 
   Result<RunResult> run();
 
  private:
   TimeNs now() const { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch_).count(); }
   /// dloss/dlogit scale: the loss is the mean over every token of the iteration.
-  float token_weight() const { return 1.0f / float(n_ * plan_.config.parallel.microbatches); }
+  float token_weight() const { return 1.0f / float(n_ * microbatches_); }
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
   /// Waits for a request outside the graph (barriers, reports), with the same timeout.
   void wait(std::unique_ptr<Request> request, const std::string& what);
@@ -98,16 +98,16 @@ class RankExecutor {
   void gather(RunResult& result);
 
   Transport& comm_;
-  const Plan& plan_;
   const TaskGraph& graph_;
   const Layout& layout_;
   const RunOptions& options_;
   const int rank_;
   const cpu::ModelShape shape_;
+  const int microbatches_;
   const int n_, h_;
   const std::unique_ptr<Backend> backend_;  ///< declared before what holds its tensors, so it outlives them
   const int first_device_, last_device_, last_stage_;
-  bool split_weight_ = false;
+  const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
   std::vector<std::size_t> streams_;  ///< this rank's non-empty streams
   std::size_t own_tasks_ = 0;
 

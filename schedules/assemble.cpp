@@ -1,7 +1,8 @@
+#include "assemble.h"
+
 #include <algorithm>
 #include <array>
 
-#include "plan.h"
 #include "two_threads.h"
 #include "vocab_assembly.h"
 

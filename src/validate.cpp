@@ -43,8 +43,7 @@ Status check_vocab_passes(const TaskGraph& graph, int microbatches) {
 
 Status check_ops(const TaskGraph& graph, const Layout& layout, int microbatches) {
   const int stages = layout.stage_count();
-  bool split_weight = false;
-  for (const Task& t : graph.tasks()) split_weight |= t.kind == OpKind::W;
+  const bool split_weight = graph.has(OpKind::W);
   // position of F/B/W of (stage, microbatch) in its device's compute stream; -1 = absent
   std::vector<std::array<std::int64_t, 3>> position(static_cast<std::size_t>(stages) * microbatches, {-1, -1, -1});
   std::vector<int> optimizers(static_cast<std::size_t>(graph.devices()), 0);

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "cli_support.h"
+#include "config_files.h"
 #include "config_json.h"
 #include "cost_model.h"
 #include "metrics.h"

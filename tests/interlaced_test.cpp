@@ -2,7 +2,7 @@
 // device steps through the output layer in lockstep, one forward, one backward and one output-layer
 // step per iteration, with floor(1.5p) - i forwards before device i's first backward. Checked on
 // the paper's 1F1B setups against its reported range, and on explicit costs for the structure.
-#include "cli_support.h"
+#include "config_files.h"
 #include "helpers.h"
 
 using namespace pipesim;

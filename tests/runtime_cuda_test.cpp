@@ -9,6 +9,7 @@
 #include "cuda/cuda_backend.h"
 #include "helpers.h"
 #include "launch.h"
+#include "measured.h"
 #include "plan.h"
 
 using namespace pipesim;
@@ -25,7 +26,7 @@ runtime::CheckResult checked_run(const std::string& schedule, const std::string&
   runtime::RunOptions o;
   o.backend = runtime::BackendKind::Cuda, o.dtype = dtype, o.check = true, o.timeout_s = 60;
   const Plan plan = tiny_plan(schedule, vocab);
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
   INFO(schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
   REQUIRE(run.ok());
   return *run.value().check;

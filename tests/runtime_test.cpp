@@ -50,7 +50,7 @@ TEST_CASE("every schedule and vocabulary mode trains like a single device") {
       const Plan plan = plan_for(config, schedule, vocab);
       runtime::RunOptions o = options();
       o.check = true;
-      Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+      Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
       INFO(schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
       REQUIRE(run.ok());
       const runtime::CheckResult& check = *run.value().check;
@@ -84,7 +84,7 @@ TEST_CASE("training steps lower the loss") {
   const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-2");
   runtime::RunOptions o = options(3);
   o.learning_rate = 0.5f;
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
   REQUIRE(run.ok());
   const std::vector<double>& losses = run.value().losses;
   REQUIRE(losses.size() == 3);
@@ -93,7 +93,7 @@ TEST_CASE("training steps lower the loss") {
 
 TEST_CASE("measurements cover every op of the last step") {
   const Plan plan = plan_for(tiny_config(), "zb-h1", "vocab-1");
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, options(2));
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), options(2));
   REQUIRE(run.ok());
   const runtime::RunResult& r = run.value();
   for (TaskId id = 0; id < TaskId(plan.graph.size()); ++id) {
@@ -118,7 +118,7 @@ TEST_CASE("the embedding and LM-head parts of an op are the last step's, as its 
   // The profile subtracts them from the op's time and gives them to the vocabulary layers: parts
   // summed over every step would make the head's cost the steps' sum and the layers' cost less.
   const Plan plan = plan_for(tiny_config(), "zb-h1", "baseline");
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, options(3));
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), options(3));
   REQUIRE(run.ok());
   const runtime::RunResult& r = run.value();
   int with_parts = 0;
@@ -179,7 +179,7 @@ TEST_CASE("a failing rank ends every rank with an error naming it") {
   const runtime::InjectedFault fault{.rank = 1, .kind = OpKind::B, .microbatch = 2, .hang = false};
   runtime::RunOptions o = options(1, 10);
   o.fault = fault;
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
   REQUIRE_FALSE(run.ok());
   INFO(run.error().message);
   CHECK(run.error().message.starts_with("rank 1 failed at B(d1,s1,m2): injected fault\n"));
@@ -192,7 +192,7 @@ TEST_CASE("a hung rank ends the run after the timeout, naming what the others wa
   const auto start = std::chrono::steady_clock::now();
   runtime::RunOptions o = options(1, 0.5);
   o.fault = fault;
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   REQUIRE_FALSE(run.ok());
   INFO(run.error().message);
@@ -212,7 +212,8 @@ TEST_CASE("measured in-flight activations on 1F1B's first device: p, p + 2 (voca
   const Config config = tiny_config();
   const int p = config.parallel.pp;
   const auto peak = [&](const std::string& vocab) {
-    Result<runtime::RunResult> run = runtime::run_in_process(plan_for(config, "1f1b", vocab), options());
+    const Plan plan = plan_for(config, "1f1b", vocab);
+    Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), options());
     REQUIRE(run.ok());
     return double(run.value().peak_activation_bytes[0]);
   };
@@ -237,7 +238,7 @@ TEST_CASE("a CPU run keeps the memory it frees: steps after the first take (almo
     getrusage(RUSAGE_SELF, &usage);
     faults.push_back(usage.ru_minflt);
   };
-  Result<runtime::RunResult> run = runtime::run_in_process(plan, o);
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
   REQUIRE(run.ok());
   REQUIRE(faults.size() == 4);
   // Each step allocates and frees at least every device's activation peak again; the first step's

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "helpers.h"
-#include "pipeline.h"
+#include "simulate_config.h"
 #include "schedule_csv.h"
 #include "simulator.h"
 

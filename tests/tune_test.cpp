@@ -3,9 +3,9 @@
 // --grid syntax.
 #include <algorithm>
 
-#include "cli_support.h"
+#include "config_files.h"
 #include "helpers.h"
-#include "pipeline.h"
+#include "simulate_config.h"
 #include "sweep.h"
 #include "tune.h"
 

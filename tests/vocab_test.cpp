@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "assemble.h"
 #include "helpers.h"
 #include "order_eval.h"
 #include "vocab_passes.h"

@@ -21,9 +21,9 @@ fi
 
 # The library code the targets reach, as the Meson build compiles it (minus the runtime and the CLI).
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
-       -Isrc -Ischedules -Isim -Itools)
-sources=(src/*.cpp schedules/*.cpp sim/simulator.cpp tools/config_json.cpp tools/config_includes.cpp
-         tools/schedule_csv.cpp tools/schedule_csv_cells.cpp)
+       -Isrc -Ischedules -Isim -Iplan -Itools/formats)
+sources=(src/*.cpp schedules/*.cpp sim/simulator.cpp plan/*.cpp tools/formats/config_json.cpp
+         tools/formats/config_includes.cpp tools/formats/schedule_csv.cpp tools/formats/schedule_csv_cells.cpp)
 mkdir -p "$out/obj"
 echo "fuzz.sh: compiling ${#sources[@]} files" >&2
 printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} sh -c \

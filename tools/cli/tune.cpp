@@ -6,10 +6,23 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "cli_support.h"
+#include "commands.h"
+#include "config_files.h"
+#include "options.h"
 #include "tune.h"
 
 namespace pipesim {
+namespace {
+
+/// `pipesim tune`: the fastest configurations that fit, at the config's GPU count and global batch.
+struct TuneOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  double memory_gib = 0;  ///< 0: the config's hardware.memory_gib
+  int gpus = 0;           ///< 0: the config's pp x tp x dp
+  int top = 10;
+  Format format = Format::Text;
+};
 
 ExitStatus run_tune(const TuneOptions& o) {
   Result<Config> config = load_config(o.config, o.overrides);
@@ -46,6 +59,21 @@ ExitStatus run_tune(const TuneOptions& o) {
                "reach the top {}), {} refused by the config checks or the schedule\n",
                r.evaluated, r.seconds, r.simulated, r.pruned(), r.pruned_by_memory, r.pruned_by_time, o.top, r.refused);
   return ExitStatus::Success;
+}
+
+}  // namespace
+
+void define_tune(CLI::App& tn, ExitStatus& status) {
+  auto o = std::make_shared<TuneOptions>();
+  tn.add_option("config", o->config, "JSON config file")->required()->check(kNonEmpty);
+  tn.add_option("--set", o->overrides, "override a config field: key.path=value (repeatable)");
+  tn.add_option("--memory-gib", o->memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
+      ->check(finite_in(0, 1e9));
+  tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp (default: the config's pp x tp x dp)")
+      ->check(CLI::Range(1, 1 << 24));
+  tn.add_option("--top", o->top, "rows to print, fastest first (default 10)")->check(CLI::Range(1, 1000000));
+  add_format_option(tn, o->format, {"text", "csv", "json", "markdown"});
+  tn.callback([o, &status] { status = run_tune(*o); });
 }
 
 }  // namespace pipesim

@@ -1,8 +1,5 @@
-// `pipesim calibrate`: fits the analytic cost model's hardware efficiencies to measured op times, so
-// the simulator predicts a machine it has measured. Four parameters are fitted -- the fraction of
-// peak FLOP/s GEMMs reach, the fraction fused attention reaches, the fraction of HBM bandwidth
-// memory-bound kernels reach, and the fixed overhead of every kernel -- by minimising the squared log
-// error over every measured op, so a 10% miss counts the same on a 50 µs op as on a 50 ms one.
+#include "calibrate.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,27 +8,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "cli_support.h"
-#include "commands.h"
 #include "config_json.h"
-#include "cost_model.h"
-#include "files.h"
 
 namespace pipesim {
 namespace {
 
 using json = nlohmann::ordered_json;
-
-/// Hardware files open with this: pipesim replaces only files that do.
-constexpr std::string_view kHardwareGenerator = "{\n  \"generator\": \"pipesim calibrate\"";
-
-/// One measured op and the work the analytic model gives it; `group` gathers like ops in the summary.
-struct Sample {
-  std::string label;
-  OpWork work;
-  double seconds = 0;
-  std::string group;
-};
 
 /// The op of analytic_op_work's list with this name (every name looked up here is in it).
 const OpWork& op_named(const std::vector<OpWork>& work, std::string_view name) {
@@ -190,12 +172,15 @@ constexpr std::array<FittedField, 4> kFittedFields{{{&HardwareConfig::compute_ef
                                                      {&HardwareConfig::hbm_efficiency, 1e-6, 1.0},
                                                      {&HardwareConfig::kernel_launch_us, 1e-3, 1e4}}};
 
-/// A coarse grid first (9 values a parameter, log-spaced: efficiencies 1e-6..1, launch 1e-3..1e4 µs),
-/// so that a machine far from the preset (a CPU) does not leave the descent in a corner where one
-/// roofline explains everything; a parameter that changes no measured op's time (attention, for ops
-/// without it) is then put back to the preset's value. Then coordinate descent in log space: each
-/// parameter in turn is scaled up or down by the step while that lowers the loss; the step halves
-/// when no parameter moves.
+
+}  // namespace
+
+Result<std::vector<Sample>> read_samples(std::string_view text, const std::string& path) {
+  const json profile = json::parse(text, nullptr, false);
+  if (profile.is_discarded() || !profile.is_object()) return Error{fmt::format("{}: not a JSON object", path)};
+  return samples_of(profile, path);
+}
+
 HardwareConfig fit(const std::vector<Sample>& samples, const HardwareConfig& preset) {
   HardwareConfig h = preset;
   double best = loss(samples, h);
@@ -230,68 +215,5 @@ HardwareConfig fit(const std::vector<Sample>& samples, const HardwareConfig& pre
   return h;
 }
 
-}  // namespace
-
-ExitStatus run_calibrate(const CalibrateOptions& o) {
-  Result<Config> base = parse_config(json{{"model", {{"layers", 1}, {"hidden", 8}, {"heads", 1}, {"seq_len", 1}, {"vocab", 8}}},
-                                          {"parallel", {{"microbatches", 1}}},
-                                          {"hardware", {{"preset", o.preset}}}}.dump(),
-                                     "--preset");
-  if (!base.ok()) return fail(base.error().message);
-  std::vector<Sample> samples;
-  for (const std::string& path : o.profiles) {
-    Result<std::string> text = read_text_file(path);
-    if (!text.ok()) return fail(text.error().message);
-    const json profile = json::parse(text.value(), nullptr, false);
-    if (profile.is_discarded() || !profile.is_object()) return fail(fmt::format("{}: not a JSON object", path));
-    Result<std::vector<Sample>> more = samples_of(profile, path);
-    if (!more.ok()) return fail(more.error().message);
-    samples.insert(samples.end(), more.value().begin(), more.value().end());
-  }
-  if (samples.size() < 3)
-    return fail(fmt::format("calibrate: {} measured op(s) with a time > 0; the fit needs at least 3 (give more "
-                            "profiles)", samples.size()));
-  const HardwareConfig& before = base.value().hardware;
-  const HardwareConfig after = fit(samples, before);
-  fmt::print("{:<48} {:>12} {:>12} {:>12} {:>14}\n", "op", "measured_ms", "preset_ms", "fitted_ms", "fitted_err_%");
-  struct Summary {
-    int ops = 0;
-    double sum_before = 0, max_before = 0, sum_after = 0, max_after = 0;
-    void add(double before, double after) {
-      ++ops, sum_before += std::abs(before), sum_after += std::abs(after);
-      max_before = std::max(max_before, std::abs(before)), max_after = std::max(max_after, std::abs(after));
-    }
-  };
-  std::vector<std::pair<std::string, Summary>> groups;  // in first-seen order
-  Summary all;
-  for (const Sample& s : samples) {
-    const double preset_s = analytic_seconds(s.work, before), fitted_s = analytic_seconds(s.work, after);
-    const double preset_error = 100 * (preset_s / s.seconds - 1), fitted_error = 100 * (fitted_s / s.seconds - 1);
-    fmt::print("{:<48} {:>12.4f} {:>12.4f} {:>12.4f} {:>+14.1f}\n", s.label, s.seconds * 1e3, preset_s * 1e3, fitted_s * 1e3,
-               fitted_error);
-    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == s.group; });
-    if (group == groups.end()) group = groups.insert(groups.end(), {s.group, {}});
-    group->second.add(preset_error, fitted_error);
-    all.add(preset_error, fitted_error);
-  }
-  fmt::print("\n{:<24} {:>5} {:>22} {:>22}\n", "|error| by op", "ops", fmt::format("{} mean / max", o.preset), "fitted mean / max");
-  groups.emplace_back("all", all);
-  for (const auto& [name, g] : groups)
-    fmt::print("{:<24} {:>5} {:>13.1f}% / {:>5.1f}% {:>13.1f}% / {:>5.1f}%\n", name, g.ops, g.sum_before / g.ops, g.max_before,
-               g.sum_after / g.ops, g.max_after);
-  fmt::print("fitted: compute_efficiency {:.3g}, attention_efficiency {:.3g}, hbm_efficiency {:.3g}, kernel_launch_us {:.3g}\n",
-             after.compute_efficiency, after.attention_efficiency, after.hbm_efficiency, after.kernel_launch_us);
-  if (o.output.empty()) return ExitStatus::Success;
-  const json file{{"generator", "pipesim calibrate"},
-                  {"description", fmt::format("fitted by pipesim calibrate to {} measured ops", samples.size())},
-                  {"preset", o.preset},
-                  {"compute_efficiency", after.compute_efficiency},
-                  {"attention_efficiency", after.attention_efficiency},
-                  {"hbm_efficiency", after.hbm_efficiency},
-                  {"kernel_launch_us", after.kernel_launch_us}};
-  if (Status s = write_output_file(o.output, file.dump(2) + "\n", kHardwareGenerator); !s.ok()) return fail(s.error().message);
-  fmt::print("hardware written to {} (use: \"hardware\": {{\"file\": \"{}\"}} in a config)\n", o.output, o.output);
-  return ExitStatus::Success;
-}
 
 }  // namespace pipesim

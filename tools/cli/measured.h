@@ -11,6 +11,9 @@
 
 namespace pipesim {
 
+/// What the runtime executes of a plan: its graph, layout and model shape (borrowed from `plan`).
+runtime::Job job_of(const Plan& plan);
+
 /// Metrics from the measured timeline; memory is what the runtime held (fp32 weights, gradients and
 /// live activations), not the cost model's estimate. MFU is not reported: it is defined against the
 /// config's GPU, which a CPU run does not use.

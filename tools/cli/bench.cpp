@@ -7,13 +7,17 @@
 
 #include "commands.h"
 #include "cost_model.h"
-#include "pipeline.h"
 #include "plan.h"
+#include "simulate_config.h"
 #include "simulator.h"
 #include "validate.h"
 
 namespace pipesim {
 namespace {
+
+struct BenchOptions {
+  bool quick = false;  ///< smaller graphs, for a smoke test
+};
 
 struct Case {
   std::string schedule;
@@ -81,8 +85,6 @@ bool measure(const Case& c, int repeats) {
   return true;
 }
 
-}  // namespace
-
 ExitStatus run_bench(const BenchOptions& options) {
   share_one_heap();
   // Every schedule at four sizes, doubling m: equal ns per op down a schedule's rows means cost
@@ -98,6 +100,14 @@ ExitStatus run_bench(const BenchOptions& options) {
     for (int m = largest / 8; m <= largest; m *= 2)
       if (!measure({schedule, p, m, 2}, repeats)) return ExitStatus::Failure;
   return ExitStatus::Success;
+}
+
+}  // namespace
+
+void define_bench(CLI::App& bch, ExitStatus& status) {
+  auto o = std::make_shared<BenchOptions>();
+  bch.add_flag("--quick", o->quick, "smaller graphs (a smoke test)");
+  bch.callback([o, &status] { status = run_bench(*o); });
 }
 
 }  // namespace pipesim

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <queue>
 
-#include "pipeline.h"
+#include "simulate_config.h"
 #include "worker_pool.h"
 
 namespace pipesim {

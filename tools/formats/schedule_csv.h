@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "plan.h"
+#include "custom_schedule.h"
 #include "status.h"
 
 namespace pipesim {

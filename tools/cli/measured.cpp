@@ -5,9 +5,14 @@
 
 #include "config_json.h"
 #include "metrics.h"
+#include "partition.h"
 #include "sizes.h"
 
 namespace pipesim {
+
+runtime::Job job_of(const Plan& plan) {
+  return {plan.graph, plan.layout, runtime::model_shape(plan.config), plan.config.parallel.microbatches};
+}
 namespace {
 
 using json = nlohmann::ordered_json;

@@ -7,18 +7,39 @@
 #include <optional>
 
 #include "chrome_trace.h"
-#include "cli_support.h"
+#include "config_files.h"
 #include "commands.h"
 #include "files.h"
 #include "cuda/cuda_backend.h"
 #include "launch.h"
 #include "measured.h"
+#include "options.h"
+#include "plan.h"
 #include "simulator.h"
 
 namespace pipesim {
 namespace {
 
 using json = nlohmann::ordered_json;
+
+/// `pipesim run`'s flags: what the runtime takes, bound to its own options, and what the command
+/// reads itself (the selection, the files to write, the names of backend, dtype and fault).
+struct RunFlags {
+  std::string config;
+  std::string backend = "cpu";  ///< cpu or cuda
+  std::string dtype = "fp32";   ///< fp32 or bf16
+  std::string schedule;  ///< empty: the config's
+  std::string vocab;     ///< empty: the config's
+  std::vector<std::string> overrides;
+  int ranks = 0;         ///< pipeline devices, one rank each; 0: parallel.pp (under MPI: the job's size)
+  std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
+  std::string trace;     ///< measured Chrome trace; empty: none
+  std::string profile;   ///< measured per-op costs for `simulate --profile`; empty: none
+  Format format = Format::Text;
+  double learning_rate = 0.1;
+  std::string inject_fault;  ///< RANK:KIND:MICROBATCH[:hang], for testing fault handling
+  runtime::RunOptions runtime;  ///< steps, seed, --check and its bounds, timeout
+};
 
 /// How every profile pipesim writes begins; a file that begins so may be replaced by a new profile.
 constexpr std::string_view kProfileGenerator = "{\n  \"generator\": \"pipesim run\"";
@@ -70,14 +91,14 @@ Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule
   if (!custom.ok()) return custom.error();
   Result<Plan> plan = make_plan(config, custom.value() ? &*custom.value() : nullptr);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
-  if (Status s = runtime::check_runnable(plan.value(), options); !s.ok()) return s.error();
+  if (Status s = runtime::check_runnable(plan.value().config, options); !s.ok()) return s.error();
   return plan;
 }
 
 /// Progress on multi-step runs, on a terminal, in text mode only.
-std::function<void(int, double, TimeNs)> progress_bar(const RunOptions& o) {
-  if (o.steps < 2 || o.format != Format::Text || !isatty(fileno(stderr))) return {};
-  return [steps = o.steps](int step, double loss, TimeNs ns) {
+std::function<void(int, double, TimeNs)> progress_bar(const RunFlags& o) {
+  if (o.runtime.steps < 2 || o.format != Format::Text || !isatty(fileno(stderr))) return {};
+  return [steps = o.runtime.steps](int step, double loss, TimeNs ns) {
     const int width = 30, filled = (step + 1) * width / steps;
     fmt::print(stderr, "\r[{:=<{}}{:<{}}] step {}/{}  loss {:.4f}  {:.1f} ms/step\033[K", "", filled, "", width - filled,
                step + 1, steps, loss, double(ns) / 1e6);
@@ -97,11 +118,11 @@ std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile)
 }
 
 /// `simulate`'s JSON object with the measured values, plus the run's own fields.
-json run_result_json(const RunOptions& o, const RunReport& measured, const runtime::RunResult& r,
+json run_result_json(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
                      const std::string& backend, std::optional<TimeNs> predicted) {
   json out = run_json(measured);
   out["runtime"] = backend;
-  out["steps"] = o.steps;
+  out["steps"] = o.runtime.steps;
   out["loss"] = r.losses.back();
   out["losses"] = r.losses;
   json times = json::array();
@@ -117,7 +138,7 @@ json run_result_json(const RunOptions& o, const RunReport& measured, const runti
   return out;
 }
 
-void print_text(const RunOptions& o, const RunReport& measured, const runtime::RunResult& r,
+void print_text(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
                 std::optional<TimeNs> predicted) {
   fmt::print("{}", format_run(measured, Format::Text));
   fmt::print("\nloss per step:");
@@ -140,7 +161,7 @@ void print_text(const RunOptions& o, const RunReport& measured, const runtime::R
 }
 
 /// A diverged run trained nothing: its report would be NaN with exit status 0.
-Status check_losses(const RunOptions& o, const runtime::RunResult& r) {
+Status check_losses(const RunFlags& o, const runtime::RunResult& r) {
   for (std::size_t step = 0; step < r.losses.size(); ++step)
     if (!std::isfinite(r.losses[step]))
       return Error{fmt::format("the loss is {} at step {}: training diverged; use a smaller --lr (it is {})",
@@ -149,7 +170,7 @@ Status check_losses(const RunOptions& o, const runtime::RunResult& r) {
 }
 
 /// The report of a finished run and the files it asked for; on rank 0 only.
-ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
+ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult& r, const std::string& backend) {
   if (Status s = check_losses(o, r); !s.ok()) return fail(s.error().message);
   const RunReport measured = measured_report(plan, r, backend);
   const json profile = measured_profile(plan, r);
@@ -174,16 +195,14 @@ ExitStatus report(const RunOptions& o, const Plan& plan, const runtime::RunResul
   return ExitStatus::Success;
 }
 
-}  // namespace
-
-ExitStatus run_run(const RunOptions& o) {
+ExitStatus run_run(const RunFlags& o) {
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
-  runtime::RunOptions options{.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu,
-                              .dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32,
-                              .steps = o.steps, .seed = o.seed, .learning_rate = float(o.learning_rate), .check = o.check,
-                              .loss_tolerance = o.loss_tolerance, .grad_tolerance = o.grad_tolerance,
-                              .timeout_s = o.timeout_s, .fault = std::nullopt, .on_step = progress_bar(o)};
+  runtime::RunOptions options = o.runtime;
+  options.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu;
+  options.dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32;
+  options.learning_rate = float(o.learning_rate);
+  options.on_step = progress_bar(o);
   if (!o.inject_fault.empty()) {
     Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);
     if (!fault.ok()) return fail(fault.error().message);
@@ -195,15 +214,15 @@ ExitStatus run_run(const RunOptions& o) {
   if (runtime::launched_by_mpi()) {
     std::optional<Plan> plan;
     const runtime::MpiRun run = runtime::run_mpi(
-        [&](int ranks) -> Result<Plan> {
+        [&](int ranks) -> Result<runtime::Job> {
           if (o.ranks != 0 && o.ranks != ranks)
             return Error{fmt::format("--ranks {}: this MPI job has {} processes; give mpirun -np {} or drop --ranks",
                                      o.ranks, ranks, o.ranks)};
           Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file, options);
-          if (!p.ok()) return p;
+          if (!p.ok()) return p.error();
           if (Status s = check_fault(options.fault, p.value(), o.inject_fault); !s.ok()) return s.error();
-          plan = p.value();
-          return p;
+          plan = std::move(p).value();
+          return job_of(*plan);
         },
         options);
     if (run.rank != 0) return run.result.ok() ? ExitStatus::Success : ExitStatus::Failure;
@@ -216,13 +235,54 @@ ExitStatus run_run(const RunOptions& o) {
   Result<Plan> plan = runnable_plan(config.value(), o.ranks != 0 ? o.ranks : config.value().parallel.pp, o.schedule_file, options);
   if (!plan.ok()) return fail(plan.error().message);
   if (Status s = check_fault(options.fault, plan.value(), o.inject_fault); !s.ok()) return fail(s.error().message);
-  Result<runtime::RunResult> run = runtime::run_in_process(plan.value(), options);
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan.value()), options);
   if (!run.ok()) return fail(run.error().message);
   const int ranks = plan.value().layout.devices;
   return report(o, plan.value(), run.value(),
                 options.backend == runtime::BackendKind::Cuda
                     ? fmt::format("cuda {}, {} threads on {} GPU(s)", o.dtype, ranks, std::min(ranks, runtime::cuda::device_count()))
                     : fmt::format("cpu, {} threads", ranks));
+}
+
+}  // namespace
+
+void define_run(CLI::App& rn, ExitStatus& status) {
+  auto o = std::make_shared<RunFlags>();
+  add_selection_options(rn, o->config, o->schedule, o->vocab, o->overrides);
+  add_format_option(rn, o->format, {"text", "json"});
+  rn.add_option("--ranks", o->ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
+      ->check(CLI::Range(1, 64));
+  rn.add_option("--schedule-file", o->schedule_file,
+                "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
+      ->excludes("--schedule")
+      ->check(kNonEmpty);
+  rn.add_option("--backend", o->backend, "cpu (threads or MPI processes) or cuda (GPUs: in-process ranks share "
+                "the GPUs present; under mpirun, one process per GPU over NCCL) (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  rn.add_option("--dtype", o->dtype, "fp32 or bf16 weights and activations (bf16: cuda only; default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  rn.add_option("--steps", o->runtime.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
+  rn.add_flag("--check", o->runtime.check,
+              "compare the first step with a single-device reference: loss and max gradient relative error");
+  rn.add_option("--loss-tol", o->runtime.loss_tolerance,
+                "--check fails when the loss's relative error exceeds this (default 1e-5; bf16: 1e-2)")
+      ->check(finite_from(0, 1e6));
+  rn.add_option("--grad-tol", o->runtime.grad_tolerance,
+                "--check fails when a gradient's relative error exceeds this (default 1e-4; bf16: 0, not checked)")
+      ->check(finite_from(0, 1e6));
+  rn.add_option("--trace", o->trace, "write the measured Chrome trace of the last step (open in ui.perfetto.dev)")
+      ->check(kNonEmpty);
+  rn.add_option("--profile", o->profile, "write measured op times for `pipesim simulate --profile`")->check(kNonEmpty);
+  rn.add_option("--seed", o->runtime.seed, "seed of the weights and the data (default 1234)")->check(kUint64);
+  // Larger steps only diverge; NaN would train nothing and still exit 0.
+  rn.add_option("--lr", o->learning_rate, "SGD learning rate (default 0.1)")->check(finite_in(0, 100));
+  rn.add_option("--timeout", o->runtime.timeout_s, "seconds without progress after which a rank ends the run (default 60)")
+      ->check(finite_in(0, 1e6));  // NaN would never time out
+  rn.add_option("--inject-fault", o->inject_fault,
+                "make a rank fail (RANK:KIND:MICROBATCH, e.g. 1:B:2) or hang (2:F:0:hang) in the first step, to "
+                "test fault handling")
+      ->check(kNonEmpty);
+  rn.callback([o, &status] { status = run_run(*o); });
 }
 
 }  // namespace pipesim

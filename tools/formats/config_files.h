@@ -1,18 +1,15 @@
 #pragma once
-/// What the CLI's commands share: error reporting and loading a config with the selection options.
+/// Reading a config file (with --set overrides and the --schedule/--vocab selection) and a schedule
+/// file, as every command does.
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "commands.h"
 #include "config.h"
-#include "plan.h"
+#include "custom_schedule.h"
 #include "status.h"
 
 namespace pipesim {
-
-/// Prints "pipesim: error: MESSAGE" and returns the failure status.
-ExitStatus fail(const std::string& message);
 
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides);
 

@@ -1,17 +1,15 @@
 #include "sweep.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "cli_support.h"
 #include "config_json.h"
 #include "files.h"
-#include "pipeline.h"
+#include "simulate_config.h"
 #include "spellcheck.h"
 #include "worker_pool.h"
 
@@ -38,11 +36,6 @@ std::vector<std::string> split_values(const std::string& list) {
   return values;
 }
 
-struct SweepRow {
-  std::optional<RunReport> report;
-  std::string error;
-};
-
 SweepRow evaluate(std::string_view text, const std::string& source, const std::vector<std::string>& overrides) {
   Result<Config> config = parse_config(text, source, overrides);
   if (!config.ok()) return {std::nullopt, config.error().message};
@@ -50,6 +43,9 @@ SweepRow evaluate(std::string_view text, const std::string& source, const std::v
   if (!run.ok()) return {std::nullopt, run.error().message};
   return {std::move(run.value().report), ""};
 }
+
+
+}  // namespace
 
 std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<std::vector<std::string>>& points,
                          const std::vector<SweepRow>& rows, Format format) {
@@ -91,8 +87,6 @@ std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<st
   }
   return format_table(columns, cells, format);
 }
-
-}  // namespace
 
 Result<GridAxis> parse_grid(const std::string& argument) {
   const std::size_t eq = argument.find('=');
@@ -148,27 +142,19 @@ std::vector<std::vector<std::string>> grid_points(const std::vector<GridAxis>& a
   return points;
 }
 
-ExitStatus run_sweep(const SweepOptions& o) {
-  Result<std::string> text = read_text_file(o.config);
-  if (!text.ok()) return fail(text.error().message);
-  Result<std::vector<GridAxis>> axes = parse_grids(o.grids, text.value(), o.config, o.overrides);
-  if (!axes.ok()) return fail(axes.error().message);
-  const std::vector<std::vector<std::string>> points = grid_points(axes.value());
+
+std::vector<SweepRow> sweep(std::string_view config_text, const std::string& source,
+                            const std::vector<std::string>& overrides, const std::vector<std::vector<std::string>>& points,
+                            bool show_progress) {
   std::vector<SweepRow> rows(points.size());
-  {
-    ProgressBar progress(points.size(), isatty(fileno(stderr)) && o.format == Format::Text);
-    parallel_for(points.size(), [&](std::size_t i) {
-      std::vector<std::string> overrides = o.overrides;
-      overrides.insert(overrides.end(), points[i].begin(), points[i].end());
-      rows[i] = evaluate(text.value(), o.config, overrides);
-      progress.advance(1, rows[i].report ? rows[i].report->metrics.tokens_per_s : 0);
-    });
-  }
-  fmt::print("{}", format_sweep(axes.value(), points, rows, o.format));
-  // Some points failing is what a sweep finds out; all of them failing is a mistake to report.
-  if (std::none_of(rows.begin(), rows.end(), [](const SweepRow& r) { return r.report.has_value(); }))
-    return fail("no point of the sweep could run; the error column says why");
-  return ExitStatus::Success;
+  ProgressBar progress(points.size(), show_progress);
+  parallel_for(points.size(), [&](std::size_t i) {
+    std::vector<std::string> point_overrides = overrides;
+    point_overrides.insert(point_overrides.end(), points[i].begin(), points[i].end());
+    rows[i] = evaluate(config_text, source, point_overrides);
+    progress.advance(1, rows[i].report ? rows[i].report->metrics.tokens_per_s : 0);
+  });
+  return rows;
 }
 
 }  // namespace pipesim

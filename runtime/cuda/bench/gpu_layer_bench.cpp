@@ -6,8 +6,10 @@
 #include <chrono>
 #include <vector>
 
+#include "cost_model.h"
 #include "executor.h"
-#include "plan.h"
+#include "layout.h"
+#include "partition.h"
 
 namespace pipesim {
 namespace {
@@ -19,8 +21,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// A one-layer, one-device model of the shape: the plan the backend is built for.
-Result<Plan> one_layer_plan(const LayerBenchShape& s) {
+/// A one-layer, one-device model of the shape: what the backend is built for.
+Config one_layer_config(const LayerBenchShape& s) {
   Config c;
   c.source = "gpu-bench";
   c.model = {.layers = 1, .hidden = s.hidden, .heads = s.heads, .kv_heads = s.heads, .ffn_hidden = s.ffn,
@@ -28,22 +30,30 @@ Result<Plan> one_layer_plan(const LayerBenchShape& s) {
              .tied_embeddings = false};
   c.parallel.microbatches = 1;
   c.hardware = *hardware_preset("h100-sxm");
-  return make_plan(c);
+  return c;
 }
 
 }  // namespace
 
 int bench_layer(const LayerBenchShape& shape, const std::string& dtype, int iterations) {
-  Result<Plan> plan = one_layer_plan(shape);
-  if (!plan.ok()) {
-    fmt::print(stderr, "gpu-bench: error: {}\n", plan.error().message);
+  const Config config = one_layer_config(shape);
+  if (std::optional<FieldError> e = check_config(config)) {
+    fmt::print(stderr, "gpu-bench: error: {}: {}\n", e->path, e->message);
     return 1;
   }
+  Result<Layout> layout =
+      make_layout(config, Placement::Loop, LayerSplit::Even, stage_weights(config), VocabPlacement::OnStages);
+  if (!layout.ok()) {
+    fmt::print(stderr, "gpu-bench: error: {}\n", layout.error().message);
+    return 1;
+  }
+  const TaskGraph no_graph;  // the backend is built from the layout and the shape alone
+  const runtime::Job job{no_graph, layout.value(), runtime::model_shape(config), config.parallel.microbatches};
   runtime::RunOptions options;
   options.backend = runtime::BackendKind::Cuda;
   options.dtype = dtype == "fp32" ? runtime::DType::F32 : runtime::DType::BF16;
   try {
-    std::unique_ptr<runtime::Backend> backend = runtime::make_backend(options, plan.value(), 0);
+    std::unique_ptr<runtime::Backend> backend = runtime::make_backend(options, job, 0);
     const int n = shape.seq * shape.micro_batch;
     runtime::Batch batch;
     for (int i = 0; i < n; ++i) batch.tokens.push_back(i % 1024), batch.targets.push_back((i * 31 + 7) % 1024);

@@ -1,4 +1,4 @@
-#include "cli_support.h"
+#include "config_files.h"
 
 #include <fmt/format.h>
 
@@ -11,11 +11,6 @@
 #include "spellcheck.h"
 
 namespace pipesim {
-
-ExitStatus fail(const std::string& message) {
-  fmt::print(stderr, "pipesim: error: {}\n", message);
-  return ExitStatus::Failure;
-}
 
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
   Result<std::string> text = read_text_file(path);

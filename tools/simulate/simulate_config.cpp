@@ -1,4 +1,4 @@
-#include "pipeline.h"
+#include "simulate_config.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

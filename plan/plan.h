@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "cost_model.h"
+#include "custom_schedule.h"
 #include "layout.h"
 #include "schedule.h"
 #include "status.h"
@@ -25,32 +26,6 @@ struct VocabModeInfo {
 /// The vocabulary placement table, in the order `pipesim list` shows it.
 std::span<const VocabModeInfo> vocab_modes();
 std::vector<std::string> vocab_mode_names();
-
-/// One point-to-point transfer as a schedule file orders it on its rank: a SEND of stage `stage`'s
-/// output (Activation, to stage + 1) or input gradient (Gradient, to stage - 1), or the RECV of
-/// one into `stage`. It is issued after the compute op `after` of its rank (none: at the start).
-struct CommStep {
-  OpKind kind;  ///< Send or Recv
-  Payload payload;
-  int stage;
-  int microbatch;
-  std::optional<ComputeStep> after;
-};
-
-/// Per device, its transfers in program order; empty: assemble derives them from the orders.
-using DeviceComms = std::vector<std::vector<CommStep>>;
-
-/// A schedule given as per-device orders instead of a generator (e.g. loaded from a file).
-struct CustomSchedule {
-  std::string name;  ///< reported as the schedule's name
-  Placement placement = Placement::Loop;
-  int chunks = 1;
-  DeviceOrders orders;
-  /// The file's own communication order (PyTorch's compute_comms format), kept as written.
-  DeviceComms comms;
-  /// What the reader changed to make the file runnable, for the user to see.
-  std::vector<std::string> notes;
-};
 
 struct Plan {
   Config config;  ///< as run: parallel.chunks set to what the schedule uses
@@ -97,15 +72,5 @@ Result<Plan> make_plan(const Config& config, const CustomSchedule* custom = null
 
 /// make_plan's error for a graph that fails validation: which schedule produced it, and why.
 Error invalid_graph(const Config& config, const Error& why);
-
-/// Adds to the per-device compute orders the P2P transfers between stages on different devices,
-/// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.
-/// `boundary_bytes` is the size of one activation (or its gradient) crossing a stage boundary.
-/// Vocabulary passes (S/T/IF/IB steps in `orders`) get the work in `vocab` and their collectives.
-/// With `comms` (complete: a SEND and a RECV for every boundary between devices), the transfers
-/// are issued in that order instead, each after the compute op it follows.
-TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
-                   const DeviceComms& comms = {});
 
 }  // namespace pipesim

@@ -1,15 +1,25 @@
 #pragma once
-/// CLI11 checks for values CLI11's own validators let through: empty strings, NaN (every comparison
-/// with it is false, so CLI::PositiveNumber accepts it) and integers that wrap on conversion.
+/// Options several commands share, and CLI11 checks for values CLI11's own validators let through:
+/// empty strings, NaN (every comparison with it is false, so CLI::PositiveNumber accepts it) and
+/// integers that wrap on conversion.
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fmt/format.h"
+#include "report.h"
 
 namespace pipesim {
+
+/// --format NAME, restricted to `names`, stored into `format` once parsed.
+void add_format_option(CLI::App& command, Format& format, const std::vector<std::string>& names);
+
+/// The positional config and --schedule, --vocab, --set (simulate, run and export).
+void add_selection_options(CLI::App& command, std::string& config, std::string& schedule, std::string& vocab,
+                           std::vector<std::string>& overrides);
 
 /// An option given with an empty value would otherwise read as not given at all.
 inline const CLI::Validator kNonEmpty(

@@ -1,10 +1,12 @@
 #pragma once
 /// `pipesim sweep`: the Cartesian product of --grid values, each point a set of --set overrides,
 /// one row each (docs/tune.md).
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "report.h"
 #include "status.h"
 
 namespace pipesim {
@@ -26,5 +28,21 @@ Result<std::vector<GridAxis>> parse_grids(const std::vector<std::string>& argume
 
 /// The points in grid order (the first --grid varies slowest), each as one "key=value" per axis.
 std::vector<std::vector<std::string>> grid_points(const std::vector<GridAxis>& axes);
+
+/// One point's result: its report, or why it could not run.
+struct SweepRow {
+  std::optional<RunReport> report;
+  std::string error;
+};
+
+/// Every point simulated on the worker pool (worker_pool.h), rows in grid order; a progress bar on
+/// standard error when `show_progress`.
+std::vector<SweepRow> sweep(std::string_view config_text, const std::string& source,
+                            const std::vector<std::string>& overrides, const std::vector<std::vector<std::string>>& points,
+                            bool show_progress);
+
+/// The rows with one column per grid axis, as `format` asks.
+std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<std::vector<std::string>>& points,
+                         const std::vector<SweepRow>& rows, Format format);
 
 }  // namespace pipesim

@@ -1,0 +1,48 @@
+// `pipesim export`: a generated schedule as PyTorch's compute-only CSV.
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "config_files.h"
+#include "files.h"
+#include "options.h"
+#include "schedule_csv.h"
+#include "simulate_config.h"
+
+namespace pipesim {
+namespace {
+
+struct ExportOptions {
+  std::string config;
+  std::string schedule;  ///< empty: the config's
+  std::string vocab;     ///< empty: the config's
+  std::vector<std::string> overrides;
+  std::string output;    ///< empty: standard output
+};
+
+ExitStatus run_export(const ExportOptions& o) {
+  share_one_heap();
+  Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
+  if (!config.ok()) return fail(config.error().message);
+  Result<Plan> plan = plan_within_memory(config.value());
+  if (!plan.ok()) return fail(plan.error().message);
+  const std::string csv = schedule_csv(plan.value().graph);
+  if (o.output.empty()) {
+    fmt::print("{}", csv);
+    return ExitStatus::Success;
+  }
+  if (Status s = write_output_file(o.output, csv, ""); !s.ok()) return fail(s.error().message);
+  return ExitStatus::Success;
+}
+
+}  // namespace
+
+void define_export(CLI::App& exp, ExitStatus& status) {
+  auto o = std::make_shared<ExportOptions>();
+  add_selection_options(exp, o->config, o->schedule, o->vocab, o->overrides);
+  exp.add_option("--format", "pytorch-csv: one row per rank, actions like 0F0, 1I3, 2W1 (the only format)")
+      ->check(CLI::IsMember({"pytorch-csv"}));
+  exp.add_option("-o,--output", o->output, "write to a new file instead of standard output")->check(kNonEmpty);
+  exp.callback([o, &status] { status = run_export(*o); });
+}
+
+}  // namespace pipesim

@@ -1,0 +1,89 @@
+// pipesim command line: a table of commands, argument parsing and dispatch. Each command's options
+// and work are in its own file of this folder (commands.h).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <new>
+#include <unistd.h>
+
+#include "commands.h"
+#include "spellcheck.h"
+
+namespace {
+
+using pipesim::ExitStatus;
+
+struct Command {
+  const char* name;
+  const char* help;
+  pipesim::DefineCommand define;
+};
+
+/// In the order `pipesim --help` lists them.
+constexpr std::array<Command, 9> kCommands{{
+    {"simulate", "simulate one schedule on one config", pipesim::define_simulate},
+    {"run", "execute the schedule with real math on CPU threads or GPUs (or MPI processes: mpirun -np N pipesim run ...)",
+     pipesim::define_run},
+    {"calibrate", "fit the hardware's efficiencies to measured op times", pipesim::define_calibrate},
+    {"compare", "simulate schedules x vocabulary modes side by side", pipesim::define_compare},
+    {"tune", "search schedule x vocabulary x (pp, tp, dp) x chunks x layer split for the fastest configs that fit",
+     pipesim::define_tune},
+    {"sweep", "simulate every point of a grid of --set values, one row each", pipesim::define_sweep},
+    {"list", "list schedules, vocabulary modes and hardware presets", pipesim::define_list},
+    {"export", "write a generated schedule for PyTorch's torch.distributed.pipelining", pipesim::define_export},
+    {"bench", "measure graph building and simulation speed on large pipelines", pipesim::define_bench},
+}};
+
+/// A first argument that is neither an option nor a command: name it, with a did-you-mean.
+bool unknown_command(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  std::vector<std::string> names;
+  for (const Command& command : kCommands) names.push_back(command.name);
+  if (std::find(names.begin(), names.end(), argv[1]) != names.end()) return false;
+  std::fprintf(stderr, "pipesim: error: unknown command '%s'%s Commands: %s\n", pipesim::abbreviate(argv[1]).c_str(),
+               pipesim::did_you_mean(argv[1], names).c_str(), CLI::detail::join(names, ", ").c_str());
+  return true;
+}
+
+/// Output that never reached its file (a full disk, a closed pipe) is a failure, not a success.
+int finish_output(int status) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  std::fprintf(stderr, "pipesim: error: cannot write to standard output: %s\n", std::strerror(errno));
+  return static_cast<int>(ExitStatus::Failure);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pipesim: generate, simulate and compare pipeline-parallel training schedules"};
+  app.require_subcommand(1);
+  // Usage errors read like every other error: one line, the option named, the fix after it.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "pipesim: error: " + std::string(e.what()) + " (see pipesim --help)\n";
+  });
+  ExitStatus status = ExitStatus::Success;
+  for (const Command& command : kCommands) command.define(*app.add_subcommand(command.name, command.help), status);
+
+  const int failure = static_cast<int>(ExitStatus::Failure);
+  if (fcntl(STDOUT_FILENO, F_GETFD) < 0) {  // closed: a file opened later would take its place
+    std::fputs("pipesim: error: standard output is closed; redirect it to a file or /dev/null\n", stderr);
+    return failure;
+  }
+  if (unknown_command(argc, argv)) return failure;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : failure;  // --help is a success; every usage error is status 1, as documented
+  } catch (const std::bad_alloc&) {
+    std::fputs("pipesim: error: out of memory; try fewer microbatches or pipeline stages\n", stderr);
+    return failure;
+  } catch (const std::system_error& e) {  // fmt::print reports a failed write so
+    std::fprintf(stderr, "pipesim: error: cannot write to standard output: %s\n", e.what());
+    return failure;
+  }
+  return finish_output(static_cast<int>(status));
+}

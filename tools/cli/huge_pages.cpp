@@ -1,9 +1,9 @@
 // The pipesim executable's heap on transparent huge pages, and kept for reuse. A graph of 400k ops
 // and the arrays around it take ~80 MiB, touched once each: on 4 KiB pages that is ~20k page
-// faults, over half the time `simulate` needs at that size (docs/benchmark.md); huge pages (madvise,
-// honoured where THP is in "madvise" or "always" mode) turn them into under 2k. Replacing the global
-// allocation functions is the standard hook: every std::vector goes through them, and the arrays
-// need no allocator of their own. Sanitizer builds keep their own.
+// faults, over half the time `simulate` needs at that size (docs/history/benchmark-rounds.md); huge
+// pages (madvise, honoured where THP is in "madvise" or "always" mode) turn them into under 2k.
+// Replacing the global allocation functions is the standard hook: every std::vector goes through
+// them, and the arrays need no allocator of their own. Sanitizer builds keep their own.
 //
 // Every block comes from glibc's heap, which grows with brk in steps of 256 MiB, each marked for huge
 // pages as soon as the break moves, before most of it is touched. glibc would otherwise map each

@@ -13,19 +13,7 @@ namespace pipesim::runtime {
 namespace {
 
 const mpi::PluginApi* load(std::string& error) {
-  const PluginSpec spec{
-      .what = "the MPI launcher",
-      .env = "PIPESIM_MPI_PLUGIN",
-      .built_path = PIPESIM_MPI_PLUGIN_PATH,
-      .not_built = "this pipesim was built without MPI; install libopenmpi-dev and rebuild, or run without mpirun "
-                   "(pipesim run --ranks N)",
-      .instead = "run without mpirun (pipesim run --ranks N)",
-      .entry = kMpiPluginEntry,
-      .version = mpi::kPluginVersion,
-      // Open MPI dlopens components of its own that expect its libraries' symbols to be global.
-      .global = true,
-  };
-  return static_cast<const mpi::PluginApi*>(load_plugin(spec, error));
+  return static_cast<const mpi::PluginApi*>(load_plugin(Plugin::Mpi, error));
 }
 
 /// The transport of this process: MPI alone, or NCCL over MPI for the CUDA backend.

@@ -5,9 +5,42 @@
 
 #include <cstdlib>
 
-namespace pipesim::runtime {
+#include "cuda/plugin.h"
+#include "mpi/mpi_plugin.h"
 
-const void* load_plugin(const PluginSpec& spec, std::string& error) {
+namespace pipesim::runtime {
+namespace {
+
+// The build names the plugin files it made (runtime/meson.build); empty when it made none.
+constexpr PluginSpec kCuda{
+    .what = "the CUDA backend",
+    .env = "PIPESIM_CUDA_PLUGIN",
+    .built_path = PIPESIM_CUDA_PLUGIN_PATH,
+    .not_built = "this pipesim was built without CUDA (no nvcc found, or -Dcuda=disabled); install the CUDA toolkit "
+                 "and NCCL and rebuild with -Dcuda=enabled, or run with --backend cpu",
+    .instead = "run with --backend cpu",
+    .entry = kPluginEntry,
+    .version = cuda::kPluginVersion,
+    .global = false,
+};
+
+constexpr PluginSpec kMpi{
+    .what = "the MPI launcher",
+    .env = "PIPESIM_MPI_PLUGIN",
+    .built_path = PIPESIM_MPI_PLUGIN_PATH,
+    .not_built = "this pipesim was built without MPI; install libopenmpi-dev and rebuild, or run without mpirun "
+                 "(pipesim run --ranks N)",
+    .instead = "run without mpirun (pipesim run --ranks N)",
+    .entry = kMpiPluginEntry,
+    .version = mpi::kPluginVersion,
+    // Open MPI dlopens components of its own that expect its libraries' symbols to be global.
+    .global = true,
+};
+
+}  // namespace
+
+const void* load_plugin(Plugin plugin, std::string& error) {
+  const PluginSpec& spec = plugin == Plugin::Cuda ? kCuda : kMpi;
   const char* from_env = std::getenv(spec.env);
   const std::string path = from_env && *from_env ? from_env : spec.built_path;
   if (path.empty()) {

@@ -6,6 +6,10 @@
 
 namespace pipesim::runtime {
 
+/// The plugins pipesim has; what each one is (its file, variable, entry and version) is described
+/// once, in plugin_loader.cpp's table.
+enum class Plugin { Cuda, Mpi };
+
 struct PluginSpec {
   const char* what;        ///< names it in messages: "the CUDA backend"
   const char* env;         ///< a variable that names another plugin file (an installed copy, say)
@@ -19,6 +23,6 @@ struct PluginSpec {
 
 /// The plugin's table (a standard-layout struct whose first member is `int version`), or null and
 /// `error` saying why and what to do.
-const void* load_plugin(const PluginSpec& spec, std::string& error);
+const void* load_plugin(Plugin plugin, std::string& error);
 
 }  // namespace pipesim::runtime

@@ -2,6 +2,7 @@
 /// A quick, compute-only evaluation of per-device orders: each op starts when its device is free and
 /// its input has arrived (one transfer time across devices). Generators use it to choose between
 /// candidate orders; the simulator remains the judge of the final graph.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <utility>
@@ -19,6 +20,19 @@ struct OrderCost {
   /// device's previous op, a topological order of the data flow and program order (OpTimes::Record).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> sequence;
 };
+
+/// The largest of the devices' activation peaks: the memory a schedule is known by.
+inline Bytes largest_peak(const OrderCost& cost) {
+  const std::vector<Bytes>& peaks = cost.peak_activation;
+  return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end());
+}
+
+/// The one rule by which a generator weighing candidate orders replaces its best so far: the
+/// candidate is strictly faster (on a tie the earlier candidate stays, by convention the handcrafted
+/// or reference order) and no device's peak exceeds `peak_bound`, the memory the schedule promises.
+inline bool improves_on(const OrderCost& candidate, TimeNs best_makespan, Bytes peak_bound) {
+  return candidate.makespan < best_makespan && largest_peak(candidate) <= peak_bound;
+}
 
 /// Whether evaluate_orders keeps every op's start and end, or only the makespan and peaks (what
 /// choosing between candidate orders needs, without the arrays' 16 bytes an op).

@@ -197,12 +197,10 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   const std::vector<Bytes>& limit = bound.value().peak_activation;
   // A candidate may not hold more than the reference block's largest device: the peak memory the
   // schedule is known by. The greedy scheduler keeps each device within its own share.
-  const Bytes peak = *std::max_element(limit.begin(), limit.end());
+  const Bytes peak = largest_peak(bound.value());
   reference_peak.set_value(peak);
   const auto consider = [&](DeviceOrders& candidate, const Result<OrderCost>& cost) {
-    if (!cost.ok() || cost.value().makespan >= best_makespan) return;
-    const auto& held = cost.value().peak_activation;
-    if (*std::max_element(held.begin(), held.end()) <= peak)
+    if (cost.ok() && improves_on(cost.value(), best_makespan, peak))
       best = std::move(candidate), best_makespan = cost.value().makespan;
   };
   // Weighed in this order (the first of equal makespans is kept): the blocks, greedy, the squeeze.

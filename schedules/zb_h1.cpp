@@ -47,7 +47,9 @@ Result<DeviceOrders> generate_zb_h1(const ScheduleContext& context) {
   options.budget = cost.value().peak_activation;
   options.give_up_at = &to_beat;
   Result<GreedyOrders> greedy = greedy_schedule(context, options);
-  if (greedy.ok() && greedy.value().cost.makespan < cost.value().makespan) best = std::move(greedy.value().orders);
+  // The greedy order keeps every device within its peak here, so the bound is the largest of them.
+  if (greedy.ok() && improves_on(greedy.value().cost, cost.value().makespan, largest_peak(cost.value())))
+    best = std::move(greedy.value().orders);
   return best;
 }
 

@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <atomic>
 #include <limits>
 
@@ -8,11 +7,6 @@
 #include "zbv_reference.h"
 
 namespace pipesim {
-namespace {
-
-Bytes largest(const std::vector<Bytes>& peaks) { return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end()); }
-
-}  // namespace
 
 /// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): V placement with B and W split and
 /// 1F1B's peak activation memory (p stage-microbatches, 2p chunk-microbatches) on every device.
@@ -33,9 +27,8 @@ Result<DeviceOrders> generate_zb_v(const ScheduleContext& context) {
   Result<GreedyOrders> greedy = greedy_order.get();
   if (!greedy.ok()) return reference_cost.ok() ? Result<DeviceOrders>(std::move(reference)) : greedy.error();
   if (!reference_cost.ok()) return std::move(greedy.value().orders);  // e.g. too few microbatches for PyTorch's order
-  const OrderCost& greedy_cost = greedy.value().cost;
-  if (greedy_cost.makespan < reference_cost.value().makespan &&
-      largest(greedy_cost.peak_activation) <= largest(reference_cost.value().peak_activation))
+  const OrderCost& to_replace = reference_cost.value();
+  if (improves_on(greedy.value().cost, to_replace.makespan, largest_peak(to_replace)))
     return std::move(greedy.value().orders);
   return reference;
 }

@@ -15,19 +15,8 @@ struct Loaded {
 };
 
 Loaded load() {
-  const PluginSpec spec{
-      .what = "the CUDA backend",
-      .env = "PIPESIM_CUDA_PLUGIN",
-      .built_path = PIPESIM_CUDA_PLUGIN_PATH,
-      .not_built = "this pipesim was built without CUDA (no nvcc found, or -Dcuda=disabled); install the CUDA toolkit "
-                   "and NCCL and rebuild with -Dcuda=enabled, or run with --backend cpu",
-      .instead = "run with --backend cpu",
-      .entry = kPluginEntry,
-      .version = kPluginVersion,
-      .global = false,
-  };
   Loaded loaded;
-  loaded.api = static_cast<const PluginApi*>(load_plugin(spec, loaded.error));
+  loaded.api = static_cast<const PluginApi*>(load_plugin(Plugin::Cuda, loaded.error));
   return loaded;
 }
 

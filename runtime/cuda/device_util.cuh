@@ -11,6 +11,11 @@
 #include "check.h"
 #include "dtype.h"
 
+/// Grid-stride loop over [0, count): each thread takes every (grid size)-th index from its own.
+#define FOR_EACH_INDEX(i, count)                                                                  \
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);           \
+       i += std::size_t(gridDim.x) * blockDim.x)
+
 namespace pipesim::runtime::cuda::detail {
 
 using bf16 = __nv_bfloat16;

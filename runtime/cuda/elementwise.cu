@@ -14,11 +14,6 @@ constexpr int kThreads = 256;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;  // as runtime/cpu/kernels.cpp
 constexpr float kGeluCubic = 0.044715f;
 
-/// Grid-stride loop over [0, count).
-#define FOR_EACH_INDEX(i, count)                                                                  \
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);           \
-       i += std::size_t(gridDim.x) * blockDim.x)
-
 template <class T>
 __global__ void add_kernel(const T* a, const T* b, T* out, std::size_t count) {
   FOR_EACH_INDEX(i, count) out[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
@@ -72,7 +67,6 @@ __global__ void adam_kernel(float* w, float* g, float* m, float* v, std::size_t 
   }
 }
 
-#undef FOR_EACH_INDEX
 
 }  // namespace
 

@@ -13,10 +13,6 @@ using detail::to_float;
 
 constexpr int kThreads = 256;
 
-#define FOR_EACH_INDEX(i, count)                                                                  \
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);           \
-       i += std::size_t(gridDim.x) * blockDim.x)
-
 __device__ bool holds(int token, int first, int rows) { return token >= first && token < first + rows; }
 
 __global__ void __launch_bounds__(kThreads)
@@ -88,7 +84,6 @@ __global__ void output_grad_kernel(const float* logits, const float* global_max,
   }
 }
 
-#undef FOR_EACH_INDEX
 
 std::size_t elements(int a, int b) { return std::size_t(a) * std::size_t(b); }
 

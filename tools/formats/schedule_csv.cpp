@@ -199,8 +199,7 @@ Result<CustomSchedule> parse_schedule_csv(std::string_view text, const std::stri
 }
 
 std::string schedule_csv(const TaskGraph& graph) {
-  bool split_weight = false;
-  for (const Task& t : graph.tasks()) split_weight |= t.kind == OpKind::W;
+  const bool split_weight = graph.has(OpKind::W);
   std::string out;
   for (int d = 0; d < graph.devices(); ++d) {
     std::string row;

@@ -35,8 +35,9 @@ struct ScheduleContext {
   TimeNs transfer_ns = 0;         ///< one activation or gradient between neighbouring devices
   /// Microbatches by which the last stage's backward trails its forward, waiting for the vocabulary
   /// passes (0 when the vocabulary layers sit on the stages). 1F1B-style generators add it to
-  /// every device's warm-up, the greedy scheduler builds it in, and plan.cpp moves the last stage's
-  /// backwards for the other schedules where the orders stay executable.
+  /// every device's warm-up, the greedy scheduler builds it in, and the planner
+  /// (plan/vocab_placement.cpp) moves the last stage's backwards for the other schedules where the
+  /// orders stay executable.
   int vocab_delay = 0;
 
   /// Whether generating orders for it repays a second thread (two_threads.h): 2^13

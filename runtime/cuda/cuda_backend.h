@@ -1,7 +1,7 @@
 #pragma once
 /// The CUDA backend as the rest of the runtime sees it: no CUDA type crosses this header, so the
-/// executor, the launcher and the CLI build the same with or without CUDA (cuda_none.cpp stands in
-/// when pipesim is built without it).
+/// executor, the launcher and the CLI build the same with or without CUDA (cuda_loader.cpp forwards
+/// these calls to the CUDA plugin, and says why when the build has none).
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -68,43 +68,62 @@ RunReport measured_report(const Plan& plan, const runtime::RunResult& r, const s
   return report;
 }
 
-json measured_profile(const Plan& plan, const runtime::RunResult& r) {
+namespace {
+
+/// A run's op times sorted by what a profile's `costs` call them.
+struct MeasuredTimes {
+  /// Transformer compute per device, per even share of the layers (what costs.forward_ms means).
+  std::vector<std::vector<double>> forward, backward, weight;
+  std::vector<double> sends, collectives, optimizer;
+  std::vector<double> out_f, out_b, in_f, in_b;  ///< LM head (output) and embedding (input) layers, whole
+};
+
+MeasuredTimes measured_times(const Plan& plan, const runtime::RunResult& r) {
   const TaskGraph& g = plan.graph;
-  const Config& c = plan.config;
   const int devices = plan.layout.devices;
   const auto ms = [&](TaskId id) { return double(r.timeline.end[std::size_t(id)] - r.timeline.start[std::size_t(id)]) / 1e6; };
   const auto vocab_ms = [&](TaskId id) { return double(r.vocab_layer_ns[std::size_t(id)]) / 1e6; };
-  // Transformer compute per device, per even share of the layers (what costs.forward_ms means).
-  using PerDevice = std::vector<std::vector<double>>;
-  PerDevice forward(static_cast<std::size_t>(devices)), backward = forward, weight = forward;
-  std::vector<double> sends, collectives, optimizer, out_f, out_b, in_f, in_b;
+  MeasuredTimes t;
+  t.forward.resize(static_cast<std::size_t>(devices)), t.backward = t.forward, t.weight = t.forward;
   for (TaskId id = 0; id < TaskId(g.size()); ++id) {
-    const Task& t = g.task(id);
-    if (t.kind == OpKind::F || t.kind == OpKind::B || t.kind == OpKind::W) {
-      const VirtualStage& stage = plan.layout.stages[std::size_t(t.stage)];
-      // The head's and the embedding's work is all in F and B (B takes their weight gradients too);
-      // a W op has none of it to average in.
-      if (stage.has_head && t.kind != OpKind::W) (t.kind == OpKind::F ? out_f : out_b).push_back(vocab_ms(id));
-      if (stage.has_embedding && t.kind != OpKind::W) (t.kind == OpKind::F ? in_f : in_b).push_back(vocab_ms(id));
-      if (stage.layers == 0) continue;
-      const double share = double(stage.layers) * devices / c.model.layers;
-      auto& into = t.kind == OpKind::F ? forward : t.kind == OpKind::B ? backward : weight;
-      into[std::size_t(t.device)].push_back((ms(id) - vocab_ms(id)) / share);
-      continue;
-    }
-    switch (t.kind) {  // vocabulary passes run 1/p of the layer each; costs give the whole layer
-      case OpKind::S: out_f.push_back(ms(id) * devices); break;
-      case OpKind::T: out_b.push_back(ms(id) * devices); break;
-      case OpKind::IF: in_f.push_back(ms(id) * devices); break;
-      case OpKind::IB: in_b.push_back(ms(id) * devices); break;
-      case OpKind::Send: sends.push_back(ms(id)); break;
+    const Task& task = g.task(id);
+    switch (task.kind) {  // vocabulary passes run 1/p of the layer each; costs give the whole layer
+      case OpKind::F:
+      case OpKind::B:
+      case OpKind::W: {
+        const VirtualStage& stage = plan.layout.stages[std::size_t(task.stage)];
+        // The head's and the embedding's work is all in F and B (B takes their weight gradients too);
+        // a W op has none of it to average in.
+        if (stage.has_head && task.kind != OpKind::W) (task.kind == OpKind::F ? t.out_f : t.out_b).push_back(vocab_ms(id));
+        if (stage.has_embedding && task.kind != OpKind::W) (task.kind == OpKind::F ? t.in_f : t.in_b).push_back(vocab_ms(id));
+        if (stage.layers == 0) break;
+        const double share = double(stage.layers) * devices / plan.config.model.layers;
+        auto& into = task.kind == OpKind::F ? t.forward : task.kind == OpKind::B ? t.backward : t.weight;
+        into[std::size_t(task.device)].push_back((ms(id) - vocab_ms(id)) / share);
+        break;
+      }
+      case OpKind::S: t.out_f.push_back(ms(id) * devices); break;
+      case OpKind::T: t.out_b.push_back(ms(id) * devices); break;
+      case OpKind::IF: t.in_f.push_back(ms(id) * devices); break;
+      case OpKind::IB: t.in_b.push_back(ms(id) * devices); break;
+      case OpKind::Send: t.sends.push_back(ms(id)); break;
       case OpKind::AllReduce:
       case OpKind::Broadcast:
-      case OpKind::Reduce: collectives.push_back(ms(id)); break;
-      case OpKind::Optimizer: optimizer.push_back(ms(id)); break;
-      default: break;
+      case OpKind::Reduce: t.collectives.push_back(ms(id)); break;
+      case OpKind::Optimizer: t.optimizer.push_back(ms(id)); break;
+      case OpKind::Recv:         // its time is the wait for the SEND, not a cost of its own
+      case OpKind::DpAllReduce:  // the runtime runs one pipeline replica
+        break;
     }
   }
+  return t;
+}
+
+}  // namespace
+
+json measured_profile(const Plan& plan, const runtime::RunResult& r) {
+  const Config& c = plan.config;
+  const MeasuredTimes t = measured_times(plan, r);
   const auto per_device = [](const std::vector<std::vector<double>>& values) {
     json out = json::array();
     for (const auto& v : values) out.push_back(mean(v));
@@ -121,18 +140,18 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
            {{"layers", c.model.layers}, {"hidden", c.model.hidden}, {"heads", c.model.heads},
             {"ffn_hidden", c.model.ffn_hidden}, {"seq_len", c.model.seq_len}, {"vocab", c.model.vocab},
             {"micro_batch_size", c.model.micro_batch_size}}},
-          {"pp", devices},
+          {"pp", plan.layout.devices},
           {"costs",
-           {{"forward_ms", per_device(forward)},
-            {"backward_ms", per_device(backward)},
-            {"weight_ms", per_device(weight)},
-            {"p2p_ms", fastest(sends)},
-            {"optimizer_ms", mean(optimizer)},
-            {"output_forward_ms", mean(out_f)},
-            {"output_backward_ms", mean(out_b)},
-            {"input_forward_ms", mean(in_f)},
-            {"input_backward_ms", mean(in_b)},
-            {"allreduce_ms", fastest(collectives)}}}};
+           {{"forward_ms", per_device(t.forward)},
+            {"backward_ms", per_device(t.backward)},
+            {"weight_ms", per_device(t.weight)},
+            {"p2p_ms", fastest(t.sends)},
+            {"optimizer_ms", mean(t.optimizer)},
+            {"output_forward_ms", mean(t.out_f)},
+            {"output_backward_ms", mean(t.out_b)},
+            {"input_forward_ms", mean(t.in_f)},
+            {"input_backward_ms", mean(t.in_b)},
+            {"allreduce_ms", fastest(t.collectives)}}}};
 }
 
 Result<Config> apply_profile(Config config, std::string_view text, const std::string& path) {

@@ -103,35 +103,41 @@ void file_transfers(const Transfers& t, const DeviceComms& comms) {
     }
 }
 
-}  // namespace
-
-TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
-                   const DeviceComms& comms) {
-  const int stages = layout.stage_count();
-  const auto device_of = [&](int stage) { return layout.stages[std::size_t(stage)].device; };
+/// Whether the orders split the backward: with W ops, B computes only the input gradient and W the
+/// weight gradient; without, B does both.
+bool splits_weight(const DeviceOrders& orders) {
   bool split_weight = false;
   for (const auto& order : orders)
     for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
+  return split_weight;
+}
 
-  // Ops are numbered device by device: first every compute op (vocabulary passes among them), then,
-  // derived from the orders, every SEND and RECV. Knowing where each device's ops begin, the two
-  // halves of the devices fill in their ops on two threads of a large graph, with the ids, and the
-  // dependencies in the order, that adding them one by one would give.
+/// Where each device's ops begin: its compute ops among all compute ops, its SENDs and RECVs among
+/// all transfers derived from the orders; one entry per device, then the end.
+struct OpNumbering {
+  std::vector<std::size_t> compute_first, transfer_first;
+  std::size_t compute_ops() const { return compute_first.back(); }
+  std::size_t transfer_pairs() const { return transfer_first.back() / 2; }
+};
+
+OpNumbering number_ops(const Layout& layout, const DeviceOrders& orders) {
   const auto devices = std::size_t(layout.devices);
-  std::vector<std::size_t> compute_first(devices + 1, 0), transfer_first(devices + 1, 0);
+  OpNumbering n{std::vector<std::size_t>(devices + 1, 0), std::vector<std::size_t>(devices + 1, 0)};
   for (std::size_t d = 0; d < devices; ++d) {
     std::size_t sends = 0;
     for (const ComputeStep& s : orders[d]) sends += sent_out(layout, s, int(d)) != Payload::None;
-    compute_first[d + 1] = compute_first[d] + orders[d].size();
-    transfer_first[d + 1] = transfer_first[d] + 2 * sends;
+    n.compute_first[d + 1] = n.compute_first[d] + orders[d].size();
+    n.transfer_first[d + 1] = n.transfer_first[d] + 2 * sends;
   }
-  const std::size_t compute = compute_first.back(), transfers = transfer_first.back() / 2;
-  TaskGraphBuilder builder(layout.devices);
-  builder.reserve(compute + 2 * transfers + devices * (dp > 1 ? 2 : 1) + VocabPasses::collective_ops(layout, microbatches),
-                  2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
-  // Each stage's F, B and W work, one record each.
-  std::vector<std::array<WorkId, 3>> stage_work(static_cast<std::size_t>(stages));
+  return n;
+}
+
+/// Each stage's F, B and W work, one record each.
+using StageWorkIds = std::vector<std::array<WorkId, 3>>;
+
+StageWorkIds add_stage_work(TaskGraphBuilder& builder, const std::vector<StageWork>& work, int stages,
+                            bool split_weight) {
+  StageWorkIds stage_work(static_cast<std::size_t>(stages));
   for (int s = 0; s < stages; ++s) {
     const StageWork& w = work[std::size_t(s)];
     stage_work[std::size_t(s)] = {
@@ -141,68 +147,71 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
                       .free_bytes = w.activation_bytes - (split_weight ? w.weight_held_bytes : 0)}),
         builder.work({.flops = w.weight_flops, .bytes = w.weight_bytes, .free_bytes = w.weight_held_bytes})};
   }
-  OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
-  OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
-  std::vector<TaskId> last_compute(devices, kNoTask);
-  VocabPasses passes(builder, layout, microbatches, vocab);
-  const WorkId boundary = builder.work({.bytes = double(boundary_bytes)});
-  const Transfers transfer{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary};
-  const bool derived = comms.empty();
-  const TaskId first_compute = builder.add_blank(compute);
-  const TaskId first_transfer = derived ? builder.add_blank(2 * transfers) : kNoTask;
-  std::vector<std::pair<TaskId, TaskId>> transfer_edges(derived ? transfers : 0);
-  in_two_halves(devices, compute + transfers >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t d = begin; d < end; ++d) {
-      auto id = TaskId(first_compute + compute_first[d]);
-      for (const ComputeStep& s : orders[d]) {
-        last_compute[d] = id;
-        if (s.stage < 0) {  // a vocabulary pass
-          passes.place(builder, id++, int(d), s);
-          continue;
-        }
-        builder.task(id) = {.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk),
-                            .device = int(d), .stage = s.stage, .microbatch = s.microbatch,
-                            .work = stage_work[std::size_t(s.stage)][std::size_t(pass_index(s.kind))]};
-        passes.record_compute(int(d), id);
-        if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
-        if (s.kind == OpKind::B) backward.at(s.stage, s.microbatch) = id;
-        if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
-        ++id;
-      }
-      if (derived)
-        derived_transfers(transfer, orders[d], int(d), TaskId(first_transfer + transfer_first[d]),
-                          transfer_edges.data() + transfer_first[d] / 2);
-    }
-  });
-  if (derived) builder.depend_all(transfer_edges);
-  else file_transfers(transfer, comms);
+  return stage_work;
+}
 
-  // Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B.
-  // An op missing from the orders (a hand-written schedule file) gets no edges; validation names it.
-  const auto depend = [&builder](TaskId task, TaskId on) {
-    if (task != kNoTask && on != kNoTask) builder.depend(task, on);
+/// What filling in the compute ops needs: their work, the vocabulary passes, and the tables of
+/// F, B and W ops it fills for the transfers and dependencies added after.
+struct ComputeOps {
+  const Layout& layout;
+  TaskGraphBuilder& builder;
+  VocabPasses& passes;
+  const StageWorkIds& stage_work;
+  OpTable &forward, &backward, &weight;
+
+  /// Device d's compute ops in its order, on the blank ids from `id` on; returns the id of its last
+  /// op (kNoTask for an empty order). Calls for different devices may run on different threads.
+  TaskId place(const std::vector<ComputeStep>& order, int d, TaskId id) const {
+    TaskId last = kNoTask;
+    for (const ComputeStep& s : order) {
+      last = id;
+      if (s.stage < 0) {  // a vocabulary pass
+        passes.place(builder, id++, d, s);
+        continue;
+      }
+      builder.task(id) = {.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk),
+                          .device = d, .stage = s.stage, .microbatch = s.microbatch,
+                          .work = stage_work[std::size_t(s.stage)][std::size_t(pass_index(s.kind))]};
+      passes.record_compute(d, id);
+      if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
+      if (s.kind == OpKind::B) backward.at(s.stage, s.microbatch) = id;
+      if (s.kind == OpKind::W) weight.at(s.stage, s.microbatch) = id;
+      ++id;
+    }
+    return last;
+  }
+};
+
+/// Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B --
+/// through the RECV where the neighbouring stage is on another device. An op missing from the
+/// orders (a hand-written schedule file) gets no edges; validation names it.
+void add_compute_dependencies(const Transfers& t, int microbatches, bool split_weight) {
+  const int stages = t.layout.stage_count();
+  const auto depend = [&t](TaskId task, TaskId on) {
+    if (task != kNoTask && on != kNoTask) t.builder.depend(task, on);
   };
   for (int s = 0; s < stages; ++s)
     for (int m = 0; m < microbatches; ++m) {
       if (s > 0) {
-        const TaskId recv = activation_recv.at(s, m);
-        depend(forward.at(s, m), recv != kNoTask ? recv : forward.at(s - 1, m));  // same device: direct
+        const TaskId recv = t.activation_recv.at(s, m);
+        depend(t.forward.at(s, m), recv != kNoTask ? recv : t.forward.at(s - 1, m));  // same device: direct
       }
-      depend(backward.at(s, m), forward.at(s, m));
+      depend(t.backward.at(s, m), t.forward.at(s, m));
       if (s + 1 < stages) {
-        const TaskId recv = gradient_recv.at(s, m);
-        depend(backward.at(s, m), recv != kNoTask ? recv : backward.at(s + 1, m));
+        const TaskId recv = t.gradient_recv.at(s, m);
+        depend(t.backward.at(s, m), recv != kNoTask ? recv : t.backward.at(s + 1, m));
       }
-      if (split_weight) depend(weight.at(s, m), backward.at(s, m));
+      if (split_weight) depend(t.weight.at(s, m), t.backward.at(s, m));
     }
+}
 
-  if (layout.vocab != VocabPlacement::OnStages)
-    passes.connect(builder, layout, [&](int stage, int mb) { return forward.at(stage, mb); },
-                   [&](int stage, int mb) { return backward.at(stage, mb); });
-
-  // End of iteration: gradient all-reduce over the DP replicas, then the optimizer step.
+/// End of iteration: gradient all-reduce over the DP replicas, then the optimizer step, each device
+/// after its last compute op.
+void add_end_of_iteration(TaskGraphBuilder& builder, const Layout& layout, const std::vector<StageWork>& work,
+                          const std::vector<TaskId>& last_compute, int dp, double grad_bytes_per_param) {
   std::vector<double> device_params(std::size_t(layout.devices), 0.0);
-  for (int s = 0; s < stages; ++s) device_params[std::size_t(device_of(s))] += work[std::size_t(s)].params;
+  for (int s = 0; s < layout.stage_count(); ++s)
+    device_params[std::size_t(layout.stages[std::size_t(s)].device)] += work[std::size_t(s)].params;
   for (int d = 0; d < layout.devices; ++d) {
     TaskId before = last_compute[std::size_t(d)];
     if (dp > 1) {
@@ -215,6 +224,54 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
     const TaskId step = builder.add({.kind = OpKind::Optimizer, .device = d});
     if (before != kNoTask) builder.depend(step, before);
   }
+}
+
+}  // namespace
+
+TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
+                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
+                   const DeviceComms& comms) {
+  const int stages = layout.stage_count();
+  const bool split_weight = splits_weight(orders);
+
+  // Ops are numbered device by device: first every compute op (vocabulary passes among them), then,
+  // derived from the orders, every SEND and RECV. Knowing where each device's ops begin, the two
+  // halves of the devices fill in their ops on two threads of a large graph, with the ids, and the
+  // dependencies in the order, that adding them one by one would give.
+  const auto devices = std::size_t(layout.devices);
+  const OpNumbering numbering = number_ops(layout, orders);
+  const std::size_t compute = numbering.compute_ops(), transfers = numbering.transfer_pairs();
+  TaskGraphBuilder builder(layout.devices);
+  builder.reserve(compute + 2 * transfers + devices * (dp > 1 ? 2 : 1) + VocabPasses::collective_ops(layout, microbatches),
+                  2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
+  const StageWorkIds stage_work = add_stage_work(builder, work, stages, split_weight);
+  OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
+  OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
+  std::vector<TaskId> last_compute(devices, kNoTask);
+  VocabPasses passes(builder, layout, microbatches, vocab);
+  const WorkId boundary = builder.work({.bytes = double(boundary_bytes)});
+  const ComputeOps compute_ops{layout, builder, passes, stage_work, forward, backward, weight};
+  const Transfers transfer{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary};
+  const bool derived = comms.empty();
+  const TaskId first_compute = builder.add_blank(compute);
+  const TaskId first_transfer = derived ? builder.add_blank(2 * transfers) : kNoTask;
+  std::vector<std::pair<TaskId, TaskId>> transfer_edges(derived ? transfers : 0);
+  in_two_halves(devices, compute + transfers >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t d = begin; d < end; ++d) {
+      last_compute[d] = compute_ops.place(orders[d], int(d), TaskId(first_compute + numbering.compute_first[d]));
+      if (derived)
+        derived_transfers(transfer, orders[d], int(d), TaskId(first_transfer + numbering.transfer_first[d]),
+                          transfer_edges.data() + numbering.transfer_first[d] / 2);
+    }
+  });
+  if (derived) builder.depend_all(transfer_edges);
+  else file_transfers(transfer, comms);
+
+  add_compute_dependencies(transfer, microbatches, split_weight);
+  if (layout.vocab != VocabPlacement::OnStages)
+    passes.connect(builder, layout, [&](int stage, int mb) { return forward.at(stage, mb); },
+                   [&](int stage, int mb) { return backward.at(stage, mb); });
+  add_end_of_iteration(builder, layout, work, last_compute, dp, grad_bytes_per_param);
   return std::move(builder).build();
 }
 

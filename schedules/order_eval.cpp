@@ -15,17 +15,21 @@ struct StageCosts {
   TimeNs from_previous, from_next;  ///< an input's transfer from stage s - 1 or s + 1: 0 on one device
 };
 
-}  // namespace
+constexpr TimeNs kPending = std::numeric_limits<TimeNs>::max();
 
-Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders, OpTimes times) {
-  const Layout& layout = context.layout;
-  const int stages = layout.stage_count(), m = context.microbatches;
-  constexpr TimeNs kPending = std::numeric_limits<TimeNs>::max();
-  // Per (stage, microbatch), stage-major: F(s - 1) and B(s + 1) of a microbatch are m entries away.
-  std::vector<TimeNs> forward_end(std::size_t(stages) * m, kPending), backward_end(forward_end);
+/// Whether the orders split the backward: with W ops, B computes only the input gradient and W the
+/// weight gradient; without, B does both.
+bool splits_weight(const DeviceOrders& orders) {
   bool split_weight = false;
   for (const auto& order : orders)
     for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
+  return split_weight;
+}
+
+/// Each stage's costs under `context`, B with or without the weight gradient (`split_weight`).
+std::vector<StageCosts> stage_costs(const ScheduleContext& context, bool split_weight) {
+  const Layout& layout = context.layout;
+  const int stages = layout.stage_count();
   std::vector<StageCosts> per_stage(static_cast<std::size_t>(stages));
   const auto hop = [&](int from, int to) {
     return layout.stages[std::size_t(from)].device == layout.stages[std::size_t(to)].device ? 0 : context.transfer_ns;
@@ -37,80 +41,141 @@ Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOr
                                  w.activation_bytes, w.activation_bytes - (split_weight ? w.weight_held_bytes : 0),
                                  w.weight_held_bytes, s > 0 ? hop(s - 1, s) : 0, s + 1 < stages ? hop(s + 1, s) : 0};
   }
+  return per_stage;
+}
 
+/// Room for every op's start and end and its place in the sequence (OpTimes::Record), so that
+/// recording them never reallocates.
+void reserve_op_times(OrderCost& cost, const DeviceOrders& orders) {
+  cost.start.resize(orders.size());
+  cost.end.resize(orders.size());
+  std::size_t total = 0;
+  for (std::size_t d = 0; d < orders.size(); ++d) {
+    cost.start[d].reserve(orders[d].size()), cost.end[d].reserve(orders[d].size());
+    total += orders[d].size();
+  }
+  cost.sequence.reserve(total);
+}
+
+/// How far one device's run over its order got.
+enum class DeviceRun { Stalled, Progressed, MetVocabularyPass };
+
+/// What evaluate_orders keeps between its passes over the devices: when each F and B ends, and
+/// per device its next op, when it is free and the activation memory it holds (the peak is kept in
+/// the cost).
+class OrderTimer {
+ public:
+  OrderTimer(const ScheduleContext& context, const DeviceOrders& orders, OrderCost& cost, bool record)
+      : orders_(orders),
+        cost_(cost),
+        record_(record),
+        stages_(context.layout.stage_count()),
+        m_(std::size_t(context.microbatches)),
+        forward_end_(std::size_t(stages_) * m_, kPending),
+        backward_end_(forward_end_),
+        per_stage_(stage_costs(context, splits_weight(orders))),
+        next_(orders.size(), 0),
+        free_at_(orders.size(), 0),
+        live_(orders.size(), 0) {}
+
+  DeviceRun run(std::size_t d);
+  TimeNs makespan() const { return makespan_; }
+  bool finished() const {
+    for (std::size_t d = 0; d < orders_.size(); ++d)
+      if (next_[d] < orders_[d].size()) return false;
+    return true;
+  }
+
+ private:
+  const DeviceOrders& orders_;
+  OrderCost& cost_;
+  const bool record_;
+  const int stages_;
+  const std::size_t m_;
+  // Per (stage, microbatch), stage-major: F(s - 1) and B(s + 1) of a microbatch are m entries away.
+  std::vector<TimeNs> forward_end_, backward_end_;
+  std::vector<StageCosts> per_stage_;
+  std::vector<std::size_t> next_;
+  std::vector<TimeNs> free_at_;
+  std::vector<Bytes> live_;
+  TimeNs makespan_ = 0;
+};
+
+/// Runs device d's order from where it stopped until an op waits for an input not yet timed, or to
+/// its end. The device's state, and the makespan, are kept in locals while it runs: as members, each
+/// op's store to forward_end_ or backward_end_ (TimeNs too) could alias them and force them to memory.
+DeviceRun OrderTimer::run(std::size_t d) {
+  const std::vector<ComputeStep>& order = orders_[d];
+  const std::size_t m = m_;
+  std::size_t i = next_[d];
+  TimeNs free = free_at_[d], makespan = makespan_;
+  Bytes held = live_[d], peak = cost_.peak_activation[d];
+  for (; i < order.size(); ++i) {
+    const ComputeStep& s = order[i];
+    if (s.stage < 0) return DeviceRun::MetVocabularyPass;
+    const StageCosts& c = per_stage_[std::size_t(s.stage)];
+    const std::size_t at = std::size_t(s.stage) * m + std::size_t(s.microbatch);
+    // When its inputs (data_inputs(), order_eval.h) have arrived; none waits for one not yet timed.
+    TimeNs ready = 0, duration = 0;
+    if (s.kind == OpKind::F) {
+      if (s.stage > 0) {
+        if (forward_end_[at - m] == kPending) break;
+        ready = forward_end_[at - m] + c.from_previous;
+      }
+      duration = c.forward;
+      held += c.taken;
+      peak = std::max(peak, held);
+    } else if (s.kind == OpKind::B) {
+      if (forward_end_[at] == kPending) break;
+      ready = forward_end_[at];
+      if (s.stage + 1 < stages_) {
+        if (backward_end_[at + m] == kPending) break;
+        ready = std::max(ready, backward_end_[at + m] + c.from_next);
+      }
+      duration = c.backward;
+      held -= c.freed_by_backward;
+    } else if (s.kind == OpKind::W) {
+      if (backward_end_[at] == kPending) break;
+      ready = backward_end_[at];
+      duration = c.weight;
+      held -= c.freed_by_weight;
+    }
+    const TimeNs end = std::max(ready, free) + duration;
+    if (record_) {
+      cost_.start[d].push_back(end - duration), cost_.end[d].push_back(end);
+      cost_.sequence.emplace_back(std::uint32_t(d), std::uint32_t(i));
+    }
+    free = end;
+    if (s.kind == OpKind::F) forward_end_[at] = end;
+    if (s.kind == OpKind::B) backward_end_[at] = end;
+    makespan = std::max(makespan, end);
+  }
+  const bool progressed = i != next_[d];
+  next_[d] = i, free_at_[d] = free, live_[d] = held, cost_.peak_activation[d] = peak, makespan_ = makespan;
+  return progressed ? DeviceRun::Progressed : DeviceRun::Stalled;
+}
+
+}  // namespace
+
+Result<OrderCost> evaluate_orders(const ScheduleContext& context, const DeviceOrders& orders, OpTimes times) {
   OrderCost cost;
-  std::vector<std::size_t> next(orders.size(), 0);
-  std::vector<TimeNs> free_at(orders.size(), 0);
-  std::vector<Bytes> live(orders.size(), 0);
   cost.peak_activation.assign(orders.size(), 0);
   const bool record = times == OpTimes::Record;
-  if (record) {
-    cost.start.resize(orders.size());
-    cost.end.resize(orders.size());
-    std::size_t total = 0;
-    for (std::size_t d = 0; d < orders.size(); ++d) {
-      cost.start[d].reserve(orders[d].size()), cost.end[d].reserve(orders[d].size());
-      total += orders[d].size();
-    }
-    cost.sequence.reserve(total);
-  }
+  if (record) reserve_op_times(cost, orders);
+  OrderTimer timer(context, orders, cost, record);
   // Each device runs its order until an op waits for an input not yet timed; passes over the
-  // devices repeat until none moves. A device's state is kept in locals while it runs.
-  TimeNs makespan = 0;
+  // devices repeat until none moves.
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (std::size_t d = 0; d < orders.size(); ++d) {
-      const std::vector<ComputeStep>& order = orders[d];
-      std::size_t i = next[d];
-      TimeNs free = free_at[d];
-      Bytes held = live[d], peak = cost.peak_activation[d];
-      for (; i < order.size(); ++i) {
-        const ComputeStep& s = order[i];
-        if (s.stage < 0) return Error{"evaluate_orders: vocabulary passes are evaluated by the simulator, not here"};
-        const StageCosts& c = per_stage[std::size_t(s.stage)];
-        const std::size_t at = std::size_t(s.stage) * std::size_t(m) + std::size_t(s.microbatch);
-        // When its inputs (data_inputs(), order_eval.h) have arrived; none waits for one not yet timed.
-        TimeNs ready = 0, duration = 0;
-        if (s.kind == OpKind::F) {
-          if (s.stage > 0) {
-            if (forward_end[at - std::size_t(m)] == kPending) break;
-            ready = forward_end[at - std::size_t(m)] + c.from_previous;
-          }
-          duration = c.forward;
-          held += c.taken;
-          peak = std::max(peak, held);
-        } else if (s.kind == OpKind::B) {
-          if (forward_end[at] == kPending) break;
-          ready = forward_end[at];
-          if (s.stage + 1 < stages) {
-            if (backward_end[at + std::size_t(m)] == kPending) break;
-            ready = std::max(ready, backward_end[at + std::size_t(m)] + c.from_next);
-          }
-          duration = c.backward;
-          held -= c.freed_by_backward;
-        } else if (s.kind == OpKind::W) {
-          if (backward_end[at] == kPending) break;
-          ready = backward_end[at];
-          duration = c.weight;
-          held -= c.freed_by_weight;
-        }
-        const TimeNs end = std::max(ready, free) + duration;
-        if (record) {
-          cost.start[d].push_back(end - duration), cost.end[d].push_back(end);
-          cost.sequence.emplace_back(std::uint32_t(d), std::uint32_t(i));
-        }
-        free = end;
-        if (s.kind == OpKind::F) forward_end[at] = end;
-        if (s.kind == OpKind::B) backward_end[at] = end;
-        makespan = std::max(makespan, end);
-      }
-      progressed |= i != next[d];
-      next[d] = i, free_at[d] = free, live[d] = held, cost.peak_activation[d] = peak;
+      const DeviceRun run = timer.run(d);
+      if (run == DeviceRun::MetVocabularyPass)
+        return Error{"evaluate_orders: vocabulary passes are evaluated by the simulator, not here"};
+      progressed |= run == DeviceRun::Progressed;
     }
   }
-  cost.makespan = makespan;
-  for (std::size_t d = 0; d < orders.size(); ++d)
-    if (next[d] < orders[d].size()) return Error{"the orders wait on each other and cannot finish"};
+  cost.makespan = timer.makespan();
+  if (!timer.finished()) return Error{"the orders wait on each other and cannot finish"};
   return cost;
 }
 

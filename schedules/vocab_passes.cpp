@@ -209,6 +209,152 @@ std::vector<std::pair<TimeNs, TimeNs>> op_times(const Layout& layout, const Devi
   return times;
 }
 
+/// What placing the passes on any device reads: the transformer orders, their time estimate, the
+/// ties of their ops, and (per microbatch) the estimated start and end of the ops the passes follow.
+struct PassEstimate {
+  const ScheduleContext& context;
+  const DeviceOrders& orders;
+  const OrderCost& cost;
+  VocabPlacement vocab;
+  Reach reach;
+  std::vector<std::pair<TimeNs, TimeNs>> last_forward;    ///< X leaves the last stage
+  std::vector<std::pair<TimeNs, TimeNs>> first_forward;   ///< the embedding is needed
+  std::vector<std::pair<TimeNs, TimeNs>> first_backward;  ///< dY comes back
+};
+
+/// Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
+/// T) after every op the last stage's forward of x waits for, and before every op that waits for
+/// the last stage's backward of x; IF before every op that waits for the first stage's forward
+/// of x; IB after every op the first stage's backward of x waits for.
+struct PassWindows {
+  std::vector<std::size_t> s_low, s_high, if_high, ib_low;
+};
+
+PassWindows pass_windows(const Reach& reach, std::size_t d, int m) {
+  const std::span<const Waits> waits = reach.of(reach.waits, d);
+  const std::span<const Feeds> feeds = reach.of(reach.feeds, d);
+  return {past_last_at_most(feeds, &Feeds::last_forward, m), first_at_least(waits, &Waits::last_backward, m),
+          first_at_least(waits, &Waits::first_forward, m), past_last_at_most(feeds, &Feeds::first_backward, m)};
+}
+
+/// S of every microbatch on device d, when X(x) arrives at every device (a cut across the
+/// devices), within its window. Returns the slots.
+std::vector<std::size_t> add_s_passes(const PassEstimate& e, std::size_t d, const PassWindows& w,
+                                      std::vector<Insertion>& insertions) {
+  const int m = e.context.microbatches;
+  const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
+    return std::max(low, std::min(slot, high));
+  };
+  std::vector<std::size_t> s_slot(static_cast<std::size_t>(m));
+  for (int x = 0; x < m; ++x) {
+    const auto i = std::size_t(x);
+    const TimeNs arrives = e.last_forward[i].second;
+    s_slot[i] = clamp(slot_at(e.cost.start[d], arrives, w.s_low[i], w.s_high[i]), w.s_low[i], w.s_high[i]);
+    insertions.push_back({s_slot[i], arrives, 0, {OpKind::S, -1, x}});
+  }
+  return s_slot;
+}
+
+/// T of every microbatch on device d, placed by the S slots. Returns its slots.
+std::vector<std::size_t> add_t_passes(const PassEstimate& e, const PassWindows& w,
+                                      const std::vector<std::size_t>& s_slot, std::vector<Insertion>& insertions) {
+  const int m = e.context.microbatches;
+  const bool before_backward = e.vocab != VocabPlacement::Vocab2;  // T feeds C1, which the backward waits for
+  std::vector<std::size_t> t_slot(static_cast<std::size_t>(m));
+  for (int x = 0; x < m; ++x) {
+    const auto i = std::size_t(x);
+    std::size_t slot = s_slot[i];  // interlaced, or the last microbatch: right after S(x)
+    TimeNs time = e.last_forward[i].second;
+    // T(x) with S(x + 1) -- unless, for Algorithm 1, the last stage's forward of x + 1 waits for
+    // its backward of x (no delay between them in this schedule): then right after S(x) ...
+    if (e.vocab != VocabPlacement::Interlaced && x + 1 < m &&
+        (!before_backward || !e.reach.last_forward_waits_backward[i])) {
+      slot = s_slot[i + 1], time = e.last_forward[i + 1].second;
+      if (before_backward && slot > w.s_high[i]) {  // ... or before the backward
+        slot = w.s_high[i], time = e.last_forward[i].second;
+      }
+    }
+    t_slot[i] = slot;
+    insertions.push_back({slot, time, 1, {OpKind::T, -1, x}});
+  }
+  return t_slot;
+}
+
+/// IF of x just before the first stage needs it, IB of x once its gradient has come back; and,
+/// because the barriers tie microbatches together, IF before and IB after the S and T passes of
+/// the microbatches within `reach` of x (no schedule runs forwards further ahead of backwards).
+void add_input_passes(const PassEstimate& e, std::size_t d, const PassWindows& w,
+                      const std::vector<std::size_t>& s_slot, const std::vector<std::size_t>& t_slot,
+                      std::vector<Insertion>& insertions) {
+  const int m = e.context.microbatches;
+  const int reach = 2 * e.context.layout.devices + e.context.vocab_delay + 2;
+  // Per y: the least slot of S and T of microbatches y and later, and the greatest of y and earlier.
+  std::vector<std::size_t> least_from(static_cast<std::size_t>(m)), greatest_to(static_cast<std::size_t>(m));
+  for (int y = m - 1; y >= 0; --y)
+    least_from[std::size_t(y)] = std::min({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
+                                           y + 1 < m ? least_from[std::size_t(y + 1)] : s_slot[std::size_t(y)]});
+  for (int y = 0; y < m; ++y)
+    greatest_to[std::size_t(y)] = std::max({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
+                                            y > 0 ? greatest_to[std::size_t(y - 1)] : s_slot[std::size_t(y)]});
+  for (int x = 0; x < m; ++x) {
+    const std::size_t latest = std::min(w.if_high[std::size_t(x)], least_from[std::size_t(std::max(0, x - reach))]);
+    const TimeNs needed = e.first_forward[std::size_t(x)].first;
+    const std::size_t just_before = slot_at(e.cost.start[d], needed, 0, latest);
+    insertions.push_back(
+        {std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
+  }
+  for (int x = 0; x < m; ++x) {
+    const std::size_t earliest =
+        std::max(w.ib_low[std::size_t(x)], greatest_to[std::size_t(std::min(m - 1, x + reach))]);
+    const TimeNs returned = e.first_backward[std::size_t(x)].second;
+    insertions.push_back(
+        {slot_at(e.cost.start[d], returned, earliest, e.orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
+  }
+}
+
+/// `order` with `insertions` (S, T, IF and IB of each of m microbatches, in that order) put into it.
+/// In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last; then in the
+/// order added. Every key differs (the kinds differ in group or rank), so any sort gives the one
+/// order: here each kind's run (S, T, IF, IB, each in microbatch order, so mostly in order
+/// already) is sorted where it is not, and the four are merged.
+std::vector<ComputeStep> with_insertions(const std::vector<ComputeStep>& order,
+                                         const std::vector<Insertion>& insertions, int m) {
+  const auto group = [](const Insertion& i) {
+    return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1;
+  };
+  std::vector<SortKey> keys(insertions.size());
+  for (std::size_t i = 0; i < insertions.size(); ++i) {
+    const Insertion& in = insertions[i];
+    keys[i] = {in.slot, std::uint32_t(group(in)), in.time, in.rank, std::uint32_t(i)};
+  }
+  const auto run = [&](std::size_t k) { return keys.begin() + std::ptrdiff_t(k * std::size_t(m)); };
+  for (std::size_t k = 0; k < 4; ++k)
+    if (!std::is_sorted(run(k), run(k + 1))) std::sort(run(k), run(k + 1));
+  std::inplace_merge(run(0), run(1), run(2));
+  std::inplace_merge(run(2), run(3), run(4));
+  std::inplace_merge(run(0), run(2), run(4));
+  std::vector<ComputeStep> out;
+  std::size_t next = 0;
+  out.reserve(order.size() + keys.size());
+  for (std::size_t i = 0; i <= order.size(); ++i) {
+    while (next < keys.size() && keys[next].slot == i) out.push_back(insertions[keys[next++].index].step);
+    if (i < order.size()) out.push_back(order[i]);
+  }
+  return out;
+}
+
+/// Device d's order with S, T, IF and IB of every microbatch inserted.
+std::vector<ComputeStep> order_with_passes(const PassEstimate& e, std::size_t d) {
+  const int m = e.context.microbatches;
+  const PassWindows windows = pass_windows(e.reach, d, m);
+  std::vector<Insertion> insertions;
+  insertions.reserve(4 * std::size_t(m));  // S, T, IF and IB of every microbatch
+  const std::vector<std::size_t> s_slot = add_s_passes(e, d, windows, insertions);
+  const std::vector<std::size_t> t_slot = add_t_passes(e, windows, s_slot, insertions);
+  add_input_passes(e, d, windows, s_slot, t_slot, insertions);
+  return with_insertions(e.orders[d], insertions, m);
+}
+
 }  // namespace
 
 DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrders& orders, const OrderCost& cost,
@@ -216,106 +362,18 @@ DeviceOrders insert_vocab_passes(const ScheduleContext& context, const DeviceOrd
   if (vocab == VocabPlacement::OnStages) return orders;
   const Layout& layout = context.layout;
   const int m = context.microbatches, last = layout.stage_count() - 1;
-
-  const Reach reach_of_ops = reach_of(context, orders, cost.sequence);
-  const auto last_forward = op_times(layout, orders, cost, OpKind::F, last, m);  // X leaves the last stage
-  const auto first_forward = op_times(layout, orders, cost, OpKind::F, 0, m);    // the embedding is needed
-  const auto first_backward = op_times(layout, orders, cost, OpKind::B, 0, m);   // dY comes back
+  const PassEstimate estimate{context,
+                              orders,
+                              cost,
+                              vocab,
+                              reach_of(context, orders, cost.sequence),
+                              op_times(layout, orders, cost, OpKind::F, last, m),
+                              op_times(layout, orders, cost, OpKind::F, 0, m),
+                              op_times(layout, orders, cost, OpKind::B, 0, m)};
   DeviceOrders result(orders.size());
   // From here each device is on its own: on a large schedule, half of them on a second thread.
   in_two_halves(orders.size(), context.worth_a_thread(), [&](std::size_t begin, std::size_t end) {
-    for (std::size_t d = begin; d < end; ++d) {
-      // Where each pass may go without waiting for itself: S (and, for Algorithm 1 and interlaced,
-      // T) after every op the last stage's forward of x waits for, and before every op that waits for
-      // the last stage's backward of x; IF before every op that waits for the first stage's forward
-      // of x; IB after every op the first stage's backward of x waits for.
-      const std::span<const Waits> waits = reach_of_ops.of(reach_of_ops.waits, d);
-      const std::span<const Feeds> feeds = reach_of_ops.of(reach_of_ops.feeds, d);
-      const auto s_low = past_last_at_most(feeds, &Feeds::last_forward, m);
-      const auto s_high = first_at_least(waits, &Waits::last_backward, m);
-      const auto if_high = first_at_least(waits, &Waits::first_forward, m);
-      const auto ib_low = past_last_at_most(feeds, &Feeds::first_backward, m);
-      const auto clamp = [](std::size_t slot, std::size_t low, std::size_t high) {
-        return std::max(low, std::min(slot, high));
-      };
-      std::vector<Insertion> insertions;
-      insertions.reserve(4 * std::size_t(m));  // S, T, IF and IB of every microbatch
-      std::vector<std::size_t> s_slot(static_cast<std::size_t>(m));
-      std::vector<TimeNs> s_time(static_cast<std::size_t>(m));
-      for (int x = 0; x < m; ++x) {  // S when X(x) arrives at every device: a cut across the devices
-        const auto i = std::size_t(x);
-        s_time[i] = last_forward[i].second;
-        s_slot[i] = clamp(slot_at(cost.start[d], s_time[i], s_low[i], s_high[i]), s_low[i], s_high[i]);
-        insertions.push_back({s_slot[i], s_time[i], 0, {OpKind::S, -1, x}});
-      }
-      std::vector<std::size_t> t_slot(static_cast<std::size_t>(m));
-      for (int x = 0; x < m; ++x) {
-        const auto i = std::size_t(x);
-        const bool before_backward = vocab != VocabPlacement::Vocab2;  // T feeds C1, which the backward waits for
-        std::size_t slot = s_slot[i];  // interlaced, or the last microbatch: right after S(x)
-        TimeNs time = s_time[i];
-        // T(x) with S(x + 1) -- unless, for Algorithm 1, the last stage's forward of x + 1 waits for
-        // its backward of x (no delay between them in this schedule): then right after S(x) ...
-        if (vocab != VocabPlacement::Interlaced && x + 1 < m &&
-            (!before_backward || !reach_of_ops.last_forward_waits_backward[i])) {
-          slot = s_slot[i + 1], time = s_time[i + 1];
-          if (before_backward && slot > s_high[i]) slot = s_high[i], time = s_time[i];  // ... or before the backward
-        }
-        t_slot[i] = slot;
-        insertions.push_back({slot, time, 1, {OpKind::T, -1, x}});
-      }
-      // IF of x just before the first stage needs it, IB of x once its gradient has come back; and,
-      // because the barriers tie microbatches together, IF before and IB after the S and T passes of
-      // the microbatches within `reach` of x (no schedule runs forwards further ahead of backwards).
-      const int reach = 2 * layout.devices + context.vocab_delay + 2;
-      // Per y: the least slot of S and T of microbatches y and later, and the greatest of y and earlier.
-      std::vector<std::size_t> least_from(static_cast<std::size_t>(m)), greatest_to(static_cast<std::size_t>(m));
-      for (int y = m - 1; y >= 0; --y)
-        least_from[std::size_t(y)] = std::min({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
-                                               y + 1 < m ? least_from[std::size_t(y + 1)] : s_slot[std::size_t(y)]});
-      for (int y = 0; y < m; ++y)
-        greatest_to[std::size_t(y)] = std::max({s_slot[std::size_t(y)], t_slot[std::size_t(y)],
-                                                y > 0 ? greatest_to[std::size_t(y - 1)] : s_slot[std::size_t(y)]});
-      for (int x = 0; x < m; ++x) {
-        const std::size_t latest = std::min(if_high[std::size_t(x)], least_from[std::size_t(std::max(0, x - reach))]);
-        const TimeNs needed = first_forward[std::size_t(x)].first;
-        const std::size_t just_before = slot_at(cost.start[d], needed, 0, latest);
-        insertions.push_back(
-            {std::min(just_before > 0 ? just_before - 1 : 0, latest), needed, -1, {OpKind::IF, -1, x}});
-      }
-      for (int x = 0; x < m; ++x) {
-        const std::size_t earliest =
-            std::max(ib_low[std::size_t(x)], greatest_to[std::size_t(std::min(m - 1, x + reach))]);
-        const TimeNs returned = first_backward[std::size_t(x)].second;
-        insertions.push_back(
-            {slot_at(cost.start[d], returned, earliest, orders[d].size()), returned, 2, {OpKind::IB, -1, x}});
-      }
-      // In one slot: IF first, then S and T by time (S(x + 1) before T(x)), IB last; then in the
-      // order added. Every key differs (the kinds differ in group or rank), so any sort gives the one
-      // order: here each kind's run (S, T, IF, IB, each in microbatch order, so mostly in order
-      // already) is sorted where it is not, and the four are merged.
-      const auto group = [](const Insertion& i) {
-        return i.step.kind == OpKind::IF ? 0 : i.step.kind == OpKind::IB ? 2 : 1;
-      };
-      std::vector<SortKey> keys(insertions.size());
-      for (std::size_t i = 0; i < insertions.size(); ++i) {
-        const Insertion& in = insertions[i];
-        keys[i] = {in.slot, std::uint32_t(group(in)), in.time, in.rank, std::uint32_t(i)};
-      }
-      const auto run = [&](std::size_t k) { return keys.begin() + std::ptrdiff_t(k * std::size_t(m)); };
-      for (std::size_t k = 0; k < 4; ++k)
-        if (!std::is_sorted(run(k), run(k + 1))) std::sort(run(k), run(k + 1));
-      std::inplace_merge(run(0), run(1), run(2));
-      std::inplace_merge(run(2), run(3), run(4));
-      std::inplace_merge(run(0), run(2), run(4));
-      auto& out = result[d];
-      std::size_t next = 0;
-      out.reserve(orders[d].size() + keys.size());
-      for (std::size_t i = 0; i <= orders[d].size(); ++i) {
-        while (next < keys.size() && keys[next].slot == i) out.push_back(insertions[keys[next++].index].step);
-        if (i < orders[d].size()) out.push_back(orders[d][i]);
-      }
-    }
+    for (std::size_t d = begin; d < end; ++d) result[d] = order_with_passes(estimate, d);
   });
   return result;
 }

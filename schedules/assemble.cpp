@@ -103,15 +103,6 @@ void file_transfers(const Transfers& t, const DeviceComms& comms) {
     }
 }
 
-/// Whether the orders split the backward: with W ops, B computes only the input gradient and W the
-/// weight gradient; without, B does both.
-bool splits_weight(const DeviceOrders& orders) {
-  bool split_weight = false;
-  for (const auto& order : orders)
-    for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
-  return split_weight;
-}
-
 /// Where each device's ops begin: its compute ops among all compute ops, its SENDs and RECVs among
 /// all transfers derived from the orders; one entry per device, then the end.
 struct OpNumbering {

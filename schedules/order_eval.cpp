@@ -17,15 +17,6 @@ struct StageCosts {
 
 constexpr TimeNs kPending = std::numeric_limits<TimeNs>::max();
 
-/// Whether the orders split the backward: with W ops, B computes only the input gradient and W the
-/// weight gradient; without, B does both.
-bool splits_weight(const DeviceOrders& orders) {
-  bool split_weight = false;
-  for (const auto& order : orders)
-    for (const ComputeStep& s : order) split_weight |= s.kind == OpKind::W;
-  return split_weight;
-}
-
 /// Each stage's costs under `context`, B with or without the weight gradient (`split_weight`).
 std::vector<StageCosts> stage_costs(const ScheduleContext& context, bool split_weight) {
   const Layout& layout = context.layout;

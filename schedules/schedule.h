@@ -2,6 +2,7 @@
 /// Schedule generators: each returns, for every device, the program order of its compute ops.
 /// `assemble` turns those orders into the one TaskGraph (adding the P2P ops and dependencies), so
 /// a generator is only the interesting part: who computes what, when.
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,14 @@ struct ComputeStep {
 
 /// Per device, its compute ops in program order.
 using DeviceOrders = std::vector<std::vector<ComputeStep>>;
+
+/// Whether the orders split the backward: with W ops, B computes only the input gradient and W the
+/// weight gradient; without, B does both. (Of a built graph, TaskGraph::has(OpKind::W) says so.)
+inline bool splits_weight(const DeviceOrders& orders) {
+  return std::any_of(orders.begin(), orders.end(), [](const std::vector<ComputeStep>& order) {
+    return std::any_of(order.begin(), order.end(), [](const ComputeStep& s) { return s.kind == OpKind::W; });
+  });
+}
 
 /// What a generator may use: the layout and microbatch count, and per-stage costs and memory so
 /// that greedy generators can place ops by time under a memory budget.

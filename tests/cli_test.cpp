@@ -1,56 +1,15 @@
 // End-to-end: the pipesim binary as a user runs it (path in $PIPESIM, configs under $PIPESIM_SOURCE).
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_helpers.h"
 #include "helpers.h"
 
 using json = nlohmann::json;
-
-namespace {
-
-struct Output {
-  int exit_code;
-  std::string text;  ///< stdout, and stderr when asked
-};
-
-Output run_command(const std::string& line, bool with_stderr = false) {
-  const std::string command = line + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string text;
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
-}
-
-/// Runs the pipesim binary ($PIPESIM) with `args`.
-Output run(const std::string& args, bool with_stderr = false) {
-  const char* binary = std::getenv("PIPESIM");
-  REQUIRE(binary);
-  return run_command(std::string(binary) + " " + args, with_stderr);
-}
-
-/// Runs pipesim with `args` and its standard output redirected by `redirect`; returns its standard error.
-Output run_stderr(const std::string& args, const std::string& redirect = ">/dev/null") {
-  return run_command("(" + std::string(std::getenv("PIPESIM")) + " " + args + " " + redirect + ")", true);
-}
-
-std::string config(const std::string& name) { return std::string(std::getenv("PIPESIM_SOURCE")) + "/configs/" + name; }
-
-std::filesystem::path scratch_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / ("pipesim-cli-test-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-}  // namespace
+using namespace pipesim::testing::cli;
 
 TEST_CASE("list shows every schedule and vocabulary mode") {
   const Output out = run("list");
@@ -126,48 +85,13 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
   CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
 }
 
-TEST_CASE("tune's progress bar is drawn only for text output to a terminal") {
-  const std::string args = "tune " + config("default.json") + " --gpus 16";
-  // Standard error through a pipe: notes only, never a bar.
+TEST_CASE("tune's progress bar is never drawn through a pipe") {
+  // Standard error through a pipe: notes only, never a bar. cli_terminal_test draws it on a terminal.
   for (const char* format : {"text", "json", "csv"}) {
-    const Output piped = run_stderr(args + " --format " + format);
+    const Output piped = run_stderr("tune " + config("default.json") + " --gpus 16 --format " + format);
     CHECK(piped.exit_code == 0);
     CHECK(piped.text.find('\r') == std::string::npos);
   }
-  if (run_command("python3 -c 'import pty'").exit_code != 0) {
-    WARN("python3 with its pty module is not here: the terminal half is skipped");
-    return;
-  }
-  // A pseudo-terminal on every stream (the terminal turns each "\n" into "\r\n"; the bar starts with "\r[").
-  const auto dir = scratch_dir();
-  // Not pty.py: the script's own folder comes first on Python's path, and `import pty` would find it.
-  std::ofstream(dir / "terminal.py") << R"py(import os, pty, sys
-pid, fd = pty.fork()
-if pid == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
-out = b""
-while True:
-    try:
-        data = os.read(fd, 65536)
-    except OSError:
-        break
-    if not data:
-        break
-    out += data
-_, status = os.waitpid(pid, 0)
-sys.stdout.buffer.write(out)
-sys.exit(os.waitstatus_to_exitcode(status))
-)py";
-  const std::string terminal = "python3 " + (dir / "terminal.py").string() + " " + std::getenv("PIPESIM") + " " + args;
-  const Output text = run_command(terminal + " --format text");
-  CHECK(text.exit_code == 0);
-  CHECK(text.text.find("\r[0/") != std::string::npos);
-  CHECK(text.text.find(" tokens/s\033[K") != std::string::npos);
-  CHECK(text.text.find("\r\033[Kconfig ") != std::string::npos);  // cleared before the table
-  const Output json_out = run_command(terminal + " --format json");
-  CHECK(json_out.exit_code == 0);
-  CHECK(json_out.text.find("\r[") == std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("tune says what would fit when nothing does") {
@@ -481,31 +405,6 @@ TEST_CASE("an injected fault ends the run with the failing rank and op, exit 1")
   const Output out = run("run " + config("tiny.json") + " --inject-fault 2:F:3 --timeout 5", true);
   CHECK(out.exit_code == 1);
   CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: rank 2 failed at F(d2,s2,m3): injected fault"));
-}
-
-TEST_CASE("mpirun -np 4 runs the same check across processes") {
-  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
-  if (!mpirun || !*mpirun) {
-    WARN("built without MPI: skipped");
-    return;
-  }
-  const Output out = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
-                                 " --schedule v-half --vocab vocab-1 --check --format json");
-  REQUIRE(out.exit_code == 0);
-  const json r = json::parse(out.text);
-  CHECK(r["runtime"] == "mpi, 4 processes");
-  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
-  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
-  // A failing process ends the job: mpirun exits non-zero and the failing rank says where.
-  const Output fault = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
-                                   " --inject-fault 3:B:1 --timeout 5", true);
-  CHECK(fault.exit_code != 0);
-  CHECK_THAT(fault.text, Catch::Contains("pipesim: error: rank 3 failed at B(d3,s3,m1): injected fault"));
-  // A hung process is found by the others' timeout, which ends the job.
-  const Output hang = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
-                                  " --inject-fault 1:F:2:hang --timeout 2", true);
-  CHECK(hang.exit_code != 0);
-  CHECK_THAT(hang.text, Catch::Contains(": no progress for 2 s; waiting on "));
 }
 
 TEST_CASE("run executes a schedule file as it executes the generated schedule") {

@@ -2,7 +2,11 @@
 // the graph validates; no op starts before its dependencies end; a stream runs one op at a time in
 // program order; a SEND and its RECV run together; every op runs -- and starts no later than these
 // rules allow (the max-plus expression docs/ir.md gives, checked op by op).
+#include <algorithm>
+#include <tuple>
+
 #include "helpers.h"
+#include "two_threads.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
@@ -98,10 +102,50 @@ TEST_CASE("every schedule's graph validates and simulates within the IR's rules"
 }
 
 TEST_CASE("the simulator is deterministic") {
-  const Config config = parse_or_fail(explicit_json(4, 8, 2, 1.5, 2.5, "interleaved-1f1b"));
+  // Large enough for the two-thread paths (two_threads.h): from kOpsWorthAThread ops the graph's
+  // construction, its structure checks, the op durations, the simulation and the metrics split their
+  // work over two threads, and from an eighth of that in stage-microbatches the schedule generators
+  // and the vocabulary passes do. The three schedules take those paths through different generators
+  // (ZB-V's greedy search, V-Half's blocks, DualPipeV's moved and unmoved graphs side by side).
+  const auto [schedule, vocab] = GENERATE(table<std::string, std::string>(
+      {{"zb-v", "vocab-1"}, {"v-half", "vocab-2"}, {"dualpipe-v", "vocab-1"}}));
+  CAPTURE(schedule, vocab);
+  Config config = parse_or_fail(explicit_json(8, 512, 2, 1.5, 2.5, schedule));
+  config.schedule.vocab = vocab;
   const Simulated a = simulate_or_fail(config), b = simulate_or_fail(config);
+  REQUIRE(a.plan.graph.size() >= kOpsWorthAThread);
+  REQUIRE(std::size_t(a.plan.layout.stage_count()) * std::size_t(config.parallel.microbatches) >= kOpsWorthAThread / 8);
+  // The same graph, op by op: what each op is, its work, and its dependencies.
+  REQUIRE(b.plan.graph.size() == a.plan.graph.size());
+  std::size_t differing_ops = 0;
+  for (std::size_t i = 0; i < a.plan.graph.size(); ++i) {
+    const TaskId id = TaskId(i);
+    const Task &x = a.plan.graph.task(id), &y = b.plan.graph.task(id);
+    const auto fields = [](const Task& t) {
+      return std::tie(t.kind, t.payload, t.lane, t.chunk, t.device, t.stage, t.microbatch, t.peer, t.partner, t.group);
+    };
+    const auto dx = a.plan.graph.deps(id), dy = b.plan.graph.deps(id);
+    if (fields(x) != fields(y) || !(a.plan.graph.work_of(x) == b.plan.graph.work_of(y)) ||
+        !std::equal(dx.begin(), dx.end(), dy.begin(), dy.end())) {
+      if (differing_ops++ == 0) UNSCOPED_INFO("first differing op: " << a.plan.graph.describe(id) << " / " << b.plan.graph.describe(id));
+    }
+  }
+  CHECK(differing_ops == 0);
+  CHECK(a.durations == b.durations);
   CHECK(a.timeline.start == b.timeline.start);
   CHECK(a.timeline.end == b.timeline.end);
+  CHECK(a.metrics.iteration_ns == b.metrics.iteration_ns);
+  REQUIRE(b.metrics.devices.size() == a.metrics.devices.size());
+  for (std::size_t d = 0; d < a.metrics.devices.size(); ++d) {
+    const DeviceMetrics &x = a.metrics.devices[d], &y = b.metrics.devices[d];
+    CAPTURE(d);
+    CHECK(x.busy_ns == y.busy_ns);
+    CHECK(x.peak_activation_bytes == y.peak_activation_bytes);
+    CHECK(x.peak_op == y.peak_op);
+    CHECK(x.peak_time_ns == y.peak_time_ns);
+    CHECK(x.comm_ns == y.comm_ns);
+    CHECK(x.exposed_comm_ns == y.exposed_comm_ns);
+  }
 }
 
 TEST_CASE("every (stage, microbatch) gets one F and one B on its stage's device, F first") {

@@ -9,9 +9,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#if defined(__GLIBC__)
-#include <sys/resource.h>
-#endif
 
 #include "chrome_trace.h"
 #include "helpers.h"
@@ -20,28 +17,10 @@
 #include "launch.h"
 #include "measured.h"
 #include "plan.h"
+#include "runtime_helpers.h"
 
 using namespace pipesim;
-
-namespace {
-
-Config tiny_config(const std::vector<std::string>& overrides = {}) { return testing::shipped_config("tiny.json", overrides); }
-
-Plan plan_for(Config config, const std::string& schedule, const std::string& vocab) {
-  config.schedule.name = schedule, config.schedule.vocab = vocab;
-  Result<Plan> plan = make_plan(config);
-  INFO((plan.ok() ? "" : plan.error().message));
-  REQUIRE(plan.ok());
-  return std::move(plan).value();
-}
-
-runtime::RunOptions options(int steps = 1, double timeout_s = 60) {
-  runtime::RunOptions o;
-  o.steps = steps, o.timeout_s = timeout_s;
-  return o;
-}
-
-}  // namespace
+using namespace pipesim::testing::runs;
 
 TEST_CASE("every schedule and vocabulary mode trains like a single device") {
   const Config config = tiny_config();
@@ -220,37 +199,4 @@ TEST_CASE("measured in-flight activations on 1F1B's first device: p, p + 2 (voca
   const double microbatch = peak("baseline") / p;
   CHECK(int(peak("vocab-1") / microbatch) == p + 2);
   CHECK(int(peak("vocab-2") / microbatch) == p + 1);
-}
-
-TEST_CASE("a CPU run keeps the memory it frees: steps after the first take (almost) no page faults") {
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
-  // Width 64 and 64 tokens: tensors over glibc's default mmap threshold (128 KiB), which it would hand
-  // back to the kernel on every free, with the rest trimmed off the heap's top. The next op to allocate
-  // that memory then takes a page fault per 4 KiB page in its measured time, and how many depends on
-  // the schedule's order of allocations and frees: ZB-V's B ops took about twice ZB-H1's faults per
-  // layer and a fifth more time, which a ZB-V profile then carried into its prediction of ZB-H1.
-  const Config config = tiny_config({"model.hidden=64", "model.ffn_hidden=256", "model.seq_len=64"});
-  const Plan plan = plan_for(config, "zb-v", "vocab-1");
-  std::vector<long> faults;  // the process's minor faults as each step ends (rank 0 reports it)
-  runtime::RunOptions o = options(4);
-  o.on_step = [&](int, double, TimeNs) {
-    rusage usage{};
-    getrusage(RUSAGE_SELF, &usage);
-    faults.push_back(usage.ru_minflt);
-  };
-  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
-  REQUIRE(run.ok());
-  REQUIRE(faults.size() == 4);
-  // Each step allocates and frees at least every device's activation peak again; the first step's
-  // faults bring that memory in once. Steps 3 and 4 may fault only a small part of it again (each
-  // step's compute threads are new, and their stacks fault in afresh).
-  Bytes activations = 0;
-  for (Bytes b : run.value().peak_activation_bytes) activations += b;
-  const double pages = double(activations) / 4096;
-  const double per_step = double(faults[3] - faults[1]) / 2;
-  INFO(per_step << " page faults per step; the activation peaks span " << pages << " pages");
-  CHECK(per_step < 0.1 * pages);
-#else
-  SUCCEED("the allocator setting is glibc's (AddressSanitizer brings its own allocator)");
-#endif
 }

@@ -1,0 +1,45 @@
+// `mpirun -np 4 pipesim run`: one process per rank, the check against the reference, and a failing or
+// hung process ending the job. $PIPESIM_MPIRUN names mpirun (tests/meson.build); it is empty when
+// pipesim was built without MPI or no mpirun was found, and then this test exits 77 before any test
+// runs, which Meson reports as SKIP.
+#define CATCH_CONFIG_RUNNER
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "cli_helpers.h"
+
+using json = nlohmann::json;
+using namespace pipesim::testing::cli;
+
+TEST_CASE("mpirun -np 4 runs the same check across processes") {
+  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
+  REQUIRE(mpirun);
+  const Output out = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                 " --schedule v-half --vocab vocab-1 --check --format json");
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["runtime"] == "mpi, 4 processes");
+  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  // A failing process ends the job: mpirun exits non-zero and the failing rank says where.
+  const Output fault = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                   " --inject-fault 3:B:1 --timeout 5", true);
+  CHECK(fault.exit_code != 0);
+  CHECK_THAT(fault.text, Catch::Contains("pipesim: error: rank 3 failed at B(d3,s3,m1): injected fault"));
+  // A hung process is found by the others' timeout, which ends the job.
+  const Output hang = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                  " --inject-fault 1:F:2:hang --timeout 2", true);
+  CHECK(hang.exit_code != 0);
+  CHECK_THAT(hang.text, Catch::Contains(": no progress for 2 s; waiting on "));
+}
+
+int main(int argc, char** argv) {
+  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
+  if (!mpirun || !*mpirun) {
+    std::printf("skipped: pipesim was built without MPI, or no mpirun was found (PIPESIM_MPIRUN is empty)\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

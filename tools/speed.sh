@@ -12,6 +12,17 @@ cd "$(dirname "$0")/.."
 pipesim=${1:-build/tools/pipesim}
 runs=${2:-3}
 other=${3:-}
+for binary in "$pipesim" ${other:+"$other"}; do
+  if [[ ! -x "$binary" ]]; then
+    echo "speed.sh: $binary is not an executable pipesim; build it first (tools/setup.sh builds build/tools/pipesim)," \
+         "or give the path of one: tools/speed.sh [PIPESIM] [RUNS] [OTHER]" >&2
+    exit 1
+  fi
+done
+if ! [[ "$runs" =~ ^[1-9][0-9]*$ ]]; then
+  echo "speed.sh: RUNS must be a whole number of runs, 1 or more (got '$runs')" >&2
+  exit 1
+fi
 exec python3 - "$pipesim" "$runs" "$other" <<'PY'
 import os, statistics, subprocess, sys, tempfile, time
 

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -74,14 +75,29 @@ Status move_into_place(const std::string& temporary, const std::string& path, bo
   return Error{fmt::format("{}: cannot move the finished file into place: {}", path, std::strerror(error))};
 }
 
+/// What a path that is not a regular file is, for the message.
+std::string_view kind_of_file(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a file";
+}
+
 }  // namespace
 
 Result<std::string> read_text_file(const std::string& path, std::size_t max_bytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return Error{fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
   struct stat info {};
-  if (::fstat(fd.get(), &info) == 0 && S_ISDIR(info.st_mode))
-    return Error{fmt::format("{}: is a directory; give a file", path)};
+  if (::fstat(fd.get(), &info) != 0) return Error{fmt::format("{}: cannot read: {}", path, std::strerror(errno))};
+  if (S_ISDIR(info.st_mode)) return Error{fmt::format("{}: is a directory; give a file", path)};
+  if (!S_ISREG(info.st_mode))
+    return Error{fmt::format("{}: is not a regular file ({}); give a file", path, kind_of_file(info.st_mode))};
+  const Error too_large{fmt::format("{}: larger than {} MiB; pipesim reads small text files (is it the right file?)",
+                                    path, max_bytes >> 20)};
+  if (std::uintmax_t(info.st_size) > max_bytes) return too_large;
   std::string text;
   char buffer[1 << 16];
   while (true) {
@@ -89,12 +105,20 @@ Result<std::string> read_text_file(const std::string& path, std::size_t max_byte
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Error{fmt::format("{}: read failed: {}", path, std::strerror(errno))};
     if (n == 0) return text;
-    // Checked before growing: a device like /dev/zero never ends.
-    if (text.size() + std::size_t(n) > max_bytes)
-      return Error{fmt::format("{}: larger than {} MiB; pipesim reads small text files (is it the right file?)", path,
-                               max_bytes >> 20)};
+    if (text.size() + std::size_t(n) > max_bytes) return too_large;  // it grew while being read
     text.append(buffer, std::size_t(n));
   }
+}
+
+std::string visible(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (const char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) out += c;
+    else out += fmt::format("\\x{:02X}", byte);
+  }
+  return out;
 }
 
 Status write_output_file(const std::string& path, const std::string& content, std::string_view marker) {

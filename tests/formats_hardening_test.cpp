@@ -34,6 +34,16 @@ struct Scratch {
   std::string path(const std::string& name) const { return (dir / name).string(); }
 };
 
+std::string error_of(const std::string& text, const std::string& source = "c.json",
+                     const std::vector<std::string>& overrides = {}) {
+  Result<Config> config = parse_config(text, source, overrides);
+  return config.ok() ? "(no error)" : config.error().message;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 TEST_CASE("only regular files are read, and anything else is named for what it is") {
@@ -72,4 +82,130 @@ TEST_CASE("bytes that do not show are written as \\xNN in messages") {
   CHECK(visible("0F0") == "0F0");
   CHECK(visible("\xEF\xBB\xBF" "0F0") == "\\xEF\\xBB\\xBF0F0");
   CHECK(visible(std::string("a\0b\tc\x7f", 6)) == "a\\x00b\\x09c\\x7F");
+}
+
+TEST_CASE("a NUL byte in a config is refused with its offset, not taken for the end") {
+  // nlohmann stops at a NUL: the keys after it were silently dropped.
+  const std::string text = kBase + std::string(1, '\0') + R"json(, "schedule": {"name": "gpipe"}})json";
+  CHECK(error_of(text) == "c.json:2:43: a NUL byte at offset 123; JSON is text and has none (is it the right file?)");
+}
+
+TEST_CASE("nesting deeper than 64 levels is refused before anything recursive sees it") {
+  // 60,000 levels overflowed the stack in the recursive copy of the document.
+  const std::string deep = std::string(60000, '[') + std::string(60000, ']');
+  CHECK(error_of(R"json({"model": {"x": )json" + deep + "}}") ==
+        "c.json:1:79: model.x[0][0]...: nesting deeper than 64 levels; pipesim configs nest at most 3 levels "
+        "(costs.forward_ms: [...])");
+  CHECK(error_of(deep) == "c.json:1:65: [0][0][0][0]...: nesting deeper than 64 levels; pipesim configs nest at most 3 "
+                          "levels (costs.forward_ms: [...])");
+  // Brackets in strings are text; 64 levels are JSON like any other.
+  CHECK(parse_json_text(R"json({"a": ")json" + std::string(100, '[') + R"json("})json", "c.json", "").ok());
+  CHECK(parse_json_text(std::string(64, '[') + std::string(64, ']'), "c.json", "").ok());
+  std::string escaped = R"json({"a\"[": [{"b": )json";
+  for (int i = 0; i < 70; ++i) escaped += R"json({"c": )json";
+  CHECK(too_deep(escaped)->path == R"(a\"[[0].b.c...)");
+
+  // A --set value, and a --set path, which makes one object per key.
+  CHECK(error_of(kBase + "}", "c.json", {"model.x=" + deep}) ==
+        "--set 'model.x=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[... (120008 bytes)': the value nests deeper than 64 levels; "
+        "pipesim configs nest at most 3 levels (costs.forward_ms: [...])");
+  std::string path;
+  for (int i = 0; i < 30000; ++i) path += "a.";
+  CHECK(error_of(kBase + "}", "c.json", {path + "a=1"}) ==
+        "--set 'a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.... (60003 bytes)': a path of more than 64 keys; config fields "
+        "are at most 2 keys deep (e.g. parallel.pp)");
+}
+
+TEST_CASE("a key twice in one object is found in linear time, and refused with the same message") {
+  // The check compared each key with every earlier one: 200,000 keys never finished.
+  std::string text = R"json({"description": {)json";
+  for (int i = 0; i < 200000; ++i) text += fmt::format("\"k{}\": 0, ", i);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(error_of(text + R"json("k0": 1}})json") == "c.json: key \"k0\" appears twice in one object; keep one");
+  CHECK(seconds_since(start) < 30);  // well under a second unsanitized; the quadratic check took hours
+  // The same object may repeat its keys in different objects.
+  CHECK(parse_json_text(R"json({"a": {"x": 1}, "b": {"x": 1}})json", "c.json", "").ok());
+  CHECK(error_of(kBase + "}", "c.json", {R"(hardware={"peak_tflops": 1, "peak_tflops": 2})"}) ==
+        "--set hardware: key \"peak_tflops\" appears twice in one object; keep one");
+}
+
+TEST_CASE("bad JSON is named by line and column, with the reason") {
+  const std::pair<std::string, std::string> cases[] = {
+      {kBase + "}\n  {}", "c.json:3:3: unexpected text after the JSON value; a file holds one value (remove what follows it)"},
+      {kBase + "} garbage", "c.json:2:45: unexpected text after the JSON value; a file holds one value (remove what "
+                            "follows it)"},
+      {kBase + R"json(, "hardware": {"peak_tflops": 1e999}})json",
+       "c.json:2:73: a number out of range: 1e999 is beyond what a double holds (about 1.8e308)"},
+      {kBase + ", \"description\": \"\xff\"}",
+       "c.json:2:61: invalid JSON: syntax error while parsing value - invalid string: ill-formed UTF-8 byte; last "
+       "read: '\"\\xFF'"},
+  };
+  for (const auto& [text, message] : cases) {
+    CAPTURE(text);
+    CHECK(error_of(text) == message);
+  }
+}
+
+TEST_CASE("an included file is read as strictly as the config, and its errors name that file") {
+  const Scratch s("includes");
+  const std::string config = s.path("c.json"), hf = s.path("hf.json"), hw = s.path("hw.json");
+  const std::string llama = R"json({"num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4,
+  "intermediate_size": 256, "vocab_size": 1000})json";
+  const auto with_hf = [&](const std::string& text, const std::string& model_extra = "") {
+    s.write("hf.json", text);
+    return error_of(R"json({"model": {"hf_config": "hf.json", "seq_len": 32)json" + model_extra +
+                        R"json(}, "parallel": {"pp": 4, "microbatches": 8}})json",
+                    config);
+  };
+  const auto with_hw = [&](const std::string& text) {
+    s.write("hw.json", text);
+    return error_of(kBase + R"json(, "hardware": {"file": "hw.json"}})json", config);
+  };
+  const std::string in_hf = config + ": model.hf_config: " + hf, in_hw = config + ": hardware.file: " + hw;
+  CHECK(with_hf(llama) == "(no error)");
+  // Was "not a JSON object" for each of these, or accepted.
+  CHECK(with_hf(llama + "\n}") == in_hf + ":3:1: unexpected text after the JSON value; a file holds one value (remove "
+                                          "what follows it)");
+  CHECK(with_hf(R"json({"num_hidden_layers": 1e999})json") ==
+        in_hf + ":1:23: a number out of range: 1e999 is beyond what a double holds (about 1.8e308)");
+  CHECK(with_hf(R"json({"vocab_size": 1, "vocab_size": 2})json") ==
+        in_hf + ": key \"vocab_size\" appears twice in one object; keep one");
+  CHECK(with_hf(R"json({"rope_scaling": )json" + std::string(100, '[')) ==
+        in_hf + ":1:81: rope_scaling[0][0][0]...: nesting deeper than 64 levels; a Hugging Face config.json nests a "
+                "few levels");
+  CHECK(with_hf(std::string("{\0}", 3)) ==
+        in_hf + ":1:2: a NUL byte at offset 1; JSON is text and has none (is it the right file?)");
+  CHECK(with_hf(llama.substr(0, 40)) == in_hf + ":1:41: invalid JSON: syntax error while parsing value - unexpected end "
+                                                 "of input; expected '[', '{', or a literal");
+  CHECK(with_hw(R"json({"peak_tflops": 900, "memory_gib": 80, "peak_tflops": 1000})json") ==
+        in_hw + ": key \"peak_tflops\" appears twice in one object; keep one");
+  CHECK(with_hw(R"json({"peak_tflops": 900} {})json") ==
+        in_hw + ":1:22: unexpected text after the JSON value; a file holds one value (remove what follows it)");
+  CHECK(with_hw("[1]") == in_hw + ": not a JSON object (expected a hardware file (as `pipesim calibrate` writes))");
+  // The included file is read as any input is: a regular file, named for what it is otherwise.
+  CHECK(error_of(kBase + R"json(, "hardware": {"file": "/dev/zero"}})json", config) ==
+        config + ": hardware.file: /dev/zero: is not a regular file (a character device); give a file");
+  CHECK(error_of(kBase + R"json(, "hardware": {"file": "."}})json", config) ==
+        config + ": hardware.file: " + (s.dir / ".").string() + ": is a directory; give a file");
+  s.write("big.json", std::string((1 << 20) + 1, ' '));
+  CHECK(error_of(kBase + R"json(, "hardware": {"file": "big.json"}})json", config) ==
+        config + ": hardware.file: " + s.path("big.json") +
+            ": larger than 1 MiB; pipesim reads small text files (is it the right file?)");
+  CHECK(error_of(kBase + R"json(, "hardware": {"file": [[1]]}})json", config) ==
+        config + ": hardware.file: expected the path of a hardware file (as `pipesim calibrate` writes), got an array");
+
+  // A value the file gives, and the config does not, is the file's mistake: the message says so.
+  CHECK(with_hw(R"json({"peak_tflops": 0})json") ==
+        config + ": hardware.peak_tflops (from " + hw + "): must be greater than 0, got 0");
+  CHECK(with_hw(R"json({"peak_tflop": 900})json") ==
+        config + ": hardware.peak_tflop (from " + hw + "): unknown key; did you mean 'peak_tflops'? Known keys here: "
+                 "preset, peak_tflops, compute_efficiency, attention_efficiency, hbm_gbps, hbm_efficiency, "
+                 "intra_node_gbps, intra_node_latency_us, inter_node_gbps, inter_node_latency_us, gpus_per_node, "
+                 "memory_gib, kernel_launch_us");
+  CHECK(with_hf(R"json({"num_hidden_layers": 5000, "hidden_size": 64, "num_attention_heads": 4,
+    "intermediate_size": 256, "vocab_size": 1000})json") ==
+        config + ": model.layers (from " + hf + " num_hidden_layers): must be at most 4096, got 5000 (pipesim's limit; "
+                 "docs/config.md says why)");
+  CHECK(with_hf(llama, R"json(, "layers": 5000)json") ==
+        config + ": model.layers: must be at most 4096, got 5000 (pipesim's limit; docs/config.md says why)");
 }

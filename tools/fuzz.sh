@@ -23,7 +23,8 @@ fi
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
        -Isrc -Ischedules -Isim -Iplan -Itools/formats)
 sources=(src/*.cpp schedules/*.cpp sim/simulator.cpp plan/*.cpp tools/formats/config_json.cpp
-         tools/formats/config_includes.cpp tools/formats/schedule_csv.cpp tools/formats/schedule_csv_cells.cpp)
+         tools/formats/config_includes.cpp tools/formats/files.cpp tools/formats/schedule_csv.cpp
+         tools/formats/schedule_csv_cells.cpp)
 mkdir -p "$out/obj"
 echo "fuzz.sh: compiling ${#sources[@]} files" >&2
 printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} sh -c \

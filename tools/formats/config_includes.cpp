@@ -2,11 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <optional>
-#include <fstream>
-#include <sstream>
+#include <type_traits>
+#include <unordered_set>
+#include <vector>
+
+#include "files.h"
+#include "spellcheck.h"
 
 namespace pipesim {
 namespace {
@@ -14,32 +19,120 @@ namespace {
 using json = nlohmann::json;
 
 /// Large enough for any real config.json or hardware file (a few KiB); a bigger file is not one.
-constexpr std::uintmax_t kMaxIncludedBytes = 1 << 20;
+constexpr std::size_t kMaxIncludedBytes = std::size_t(1) << 20;
+
+/// nlohmann's document builder, refusing a key twice in one object and keeping where a parse failed.
+/// sax_parse calls these members by name, so hiding the builder's is enough.
+class StrictBuilder : public nlohmann::detail::json_sax_dom_parser<json> {
+ public:
+  explicit StrictBuilder(json& root) : json_sax_dom_parser(root, false) {}
+
+  bool start_object(std::size_t size) {
+    keys_.emplace_back();
+    return deeper() && json_sax_dom_parser::start_object(size);
+  }
+  bool end_object() {
+    keys_.pop_back();
+    --depth_;
+    return json_sax_dom_parser::end_object();
+  }
+  bool start_array(std::size_t size) { return deeper() && json_sax_dom_parser::start_array(size); }
+  bool end_array() {
+    --depth_;
+    return json_sax_dom_parser::end_array();
+  }
+  /// Duplicate keys are refused: JSON readers disagree on which one wins, so the file is ambiguous.
+  bool key(std::string& key) {
+    if (!keys_.back().insert(key).second) {
+      failure_ = fmt::format("key \"{}\" appears twice in one object; keep one", visible(abbreviate(key)));
+      return false;
+    }
+    return json_sax_dom_parser::key(key);
+  }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& e) {
+    position_ = position;
+    token_ = token;
+    if constexpr (std::is_same_v<Exception, nlohmann::detail::out_of_range>) {
+      number_overflow_ = true;
+    }
+    const std::string what = e.what();
+    failure_ = what.substr(what.find(':') + 2);
+    return false;
+  }
+
+  /// The message after a failed parse of `text`.
+  std::string message(std::string_view text, const std::string& source) const {
+    if (!position_) return fmt::format("{}: {}", source, failure_);  // a duplicate key
+    // The parser stops just past what it could not take: point at the last byte it read, or at the
+    // start of a number (its token is the number alone; others hold what came before too).
+    const std::size_t last = *position_ > 0 ? *position_ - 1 : 0;
+    if (number_overflow_)
+      return fmt::format("{}: a number out of range: {} is beyond what a double holds (about 1.8e308)",
+                         text_position(text, *position_ - std::min(*position_, token_.size()), source),
+                         visible(abbreviate(token_)));
+    if (failure_.ends_with("; expected end of input"))
+      return fmt::format("{}: unexpected text after the JSON value; a file holds one value (remove what follows it)",
+                         text_position(text, last, source));
+    return fmt::format("{}: invalid JSON: {}", text_position(text, last, source), visible(failure_));
+  }
+
+ private:
+  /// too_deep has refused deeper text before parsing; this only keeps the builder honest.
+  bool deeper() {
+    if (++depth_ <= kMaxJsonDepth) return true;
+    failure_ = fmt::format("nesting deeper than {} levels", kMaxJsonDepth);
+    return false;
+  }
+
+  std::vector<std::unordered_set<std::string>> keys_;  ///< per open object, the keys seen so far
+  int depth_ = 0;
+  std::string failure_;
+  std::optional<std::size_t> position_;  ///< bytes read when the parser failed; none for a duplicate key
+  std::string token_;
+  bool number_overflow_ = false;
+};
+
+/// One level of the path that too_deep names.
+struct Frame {
+  bool object = false;
+  bool want_key = false;  ///< in an object, the next string is a key
+  std::string_view key;
+  std::size_t index = 0;  ///< in an array, the element's index
+};
+
+std::string path_of(const std::vector<Frame>& frames) {
+  constexpr std::size_t kShown = 4;  // enough to name the field; the rest is more of the same
+  std::string path;
+  for (std::size_t i = 0; i < frames.size() && i < kShown; ++i) {
+    if (!frames[i].object) path += fmt::format("[{}]", frames[i].index);
+    else path += (path.empty() ? "" : ".") + visible(abbreviate(frames[i].key));
+  }
+  return frames.size() > kShown ? path + "..." : path;
+}
 
 /// The JSON object in the file `reference` names (relative to the config `source`); `what` says
 /// what the file should be, for the messages.
 Result<json> read_included(const json& reference, const std::string& source, std::string_view what,
-                           std::filesystem::path& path) {
-  if (!reference.is_string()) return Error{fmt::format("expected the path of {}, got {}", what, reference.dump())};
+                           std::string_view nesting, std::filesystem::path& path) {
+  if (!reference.is_string()) return Error{fmt::format("expected the path of {}, got {}", what, describe_json(reference))};
   path = reference.get<std::string>();
   if (path.is_relative()) path = std::filesystem::path(source).parent_path() / path;
   std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error))
+  if (!std::filesystem::exists(path, error))
     return Error{fmt::format("{}: no such file; give the path of {}, relative to this config", path.string(), what)};
-  if (std::filesystem::file_size(path, error) > kMaxIncludedBytes)
-    return Error{fmt::format("{}: larger than 1 MiB, which no {} is", path.string(), what)};
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  json value = json::parse(text.str(), nullptr, false);
-  if (value.is_discarded() || !value.is_object())
+  Result<std::string> text = read_text_file(path.string(), kMaxIncludedBytes);
+  if (!text.ok()) return text.error();
+  Result<json> value = parse_json_text(text.value(), path.string(), nesting);
+  if (!value.ok()) return value.error();
+  if (!value.value().is_object())
     return Error{fmt::format("{}: not a JSON object (expected {})", path.string(), what)};
   return value;
 }
 
 /// Puts hf[key] into model[field] unless the config gives the field itself.
 Status take_integer(const json& hf, const std::string& key, json& model, const std::string& field, bool required,
-                    const std::string& file) {
+                    const std::string& file, FieldOrigins& origins) {
   if (!hf.contains(key)) {
     if (!required || model.contains(field)) return Status::Ok();
     return Error{fmt::format("{}: {}: missing; pipesim reads Llama/Qwen/Mistral-style config.json files (or give "
@@ -48,12 +141,15 @@ Status take_integer(const json& hf, const std::string& key, json& model, const s
   }
   const json& v = hf.at(key);
   if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > std::numeric_limits<int>::max())
-    return Error{fmt::format("{}: {}: expected a positive integer, got {}", file, key, v.dump())};
-  if (!model.contains(field)) model[field] = v;
+    return Error{fmt::format("{}: {}: expected a positive integer, got {}", file, key, describe_json(v))};
+  if (!model.contains(field)) {
+    model[field] = v;
+    origins["model." + field] = file + " " + key;
+  }
   return Status::Ok();
 }
 
-Status take_mlp(const json& hf, json& model, const std::string& file) {
+Status take_mlp(const json& hf, json& model, const std::string& file, FieldOrigins& origins) {
   if (!hf.contains("hidden_act") || model.contains("mlp")) return Status::Ok();
   const json& v = hf.at("hidden_act");
   const std::string act = v.is_string() ? v.get<std::string>() : "";
@@ -64,7 +160,8 @@ Status take_mlp(const json& hf, json& model, const std::string& file) {
   else
     return Error{fmt::format("{}: hidden_act: {} is not modelled; silu/swish (gated SwiGLU MLP) and gelu variants are "
                              "(or give model.mlp in the config)",
-                             file, v.dump())};
+                             file, describe_json(v))};
+  origins["model.mlp"] = file + " hidden_act";
   return Status::Ok();
 }
 
@@ -79,37 +176,111 @@ std::optional<json> take_reference(json& root, const char* section, const char* 
 
 }  // namespace
 
-Status expand_hf_config(json& root, const std::string& source) {
+std::string text_position(std::string_view text, std::size_t offset, const std::string& file) {
+  std::size_t line = 1, column = 1;
+  for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, column = 1;
+    else ++column;
+  }
+  return fmt::format("{}:{}:{}", file, line, column);
+}
+
+std::optional<TooDeep> too_deep(std::string_view text) {
+  std::vector<Frame> frames;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    switch (text[i]) {
+      case '"': {  // a string: skipped whole, so that brackets inside it do not count
+        const std::size_t start = ++i;
+        while (i < text.size() && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
+        if (!frames.empty() && frames.back().want_key)
+          frames.back().key = text.substr(start, std::min(i, text.size()) - start);
+        break;
+      }
+      case '{':
+      case '[':
+        if (frames.size() == std::size_t(kMaxJsonDepth)) return TooDeep{path_of(frames), i};
+        frames.push_back({text[i] == '{', text[i] == '{', {}, 0});
+        break;
+      case '}':
+      case ']':
+        if (!frames.empty()) frames.pop_back();
+        break;
+      case ':':
+        if (!frames.empty()) frames.back().want_key = false;
+        break;
+      case ',':
+        if (!frames.empty()) (frames.back().object ? frames.back().want_key = true : bool(++frames.back().index));
+        break;
+      default: break;
+    }
+  }
+  return std::nullopt;
+}
+
+Result<json> parse_json_text(std::string_view text, const std::string& source, std::string_view nesting) {
+  // nlohmann takes a NUL for the end of the text: whatever follows it would be silently ignored.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return Error{fmt::format("{}: a NUL byte at offset {}; JSON is text and has none (is it the right file?)",
+                             text_position(text, nul, source), nul)};
+  if (const std::optional<TooDeep> deep = too_deep(text))
+    return Error{fmt::format("{}: {}nesting deeper than {} levels; {}", text_position(text, deep->offset, source),
+                             deep->path.empty() ? "" : deep->path + ": ", kMaxJsonDepth, nesting)};
+  json root;
+  StrictBuilder builder(root);
+  if (!json::sax_parse(text, &builder)) return Error{builder.message(text, source)};
+  return root;
+}
+
+std::string describe_json(const json& value) {
+  if (value.is_string()) {  // quoted as JSON would, with anything not printable ASCII as \xNN
+    std::string quoted = "\"";
+    for (const char c : visible(abbreviate(value.get<std::string>()))) quoted += c == '"' ? "\\\"" : std::string(1, c);
+    return quoted + "\"";
+  }
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  return value.dump();  // a number, true, false or null
+}
+
+Status expand_hf_config(json& root, const std::string& source, FieldOrigins& origins) {
   const std::optional<json> reference = take_reference(root, "model", "hf_config");
   if (!reference) return Status::Ok();
   json& model = root["model"];
   std::filesystem::path path;
-  Result<json> hf = read_included(*reference, source, "a Hugging Face config.json", path);
+  Result<json> hf = read_included(*reference, source, "a Hugging Face config.json",
+                                  "a Hugging Face config.json nests a few levels", path);
   if (!hf.ok()) return hf.error();
   const std::string file = path.string();
   const std::pair<const char*, const char*> required[] = {{"num_hidden_layers", "layers"}, {"hidden_size", "hidden"},
                                                           {"num_attention_heads", "heads"}, {"intermediate_size", "ffn_hidden"},
                                                           {"vocab_size", "vocab"}};
   for (const auto& [key, field] : required)
-    if (Status s = take_integer(hf.value(), key, model, field, true, file); !s.ok()) return s;
-  if (Status s = take_integer(hf.value(), "num_key_value_heads", model, "kv_heads", false, file); !s.ok()) return s;
+    if (Status s = take_integer(hf.value(), key, model, field, true, file, origins); !s.ok()) return s;
+  if (Status s = take_integer(hf.value(), "num_key_value_heads", model, "kv_heads", false, file, origins); !s.ok())
+    return s;
   if (hf.value().contains("tie_word_embeddings") && !model.contains("tied_embeddings")) {
     const json& tied = hf.value()["tie_word_embeddings"];
-    if (!tied.is_boolean()) return Error{fmt::format("{}: tie_word_embeddings: expected true or false, got {}", file, tied.dump())};
+    if (!tied.is_boolean())
+      return Error{fmt::format("{}: tie_word_embeddings: expected true or false, got {}", file, describe_json(tied))};
     model["tied_embeddings"] = tied;
+    origins["model.tied_embeddings"] = file + " tie_word_embeddings";
   }
-  return take_mlp(hf.value(), model, file);
+  return take_mlp(hf.value(), model, file, origins);
 }
 
-Status expand_hardware_file(json& root, const std::string& source) {
+Status expand_hardware_file(json& root, const std::string& source, FieldOrigins& origins) {
   const std::optional<json> reference = take_reference(root, "hardware", "file");
   if (!reference) return Status::Ok();
   json& hardware = root["hardware"];
   std::filesystem::path path;
-  Result<json> file = read_included(*reference, source, "a hardware file (as `pipesim calibrate` writes)", path);
+  Result<json> file = read_included(*reference, source, "a hardware file (as `pipesim calibrate` writes)",
+                                    "a hardware file is one object of numbers", path);
   if (!file.ok()) return file.error();
   for (const auto& [key, value] : file.value().items())
-    if (key != "description" && key != "generator" && !hardware.contains(key)) hardware[key] = value;
+    if (key != "description" && key != "generator" && !hardware.contains(key)) {
+      hardware[key] = value;
+      origins["hardware." + key] = path.string();
+    }
   return Status::Ok();
 }
 

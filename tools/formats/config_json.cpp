@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config_includes.h"
+#include "files.h"
 #include "sizes.h"
 #include "spellcheck.h"
 
@@ -26,14 +27,10 @@ struct ConfigError {
   bool about_key = false;
 };
 
-std::string describe(const json& value) {
-  if (value.is_string()) return "string " + json(abbreviate(value.get<std::string>())).dump();
-  if (value.is_boolean()) return value.dump();
-  if (value.is_null()) return "null";
-  if (value.is_array()) return "an array";
-  if (value.is_object()) return "an object";
-  return value.dump();
-}
+/// How deep a config goes, for the message that refuses a deeper one.
+constexpr std::string_view kConfigNesting = "pipesim configs nest at most 3 levels (costs.forward_ms: [...])";
+
+std::string describe(const json& value) { return (value.is_string() ? "string " : "") + describe_json(value); }
 
 /// Walks one JSON object, checking each key it is asked for and rejecting any it is not.
 class ObjectReader {
@@ -95,7 +92,7 @@ class ObjectReader {
       if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
         std::string known;
         for (const std::string& k : known_) known += (known.empty() ? "" : ", ") + k;
-        throw ConfigError{at(abbreviate(key)),
+        throw ConfigError{at(visible(abbreviate(key))),
                           fmt::format("unknown key{} Known keys here: {}", did_you_mean(key, known_), known), true};
       }
   }
@@ -243,9 +240,11 @@ ExplicitCosts read_costs(ObjectReader r) {
   return c;
 }
 
-Config read_config(json root, const std::string& source) {
-  if (Status s = expand_hf_config(root, source); !s.ok()) throw ConfigError{"model.hf_config", s.error().message};
-  if (Status s = expand_hardware_file(root, source); !s.ok()) throw ConfigError{"hardware.file", s.error().message};
+/// `origins` gets the fields taken from the files the config includes.
+Config read_config(json root, const std::string& source, FieldOrigins& origins) {
+  if (Status s = expand_hf_config(root, source, origins); !s.ok()) throw ConfigError{"model.hf_config", s.error().message};
+  if (Status s = expand_hardware_file(root, source, origins); !s.ok())
+    throw ConfigError{"hardware.file", s.error().message};
   ObjectReader r(root, "");
   Config c;
   c.source = source;
@@ -263,23 +262,42 @@ Config read_config(json root, const std::string& source) {
   return c;
 }
 
+/// The value of `--set path=text`: JSON when it parses as JSON (numbers, true, [1,2]), else the text
+/// as a string. What pipesim refuses in a file (nesting past kMaxJsonDepth, a key twice) it refuses here.
+json override_value(const std::string& shown, const std::string& path, const std::string& text) {
+  if (too_deep(text))
+    throw ConfigError{"", fmt::format("--set '{}': the value nests deeper than {} levels; {}", shown, kMaxJsonDepth,
+                                      kConfigNesting)};
+  Result<json> value = parse_json_text(text, "--set " + visible(abbreviate(path)), kConfigNesting);
+  if (value.ok()) return value.value();
+  if (!json::parse(text, nullptr, false).is_discarded()) throw ConfigError{"", value.error().message};
+  return text;
+}
+
 /// Applies `key.path=value`; creates missing objects along the path.
 void apply_override(json& root, const std::string& assignment) {
+  const std::string shown = visible(abbreviate(assignment));
   const std::size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", assignment),
-                      true};
+    throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", shown), true};
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
-  json value = json::parse(text, nullptr, false);
-  if (value.is_discarded()) value = text;
+  // Each key opens an object: a path of thousands would nest the config deeper than a file may.
+  if (std::count(path.begin(), path.end(), '.') >= kMaxJsonDepth)
+    throw ConfigError{"", fmt::format("--set '{}': a path of more than {} keys; config fields are at most 2 keys deep "
+                                      "(e.g. parallel.pp)",
+                                      shown, kMaxJsonDepth),
+                      true};
+  const json value = override_value(shown, path, text);
   json* node = &root;
   std::size_t begin = 0;
   while (true) {
     const std::size_t dot = path.find('.', begin);
     const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
-    if (key.empty()) throw ConfigError{"", fmt::format("--set '{}': empty key in '{}'", assignment, path), true};
+    if (key.empty())
+      throw ConfigError{"", fmt::format("--set '{}': empty key in '{}'", shown, visible(abbreviate(path))), true};
     if (!node->is_object())
-      throw ConfigError{"", fmt::format("--set '{}': '{}' is not an object", assignment, path.substr(0, begin - 1)),
+      throw ConfigError{"", fmt::format("--set '{}': '{}' is not an object", shown,
+                                        visible(abbreviate(path.substr(0, begin - 1)))),
                         true};
     if (dot == std::string::npos) {
       (*node)[key] = value;
@@ -291,52 +309,11 @@ void apply_override(json& root, const std::string& assignment) {
   }
 }
 
-std::string line_and_column(std::string_view text, std::size_t byte) {
-  std::size_t line = 1, column = 1;
-  for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') ++line, column = 1;
-    else ++column;
-  }
-  return fmt::format("{}:{}", line, column);
-}
-
-/// Duplicate keys are refused: JSON readers disagree on which one wins, so the file is ambiguous.
-struct DuplicateKey {
-  std::string key;
-};
-
-/// The document, or an error naming the file and, where the parser knows it, the line and column.
-Result<json> parse_json(std::string_view text, const std::string& source) {
-  std::vector<std::vector<std::string>> keys;  // per open object, the keys seen so far
-  const json::parser_callback_t no_duplicates = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end) keys.pop_back();
-    if (event == json::parse_event_t::key) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (std::find(keys.back().begin(), keys.back().end(), key) != keys.back().end())
-        throw DuplicateKey{key};
-      keys.back().push_back(key);
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, no_duplicates);
-  } catch (const json::parse_error& e) {
-    // nlohmann reports the byte just past the problem; point at the last byte it read.
-    return Error{fmt::format("{}:{}: invalid JSON: {}", source, line_and_column(text, e.byte > 0 ? e.byte - 1 : 0),
-                             std::string(e.what()).substr(std::string(e.what()).find(':') + 2))};
-  } catch (const json::exception& e) {  // e.g. out_of_range: a number beyond a double (1e999)
-    return Error{fmt::format("{}: invalid JSON: {}", source, std::string(e.what()).substr(std::string(e.what()).find(']') + 2))};
-  } catch (const DuplicateKey& d) {
-    return Error{fmt::format("{}: key \"{}\" appears twice in one object; keep one", source, abbreviate(d.key))};
-  }
-}
-
 /// parse_config, also saying in `key_fault` whether a failure was a key's (ConfigError::about_key).
 Result<Config> parse(std::string_view text, const std::string& source, const std::vector<std::string>& overrides,
                      bool& key_fault) {
   key_fault = false;
-  Result<json> parsed = parse_json(text, source);
+  Result<json> parsed = parse_json_text(text, source, kConfigNesting);
   if (!parsed.ok()) return parsed.error();
   json& root = parsed.value();
   if (!root.is_object())
@@ -344,19 +321,24 @@ Result<Config> parse(std::string_view text, const std::string& source, const std
                              "\"parallel\": ...}}",
                              source, describe(root))};
   std::vector<std::string> set_paths;
+  FieldOrigins origins;
   try {
     for (const std::string& o : overrides) {
       apply_override(root, o);
       set_paths.push_back(o.substr(0, o.find('=')));
     }
-    return read_config(root, source);
+    return read_config(root, source, origins);
   } catch (const ConfigError& e) {
     key_fault = e.about_key;
     if (e.path.empty()) return Error{e.message};
-    const bool from_set = std::any_of(set_paths.begin(), set_paths.end(), [&](const std::string& set) {
-      return e.path == set || e.path.starts_with(set + ".") || e.path.starts_with(set + "[");
-    });
-    return Error{fmt::format("{}: {}{}: {}", source, e.path, from_set ? " (from --set)" : "", e.message)};
+    const auto within = [&](const std::string& field) {
+      return e.path == field || e.path.starts_with(field + ".") || e.path.starts_with(field + "[");
+    };
+    const bool from_set = std::any_of(set_paths.begin(), set_paths.end(), [&](const std::string& set) { return within(set); });
+    std::string from = from_set ? " (from --set)" : "";
+    for (const auto& [field, origin] : origins)
+      if (within(field)) from = " (from " + origin + ")";
+    return Error{fmt::format("{}: {}{}: {}", source, e.path, from, e.message)};
   }
 }
 
@@ -377,7 +359,7 @@ std::optional<Error> key_error(std::string_view text, const std::string& source,
 }
 
 Result<ExplicitCosts> parse_costs(std::string_view text, const std::string& source) {
-  Result<json> parsed = parse_json(text, source);
+  Result<json> parsed = parse_json_text(text, source, "a costs block nests at most 2 levels (forward_ms: [...])");
   if (!parsed.ok()) return parsed.error();
   try {
     return read_costs(ObjectReader(parsed.value(), "costs"));

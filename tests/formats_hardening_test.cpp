@@ -209,3 +209,24 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
   CHECK(with_hf(llama, R"json(, "layers": 5000)json") ==
         config + ": model.layers: must be at most 4096, got 5000 (pipesim's limit; docs/config.md says why)");
 }
+
+TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
+  // The objects a --set creates are its own: `a` was blamed on the config file.
+  CHECK(error_of(kBase + "}", "c.json", {"a.b.c.d=1"}) ==
+        "c.json: a (from --set): unknown key. Known keys here: model, parallel, schedule, hardware, precision, costs, "
+        "description");
+  CHECK(error_of(kBase + "}", "c.json", {"model.x.y=1"}) ==
+        "c.json: model.x (from --set): unknown key. Known keys here: layers, hidden, heads, kv_heads, ffn_hidden, "
+        "seq_len, vocab, micro_batch_size, mlp, tied_embeddings, hf_config");
+  CHECK(error_of(kBase + "}", "c.json", {"parallel.pp=2"}) == "(no error)");
+  // A byte that is not UTF-8 used to abort pipesim when a message quoted it.
+  CHECK(error_of(kBase + "}", "c.json", {"model.layers=\xff"}) ==
+        "--set 'model.layers=\\xFF': byte 14 is not UTF-8 text; write the key and value as text");
+  CHECK(error_of(kBase + "}", "c.json", {"schedule.name=1f1b\xc3"}) ==
+        "--set 'schedule.name=1f1b\\xC3': byte 19 is not UTF-8 text; write the key and value as text");
+  CHECK(error_of(kBase + "}", "c.json", {"description=caf\xc3\xa9"}) == "(no error)");
+  // Invisible bytes in a key show.
+  CHECK(error_of(kBase + R"json(, "\u00a0description": ""})json") ==
+        "c.json: \\xC2\\xA0description: unknown key; did you mean 'description'? Known keys here: model, parallel, "
+        "schedule, hardware, precision, costs, description");
+}

@@ -259,8 +259,9 @@ TEST_CASE("a malformed --grid is an error that names --grid and the fix") {
        "--grid 'parallel.ppp=2': c.json: parallel.ppp (from --set): unknown key; did you mean 'pp'? Known keys here: pp, tp, "
        "dp, microbatches, chunks; use a key as --set takes it (docs/config.md lists them)"},
       {{"paralel.pp=2"},
-       "--grid 'paralel.pp=2': c.json: paralel: unknown key; did you mean 'parallel'? Known keys here: model, parallel, "
-       "schedule, hardware, precision, costs, description; use a key as --set takes it (docs/config.md lists them)"},
+       "--grid 'paralel.pp=2': c.json: paralel (from --set): unknown key; did you mean 'parallel'? Known keys here: "
+       "model, parallel, schedule, hardware, precision, costs, description; use a key as --set takes it (docs/config.md "
+       "lists them)"},
       {{"parallel.pp.x=2"},
        "--grid 'parallel.pp.x=2': --set 'parallel.pp.x=2': 'parallel.pp' is not an object; use a key as --set takes it "
        "(docs/config.md lists them)"},

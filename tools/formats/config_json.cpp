@@ -262,6 +262,28 @@ Config read_config(json root, const std::string& source, FieldOrigins& origins) 
   return c;
 }
 
+/// The offset of the first byte of `text` that is not part of well-formed UTF-8; nullopt when all are.
+std::optional<std::size_t> invalid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const std::size_t length = lead < 0x80                 ? 1
+                               : lead >= 0xC2 && lead < 0xE0 ? 2
+                               : lead >= 0xE0 && lead < 0xF0 ? 3
+                               : lead >= 0xF0 && lead < 0xF5 ? 4
+                                                             : 0;
+    if (length == 0 || i + length > text.size()) return i;
+    for (std::size_t k = 1; k < length; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return i;
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF.
+    const auto second = length > 1 ? static_cast<unsigned char>(text[i + 1]) : 0;
+    if ((lead == 0xE0 && second < 0xA0) || (lead == 0xED && second >= 0xA0) || (lead == 0xF0 && second < 0x90) ||
+        (lead == 0xF4 && second >= 0x90))
+      return i;
+    i += length;
+  }
+  return std::nullopt;
+}
+
 /// The value of `--set path=text`: JSON when it parses as JSON (numbers, true, [1,2]), else the text
 /// as a string. What pipesim refuses in a file (nesting past kMaxJsonDepth, a key twice) it refuses here.
 json override_value(const std::string& shown, const std::string& path, const std::string& text) {
@@ -278,6 +300,11 @@ json override_value(const std::string& shown, const std::string& path, const std
 void apply_override(json& root, const std::string& assignment) {
   const std::string shown = visible(abbreviate(assignment));
   const std::size_t eq = assignment.find('=');
+  // Every string in a config is text: nlohmann checks a file's, and cannot print any other.
+  if (const std::optional<std::size_t> bad = invalid_utf8(assignment))
+    throw ConfigError{"", fmt::format("--set '{}': byte {} is not UTF-8 text; write the key and value as text", shown,
+                                      *bad + 1),
+                      *bad < eq};
   if (eq == std::string::npos || eq == 0)
     throw ConfigError{"", fmt::format("--set '{}': expected key.path=value, e.g. --set parallel.pp=4", shown), true};
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
@@ -334,7 +361,10 @@ Result<Config> parse(std::string_view text, const std::string& source, const std
     const auto within = [&](const std::string& field) {
       return e.path == field || e.path.starts_with(field + ".") || e.path.starts_with(field + "[");
     };
-    const bool from_set = std::any_of(set_paths.begin(), set_paths.end(), [&](const std::string& set) { return within(set); });
+    // A --set also owns the objects it created on its way: `--set a.b=1` is the reason for "a: unknown key".
+    const bool from_set = std::any_of(set_paths.begin(), set_paths.end(), [&](const std::string& set) {
+      return within(set) || set.starts_with(e.path + ".");
+    });
     std::string from = from_set ? " (from --set)" : "";
     for (const auto& [field, origin] : origins)
       if (within(field)) from = " (from " + origin + ")";

@@ -19,7 +19,11 @@ double extra_cost(int stage, int stages, const StageWeights& w) {
 /// Layers stage `s` may hold without exceeding `limit`; -1 when even zero layers exceed it.
 int capacity(double limit, double extra, const StageWeights& w, int layers) {
   if (extra > limit * (1 + 1e-12)) return -1;
-  return std::min(layers, static_cast<int>(std::floor((limit - extra) / w.layer * (1 + 1e-12))));
+  // Compared as a double before it becomes an int: with layers far cheaper than the embedding or the
+  // head, the quotient passes INT_MAX.
+  const double fit = std::floor((limit - extra) / w.layer * (1 + 1e-12));
+  if (!(fit < layers)) return layers;
+  return fit < -1 ? -1 : static_cast<int>(fit);
 }
 
 }  // namespace
@@ -30,6 +34,8 @@ int Layout::stage_of(int device, int chunk) const {
 }
 
 std::vector<int> balanced_split(int layers, int stages, const StageWeights& w) {
+  // Layers that cost nothing (so fast that they round to 0 ns) fit anywhere: every split is as good.
+  if (!(w.layer > 0)) return even_split(layers, stages);
   // The optimum is one of the values n·layer + extra_s; take the smallest that fits all layers.
   std::vector<double> limits;
   for (int s = 0; s < stages; ++s)

@@ -58,6 +58,11 @@ std::optional<FieldError> check_parallel(const ParallelConfig& p, const Hardware
                                                  p.pp, p.tp, p.dp, limits::kGpus)};
   if (h.gpus_per_node > limits::kGpusPerNode)
     return too_large("hardware.gpus_per_node", h.gpus_per_node, limits::kGpusPerNode);
+  // Turned into bytes (an integer) for the fits-in-memory verdict: 1e10 GiB would wrap negative.
+  if (!(h.memory_gib <= limits::kMemoryGib))
+    return FieldError{"hardware.memory_gib", fmt::format("must be at most {} (64 PiB), got {} (pipesim's limit; "
+                                                         "docs/config.md says why)",
+                                                         limits::kMemoryGib, h.memory_gib)};
   return std::nullopt;
 }
 
@@ -78,12 +83,20 @@ std::optional<FieldError> check_bytes(const Config& c) {
                                   "of {:.3g}; use fewer microbatches or a smaller model",
                                   activations, double(limits::kModelBytes))};
   if (c.costs) {
-    const double given = std::max(c.costs->activation_bytes.value_or(0), c.costs->output_activation_bytes);
-    if (given * c.parallel.microbatches > double(limits::kModelBytes))
+    // activation_bytes is one device's even share; a stage of `redistribute` may hold up to pp shares.
+    const double layers = c.costs->activation_bytes.value_or(0) * c.parallel.pp;
+    if (layers * c.parallel.microbatches > double(limits::kModelBytes))
       return FieldError{"costs.activation_bytes",
+                        fmt::format("{:.3g} bytes per microbatch x pp {} x {} microbatches is over pipesim's limit of "
+                                    "{:.3g} bytes; give the bytes one microbatch keeps on one device",
+                                    *c.costs->activation_bytes, c.parallel.pp, c.parallel.microbatches,
+                                    double(limits::kModelBytes))};
+    if (c.costs->output_activation_bytes * c.parallel.microbatches > double(limits::kModelBytes))
+      return FieldError{"costs.output_activation_bytes",
                         fmt::format("{:.3g} bytes per microbatch x {} microbatches is over pipesim's limit of {:.3g} "
-                                    "bytes; give the bytes one microbatch keeps on one device",
-                                    given, c.parallel.microbatches, double(limits::kModelBytes))};
+                                    "bytes; give the bytes the output layer keeps for one microbatch",
+                                    c.costs->output_activation_bytes, c.parallel.microbatches,
+                                    double(limits::kModelBytes))};
   }
   return std::nullopt;
 }

@@ -25,6 +25,8 @@ constexpr std::int64_t kGpus = 1 << 24;      ///< pp × tp × dp, so global rank
 constexpr int kGpusPerNode = 1 << 16;
 constexpr std::int64_t kTasks = std::int64_t(1) << 28;  ///< about 70 GiB of graph at kBytesPerTask
 constexpr Bytes kModelBytes = Bytes(1) << 56;  ///< weights, or activations of all microbatches (64 PiB)
+/// hardware.memory_gib: its bytes (× 2³⁰) stay inside 64 bits, as large as any model pipesim takes.
+constexpr double kMemoryGib = double(kModelBytes >> 30);
 /// What one task of a built plan costs in memory (graph, timeline and metrics), measured with
 /// peak RSS: about 260 B (pp 1024, m 8192: 13 GB for 50M tasks) with 99 bytes of graph per op;
 /// rounded up, and kept as a bound now that the graph takes 51.

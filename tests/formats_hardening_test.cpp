@@ -210,6 +210,40 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
         config + ": model.layers: must be at most 4096, got 5000 (pipesim's limit; docs/config.md says why)");
 }
 
+TEST_CASE("a config float that becomes an integer is bounded, and the error names its field") {
+  // 1e10 GiB used to wrap to a negative capacity: "DOES NOT FIT".
+  CHECK(error_of(kBase + "}", "c.json", {"hardware.memory_gib=1e10"}) ==
+        "c.json: hardware.memory_gib (from --set): must be at most 67108864 (64 PiB), got 10000000000 (pipesim's limit; "
+        "docs/config.md says why)");
+  const Simulated largest = simulate_or_fail(parse_or_fail(kBase + "}", {"hardware.memory_gib=67108864"}));
+  CHECK(largest.metrics.memory_capacity_bytes == Bytes(1) << 56);
+  CHECK(largest.metrics.fits_in_memory);
+
+  // activation_bytes is a device's even share; a redistributed stage may hold up to pp shares of it.
+  const std::string costs = R"json({"model": {"layers": 512, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000},
+    "parallel": {"pp": 256, "microbatches": 1}, "costs": {"forward_ms": 1, "backward_ms": 1}})json";
+  CHECK(error_of(costs, "c.json", {"costs.activation_bytes=72057594037927936"}) ==
+        "c.json: costs.activation_bytes (from --set): 7.21e+16 bytes per microbatch x pp 256 x 1 microbatches is over "
+        "pipesim's limit of 7.21e+16 bytes; give the bytes one microbatch keeps on one device");
+  // Was reported as costs.activation_bytes.
+  CHECK(error_of(costs, "c.json", {"costs.output_activation_bytes=1e17"}) ==
+        "c.json: costs.output_activation_bytes (from --set): 1e+17 bytes per microbatch x 1 microbatches is over "
+        "pipesim's limit of 7.21e+16 bytes; give the bytes the output layer keeps for one microbatch");
+  // At the limit, with all but 255 layers on one stage (257 shares), the bytes stay positive.
+  std::string split = "[257";
+  for (int s = 1; s < 256; ++s) split += ", 1";
+  const Simulated uneven = simulate_or_fail(parse_or_fail(
+      costs, {"costs.activation_bytes=" + std::to_string((std::int64_t(1) << 56) / 256), "costs.output_activation_bytes=1",
+              "schedule.vocab=redistribute", "schedule.layers_per_stage=" + split + "]"}));
+  CHECK(uneven.plan.layout.stages[0].layers == 257);
+  CHECK(uneven.metrics.devices[0].peak_activation_bytes == Approx(double(std::int64_t(1) << 56) / 256 * 257 / 2));
+
+  // Layers so fast that they take 0 ns: the balanced split divided by that time and printed INT_MIN.
+  const Plan fast = plan_or_fail(parse_or_fail(
+      kBase + "}", {"schedule.vocab=redistribute", "hardware.peak_tflops=1e300", "hardware.hbm_gbps=1e300"}));
+  for (const VirtualStage& stage : fast.layout.stages) CHECK(stage.layers == 2);
+}
+
 TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
   // The objects a --set creates are its own: `a` was blamed on the config file.
   CHECK(error_of(kBase + "}", "c.json", {"a.b.c.d=1"}) ==

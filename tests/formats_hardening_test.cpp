@@ -264,3 +264,48 @@ TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
         "c.json: \\xC2\\xA0description: unknown key; did you mean 'description'? Known keys here: model, parallel, "
         "schedule, hardware, precision, costs, description");
 }
+
+TEST_CASE("a schedule file's invisible bytes show, and a clash names both actions") {
+  const auto error = [](const std::string& text, int devices = 2, int microbatches = 1) {
+    Result<CustomSchedule> s = parse_schedule_csv(text, "s.csv", devices, microbatches);
+    return s.ok() ? "(no error)" : s.error().message;
+  };
+  // A byte-order mark (as some editors save) was printed as is: an invisible difference.
+  CHECK(error("\xEF\xBB\xBF" "0F0,0B0\n1F0,1B0\n") ==
+        "s.csv:1:1: '\\xEF\\xBB\\xBF0F0' is not an action; write [stage][F|I|B|W][microbatch] (e.g. 0F0), "
+        "[stage][SEND_F|RECV_F|SEND_B|RECV_B][microbatch], [stage][UNSHARD|RESHARD|REDUCE_GRAD] or "
+        "([action];[action])OVERLAP_F_B");
+  CHECK(error("0F0,0B\x01" "0\n1F0,1B0\n") ==
+        "s.csv:1:5: '0B\\x010' is not an action; write [stage][F|I|B|W][microbatch] (e.g. 0F0), "
+        "[stage][SEND_F|RECV_F|SEND_B|RECV_B][microbatch], [stage][UNSHARD|RESHARD|REDUCE_GRAD] or "
+        "([action];[action])OVERLAP_F_B");
+  // B is a full backward: with W split off it was read as I and W, and the clash reported as
+  // "W(s0,m0) appears twice", an op the file never names twice.
+  CHECK(error("0F0,0B0,0W0\n1F0,1I0,1W0\n") ==
+        "s.csv:1:9: 0W0 computes the weight gradient that 0B0 (s.csv:1:5) computes already: B is a full backward, I "
+        "and W; write 0I0 instead of 0B0, or drop 0W0");
+  CHECK(error("0F0,0I0,0B0\n1F0,1I0,1W0\n") ==
+        "s.csv:1:5: 0I0 computes the input gradient that 0B0 (s.csv:1:9) computes already: B is a full backward, I "
+        "and W; write 0W0 instead of 0B0, or drop 0I0");
+  CHECK(error("0F0,0B0\n1F0,1I0,1W0\n") == "(no error)");  // a full backward beside split ones is fine
+
+  // Stages past what the ranks can hold, and cells past what any schedule needs, are refused at once.
+  CHECK(error("0F0,0B0,4095F0\n1F0,1B0\n") ==
+        "s.csv: uses 4096 stages, more than 127 chunks on each of the 2 ranks; pipesim's limit is 127 (parallel.chunks)");
+  std::string many = "4095F0";
+  for (int i = 0; i < 2000000; ++i) many += ",0F0";
+  auto start = std::chrono::steady_clock::now();
+  CHECK(error(many + "\n1F0\n", 2, 8) ==
+        "s.csv:1:73156: over 18288 actions, the most 2 ranks can need for 8 microbatches (254 stages at most, 8 "
+        "actions per stage and microbatch); is it the right file?");
+  CHECK(seconds_since(start) < 10);
+  // With 1024 ranks, 4096 stages are allowed and a million cells may be read: what follows is
+  // linear in them (renumbering PyTorch's shifted forwards looked at every cell once per stage).
+  std::string wide = "4095F0";
+  for (int i = 0; i < 1000000; ++i) wide += ",0F0";
+  for (int d = 1; d < 1024; ++d) wide += fmt::format("\n{}F0", d);
+  start = std::chrono::steady_clock::now();
+  CHECK(error(wide, 1024, 1024) ==
+        "s.csv: schedules 1 microbatches but parallel.microbatches is 1024; use --set parallel.microbatches=1");
+  CHECK(seconds_since(start) < 10);
+}

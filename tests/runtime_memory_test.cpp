@@ -53,7 +53,7 @@ TEST_CASE("a CPU run keeps the memory it frees: steps after the first take (almo
   CHECK(per_step < 0.1 * pages);
 }
 
-int main(int argc, char** argv) {
+int main([[maybe_unused]] int argc, [[maybe_unused]] char** argv) {
 #if defined(PIPESIM_SANITIZER_ALLOCATOR)
   std::printf("skipped: a sanitizer build, whose allocator is the sanitizer's, not glibc's\n");
   return 77;

@@ -1,6 +1,4 @@
 // End-to-end: the pipesim binary as a user runs it (path in $PIPESIM, configs under $PIPESIM_SOURCE).
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,49 +6,12 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_helpers.h"
 #include "helpers.h"
 
 using json = nlohmann::json;
 
-namespace {
-
-struct Output {
-  int exit_code;
-  std::string text;  ///< stdout, and stderr when asked
-};
-
-Output run_command(const std::string& line, bool with_stderr = false) {
-  const std::string command = line + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string text;
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
-}
-
-/// Runs the pipesim binary ($PIPESIM) with `args`.
-Output run(const std::string& args, bool with_stderr = false) {
-  const char* binary = std::getenv("PIPESIM");
-  REQUIRE(binary);
-  return run_command(std::string(binary) + " " + args, with_stderr);
-}
-
-/// Runs pipesim with `args` and its standard output redirected by `redirect`; returns its standard error.
-Output run_stderr(const std::string& args, const std::string& redirect = ">/dev/null") {
-  return run_command("(" + std::string(std::getenv("PIPESIM")) + " " + args + " " + redirect + ")", true);
-}
-
-std::string config(const std::string& name) { return std::string(std::getenv("PIPESIM_SOURCE")) + "/configs/" + name; }
-
-std::filesystem::path scratch_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / ("pipesim-cli-test-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-}  // namespace
+using namespace pipesim::testing;
 
 TEST_CASE("list shows every schedule and vocabulary mode") {
   const Output out = run("list");

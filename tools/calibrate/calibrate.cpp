@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config_json.h"
+#include "json_text.h"
 
 namespace pipesim {
 namespace {
@@ -27,7 +28,7 @@ Result<std::vector<Sample>> run_profile_samples(const json& profile, const std::
     return Error{fmt::format("{}: not a profile with op shapes: expected \"model\", \"pp\" and \"costs\" as `pipesim run "
                              "--profile` writes (or \"ops\": [{{\"name\", \"flops\", \"bytes\", \"ms\"}}])",
                              path)};
-  const std::string text = json{{"model", profile["model"]}, {"parallel", {{"pp", 1}, {"microbatches", 1}}}}.dump();
+  const std::string text = json_text(json{{"model", profile["model"]}, {"parallel", {{"pp", 1}, {"microbatches", 1}}}});
   Result<Config> config = parse_config(text, path);
   if (!config.ok()) return config.error();
   const std::vector<OpWork> work = analytic_op_work(config.value());
@@ -127,7 +128,7 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
                      {"kv_heads", kv.value() ? kv.value() : heads.value()}, {"ffn_hidden", f.value()},
                      {"seq_len", s.value()}, {"vocab", vocab.value()}, {"micro_batch_size", b.value()},
                      {"mlp", llama ? "swiglu" : "gelu"}};
-    Result<Config> config = parse_config(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}.dump(), at);
+    Result<Config> config = parse_config(json_text(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}), at);
     if (!config.ok()) return config.error();
     const std::vector<OpWork> work = analytic_op_work(config.value());
     const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value())

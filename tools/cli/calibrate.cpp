@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "config_json.h"
 #include "files.h"
+#include "json_text.h"
 #include "options.h"
 
 namespace pipesim {
@@ -28,10 +29,11 @@ struct CalibrateOptions {
 };
 
 ExitStatus run_calibrate(const CalibrateOptions& o) {
-  Result<Config> base = parse_config(json{{"model", {{"layers", 1}, {"hidden", 8}, {"heads", 1}, {"seq_len", 1}, {"vocab", 8}}},
-                                          {"parallel", {{"microbatches", 1}}},
-                                          {"hardware", {{"preset", o.preset}}}}.dump(),
-                                     "--preset");
+  Result<Config> base =
+      parse_config(json_text(json{{"model", {{"layers", 1}, {"hidden", 8}, {"heads", 1}, {"seq_len", 1}, {"vocab", 8}}},
+                                  {"parallel", {{"microbatches", 1}}},
+                                  {"hardware", {{"preset", o.preset}}}}),
+                   "--preset");
   if (!base.ok()) return fail(base.error().message);
   std::vector<Sample> samples;
   for (const std::string& path : o.profiles) {
@@ -82,7 +84,8 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
                   {"attention_efficiency", after.attention_efficiency},
                   {"hbm_efficiency", after.hbm_efficiency},
                   {"kernel_launch_us", after.kernel_launch_us}};
-  if (Status s = write_output_file(o.output, file.dump(2) + "\n", kHardwareGenerator); !s.ok()) return fail(s.error().message);
+  if (Status s = write_output_file(o.output, json_text(file, 2) + "\n", kHardwareGenerator); !s.ok())
+    return fail(s.error().message);
   fmt::print("hardware written to {} (use: \"hardware\": {{\"file\": \"{}\"}} in a config)\n", o.output, o.output);
   return ExitStatus::Success;
 }

@@ -10,6 +10,7 @@
 #include "config_files.h"
 #include "commands.h"
 #include "files.h"
+#include "json_text.h"
 #include "cuda/cuda_backend.h"
 #include "launch.h"
 #include "measured.h"
@@ -109,7 +110,7 @@ std::function<void(int, double, TimeNs)> progress_bar(const RunFlags& o) {
 /// The simulator on the graph just executed, with the op times just measured (the profile): how far
 /// its prediction is from the measurement.
 std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile) {
-  Result<Config> profiled = apply_profile(plan.config, profile.dump(), "the measured profile");
+  Result<Config> profiled = apply_profile(plan.config, json_text(profile), "the measured profile");
   if (!profiled.ok()) return std::nullopt;
   const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), plan.layout);
   Result<Timeline> sim = simulate(plan.graph, op_durations(*costs, plan.graph));
@@ -182,10 +183,11 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
       return fail(s.error().message);
   }
   if (!o.profile.empty())
-    if (Status s = write_output_file(o.profile, profile.dump(2) + "\n", kProfileGenerator); !s.ok()) return fail(s.error().message);
+    if (Status s = write_output_file(o.profile, json_text(profile, 2) + "\n", kProfileGenerator); !s.ok())
+      return fail(s.error().message);
   const std::optional<TimeNs> predicted = predicted_iteration(plan, profile);
   if (o.format == Format::Json)
-    fmt::print("{}\n", run_result_json(o, measured, r, backend, predicted).dump(2));
+    fmt::print("{}\n", json_text(run_result_json(o, measured, r, backend, predicted), 2));
   else
     print_text(o, measured, r, predicted);
   if (r.check && !r.check->passed())

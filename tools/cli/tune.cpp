@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "config_files.h"
+#include "json_text.h"
 #include "options.h"
 #include "tune.h"
 
@@ -42,7 +43,7 @@ ExitStatus run_tune(const TuneOptions& o) {
     }
     const nlohmann::ordered_json out = {{"evaluated", r.evaluated}, {"pruned", r.pruned()},   {"simulated", r.simulated},
                                         {"refused", r.refused},     {"seconds", r.seconds},   {"results", results}};
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", json_text(out, 2));
     return ExitStatus::Success;
   }
   std::vector<Column> columns = comparison_columns();

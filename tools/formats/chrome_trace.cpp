@@ -1,5 +1,6 @@
 #include "chrome_trace.h"
 
+#include "json_text.h"
 #include "metrics.h"
 
 #include <fmt/format.h>
@@ -51,7 +52,7 @@ std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const
                          const std::string& title, std::span<const Bytes> live_after) {
   fmt::memory_buffer out;
   fmt::format_to(std::back_inserter(out), R"({},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)",
-                 kTraceGenerator, nlohmann::json(title).dump());
+                 kTraceGenerator, json_text(nlohmann::json(title)));
   out.push_back('\n');
   fmt::format_to(std::back_inserter(out), R"({{"ph":"M","pid":0,"name":"process_name","args":{{"name":"device 0"}}}})");
   out.push_back('\n');

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
+
 namespace pipesim {
 namespace {
 
@@ -143,7 +145,7 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
 }
 
 std::string format_run(const RunReport& r, Format format) {
-  if (format == Format::Json) return run_json(r).dump(2) + "\n";
+  if (format == Format::Json) return json_text(run_json(r), 2) + "\n";
   const RunMetrics& m = r.metrics;
   // Small models (the CPU runtime's) read better in MiB.
   const bool small = max_peak(r) < Bytes(1) << 30;
@@ -179,7 +181,7 @@ std::string format_comparison(const std::vector<RunReport>& reports, Format form
   if (format == Format::Json) {
     json all = json::array();
     for (const RunReport& r : reports) all.push_back(run_json(r));
-    return all.dump(2) + "\n";
+    return json_text(all, 2) + "\n";
   }
   std::vector<std::vector<std::string>> rows;
   for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reports.front()));

@@ -9,6 +9,7 @@
 
 #include "config_json.h"
 #include "files.h"
+#include "json_text.h"
 #include "simulate_config.h"
 #include "spellcheck.h"
 #include "worker_pool.h"
@@ -64,7 +65,7 @@ std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<st
         row["error"] = rows[i].error;
       all.push_back(row);
     }
-    return all.dump(2) + "\n";
+    return json_text(all, 2) + "\n";
   }
   std::vector<Column> columns;
   for (const GridAxis& axis : axes) columns.push_back({axis.key, true});

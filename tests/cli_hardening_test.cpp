@@ -1,0 +1,132 @@
+// End-to-end, the classes of input that used to end pipesim badly: strings that are not UTF-8 and
+// exceptions that left main. Each case runs the binary as a user does (cli_helpers.h).
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_helpers.h"
+
+using namespace pipesim::testing;
+using json = nlohmann::json;
+
+namespace {
+
+/// U+FFFD, which JSON, the trace and the SVG hold in place of each byte that is not UTF-8.
+const std::string kReplacement = "\xEF\xBF\xBD";
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// `text` as one line of its own: pipesim's every failure is one line on standard error.
+bool one_line(const std::string& text) { return !text.empty() && text.find('\n') == text.size() - 1; }
+
+}  // namespace
+
+TEST_CASE("a file name, --set, --grid, --schedule-file or --preset that is not UTF-8 never ends the program") {
+  const auto dir = scratch_dir();
+  const std::string config = (dir / "config\xff.json").string();
+  std::filesystem::copy_file(::config("tiny.json"), config, std::filesystem::copy_options::overwrite_existing);
+  const std::string replaced = (dir / ("config" + kReplacement + ".json")).string();
+
+  SECTION("JSON reports, compare and tune") {
+    const Output simulated = run("simulate '" + config + "' --format json");
+    REQUIRE(simulated.exit_code == 0);
+    CHECK(json::parse(simulated.text)["config"] == replaced);
+    const Output compared = run("compare '" + config + "' --schedules 1f1b --vocab baseline --format json");
+    REQUIRE(compared.exit_code == 0);
+    CHECK(json::parse(compared.text)[0]["config"] == replaced);
+    const Output tuned = run("tune '" + config + "' --top 1 --format json");
+    REQUIRE(tuned.exit_code == 0);
+    CHECK(json::parse(tuned.text)["results"][0]["config"] == replaced);
+  }
+  SECTION("the trace and the SVG timeline") {
+    const std::string trace = (dir / "trace.json").string(), svg = (dir / "timeline.svg").string();
+    std::filesystem::remove(trace), std::filesystem::remove(svg);
+    REQUIRE(run("simulate '" + config + "' --trace " + trace + " --svg " + svg).exit_code == 0);
+    CHECK(json::parse(read_file(trace))["otherData"]["title"] == replaced + " 1f1b vocab-1 (simulated)");
+    const std::string picture = read_file(svg);
+    CHECK(picture.find(replaced + ": 1f1b / vocab-1") != std::string::npos);
+    CHECK(picture.find('\xff') == std::string::npos);
+  }
+  SECTION("a measured run's report, trace and profile") {
+    const std::string trace = (dir / "measured.json").string(), profile = (dir / "profile.json").string();
+    std::filesystem::remove(trace), std::filesystem::remove(profile);
+    const Output out = run("run '" + config + "' --format json --trace " + trace + " --profile " + profile);
+    REQUIRE(out.exit_code == 0);
+    CHECK(json::parse(out.text)["config"] == replaced);
+    CHECK(json::parse(read_file(profile))["config"] == replaced);
+    CHECK(json::parse(read_file(trace))["otherData"]["title"].get<std::string>().starts_with(replaced));
+  }
+  SECTION("a --set value and a --grid value") {
+    const Output set = run_stderr("simulate " + ::config("tiny.json") + " --set 'schedule.name=\xff' --format json");
+    CHECK(set.exit_code == 1);
+    CHECK(one_line(set.text));
+    const Output grid = run("sweep " + ::config("tiny.json") + " --grid 'schedule.name=\xfe,1f1b' --format json");
+    REQUIRE(grid.exit_code == 0);
+    const json rows = json::parse(grid.text);
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0]["schedule.name"] == kReplacement);
+    CHECK(rows[0]["error"].get<std::string>().find("unknown schedule '" + kReplacement + "'") != std::string::npos);
+    CHECK(rows[1]["schedule"] == "1f1b");
+  }
+  SECTION("a --schedule-file path") {
+    const std::string csv = (dir / "orders\xff.csv").string();
+    std::filesystem::remove(csv);
+    REQUIRE(run("export " + ::config("tiny.json") + " -o '" + csv + "'").exit_code == 0);
+    const Output out = run("simulate " + ::config("tiny.json") + " --schedule-file '" + csv + "' --format json");
+    REQUIRE(out.exit_code == 0);
+    CHECK(json::parse(out.text)["schedule"] == "file:" + (dir / ("orders" + kReplacement + ".csv")).string());
+  }
+  SECTION("calibrate --preset") {
+    const std::string ops = (dir / "ops.json").string();
+    std::ofstream(ops) << R"({"ops": [{"flops": 1e12, "bytes": 1e6, "ms": 3}, {"flops": 1e9, "bytes": 1e9, "ms": 1},
+                                      {"flops": 0, "bytes": 0, "ms": 0.01}]})";
+    const Output out = run_stderr("calibrate " + ops + " --preset '\xff'");
+    CHECK(out.exit_code == 1);
+    CHECK(out.text == "pipesim: error: --preset: hardware.preset: unknown preset '" + kReplacement +
+                          "'. Presets: a100-80gb, h100-sxm, h200\n");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("no exception leaves pipesim: every failure is one line and status 1") {
+  // Values read as a config field of another type: the field's error, or at worst one line saying
+  // it is pipesim's fault, never an abort.
+  for (const std::string set : {"model.layers=\xff", "parallel.pp=\xff", "costs.forward_ms=\xff",
+                                "schedule.layers_per_stage=\xff", "precision.flash_attention=\xff"}) {
+    const Output out = run_stderr("simulate " + config("default.json") + " --set '" + set + "'");
+    INFO(set);
+    CHECK(out.exit_code == 1);
+    CHECK(one_line(out.text));
+    CHECK(out.text.starts_with("pipesim: "));
+  }
+}
+
+TEST_CASE("out of memory is one line, with advice only where it applies") {
+  // Under a cap on the address space the allocations fail; a sanitizer build cannot run under one.
+  if (run_command("ulimit -v 400000 && " + pipesim_binary() + " list").exit_code != 0) {
+    WARN("pipesim does not start within 400 MB of address space (a sanitizer build): skipped");
+    return;
+  }
+  const std::string limited = "ulimit -v 400000 && " + pipesim_binary() + " ";
+  const std::string large = "simulate " + config("default.json") + " --set parallel.microbatches=131072";
+  const Output plan = run_command("(" + limited + large + " >/dev/null)", true);
+  CHECK(plan.exit_code == 1);
+  CHECK_THAT(plan.text, Catch::EndsWith("pipesim: error: out of memory; try fewer microbatches or pipeline stages\n"));
+  // calibrate's size is its profiles: no advice about pipeline stages.
+  const auto dir = scratch_dir();
+  std::string ops = R"({"ops": [)";
+  for (int i = 0; i < 600'000; ++i) ops += R"({"flops": 1e9, "bytes": 1e6, "ms": 0.1}, )";
+  std::ofstream(dir / "ops.json") << ops << R"({"flops": 1e9, "bytes": 1e6, "ms": 0.1}]})";
+  const Output fit = run_command("(" + limited + "calibrate " + (dir / "ops.json").string() + " >/dev/null)", true);
+  CHECK(fit.exit_code == 1);
+  CHECK(fit.text == "pipesim: error: out of memory\n");
+  std::filesystem::remove_all(dir);
+}

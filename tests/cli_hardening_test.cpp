@@ -1,5 +1,6 @@
-// End-to-end, the classes of input that used to end pipesim badly: strings that are not UTF-8 and
-// exceptions that left main. Each case runs the binary as a user does (cli_helpers.h).
+// End-to-end, the classes of input that used to end pipesim badly: strings that are not UTF-8,
+// exceptions that left main, closed pipes and full devices. Each case runs the binary as a user does
+// (cli_helpers.h).
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,15 @@ std::string read_file(const std::filesystem::path& path) {
 
 /// `text` as one line of its own: pipesim's every failure is one line on standard error.
 bool one_line(const std::string& text) { return !text.empty() && text.find('\n') == text.size() - 1; }
+
+/// Runs a shell command line and returns the exit status of `pipesim ARGS` alone, its standard output
+/// read by `reader` (a pipe that may close early), and its standard error.
+Output run_into(const std::string& args, const std::string& reader) {
+  const auto dir = scratch_dir();
+  const std::string status = (dir / "status").string(), error = (dir / "stderr").string();
+  run_command("{ " + pipesim_binary() + " " + args + " 2>" + error + "; echo $? >" + status + "; } | " + reader);
+  return {std::stoi(read_file(status)), read_file(error)};
+}
 
 }  // namespace
 
@@ -128,5 +138,37 @@ TEST_CASE("out of memory is one line, with advice only where it applies") {
   const Output fit = run_command("(" + limited + "calibrate " + (dir / "ops.json").string() + " >/dev/null)", true);
   CHECK(fit.exit_code == 1);
   CHECK(fit.text == "pipesim: error: out of memory\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a reader that stops reading ends pipesim quietly; a full device or no file is an error") {
+  // Larger than a pipe's buffer, so that pipesim is still writing when `head` has gone.
+  for (const std::string& args : {"export " + config("default.json") + " --set parallel.microbatches=4096",
+                                 "sweep " + config("tiny.json") + " --grid hardware.kernel_launch_us=1,2,3,4,5,6,7,8 "
+                                 "--grid parallel.microbatches=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --format json",
+                                 std::string("--help")}) {
+    const Output out = run_into(args, "head -c1 >/dev/null");
+    INFO(args);
+    CHECK(out.exit_code == 0);
+    CHECK(out.text.empty());
+  }
+  const Output help = run_stderr("--help", ">/dev/full");
+  CHECK(help.exit_code == 1);
+  CHECK(help.text == "pipesim: error: cannot write to standard output: No space left on device\n");
+  const Output command_help = run_stderr("sweep --help", ">/dev/full");
+  CHECK(command_help.exit_code == 1);
+  CHECK(command_help.text == "pipesim: error: cannot write to standard output: No space left on device\n");
+  // An empty output path wrote nothing and said nothing.
+  const auto dir = scratch_dir();
+  std::ofstream(dir / "ops.json") << R"({"ops": [{"flops": 1e12, "bytes": 1e6, "ms": 3},
+                                                {"flops": 1e9, "bytes": 1e9, "ms": 1},
+                                                {"flops": 0, "bytes": 0, "ms": 0.01}]})";
+  for (const std::string option : {"-o", "--preset"}) {
+    const Output out = run_stderr("calibrate " + (dir / "ops.json").string() + " " + option + " ''");
+    INFO(option);
+    CHECK(out.exit_code == 1);
+    CHECK(out.text == "pipesim: error: " + std::string(option == "-o" ? "--output" : option) +
+                          ": an empty value; give one, or leave the option out (see pipesim --help)\n");
+  }
   std::filesystem::remove_all(dir);
 }

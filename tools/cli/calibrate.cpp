@@ -98,8 +98,10 @@ void define_calibrate(CLI::App& cal, ExitStatus& status) {
                  "`pipesim run --profile` files, tools/measure-ops.py output, or {\"ops\": [{name, flops, bytes, ms}]}")
       ->required();
   cal.add_option("-o,--output", o->output,
-                 "the hardware file to write (configs name it: hardware.file); without it, only the errors are printed");
-  cal.add_option("--preset", o->preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)");
+                 "the hardware file to write (configs name it: hardware.file); without it, only the errors are printed")
+      ->check(kNonEmpty);
+  cal.add_option("--preset", o->preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)")
+      ->check(kNonEmpty);
   cal.callback([o, &status] { status = run_calibrate(*o); });
 }
 

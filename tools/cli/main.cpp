@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <new>
+#include <system_error>
 #include <unistd.h>
 
 #include "commands.h"
@@ -56,9 +58,11 @@ bool unknown_command(int argc, char** argv) {
   return true;
 }
 
-/// Output that never reached its file (a full disk, a closed pipe) is a failure, not a success.
+/// Output that never reached its file (a full disk) is a failure, not a success. A reader that stopped
+/// reading (`pipesim export ... | head`) is not: what it took was written, so pipesim ends quietly.
 int finish_output(int status) {
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  if (errno == EPIPE) return status;
   std::fprintf(stderr, "pipesim: error: cannot write to standard output: %s\n", std::strerror(errno));
   return static_cast<int>(ExitStatus::Failure);
 }
@@ -90,12 +94,14 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : failure;  // --help is a success; every usage error is status 1, as documented
+    // --help is a success once it is written; every usage error is status 1, as documented.
+    return app.exit(e) == 0 ? finish_output(0) : failure;
   } catch (const std::bad_alloc&) {
     const std::string hint = out_of_memory_hint(app);
     std::fprintf(stderr, "pipesim: error: out of memory%s%s\n", hint.empty() ? "" : "; ", hint.c_str());
     return failure;
   } catch (const std::system_error& e) {  // fmt::print reports a failed write so
+    if (e.code() == std::errc::broken_pipe) return finish_output(static_cast<int>(status));
     std::fprintf(stderr, "pipesim: error: cannot write to standard output: %s\n", e.what());
     return failure;
   }
@@ -105,6 +111,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed pipe is an EPIPE error on the write (run() ends quietly on it), not a signal that ends
+  // the process with status 141.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const std::bad_alloc&) {  // before any command started (the command's own is caught in run)

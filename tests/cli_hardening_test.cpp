@@ -1,6 +1,6 @@
 // End-to-end, the classes of input that used to end pipesim badly: strings that are not UTF-8,
-// exceptions that left main, closed pipes and full devices. Each case runs the binary as a user does
-// (cli_helpers.h).
+// exceptions that left main, closed pipes and full devices, malformed integer options and two outputs
+// at one path. Each case runs the binary as a user does (cli_helpers.h).
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -170,5 +170,35 @@ TEST_CASE("a reader that stops reading ends pipesim quietly; a full device or no
     CHECK(out.text == "pipesim: error: " + std::string(option == "-o" ? "--output" : option) +
                           ": an empty value; give one, or leave the option out (see pipesim --help)\n");
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("integer options take whole numbers; one file is not two outputs") {
+  const auto dir = scratch_dir();
+  const std::string d = dir.string(), tiny = config("tiny.json");
+  const std::string help = " (see pipesim --help)\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"run " + tiny + " --steps 1.5", "--steps: '1.5' is not a whole number from 1 to 1000000" + help},
+      {"run " + tiny + " --steps 1e3", "--steps: '1e3' is not a whole number from 1 to 1000000" + help},
+      {"run " + tiny + " --steps 0", "--steps: '0' is not a whole number from 1 to 1000000" + help},
+      {"run " + tiny + " --ranks 2.5", "--ranks: '2.5' is not a whole number from 1 to 64" + help},
+      {"tune " + tiny + " --gpus 8.0", "--gpus: '8.0' is not a whole number from 1 to 16777216" + help},
+      {"tune " + tiny + " --top 99999999999999999999",
+       "--top: '99999999999999999999' is not a whole number from 1 to 1000000" + help},
+      {"run " + tiny + " --trace " + d + "/x.json --profile " + d + "/./x.json",
+       "--profile " + d + "/./x.json: the same file as --trace " + d + "/x.json; give each output a file of its own\n"},
+      {"simulate " + tiny + " --trace " + d + "/x.svg --svg " + d + "/../" + dir.filename().string() + "/x.svg",
+       "--svg " + d + "/../" + dir.filename().string() + "/x.svg: the same file as --trace " + d +
+           "/x.svg; give each output a file of its own\n"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Output out = run_stderr(args);
+    INFO(args);
+    CHECK(out.exit_code == 1);
+    CHECK(out.text == "pipesim: error: " + message);
+  }
+  // Refused before anything was written.
+  CHECK(!std::filesystem::exists(dir / "x.json"));
+  CHECK(!std::filesystem::exists(dir / "x.svg"));
   std::filesystem::remove_all(dir);
 }

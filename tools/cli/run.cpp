@@ -198,6 +198,8 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
 }
 
 ExitStatus run_run(const RunFlags& o) {
+  if (Status s = check_distinct_outputs({{"--trace", o.trace}, {"--profile", o.profile}}); !s.ok())
+    return fail(s.error().message);
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
   runtime::RunOptions options = o.runtime;
@@ -253,7 +255,7 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   add_selection_options(rn, o->config, o->schedule, o->vocab, o->overrides);
   add_format_option(rn, o->format, {"text", "json"});
   rn.add_option("--ranks", o->ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
-      ->check(CLI::Range(1, 64));
+      ->check(whole_from(1, 64));
   rn.add_option("--schedule-file", o->schedule_file,
                 "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule")
@@ -263,7 +265,7 @@ void define_run(CLI::App& rn, ExitStatus& status) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   rn.add_option("--dtype", o->dtype, "fp32 or bf16 weights and activations (bf16: cuda only; default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  rn.add_option("--steps", o->runtime.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
+  rn.add_option("--steps", o->runtime.steps, "training steps (default 1)")->check(whole_from(1, 1000000));
   rn.add_flag("--check", o->runtime.check,
               "compare the first step with a single-device reference: loss and max gradient relative error");
   rn.add_option("--loss-tol", o->runtime.loss_tolerance,

@@ -30,6 +30,8 @@ struct SimulateOptions {
 
 ExitStatus run_simulate(const SimulateOptions& o) {
   share_one_heap();
+  if (Status s = check_distinct_outputs({{"--trace", o.trace}, {"--svg", o.svg}}); !s.ok())
+    return fail(s.error().message);
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
   std::optional<ExplicitCosts> timing;  // the profile's costs, when the plan keeps the config's

@@ -71,8 +71,8 @@ void define_tune(CLI::App& tn, ExitStatus& status) {
   tn.add_option("--memory-gib", o->memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
       ->check(finite_in(0, 1e9));
   tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp (default: the config's pp x tp x dp)")
-      ->check(CLI::Range(1, 1 << 24));
-  tn.add_option("--top", o->top, "rows to print, fastest first (default 10)")->check(CLI::Range(1, 1000000));
+      ->check(whole_from(1, 1 << 24));
+  tn.add_option("--top", o->top, "rows to print, fastest first (default 10)")->check(whole_from(1, 1000000));
   add_format_option(tn, o->format, {"text", "csv", "json", "markdown"});
   tn.callback([o, &status] { status = run_tune(*o); });
 }

@@ -1,6 +1,6 @@
 // End-to-end, the classes of input that used to end pipesim badly: strings that are not UTF-8,
-// exceptions that left main, closed pipes and full devices, malformed integer options and two outputs
-// at one path. Each case runs the binary as a user does (cli_helpers.h).
+// closed pipes and full devices, malformed integer options, two outputs at one path, and inputs
+// whose time or memory ran away. Each case runs the binary as a user does (cli_helpers.h).
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -201,4 +201,40 @@ TEST_CASE("integer options take whole numbers; one file is not two outputs") {
   CHECK(!std::filesystem::exists(dir / "x.json"));
   CHECK(!std::filesystem::exists(dir / "x.svg"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("inputs whose work would run away are refused, naming the field") {
+  const auto dir = scratch_dir();
+  const std::string d = dir.string();
+  // A layer op of a profile is the device's share of the layers, layers / pp of them.
+  const std::string profile = R"({"model": {"layers": 8, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128},
+                                  "costs": {"forward_ms": [1.0], "backward_ms": [2.0]}, "pp": )";
+  for (const std::string pp : {"2e-5", "0", "1.5", "1025", "\"4\""}) {
+    std::ofstream(dir / "profile.json") << profile << pp << "}";
+    const Output out = run_stderr("calibrate " + d + "/profile.json");
+    INFO(pp);
+    CHECK(out.exit_code == 1);
+    CHECK(out.text == "pipesim: error: " + d + "/profile.json: pp: expected the pipeline devices the profile was "
+                      "measured on, a whole number from 1 to 1024 (as `pipesim run --profile` writes)\n");
+  }
+  // The fit's time grows with the ops measured.
+  std::string ops = R"({"ops": [)";
+  for (int i = 0; i < 100'000; ++i) ops += R"({"flops": 1e9, "bytes": 1e6, "ms": 0.1}, )";
+  std::ofstream(dir / "ops.json") << ops << R"({"flops": 1e9, "bytes": 1e6, "ms": 0.1}]})";
+  const Output many = run_stderr("calibrate " + d + "/ops.json");
+  CHECK(many.exit_code == 1);
+  CHECK(many.text == "pipesim: error: " + d + "/ops.json: more than 100000 measured ops in the profiles so far; the fit "
+                     "takes about a second per 10,000: give fewer or smaller profiles\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a note on a slow plan is given once, however many plans of the config a sweep or tune makes") {
+  // Two points of about 21 million tasks (a note each, before the schedule refuses them at once:
+  // interleaved-1f1b needs a multiple of pp microbatches).
+  const Output out = run_stderr("sweep " + config("default.json") + " --set schedule.name=interleaved-1f1b "
+                                "--grid parallel.microbatches=190001,190003");
+  CHECK(out.exit_code == 1);
+  CHECK(out.text == "pipesim: note: " + config("default.json") + ": about 21 million tasks (~5.5 GiB); building and "
+                    "simulating may take minutes\npipesim: error: no point of the sweep could run; the error column "
+                    "says why\n");
 }

@@ -42,6 +42,10 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
     Result<std::vector<Sample>> more = read_samples(text.value(), path);
     if (!more.ok()) return fail(more.error().message);
     samples.insert(samples.end(), more.value().begin(), more.value().end());
+    if (samples.size() > kMaxSamples)
+      return fail(fmt::format("{}: more than {} measured ops in the profiles so far; the fit takes about a second per "
+                              "10,000: give fewer or smaller profiles",
+                              path, kMaxSamples));
   }
   if (samples.size() < 3)
     return fail(fmt::format("calibrate: {} measured op(s) with a time > 0; the fit needs at least 3 (give more "

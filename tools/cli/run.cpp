@@ -177,8 +177,7 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
   const json profile = measured_profile(plan, r);
   if (!o.trace.empty()) {
     const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
-    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title, r.live_after),
-                                     kTraceGenerator);
+    if (Status s = write_chrome_trace_file(o.trace, plan.graph, r.timeline, r.static_bytes, title, r.live_after);
         !s.ok())
       return fail(s.error().message);
   }

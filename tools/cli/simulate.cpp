@@ -52,9 +52,7 @@ ExitStatus run_simulate(const SimulateOptions& o) {
   if (!o.trace.empty()) {
     const SimulatedRun& r = run.value();
     const std::string title = fmt::format("{} {} {} (simulated)", o.config, r.report.schedule, r.report.vocab);
-    if (Status s = write_output_file(o.trace, chrome_trace(r.plan.graph, r.timeline, r.plan.static_bytes, title),
-                                     kTraceGenerator);
-        !s.ok())
+    if (Status s = write_chrome_trace_file(o.trace, r.plan.graph, r.timeline, r.plan.static_bytes, title); !s.ok())
       return fail(s.error().message);
   }
   if (!o.svg.empty()) {

@@ -1,4 +1,5 @@
 // End-to-end: the pipesim binary as a user runs it (path in $PIPESIM, configs under $PIPESIM_SOURCE).
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

@@ -1,10 +1,16 @@
 // The Chrome trace opens in Perfetto: valid JSON, one pid per device and one tid per stream, every
-// op as an X event with its args, no overlap on a tid, a flow per transfer, a memory counter.
+// op as an X event with its args, no overlap on a tid, a flow per transfer, a memory counter; it is
+// written a piece at a time, to a file that is all there or not there.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "chrome_trace.h"
 #include "helpers.h"
+#include "output_file.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
@@ -55,4 +61,63 @@ TEST_CASE("the Chrome trace holds every op, flows and memory, without overlap on
   }
   for (const DeviceMetrics& d : s.metrics.devices)
     CHECK(peak_bytes[d.rank] == d.peak_memory_bytes);
+}
+
+TEST_CASE("the trace is written a piece at a time, the same bytes as whole, and a failed write stops it") {
+  Config config = parse_or_fail(explicit_json(8, 256, 2, 1.5, 2.5, "interleaved-1f1b"));
+  const Simulated s = simulate_or_fail(config);
+  const std::string whole = chrome_trace(s.plan.graph, s.timeline, s.plan.static_bytes, "test");
+  REQUIRE(whole.size() > std::size_t(3) << 20);  // several pieces
+  std::string joined;
+  std::size_t pieces = 0;
+  REQUIRE(write_chrome_trace(s.plan.graph, s.timeline, s.plan.static_bytes, "test", {}, [&](std::string_view piece) {
+            CHECK(piece.size() <= std::size_t(2) << 20);
+            joined += piece, ++pieces;
+            return Status::Ok();
+          }).ok());
+  CHECK(pieces >= 3);
+  CHECK(joined == whole);
+
+  pieces = 0;
+  const auto full = [&](std::string_view) {
+    ++pieces;
+    return Status(Error{"disk full"});
+  };
+  const Status failed = write_chrome_trace(s.plan.graph, s.timeline, s.plan.static_bytes, "test", {}, full);
+  REQUIRE(!failed.ok());
+  CHECK(failed.error().message == "disk full");
+  CHECK(pieces == 1);
+}
+
+TEST_CASE("a trace file is all there or not there: its own replaced, a user's file kept, no temporary left") {
+  const Simulated s = simulate_or_fail(parse_or_fail(explicit_json(4, 8, 1, 1.0, 2.0)));
+  const auto dir = std::filesystem::temp_directory_path() / ("pipesim-trace-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string trace = (dir / "trace.json").string();
+  const auto contents = [](const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  REQUIRE(write_chrome_trace_file(trace, s.plan.graph, s.timeline, s.plan.static_bytes, "first").ok());
+  REQUIRE(write_chrome_trace_file(trace, s.plan.graph, s.timeline, s.plan.static_bytes, "second").ok());
+  CHECK(contents(trace) == chrome_trace(s.plan.graph, s.timeline, s.plan.static_bytes, "second"));
+
+  const std::string notes = (dir / "notes.json").string();
+  std::ofstream(notes) << "{}";
+  const Status refused = write_chrome_trace_file(notes, s.plan.graph, s.timeline, s.plan.static_bytes, "t");
+  REQUIRE(!refused.ok());
+  CHECK(refused.error().message == notes + ": exists and was not written by pipesim; refusing to overwrite it (choose "
+                                           "another path or remove the file)");
+  CHECK(contents(notes) == "{}");
+  {
+    Result<OutputFile> unfinished = OutputFile::create((dir / "unfinished.json").string(), kTraceGenerator);
+    REQUIRE(unfinished.ok());
+    REQUIRE(unfinished.value().write(std::string(kTraceGenerator) + "...").ok());
+  }  // never committed
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"notes.json", "trace.json"});
+  std::filesystem::remove_all(dir);
 }

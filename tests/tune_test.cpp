@@ -137,13 +137,13 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
 
 TEST_CASE("changes name what differs from the config") {
   const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
-  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, ""};
+  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, "", {}};
   CHECK(describe_changes(config, c) ==
         "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
   c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute",
-       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6"};
+       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6", {}};
   CHECK(describe_changes(config, c) == "vocab redistribute, 1 layer s7→s6");
-  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, ""};
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, "", {}};
   CHECK(describe_changes(config, c) == "none");  // 1f1b runs one chunk whatever parallel.chunks says
 }
 
@@ -273,4 +273,46 @@ TEST_CASE("a malformed --grid is an error that names --grid and the fix") {
   }
   // A value the config refuses is not a malformed grid: that point becomes a row with its error.
   CHECK(parse_grids({"parallel.pp=0,2"}, text, "c.json", {}).ok());
+}
+
+TEST_CASE("an auto split's candidate carries the split the planner would balance, so it plans the same") {
+  const Config config = source_config("default.json");
+  std::size_t automatic = 0;
+  for (const Candidate& c : tune_space(config, 16)) {
+    if (c.vocab != "redistribute" || !c.layers_per_stage.empty()) {
+      CHECK(c.auto_split.empty());
+      continue;
+    }
+    ++automatic;
+    Config carried = apply_candidate(config, c), balanced = carried;
+    balanced.schedule.layers_per_stage.clear();  // "auto": the planner balances it
+    CHECK(carried.schedule.layers_per_stage == c.auto_split);
+    const Result<PlannedLayout> a = plan_layout(carried), b = plan_layout(balanced);
+    REQUIRE(a.ok() == b.ok());
+    if (!a.ok()) continue;
+    std::vector<int> layers_a, layers_b;
+    for (const VirtualStage& s : a.value().layout.stages) layers_a.push_back(s.layers);
+    for (const VirtualStage& s : b.value().layout.stages) layers_b.push_back(s.layers);
+    CHECK(layers_a == layers_b);
+  }
+  CHECK(automatic > 10);
+}
+
+TEST_CASE("sweep hands its rows over in grid order, a batch at a time, and the points are the grid's") {
+  const std::string text = explicit_json(4, 8, 1, 1.0, 2.0);
+  GridAxis pp{"parallel.pp", {}}, m{"parallel.microbatches", {"4", "8"}};
+  for (int v = 1; v <= 2500; ++v) pp.values.push_back(std::to_string(-v));  // every point refused at once
+  const std::vector<GridAxis> axes{pp, m};
+  REQUIRE(point_count(axes) == 5000);
+  const std::vector<std::vector<std::string>> points = grid_points(axes);
+  for (const std::size_t i : {std::size_t(0), std::size_t(1), std::size_t(4097), std::size_t(4999)})
+    CHECK(grid_point(axes, i) == points[i]);
+  std::vector<std::size_t> seen;
+  sweep(text, "c.json", {}, axes, false, [&](std::size_t index, SweepRow&& row) {
+    seen.push_back(index);
+    CHECK(!row.report);
+    CHECK_THAT(row.error, Catch::Contains("parallel.pp (from --set): must be at least 1"));
+  });
+  REQUIRE(seen.size() == 5000);
+  for (std::size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == i);
 }

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "config_json.h"
+#include "json_text.h"
+#include "sizes.h"
 
 namespace pipesim {
 namespace {
@@ -27,13 +30,20 @@ Result<std::vector<Sample>> run_profile_samples(const json& profile, const std::
     return Error{fmt::format("{}: not a profile with op shapes: expected \"model\", \"pp\" and \"costs\" as `pipesim run "
                              "--profile` writes (or \"ops\": [{{\"name\", \"flops\", \"bytes\", \"ms\"}}])",
                              path)};
-  const std::string text = json{{"model", profile["model"]}, {"parallel", {{"pp", 1}, {"microbatches", 1}}}}.dump();
+  // A layer op runs the device's share of the layers, repeated that many times: pp bounds the work.
+  const json& pp = profile["pp"];
+  if (!pp.is_number() || pp.get<double>() < 1 || pp.get<double>() > limits::kPp ||
+      pp.get<double>() != std::floor(pp.get<double>()))
+    return Error{fmt::format("{}: pp: expected the pipeline devices the profile was measured on, a whole number from 1 "
+                             "to {} (as `pipesim run --profile` writes)",
+                             path, limits::kPp)};
+  const std::string text = json_text(json{{"model", profile["model"]}, {"parallel", {{"pp", 1}, {"microbatches", 1}}}});
   Result<Config> config = parse_config(text, path);
   if (!config.ok()) return config.error();
   const std::vector<OpWork> work = analytic_op_work(config.value());
   const auto find = [&](std::string_view name) -> const OpWork& { return op_named(work, name); };
   const json& costs = profile["costs"];
-  const int share = std::max(1, int(std::lround(double(config.value().model.layers) / profile["pp"].get<double>())));
+  const int share = std::max(1, int(std::lround(double(config.value().model.layers) / pp.get<double>())));
   const auto mean_ms = [&](const char* key) {
     if (!costs.contains(key)) return 0.0;
     if (costs[key].is_number()) return costs[key].get<double>();
@@ -127,7 +137,7 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
                      {"kv_heads", kv.value() ? kv.value() : heads.value()}, {"ffn_hidden", f.value()},
                      {"seq_len", s.value()}, {"vocab", vocab.value()}, {"micro_batch_size", b.value()},
                      {"mlp", llama ? "swiglu" : "gelu"}};
-    Result<Config> config = parse_config(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}.dump(), at);
+    Result<Config> config = parse_config(json_text(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}), at);
     if (!config.ok()) return config.error();
     const std::vector<OpWork> work = analytic_op_work(config.value());
     const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value())

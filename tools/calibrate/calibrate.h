@@ -4,6 +4,7 @@
 /// peak FLOP/s GEMMs reach, the fraction fused attention reaches, the fraction of HBM bandwidth
 /// memory-bound kernels reach, and the fixed overhead of every kernel -- by minimising the squared log
 /// error over every measured op, so a 10% miss counts the same on a 50 µs op as on a 50 ms one.
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,10 @@ struct Sample {
   double seconds = 0;
   std::string group;
 };
+
+/// The most measured ops one fit takes: it evaluates every op at some 7,000 points (the grid, then the
+/// descent), about a second per 10,000 ops; profiles hold tens to hundreds.
+constexpr std::size_t kMaxSamples = 100'000;
 
 /// The measured ops of one profile: a `pipesim run --profile` file, tools/measure-ops.py's output,
 /// or {"ops": [{name, flops, bytes, ms}]}. Errors name `path`.

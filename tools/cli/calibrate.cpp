@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "config_json.h"
 #include "files.h"
+#include "json_text.h"
 #include "options.h"
 
 namespace pipesim {
@@ -28,10 +29,11 @@ struct CalibrateOptions {
 };
 
 ExitStatus run_calibrate(const CalibrateOptions& o) {
-  Result<Config> base = parse_config(json{{"model", {{"layers", 1}, {"hidden", 8}, {"heads", 1}, {"seq_len", 1}, {"vocab", 8}}},
-                                          {"parallel", {{"microbatches", 1}}},
-                                          {"hardware", {{"preset", o.preset}}}}.dump(),
-                                     "--preset");
+  Result<Config> base =
+      parse_config(json_text(json{{"model", {{"layers", 1}, {"hidden", 8}, {"heads", 1}, {"seq_len", 1}, {"vocab", 8}}},
+                                  {"parallel", {{"microbatches", 1}}},
+                                  {"hardware", {{"preset", o.preset}}}}),
+                   "--preset");
   if (!base.ok()) return fail(base.error().message);
   std::vector<Sample> samples;
   for (const std::string& path : o.profiles) {
@@ -40,6 +42,10 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
     Result<std::vector<Sample>> more = read_samples(text.value(), path);
     if (!more.ok()) return fail(more.error().message);
     samples.insert(samples.end(), more.value().begin(), more.value().end());
+    if (samples.size() > kMaxSamples)
+      return fail(fmt::format("{}: more than {} measured ops in the profiles so far; the fit takes about a second per "
+                              "10,000: give fewer or smaller profiles",
+                              path, kMaxSamples));
   }
   if (samples.size() < 3)
     return fail(fmt::format("calibrate: {} measured op(s) with a time > 0; the fit needs at least 3 (give more "
@@ -82,7 +88,8 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
                   {"attention_efficiency", after.attention_efficiency},
                   {"hbm_efficiency", after.hbm_efficiency},
                   {"kernel_launch_us", after.kernel_launch_us}};
-  if (Status s = write_output_file(o.output, file.dump(2) + "\n", kHardwareGenerator); !s.ok()) return fail(s.error().message);
+  if (Status s = write_output_file(o.output, json_text(file, 2) + "\n", kHardwareGenerator); !s.ok())
+    return fail(s.error().message);
   fmt::print("hardware written to {} (use: \"hardware\": {{\"file\": \"{}\"}} in a config)\n", o.output, o.output);
   return ExitStatus::Success;
 }
@@ -95,8 +102,10 @@ void define_calibrate(CLI::App& cal, ExitStatus& status) {
                  "`pipesim run --profile` files, tools/measure-ops.py output, or {\"ops\": [{name, flops, bytes, ms}]}")
       ->required();
   cal.add_option("-o,--output", o->output,
-                 "the hardware file to write (configs name it: hardware.file); without it, only the errors are printed");
-  cal.add_option("--preset", o->preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)");
+                 "the hardware file to write (configs name it: hardware.file); without it, only the errors are printed")
+      ->check(kNonEmpty);
+  cal.add_option("--preset", o->preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)")
+      ->check(kNonEmpty);
   cal.callback([o, &status] { status = run_calibrate(*o); });
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "config_json.h"
+#include "json_text.h"
 #include "metrics.h"
 #include "partition.h"
 #include "sizes.h"
@@ -161,7 +162,7 @@ Result<Config> apply_profile(Config config, std::string_view text, const std::st
                              "--profile` writes",
                              path)};
   // The costs go through the config reader, so a hand-edited profile gets the same field errors.
-  Result<ExplicitCosts> costs = parse_costs(profile["costs"].dump(), path);
+  Result<ExplicitCosts> costs = parse_costs(json_text(profile["costs"]), path);
   if (!costs.ok()) return costs.error();
   config.costs = std::move(costs).value();
   if (std::optional<FieldError> e = check_config(config)) return Error{fmt::format("{}: {}: {}", path, e->path, e->message)};

@@ -11,8 +11,13 @@
 
 #include "fmt/format.h"
 #include "report.h"
+#include "status.h"
 
 namespace pipesim {
+
+/// The files a command writes, by option: none may be the file another names, which the second write
+/// would find there and refuse, or replace. Empty paths (not given) are skipped.
+Status check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 /// --format NAME, restricted to `names`, stored into `format` once parsed.
 void add_format_option(CLI::App& command, Format& format, const std::vector<std::string>& names);
@@ -54,6 +59,21 @@ inline CLI::Validator finite_in(double low, double high) {
         return std::string();
       },
       fmt::format("NUMBER in ({}, {}]", low, high), "FINITE");
+}
+
+/// A whole number in [low, high], in decimal: CLI11's Range says "Value 1.5 not in range", which does not
+/// say that the fraction is the problem.
+inline CLI::Validator whole_from(long long low, long long high) {
+  return CLI::Validator(
+      [=](const std::string& value) {
+        long long number = 0;
+        const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+        if (value.empty() || error != std::errc() || end != value.data() + value.size() || number < low ||
+            number > high)
+          return fmt::format("'{}' is not a whole number from {} to {}", value, low, high);
+        return std::string();
+      },
+      fmt::format("INT in [{} - {}]", low, high), "WHOLE");  // as CLI::Range shows it
 }
 
 /// Decimal digits only, within 64 bits: strtoull would wrap "-1" and saturate past 2^64.

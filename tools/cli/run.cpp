@@ -10,6 +10,7 @@
 #include "config_files.h"
 #include "commands.h"
 #include "files.h"
+#include "json_text.h"
 #include "cuda/cuda_backend.h"
 #include "launch.h"
 #include "measured.h"
@@ -109,7 +110,7 @@ std::function<void(int, double, TimeNs)> progress_bar(const RunFlags& o) {
 /// The simulator on the graph just executed, with the op times just measured (the profile): how far
 /// its prediction is from the measurement.
 std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile) {
-  Result<Config> profiled = apply_profile(plan.config, profile.dump(), "the measured profile");
+  Result<Config> profiled = apply_profile(plan.config, json_text(profile), "the measured profile");
   if (!profiled.ok()) return std::nullopt;
   const std::unique_ptr<CostModel> costs = make_cost_model(profiled.value(), plan.layout);
   Result<Timeline> sim = simulate(plan.graph, op_durations(*costs, plan.graph));
@@ -176,16 +177,16 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
   const json profile = measured_profile(plan, r);
   if (!o.trace.empty()) {
     const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
-    if (Status s = write_output_file(o.trace, chrome_trace(plan.graph, r.timeline, r.static_bytes, title, r.live_after),
-                                     kTraceGenerator);
+    if (Status s = write_chrome_trace_file(o.trace, plan.graph, r.timeline, r.static_bytes, title, r.live_after);
         !s.ok())
       return fail(s.error().message);
   }
   if (!o.profile.empty())
-    if (Status s = write_output_file(o.profile, profile.dump(2) + "\n", kProfileGenerator); !s.ok()) return fail(s.error().message);
+    if (Status s = write_output_file(o.profile, json_text(profile, 2) + "\n", kProfileGenerator); !s.ok())
+      return fail(s.error().message);
   const std::optional<TimeNs> predicted = predicted_iteration(plan, profile);
   if (o.format == Format::Json)
-    fmt::print("{}\n", run_result_json(o, measured, r, backend, predicted).dump(2));
+    fmt::print("{}\n", json_text(run_result_json(o, measured, r, backend, predicted), 2));
   else
     print_text(o, measured, r, predicted);
   if (r.check && !r.check->passed())
@@ -196,6 +197,8 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
 }
 
 ExitStatus run_run(const RunFlags& o) {
+  if (Status s = check_distinct_outputs({{"--trace", o.trace}, {"--profile", o.profile}}); !s.ok())
+    return fail(s.error().message);
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
   runtime::RunOptions options = o.runtime;
@@ -251,7 +254,7 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   add_selection_options(rn, o->config, o->schedule, o->vocab, o->overrides);
   add_format_option(rn, o->format, {"text", "json"});
   rn.add_option("--ranks", o->ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
-      ->check(CLI::Range(1, 64));
+      ->check(whole_from(1, 64));
   rn.add_option("--schedule-file", o->schedule_file,
                 "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule")
@@ -261,7 +264,7 @@ void define_run(CLI::App& rn, ExitStatus& status) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   rn.add_option("--dtype", o->dtype, "fp32 or bf16 weights and activations (bf16: cuda only; default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  rn.add_option("--steps", o->runtime.steps, "training steps (default 1)")->check(CLI::Range(1, 1000000));
+  rn.add_option("--steps", o->runtime.steps, "training steps (default 1)")->check(whole_from(1, 1000000));
   rn.add_flag("--check", o->runtime.check,
               "compare the first step with a single-device reference: loss and max gradient relative error");
   rn.add_option("--loss-tol", o->runtime.loss_tolerance,

@@ -30,6 +30,8 @@ struct SimulateOptions {
 
 ExitStatus run_simulate(const SimulateOptions& o) {
   share_one_heap();
+  if (Status s = check_distinct_outputs({{"--trace", o.trace}, {"--svg", o.svg}}); !s.ok())
+    return fail(s.error().message);
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
   std::optional<ExplicitCosts> timing;  // the profile's costs, when the plan keeps the config's
@@ -50,9 +52,7 @@ ExitStatus run_simulate(const SimulateOptions& o) {
   if (!o.trace.empty()) {
     const SimulatedRun& r = run.value();
     const std::string title = fmt::format("{} {} {} (simulated)", o.config, r.report.schedule, r.report.vocab);
-    if (Status s = write_output_file(o.trace, chrome_trace(r.plan.graph, r.timeline, r.plan.static_bytes, title),
-                                     kTraceGenerator);
-        !s.ok())
+    if (Status s = write_chrome_trace_file(o.trace, r.plan.graph, r.timeline, r.plan.static_bytes, title); !s.ok())
       return fail(s.error().message);
   }
   if (!o.svg.empty()) {

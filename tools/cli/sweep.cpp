@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 
 #include "commands.h"
@@ -25,13 +24,11 @@ ExitStatus run_sweep(const SweepOptions& o) {
   if (!text.ok()) return fail(text.error().message);
   Result<std::vector<GridAxis>> axes = parse_grids(o.grids, text.value(), o.config, o.overrides);
   if (!axes.ok()) return fail(axes.error().message);
-  const std::vector<std::vector<std::string>> points = grid_points(axes.value());
-  const std::vector<SweepRow> rows =
-      sweep(text.value(), o.config, o.overrides, points, isatty(fileno(stderr)) && o.format == Format::Text);
-  fmt::print("{}", format_sweep(axes.value(), points, rows, o.format));
-  // Some points failing is what a sweep finds out; all of them failing is a mistake to report.
-  if (std::none_of(rows.begin(), rows.end(), [](const SweepRow& r) { return r.report.has_value(); }))
-    return fail("no point of the sweep could run; the error column says why");
+  SweepTable table(axes.value(), o.format, [](std::string_view text) { fmt::print("{}", text); });
+  sweep(text.value(), o.config, o.overrides, axes.value(), isatty(fileno(stderr)) && o.format == Format::Text,
+        [&table](std::size_t index, SweepRow&& row) { table.add(index, row); });
+  table.finish();
+  if (!table.any_ran()) return fail("no point of the sweep could run; the error column says why");
   return ExitStatus::Success;
 }
 

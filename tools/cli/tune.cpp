@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "config_files.h"
+#include "json_text.h"
 #include "options.h"
 #include "tune.h"
 
@@ -42,7 +43,7 @@ ExitStatus run_tune(const TuneOptions& o) {
     }
     const nlohmann::ordered_json out = {{"evaluated", r.evaluated}, {"pruned", r.pruned()},   {"simulated", r.simulated},
                                         {"refused", r.refused},     {"seconds", r.seconds},   {"results", results}};
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", json_text(out, 2));
     return ExitStatus::Success;
   }
   std::vector<Column> columns = comparison_columns();
@@ -70,8 +71,8 @@ void define_tune(CLI::App& tn, ExitStatus& status) {
   tn.add_option("--memory-gib", o->memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
       ->check(finite_in(0, 1e9));
   tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp (default: the config's pp x tp x dp)")
-      ->check(CLI::Range(1, 1 << 24));
-  tn.add_option("--top", o->top, "rows to print, fastest first (default 10)")->check(CLI::Range(1, 1000000));
+      ->check(whole_from(1, 1 << 24));
+  tn.add_option("--top", o->top, "rows to print, fastest first (default 10)")->check(whole_from(1, 1000000));
   add_format_option(tn, o->format, {"text", "csv", "json", "markdown"});
   tn.callback([o, &status] { status = run_tune(*o); });
 }

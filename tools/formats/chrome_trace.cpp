@@ -1,12 +1,14 @@
 #include "chrome_trace.h"
 
-#include "metrics.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <iterator>
 #include <nlohmann/json.hpp>
+
+#include "json_text.h"
+#include "metrics.h"
+#include "output_file.h"
 
 namespace pipesim {
 namespace {
@@ -32,13 +34,41 @@ std::string op_name(const Task& t) {
   }
 }
 
-/// Appends one trace event (and the comma that separates it from the previous one).
-template <class... Args>
-void event(fmt::memory_buffer& out, fmt::format_string<Args...> format, Args&&... args) {
-  out.push_back(',');
-  fmt::format_to(std::back_inserter(out), format, std::forward<Args>(args)...);
-  out.push_back('\n');
-}
+/// The trace's text, handed to the sink whenever a piece is complete.
+class TraceText {
+ public:
+  explicit TraceText(const TraceSink& sink) : sink_(sink) {}
+
+  template <class... Args>
+  void append(fmt::format_string<Args...> format, Args&&... args) {
+    fmt::format_to(std::back_inserter(buffer_), format, std::forward<Args>(args)...);
+  }
+  /// One trace event (and the comma that separates it from the previous one).
+  template <class... Args>
+  void event(fmt::format_string<Args...> format, Args&&... args) {
+    buffer_.push_back(',');
+    append(format, std::forward<Args>(args)...);
+    buffer_.push_back('\n');
+    if (buffer_.size() >= kPiece) flush();
+  }
+  /// False once the sink has failed: the rest is not worth formatting.
+  bool ok() const { return status_.ok(); }
+  Status finish() {
+    flush();
+    return status_;
+  }
+
+ private:
+  static constexpr std::size_t kPiece = std::size_t(1) << 20;
+  void flush() {
+    if (status_.ok() && buffer_.size() > 0) status_ = sink_(std::string_view(buffer_.data(), buffer_.size()));
+    buffer_.clear();
+  }
+
+  const TraceSink& sink_;
+  fmt::memory_buffer buffer_;
+  Status status_;
+};
 
 /// A stream's row within its device's process: compute first, then collective, sends, receives.
 std::size_t tid(const TaskGraph& graph, std::size_t stream) {
@@ -47,40 +77,40 @@ std::size_t tid(const TaskGraph& graph, std::size_t stream) {
 
 }  // namespace
 
-std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
-                         const std::string& title, std::span<const Bytes> live_after) {
-  fmt::memory_buffer out;
-  fmt::format_to(std::back_inserter(out), R"({},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)",
-                 kTraceGenerator, nlohmann::json(title).dump());
-  out.push_back('\n');
-  fmt::format_to(std::back_inserter(out), R"({{"ph":"M","pid":0,"name":"process_name","args":{{"name":"device 0"}}}})");
-  out.push_back('\n');
+Status write_chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
+                          const std::string& title, std::span<const Bytes> live_after, const TraceSink& sink) {
+  TraceText out(sink);
+  out.append(R"({},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)", kTraceGenerator,
+             json_text(nlohmann::json(title)));
+  out.append("\n");
+  out.append(R"({{"ph":"M","pid":0,"name":"process_name","args":{{"name":"device 0"}}}})");
+  out.append("\n");
   for (int d = 0; d < graph.devices(); ++d) {
-    if (d > 0) event(out, R"({{"ph":"M","pid":{},"name":"process_name","args":{{"name":"device {}"}}}})", d, d);
-    event(out, R"({{"ph":"M","pid":{},"name":"process_sort_index","args":{{"sort_index":{}}}}})", d, d);
+    if (d > 0) out.event(R"({{"ph":"M","pid":{},"name":"process_name","args":{{"name":"device {}"}}}})", d, d);
+    out.event(R"({{"ph":"M","pid":{},"name":"process_sort_index","args":{{"sort_index":{}}}}})", d, d);
     for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s)
       if (!graph.stream(s).empty())
-        event(out, R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", d, tid(graph, s),
-              graph.stream_name(s));
+        out.event(R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", d, tid(graph, s),
+                  graph.stream_name(s));
   }
-  for (std::size_t i = 0; i < graph.size(); ++i) {
+  for (std::size_t i = 0; i < graph.size() && out.ok(); ++i) {
     const Task& t = graph.task(TaskId(i));
     const TimeNs start = timeline.start[i], end = timeline.end[i];
-    event(out, R"({{"ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"name":"{}","cat":"{}",)"
-          R"("args":{{"kind":"{}","stage":{},"chunk":{},"microbatch":{}}}}})",
-          t.device, tid(graph, graph.stream_of(t)), us(start), us(end - start), op_name(t), op_kind_name(t.kind),
-          op_kind_name(t.kind), t.stage, t.chunk, t.microbatch);
+    out.event(R"({{"ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"name":"{}","cat":"{}",)"
+              R"("args":{{"kind":"{}","stage":{},"chunk":{},"microbatch":{}}}}})",
+              t.device, tid(graph, graph.stream_of(t)), us(start), us(end - start), op_name(t), op_kind_name(t.kind),
+              op_kind_name(t.kind), t.stage, t.chunk, t.microbatch);
     if (t.kind == OpKind::Send) {
       const Task& r = graph.task(t.partner);
-      event(out, R"({{"ph":"s","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, t.device,
-            tid(graph, graph.stream_of(t)), us(start));
-      event(out, R"({{"ph":"f","bp":"e","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, r.device,
-            tid(graph, graph.stream_of(r)), us(timeline.start[std::size_t(t.partner)]));
+      out.event(R"({{"ph":"s","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, t.device,
+                tid(graph, graph.stream_of(t)), us(start));
+      out.event(R"({{"ph":"f","bp":"e","id":{},"pid":{},"tid":{},"ts":{:.3f},"name":"p2p","cat":"p2p"}})", i, r.device,
+                tid(graph, graph.stream_of(r)), us(timeline.start[std::size_t(t.partner)]));
     }
   }
   // Memory counter: static + live activations, stepping at each allocation and release (modelled) or
   // at each op's end (measured).
-  for (int d = 0; d < graph.devices(); ++d) {
+  for (int d = 0; d < graph.devices() && out.ok(); ++d) {
     std::vector<MemoryChange> changes{{0, 0, kNoTask}};
     if (live_after.empty()) {
       for (const MemoryChange& c : memory_changes(graph, timeline, d)) changes.push_back(c);
@@ -94,12 +124,37 @@ std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const
     for (std::size_t k = 0; k < changes.size(); ++k) {
       live += changes[k].delta;
       if (k + 1 < changes.size() && changes[k + 1].time == changes[k].time) continue;  // one sample per time
-      event(out, R"({{"ph":"C","pid":{},"ts":{:.3f},"name":"memory","args":{{"bytes":{}}}}})", d, us(changes[k].time),
-            live);
+      out.event(R"({{"ph":"C","pid":{},"ts":{:.3f},"name":"memory","args":{{"bytes":{}}}}})", d, us(changes[k].time),
+                live);
     }
   }
-  fmt::format_to(std::back_inserter(out), "]}}\n");
-  return fmt::to_string(out);
+  out.append("]}}\n");
+  return out.finish();
+}
+
+Status write_chrome_trace_file(const std::string& path, const TaskGraph& graph, const Timeline& timeline,
+                               const std::vector<Bytes>& static_bytes, const std::string& title,
+                               std::span<const Bytes> live_after) {
+  Result<OutputFile> file = OutputFile::create(path, kTraceGenerator);
+  if (!file.ok()) return file.error();
+  OutputFile& f = file.value();
+  if (Status s = write_chrome_trace(graph, timeline, static_bytes, title, live_after,
+                                    [&f](std::string_view piece) { return f.write(piece); });
+      !s.ok())
+    return s;
+  return f.commit();
+}
+
+std::string chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
+                         const std::string& title, std::span<const Bytes> live_after) {
+  std::string text;
+  // Appending to a string cannot fail (but for memory, which throws).
+  const auto append = [&text](std::string_view piece) {
+    text += piece;
+    return Status::Ok();
+  };
+  static_cast<void>(write_chrome_trace(graph, timeline, static_bytes, title, live_after, append));
+  return text;
 }
 
 }  // namespace pipesim

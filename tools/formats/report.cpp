@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
+
+#include "json_text.h"
 
 namespace pipesim {
 namespace {
@@ -86,25 +89,27 @@ std::string csv_cell(const std::string& cell) {
 
 }  // namespace
 
-std::string format_table(const std::vector<Column>& columns, const std::vector<std::vector<std::string>>& rows,
-                         Format format) {
+std::string csv_line(const std::vector<std::string>& cells) {
+  std::string line;
+  for (const std::string& cell : cells) line += (line.empty() ? "" : ",") + csv_cell(cell);
+  return line + "\n";
+}
+
+void write_table(const std::vector<Column>& columns, std::size_t row_count,
+                 const std::function<std::vector<std::string>(std::size_t)>& row, Format format,
+                 const std::function<void(std::string_view)>& out) {
   std::vector<std::string> header;
   for (const Column& c : columns) header.push_back(c.name);
-  std::string out;
   if (format == Format::Csv) {
-    const auto line = [](const std::vector<std::string>& cells) {
-      std::string s;
-      for (const std::string& cell : cells) s += (s.empty() ? "" : ",") + csv_cell(cell);
-      return s + "\n";
-    };
-    out += line(header);
-    for (const std::vector<std::string>& r : rows) out += line(r);
-    return out;
+    out(csv_line(header));
+    for (std::size_t i = 0; i < row_count; ++i) out(csv_line(row(i)));
+    return;
   }
   std::vector<std::size_t> width(columns.size());
-  for (std::size_t c = 0; c < columns.size(); ++c) {
-    width[c] = display_width(header[c]);
-    for (const std::vector<std::string>& r : rows) width[c] = std::max(width[c], display_width(r[c]));
+  for (std::size_t c = 0; c < columns.size(); ++c) width[c] = display_width(header[c]);
+  for (std::size_t i = 0; i < row_count; ++i) {
+    const std::vector<std::string> cells = row(i);
+    for (std::size_t c = 0; c < columns.size(); ++c) width[c] = std::max(width[c], display_width(cells[c]));
   }
   const auto line = [&](const std::vector<std::string>& cells) {
     std::string s = format == Format::Markdown ? "|" : "";
@@ -116,14 +121,22 @@ std::string format_table(const std::vector<Column>& columns, const std::vector<s
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s + "\n";
   };
-  out += line(header);
+  out(line(header));
   if (format == Format::Markdown) {
     std::vector<std::string> rule;
     for (std::size_t c = 0; c < columns.size(); ++c)
       rule.push_back(std::string(width[c] - 1, '-') + (columns[c].left ? "-" : ":"));
-    out += line(rule);
+    out(line(rule));
   }
-  for (const std::vector<std::string>& r : rows) out += line(r);
+  for (std::size_t i = 0; i < row_count; ++i) out(line(row(i)));
+}
+
+std::string format_table(const std::vector<Column>& columns, const std::vector<std::vector<std::string>>& rows,
+                         Format format) {
+  std::string out;
+  write_table(
+      columns, rows.size(), [&rows](std::size_t i) { return rows[i]; }, format,
+      [&out](std::string_view text) { out += text; });
   return out;
 }
 
@@ -143,7 +156,7 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
 }
 
 std::string format_run(const RunReport& r, Format format) {
-  if (format == Format::Json) return run_json(r).dump(2) + "\n";
+  if (format == Format::Json) return json_text(run_json(r), 2) + "\n";
   const RunMetrics& m = r.metrics;
   // Small models (the CPU runtime's) read better in MiB.
   const bool small = max_peak(r) < Bytes(1) << 30;
@@ -179,7 +192,7 @@ std::string format_comparison(const std::vector<RunReport>& reports, Format form
   if (format == Format::Json) {
     json all = json::array();
     for (const RunReport& r : reports) all.push_back(run_json(r));
-    return all.dump(2) + "\n";
+    return json_text(all, 2) + "\n";
   }
   std::vector<std::vector<std::string>> rows;
   for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reports.front()));

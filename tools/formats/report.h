@@ -1,7 +1,9 @@
 #pragma once
 /// One run's results as the user sees them: JSON (the stable shape), text, CSV and Markdown.
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "metrics.h"
@@ -45,6 +47,13 @@ struct Column {
 /// every row has one cell per column. Not for JSON: callers build their own objects.
 std::string format_table(const std::vector<Column>& columns, const std::vector<std::vector<std::string>>& rows,
                          Format format);
+/// The same, with the rows produced on demand, each twice (for the column widths, then to write it),
+/// and written to `out` a line at a time: for tables too large to hold as cells (a sweep's).
+void write_table(const std::vector<Column>& columns, std::size_t row_count,
+                 const std::function<std::vector<std::string>(std::size_t)>& row, Format format,
+                 const std::function<void(std::string_view)>& out);
+/// One line of CSV, as format_table writes each row.
+std::string csv_line(const std::vector<std::string>& cells);
 /// compare's columns, and one run's cells in them (speedup and memory against `first`), for commands
 /// that print compare's table with columns of their own around it (tune, sweep).
 std::vector<Column> comparison_columns();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 namespace pipesim {
 namespace {
@@ -21,16 +22,47 @@ const char* colour(OpKind kind) {
   }
 }
 
-/// The title is a user's path: escape what XML would read as markup.
-std::string xml_escaped(const std::string& text) {
+/// The length of the UTF-8 sequence that `text` starts with (1 to 4), or 0 when it starts with none
+/// (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
+std::size_t utf8_length(std::string_view text) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return 1;
+  std::size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3, low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4, low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
+  } else {
+    return 0;
+  }
+  if (text.size() < length || byte(1) < low || byte(1) > high) return 0;
+  for (std::size_t i = 2; i < length; ++i)
+    if (byte(i) < 0x80 || byte(i) > 0xBF) return 0;
+  return length;
+}
+
+/// The title is a user's path: escape what XML would read as markup, and put U+FFFD for what XML
+/// cannot hold (bytes that are not UTF-8, control characters), which would make the file unreadable.
+std::string xml_escaped(std::string_view text) {
   std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      default: out += c;
-    }
+  while (!text.empty()) {
+    const std::size_t length = utf8_length(text);
+    const char c = text.front();
+    if (length == 0 || (length == 1 && static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r'))
+      out += "\xEF\xBF\xBD";  // U+FFFD
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else
+      out.append(text.substr(0, length));
+    text.remove_prefix(std::max<std::size_t>(length, 1));
   }
   return out;
 }

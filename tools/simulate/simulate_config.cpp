@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 #include <unistd.h>
+
+#include <mutex>
+#include <set>
+#include <string>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -18,6 +22,15 @@ namespace {
 
 constexpr std::int64_t kSlowPlanTasks = 20'000'000;
 
+/// Whether the note on `source`'s slow plans is yet to be given: tune and sweep plan candidates of one
+/// config on every core at once, and each would give the same note.
+bool first_slow_plan_note(const std::string& source) {
+  static std::mutex mutex;
+  static std::set<std::string> noted;
+  const std::lock_guard lock(mutex);
+  return noted.insert(source).second;
+}
+
 }  // namespace
 
 void share_one_heap() {
@@ -31,7 +44,8 @@ Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* cust
   if (std::optional<FieldError> e = check_plan_fits(config, memory))
     return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
   // A plan that fits can still take minutes (about 2 s per million tasks): say so before starting.
-  if (const std::int64_t tasks = estimated_tasks(config).value_or(0); tasks > kSlowPlanTasks)
+  if (const std::int64_t tasks = estimated_tasks(config).value_or(0);
+      tasks > kSlowPlanTasks && first_slow_plan_note(config.source))
     fmt::print(stderr, "pipesim: note: {}: about {} million tasks (~{:.1f} GiB); building and simulating may take "
                "minutes\n", config.source, tasks / 1'000'000, double(tasks * limits::kBytesPerTask) / double(1 << 30));
   Result<Plan> plan = make_plan(config, custom, validation);

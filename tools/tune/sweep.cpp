@@ -9,6 +9,7 @@
 
 #include "config_json.h"
 #include "files.h"
+#include "json_text.h"
 #include "simulate_config.h"
 #include "spellcheck.h"
 #include "worker_pool.h"
@@ -17,6 +18,9 @@ namespace pipesim {
 namespace {
 
 constexpr std::size_t kMaxPoints = 1'000'000;
+/// Points simulated between two hand-overs of their rows: enough to keep every worker busy, few enough
+/// that their reports take a few megabytes.
+constexpr std::size_t kBatch = 4096;
 constexpr const char* kGridUsage = "give key.path=v1,v2,... with keys as --set takes them (e.g. --grid parallel.pp=2,4,8)";
 
 /// Values split at the commas outside brackets, braces and quotes.
@@ -46,47 +50,6 @@ SweepRow evaluate(std::string_view text, const std::string& source, const std::v
 
 
 }  // namespace
-
-std::string format_sweep(const std::vector<GridAxis>& axes, const std::vector<std::vector<std::string>>& points,
-                         const std::vector<SweepRow>& rows, Format format) {
-  if (format == Format::Json) {
-    nlohmann::ordered_json all = nlohmann::ordered_json::array();
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      nlohmann::ordered_json row;
-      for (std::size_t a = 0; a < axes.size(); ++a) {  // as --set reads it: JSON when it parses
-        const std::string value = points[i][a].substr(axes[a].key.size() + 1);
-        const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(value, nullptr, false);
-        row[axes[a].key] = parsed.is_discarded() ? nlohmann::ordered_json(value) : parsed;
-      }
-      if (rows[i].report)
-        row.update(run_json(*rows[i].report));
-      else
-        row["error"] = rows[i].error;
-      all.push_back(row);
-    }
-    return all.dump(2) + "\n";
-  }
-  std::vector<Column> columns;
-  for (const GridAxis& axis : axes) columns.push_back({axis.key, true});
-  const std::vector<Column> compared = comparison_columns();
-  columns.insert(columns.end(), compared.begin(), compared.end());
-  const auto first = std::find_if(rows.begin(), rows.end(), [](const SweepRow& r) { return r.report.has_value(); });
-  // CSV keeps one shape for scripts; a table for people shows the column only when a point failed.
-  const bool errors = format == Format::Csv ||
-                      std::any_of(rows.begin(), rows.end(), [](const SweepRow& r) { return !r.report.has_value(); });
-  if (errors) columns.push_back({"error", true});
-  std::vector<std::vector<std::string>> cells;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> row;
-    for (std::size_t a = 0; a < axes.size(); ++a) row.push_back(points[i][a].substr(axes[a].key.size() + 1));
-    const std::vector<std::string> run =
-        rows[i].report ? comparison_cells(*rows[i].report, *first->report) : std::vector<std::string>(compared.size());
-    row.insert(row.end(), run.begin(), run.end());
-    if (errors) row.push_back(rows[i].error);
-    cells.push_back(std::move(row));
-  }
-  return format_table(columns, cells, format);
-}
 
 Result<GridAxis> parse_grid(const std::string& argument) {
   const std::size_t eq = argument.find('=');
@@ -128,33 +91,122 @@ Result<std::vector<GridAxis>> parse_grids(const std::vector<std::string>& argume
   return axes;
 }
 
-std::vector<std::vector<std::string>> grid_points(const std::vector<GridAxis>& axes) {
-  std::vector<std::vector<std::string>> points{{}};
-  for (const GridAxis& axis : axes) {
-    std::vector<std::vector<std::string>> longer;
-    for (const std::vector<std::string>& point : points)
-      for (const std::string& value : axis.values) {
-        longer.push_back(point);
-        longer.back().push_back(axis.key + "=" + value);
-      }
-    points = std::move(longer);
+std::size_t point_count(const std::vector<GridAxis>& axes) {
+  std::size_t count = 1;
+  for (const GridAxis& axis : axes) count *= axis.values.size();  // parse_grids caps it
+  return count;
+}
+
+std::vector<std::string> grid_point(const std::vector<GridAxis>& axes, std::size_t index) {
+  std::vector<std::string> point(axes.size());
+  for (std::size_t a = axes.size(); a-- > 0;) {  // the last axis varies fastest
+    const std::vector<std::string>& values = axes[a].values;
+    point[a] = axes[a].key + "=" + values[index % values.size()];
+    index /= values.size();
   }
+  return point;
+}
+
+std::vector<std::vector<std::string>> grid_points(const std::vector<GridAxis>& axes) {
+  std::vector<std::vector<std::string>> points;
+  for (std::size_t i = 0; i < point_count(axes); ++i) points.push_back(grid_point(axes, i));
   return points;
 }
 
+void sweep(std::string_view config_text, const std::string& source, const std::vector<std::string>& overrides,
+           const std::vector<GridAxis>& axes, bool show_progress,
+           const std::function<void(std::size_t index, SweepRow&& row)>& row_done) {
+  const std::size_t count = point_count(axes);
+  ProgressBar progress(count, show_progress);
+  std::vector<SweepRow> rows;
+  for (std::size_t first = 0; first < count; first += kBatch) {
+    rows.assign(std::min(kBatch, count - first), SweepRow{});
+    parallel_for(rows.size(), [&](std::size_t k) {
+      std::vector<std::string> point_overrides = overrides;
+      for (std::string& setting : grid_point(axes, first + k)) point_overrides.push_back(std::move(setting));
+      rows[k] = evaluate(config_text, source, point_overrides);
+      progress.advance(1, rows[k].report ? rows[k].report->metrics.tokens_per_s : 0);
+    });
+    for (std::size_t k = 0; k < rows.size(); ++k) row_done(first + k, std::move(rows[k]));
+  }
+}
 
-std::vector<SweepRow> sweep(std::string_view config_text, const std::string& source,
-                            const std::vector<std::string>& overrides, const std::vector<std::vector<std::string>>& points,
-                            bool show_progress) {
-  std::vector<SweepRow> rows(points.size());
-  ProgressBar progress(points.size(), show_progress);
-  parallel_for(points.size(), [&](std::size_t i) {
-    std::vector<std::string> point_overrides = overrides;
-    point_overrides.insert(point_overrides.end(), points[i].begin(), points[i].end());
-    rows[i] = evaluate(config_text, source, point_overrides);
-    progress.advance(1, rows[i].report ? rows[i].report->metrics.tokens_per_s : 0);
-  });
-  return rows;
+SweepTable::SweepTable(const std::vector<GridAxis>& axes, Format format, std::function<void(std::string_view)> out)
+    : axes_(axes), format_(format), out_(std::move(out)) {}
+
+std::vector<std::string> SweepTable::grid_cells(std::size_t index) const {
+  std::vector<std::string> cells = grid_point(axes_, index);
+  for (std::size_t a = 0; a < axes_.size(); ++a) cells[a].erase(0, axes_[a].key.size() + 1);
+  return cells;
+}
+
+void SweepTable::add(std::size_t index, const SweepRow& row) {
+  if (row.report && !first_) first_ = row.report;
+  failed_ |= !row.report;
+  const std::vector<std::string> values = grid_cells(index);
+  if (format_ == Format::Json) {
+    nlohmann::ordered_json object;
+    for (std::size_t a = 0; a < axes_.size(); ++a) {  // as --set reads it: JSON when it parses
+      const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(values[a], nullptr, false);
+      object[axes_[a].key] = parsed.is_discarded() ? nlohmann::ordered_json(values[a]) : parsed;
+    }
+    if (row.report)
+      object.update(run_json(*row.report));
+    else
+      object["error"] = row.error;
+    // As the array's element: one level deeper than the object alone (its strings hold no line breaks).
+    std::string text = index == 0 ? "[\n  " : ",\n  ";
+    for (char c : json_text(object, 2)) {
+      text += c;
+      if (c == '\n') text += "  ";
+    }
+    out_(text);
+    return;
+  }
+  std::vector<std::string> cells = values;
+  const std::vector<std::string> run =
+      row.report ? comparison_cells(*row.report, *first_) : std::vector<std::string>(comparison_columns().size());
+  cells.insert(cells.end(), run.begin(), run.end());
+  if (format_ == Format::Csv) {  // one shape for scripts: the error column always
+    if (index == 0) {
+      std::vector<std::string> header;
+      for (const Column& column : columns(true)) header.push_back(column.name);
+      out_(csv_line(header));
+    }
+    cells.push_back(row.error);
+    out_(csv_line(cells));
+    return;
+  }
+  cells.push_back(row.error);
+  for (const std::string& cell : cells) cell_ends_.push_back((text_ += cell).size());
+}
+
+void SweepTable::finish() {
+  if (format_ == Format::Json) {
+    out_("\n]\n");
+    return;
+  }
+  if (format_ == Format::Csv) return;
+  // A table for people shows the error column only when a point failed.
+  const std::size_t width = columns(true).size();
+  const auto row = [&](std::size_t i) {
+    std::vector<std::string> cells;
+    for (std::size_t c = i * width; c < (i + 1) * width - (failed_ ? 0 : 1); ++c) {
+      const std::size_t begin = c == 0 ? 0 : cell_ends_[c - 1];
+      cells.push_back(text_.substr(begin, cell_ends_[c] - begin));
+    }
+    return cells;
+  };
+  write_table(columns(failed_), cell_ends_.size() / width, row, format_, out_);
+}
+
+std::vector<Column> SweepTable::columns(bool with_errors) const {
+  std::vector<Column> columns;
+  for (const GridAxis& axis : axes_) columns.push_back({axis.key, true});
+  const std::vector<Column> compared = comparison_columns();
+  columns.insert(columns.end(), compared.begin(), compared.end());
+  if (with_errors) columns.push_back({"error", true});
+  return columns;
 }
 
 }  // namespace pipesim

@@ -26,13 +26,16 @@ struct Candidate {
   /// How the split differs from the config's, for `changes`: empty (it does not), "split auto", or
   /// "1 layer s3→s4" (the auto split with one layer moved off its slowest stage).
   std::string split_change;
+  /// With "auto": the split it comes to, balanced once for the whole search. The planner would balance
+  /// it again for every candidate, and at thousands of layers balancing takes longer than the rest.
+  std::vector<int> auto_split;
 };
 
 /// Every candidate for `config` on `gpus` GPUs, in the stable order that breaks ties. The config's
 /// own pp, tp, dp, microbatches, chunks and split are among them whenever pp × tp × dp = gpus.
 std::vector<Candidate> tune_space(const Config& config, int gpus);
 
-/// `config` with the candidate's fields.
+/// `config` with the candidate's fields ("auto" as the split it comes to: the same plan).
 Config apply_candidate(const Config& config, const Candidate& candidate);
 
 /// What the candidate changes, e.g. "pp 8→4, tp 1→2, m 32→16, mbs 1→2, schedule zb-v, vocab vocab-2";

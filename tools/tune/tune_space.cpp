@@ -4,11 +4,15 @@
 
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <set>
+#include <tuple>
 
 #include "cost_model.h"
 #include "plan.h"
 #include "sizes.h"
 #include "tune.h"
+#include "worker_pool.h"
 
 namespace pipesim {
 namespace {
@@ -77,18 +81,44 @@ std::vector<int> chunk_counts(const ScheduleInfo& schedule, const Config& config
 struct Split {
   std::vector<int> layers;  ///< empty: auto
   std::string change;
+  std::vector<int> auto_split;  ///< with auto: the split it comes to
+};
+
+/// The balanced split of every stage count and weights the search asks for. balanced_split sorts every
+/// (stage, layer count) limit, about a second at 4096 layers and 4096 stages, and a search asks for the
+/// same few thousands of times (the weights depend on tp and the micro-batch only, and stage counts
+/// repeat over pp × chunks): each is balanced once, all of them on the worker pool.
+class BalancedSplits {
+ public:
+  using Key = std::tuple<int, double, double, double>;  ///< stages, then StageWeights' fields
+  static Key key(int stages, const StageWeights& w) { return {stages, w.layer, w.embedding, w.head}; }
+
+  BalancedSplits(int layers, std::set<Key> wanted) {
+    std::vector<Key> keys(wanted.begin(), wanted.end());
+    std::vector<std::vector<int>> splits(keys.size());
+    parallel_for(keys.size(), [&](std::size_t i) {
+      const auto& [stages, layer, embedding, head] = keys[i];
+      splits[i] = balanced_split(layers, stages, {layer, embedding, head});
+    });
+    for (std::size_t i = 0; i < keys.size(); ++i) splits_.emplace(keys[i], std::move(splits[i]));
+  }
+  const std::vector<int>& get(int stages, const StageWeights& w) const { return splits_.at(key(stages, w)); }
+
+ private:
+  std::map<Key, std::vector<int>> splits_;
 };
 
 /// `redistribute`'s splits: the config's own (when it has one for this many stages), auto, and auto
 /// with one layer moved off its slowest stage onto each neighbour (the stage costs are the ones auto
 /// balances, so the simulator decides whether the move pays: it can, through memory and bubbles).
-std::vector<Split> layer_splits(const Config& config, const Config& candidate, int stages) {
+std::vector<Split> layer_splits(const Config& config, const Config& candidate, int stages,
+                                const BalancedSplits& splits) {
   const std::vector<int>& given = config.schedule.layers_per_stage;
   const StageWeights w = stage_weights(candidate);
-  const std::vector<int> balanced = balanced_split(config.model.layers, stages, w);
+  const std::vector<int>& balanced = splits.get(stages, w);
   std::vector<Split> out;
-  if (int(given.size()) == stages) out.push_back({given, ""});
-  if (given != balanced) out.push_back({{}, given.empty() ? "" : "split auto"});
+  if (int(given.size()) == stages) out.push_back({given, "", {}});
+  if (given != balanced) out.push_back({{}, given.empty() ? "" : "split auto", balanced});
   const auto cost = [&](int s) {
     return balanced[std::size_t(s)] * w.layer + (s == 0 ? w.embedding : 0) + (s == stages - 1 ? w.head : 0);
   };
@@ -101,7 +131,7 @@ std::vector<Split> layer_splits(const Config& config, const Config& candidate, i
     std::vector<int> moved = balanced;
     --moved[std::size_t(slowest)];
     ++moved[std::size_t(neighbour)];
-    if (moved != given) out.push_back({moved, fmt::format("1 layer s{}→s{}", slowest, neighbour)});
+    if (moved != given) out.push_back({moved, fmt::format("1 layer s{}→s{}", slowest, neighbour), {}});
   }
   return out;
 }
@@ -109,23 +139,36 @@ std::vector<Split> layer_splits(const Config& config, const Config& candidate, i
 }  // namespace
 
 std::vector<Candidate> tune_space(const Config& config, int gpus) {
-  std::vector<Candidate> space;
+  // Every shape, schedule and chunk count, then the candidates of each: one per vocabulary mode, and
+  // redistribute's splits, balanced first for all of them at once.
+  std::vector<Candidate> groups;
+  std::set<BalancedSplits::Key> wanted;
   for (const Shape& shape : shapes(config, gpus))
     for (const ScheduleInfo& schedule : schedules())
-      for (int chunks : chunk_counts(schedule, config, shape.parallel.pp))
-        for (const std::string& vocab : vocab_mode_names()) {
-          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, vocab, {}, ""};
-          c.parallel.chunks = chunks;
-          if (vocab != "redistribute") {
-            space.push_back(std::move(c));
-            continue;
-          }
-          for (Split& split : layer_splits(config, apply_candidate(config, c), shape.parallel.pp * chunks)) {
-            c.layers_per_stage = std::move(split.layers);
-            c.split_change = std::move(split.change);
-            space.push_back(c);
-          }
-        }
+      for (int chunks : chunk_counts(schedule, config, shape.parallel.pp)) {
+        Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {}};
+        c.parallel.chunks = chunks;
+        wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
+        groups.push_back(std::move(c));
+      }
+  const BalancedSplits balanced(config.model.layers, std::move(wanted));
+  std::vector<Candidate> space;
+  for (const Candidate& group : groups)
+    for (const std::string& vocab : vocab_mode_names()) {
+      Candidate c = group;
+      c.vocab = vocab;
+      if (vocab != "redistribute") {
+        space.push_back(std::move(c));
+        continue;
+      }
+      const int stages = c.parallel.pp * c.parallel.chunks;
+      for (Split& split : layer_splits(config, apply_candidate(config, c), stages, balanced)) {
+        c.layers_per_stage = std::move(split.layers);
+        c.auto_split = std::move(split.auto_split);
+        c.split_change = std::move(split.change);
+        space.push_back(c);
+      }
+    }
   return space;
 }
 
@@ -135,7 +178,7 @@ Config apply_candidate(const Config& config, const Candidate& candidate) {
   c.model.micro_batch_size = candidate.micro_batch_size;
   c.schedule.name = candidate.schedule;
   c.schedule.vocab = candidate.vocab;
-  c.schedule.layers_per_stage = candidate.layers_per_stage;
+  c.schedule.layers_per_stage = candidate.layers_per_stage.empty() ? candidate.auto_split : candidate.layers_per_stage;
   return c;
 }
 

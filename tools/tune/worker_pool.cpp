@@ -52,6 +52,13 @@ ProgressBar::ProgressBar(std::size_t total, bool enabled)
   draw(0);
 }
 
+ProgressBar::~ProgressBar() {
+  try {
+    finish();
+  } catch (const std::exception&) {  // fmt::print's std::system_error
+  }
+}
+
 void ProgressBar::advance(std::size_t count, double tokens_per_s) {
   if (!enabled_) return;
   const std::size_t done = done_ += count;

@@ -26,7 +26,9 @@ void parallel_for(std::size_t count, const std::function<void(std::size_t)>& tas
 class ProgressBar {
  public:
   ProgressBar(std::size_t total, bool enabled);
-  ~ProgressBar() { finish(); }
+  /// Clears the bar; a standard error that cannot be written to (a closed terminal) is not worth ending
+  /// the program for here.
+  ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
 

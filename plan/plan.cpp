@@ -134,8 +134,18 @@ Error invalid_graph(const Config& config, const Error& why) {
 
 Bytes boundary_bytes(const Config& config) {
   const ModelConfig& model = config.model;
-  return static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len * model.hidden *
-                            config.precision.activation_bytes / config.parallel.tp);
+  // Under sequence parallelism each tensor-parallel rank sends its 1/tp of the tokens; without it,
+  // all of them. A context-parallel rank holds seq_len / cp of them.
+  const ParallelConfig& p = config.parallel;
+  return static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len / p.cp * model.hidden *
+                            config.precision.activation_bytes / (p.sequence_parallel ? p.tp : 1));
+}
+
+DataParallelWork data_parallel_work(const Config& config) {
+  const TrainingConfig& t = config.training;
+  return {.dp = config.parallel.dp, .zero_stage = t.zero_stage, .grad_bytes = config.precision.grad_bytes,
+          .param_bytes = config.precision.param_bytes, .overlap_grad_reduce = t.overlap_grad_reduce,
+          .overlap_param_gather = t.overlap_param_gather};
 }
 
 ScheduleContext schedule_context(const Config& config, const Layout& layout, const CostModel& costs) {
@@ -168,8 +178,8 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
     return Error{fmt::format("schedule '{}': {}", config.schedule.name, s.error().message)};
   DeviceOrders orders = std::move(generated).value();
   const auto build = [&](const DeviceOrders& final_orders) {
-    return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, config.parallel.dp,
-                    boundary, config.precision.grad_bytes, custom ? custom->comms : DeviceComms{});
+    return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, boundary,
+                    data_parallel_work(config), custom ? custom->comms : DeviceComms{});
   };
   if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order

@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "cost_model.h"
+#include "assemble.h"
 #include "custom_schedule.h"
 #include "layout.h"
 #include "schedule.h"
@@ -53,6 +54,8 @@ Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom =
 
 /// What one activation (or its gradient) crossing a stage boundary holds, per tensor-parallel rank.
 Bytes boundary_bytes(const Config& config);
+/// What assemble needs of the data-parallel side: the replicas, ZeRO's stage, the overlaps.
+DataParallelWork data_parallel_work(const Config& config);
 
 /// What make_plan gives the schedule's generator for `config` laid out as `layout`: stage times and
 /// work, the transfer between devices 0 and 1, and the vocabulary passes' delay.

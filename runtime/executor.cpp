@@ -333,6 +333,12 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     return Error{fmt::format("{}: parallel.tp: the runtime runs each stage on one device; set parallel.tp to 1", c.source)};
   if (c.parallel.dp != 1)
     return Error{fmt::format("{}: parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1", c.source)};
+  if (c.parallel.cp != 1)
+    return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
+  if (c.training.recompute_granularity != Recompute::None)
+    return Error{fmt::format("{}: training.recompute_granularity: the runtime does not recompute activations (the "
+                             "simulator does); set it to \"none\" to run this config",
+                             c.source)};
   if (c.model.mlp != MlpKind::Gelu || c.model.key_value_heads() != c.model.heads)
     return Error{fmt::format("{}: model: the runtime's model is a GPT (multi-head attention, GELU MLP); set model.mlp to "
                              "\"gelu\" and model.kv_heads to model.heads ({}) to run this shape",

@@ -13,6 +13,7 @@ void RankExecutor::compute(TaskId id) {
     case OpKind::F: forward(id, t); break;
     case OpKind::B: backward(id, t); break;
     case OpKind::W: weight(t); break;
+    case OpKind::R: throw OpError("recomputation is not executed by this runtime (check_runnable refuses it)");
     case OpKind::S: output_forward(t.microbatch); break;
     case OpKind::T: output_backward(t.microbatch); break;
     case OpKind::IF: buffers_.put({Buf::VocabInput, -1, t.microbatch}, backend_->embed(t.microbatch)); break;
@@ -142,6 +143,7 @@ void RankExecutor::start_comm(InFlight& f) {
     case OpKind::F:
     case OpKind::B:
     case OpKind::W:
+    case OpKind::R:
     case OpKind::S:
     case OpKind::T:
     case OpKind::IF:
@@ -178,7 +180,9 @@ void RankExecutor::start_collective(InFlight& f, const CollectiveGroup& group) {
       f.request = comm.all_reduce(f.data.view(), group.op);
       return;
     case CollectiveData::Gradients:
-      throw OpError("data-parallel gradient all-reduces are not executed (one pipeline replica runs)");
+    case CollectiveData::GradientShards:
+    case CollectiveData::Parameters:
+      throw OpError("data-parallel collectives are not executed (one pipeline replica runs)");
   }
 }
 
@@ -198,7 +202,9 @@ bool RankExecutor::advance(InFlight& f) {
     case CollectiveData::SoftmaxStats: return barrier0_round(f);
     case CollectiveData::OutputX:
     case CollectiveData::InputGrad:
-    case CollectiveData::Gradients: return true;
+    case CollectiveData::Gradients:
+    case CollectiveData::GradientShards:
+    case CollectiveData::Parameters: return true;
   }
   return true;
 }

@@ -26,7 +26,7 @@ class OpTable {
 struct Transfers {
   const Layout& layout;
   TaskGraphBuilder& builder;
-  OpTable &forward, &backward, &weight;
+  OpTable &forward, &backward, &weight, &recompute;
   OpTable &activation_recv, &gradient_recv;
   WorkId boundary;  ///< a transfer's work: the boundary activation (or its gradient)
 
@@ -111,20 +111,29 @@ struct OpNumbering {
   std::size_t transfer_pairs() const { return transfer_first.back() / 2; }
 };
 
-OpNumbering number_ops(const Layout& layout, const DeviceOrders& orders) {
+/// Whether step `s` is a B that an R (recomputation) precedes.
+bool recomputed(const ComputeStep& s, const std::vector<StageWork>& work) {
+  return s.kind == OpKind::B && s.stage >= 0 && work[std::size_t(s.stage)].recomputes();
+}
+
+OpNumbering number_ops(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work) {
   const auto devices = std::size_t(layout.devices);
   OpNumbering n{std::vector<std::size_t>(devices + 1, 0), std::vector<std::size_t>(devices + 1, 0)};
   for (std::size_t d = 0; d < devices; ++d) {
-    std::size_t sends = 0;
-    for (const ComputeStep& s : orders[d]) sends += sent_out(layout, s, int(d)) != Payload::None;
-    n.compute_first[d + 1] = n.compute_first[d] + orders[d].size();
+    std::size_t sends = 0, recomputations = 0;
+    for (const ComputeStep& s : orders[d]) {
+      sends += sent_out(layout, s, int(d)) != Payload::None;
+      recomputations += recomputed(s, work);
+    }
+    n.compute_first[d + 1] = n.compute_first[d] + orders[d].size() + recomputations;
     n.transfer_first[d + 1] = n.transfer_first[d] + 2 * sends;
   }
   return n;
 }
 
-/// Each stage's F, B and W work, one record each.
-using StageWorkIds = std::vector<std::array<WorkId, 3>>;
+/// Each stage's F, B, W and R work, one record each (indexed by pass_index, R last).
+using StageWorkIds = std::vector<std::array<WorkId, 4>>;
+constexpr std::size_t kRecomputeWork = 3;
 
 StageWorkIds add_stage_work(TaskGraphBuilder& builder, const std::vector<StageWork>& work, int stages,
                             bool split_weight) {
@@ -135,8 +144,10 @@ StageWorkIds add_stage_work(TaskGraphBuilder& builder, const std::vector<StageWo
         builder.work({.flops = w.forward_flops, .bytes = w.forward_bytes, .alloc_bytes = w.activation_bytes}),
         builder.work({.flops = w.backward_flops + (split_weight ? 0 : w.weight_flops),
                       .bytes = w.backward_bytes + (split_weight ? 0 : w.weight_bytes),
-                      .free_bytes = w.activation_bytes - (split_weight ? w.weight_held_bytes : 0)}),
-        builder.work({.flops = w.weight_flops, .bytes = w.weight_bytes, .free_bytes = w.weight_held_bytes})};
+                      .free_bytes = w.backward_free(split_weight)}),
+        builder.work({.flops = w.weight_flops, .bytes = w.weight_bytes, .free_bytes = w.weight_held_bytes}),
+        builder.work({.flops = w.recompute_flops, .bytes = w.recompute_bytes,
+                      .alloc_bytes = w.recompute_alloc(split_weight)})};
   }
   return stage_work;
 }
@@ -148,20 +159,29 @@ struct ComputeOps {
   TaskGraphBuilder& builder;
   VocabPasses& passes;
   const StageWorkIds& stage_work;
-  OpTable &forward, &backward, &weight;
+  const std::vector<StageWork>& work;
+  OpTable &forward, &backward, &weight, &recompute;
 
-  /// Device d's compute ops in its order, on the blank ids from `id` on; returns the id of its last
-  /// op (kNoTask for an empty order). Calls for different devices may run on different threads.
+  /// Device d's compute ops in its order, on the blank ids from `id` on, with an R before each B
+  /// that recomputes; returns the id of its last op (kNoTask for an empty order). Calls for
+  /// different devices may run on different threads.
   TaskId place(const std::vector<ComputeStep>& order, int d, TaskId id) const {
     TaskId last = kNoTask;
     for (const ComputeStep& s : order) {
-      last = id;
       if (s.stage < 0) {  // a vocabulary pass
+        last = id;
         passes.place(builder, id++, d, s);
         continue;
       }
-      builder.task(id) = {.kind = s.kind, .chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk),
-                          .device = d, .stage = s.stage, .microbatch = s.microbatch,
+      const auto chunk = std::int8_t(layout.stages[std::size_t(s.stage)].chunk);
+      if (recomputed(s, work)) {
+        builder.task(id) = {.kind = OpKind::R, .chunk = chunk, .device = d, .stage = s.stage,
+                            .microbatch = s.microbatch, .work = stage_work[std::size_t(s.stage)][kRecomputeWork]};
+        passes.record_compute(d, id);
+        recompute.at(s.stage, s.microbatch) = id++;
+      }
+      last = id;
+      builder.task(id) = {.kind = s.kind, .chunk = chunk, .device = d, .stage = s.stage, .microbatch = s.microbatch,
                           .work = stage_work[std::size_t(s.stage)][std::size_t(pass_index(s.kind))]};
       passes.record_compute(d, id);
       if (s.kind == OpKind::F) forward.at(s.stage, s.microbatch) = id;
@@ -174,8 +194,9 @@ struct ComputeOps {
 };
 
 /// Compute dependencies: F on its input, B on its F and the gradient from the next stage, W on B --
-/// through the RECV where the neighbouring stage is on another device. An op missing from the
-/// orders (a hand-written schedule file) gets no edges; validation names it.
+/// through the RECV where the neighbouring stage is on another device. R waits for what its B waits
+/// for, as Megatron-LM recomputes when the gradient has arrived (B follows R on the stream). An op
+/// missing from the orders (a hand-written schedule file) gets no edges; validation names it.
 void add_compute_dependencies(const Transfers& t, int microbatches, bool split_weight) {
   const int stages = t.layout.stage_count();
   const auto depend = [&t](TaskId task, TaskId on) {
@@ -187,40 +208,119 @@ void add_compute_dependencies(const Transfers& t, int microbatches, bool split_w
         const TaskId recv = t.activation_recv.at(s, m);
         depend(t.forward.at(s, m), recv != kNoTask ? recv : t.forward.at(s - 1, m));  // same device: direct
       }
-      depend(t.backward.at(s, m), t.forward.at(s, m));
-      if (s + 1 < stages) {
-        const TaskId recv = t.gradient_recv.at(s, m);
-        depend(t.backward.at(s, m), recv != kNoTask ? recv : t.backward.at(s + 1, m));
+      for (const TaskId backward : {t.recompute.at(s, m), t.backward.at(s, m)}) {
+        depend(backward, t.forward.at(s, m));
+        if (s + 1 < stages) {
+          const TaskId recv = t.gradient_recv.at(s, m);
+          depend(backward, recv != kNoTask ? recv : t.backward.at(s + 1, m));
+        }
       }
       if (split_weight) depend(t.weight.at(s, m), t.backward.at(s, m));
     }
 }
 
-/// End of iteration: gradient all-reduce over the DP replicas, then the optimizer step, each device
-/// after its last compute op.
-void add_end_of_iteration(TaskGraphBuilder& builder, const Layout& layout, const std::vector<StageWork>& work,
-                          const std::vector<TaskId>& last_compute, int dp, double grad_bytes_per_param) {
-  std::vector<double> device_params(std::size_t(layout.devices), 0.0);
-  for (int s = 0; s < layout.stage_count(); ++s)
-    device_params[std::size_t(layout.stages[std::size_t(s)].device)] += work[std::size_t(s)].params;
-  for (int d = 0; d < layout.devices; ++d) {
-    TaskId before = last_compute[std::size_t(d)];
-    if (dp > 1) {
-      const WorkId gradients = builder.work({.bytes = device_params[std::size_t(d)] * grad_bytes_per_param});
-      const TaskId reduce = builder.add({.kind = OpKind::DpAllReduce, .device = d, .work = gradients});
-      builder.add_group({.members = {reduce}, .ranks = dp, .data = CollectiveData::Gradients, .op = ReduceOp::Sum});
-      if (before != kNoTask) builder.depend(reduce, before);
-      before = reduce;
-    }
-    const TaskId step = builder.add({.kind = OpKind::Optimizer, .device = d});
-    if (before != kNoTask) builder.depend(step, before);
+/// Where, in one device's compute order, each of its stages runs its first F, its first B (or R) and
+/// its last backward pass (B, or W when split off): the data-parallel collectives of a stage are
+/// issued on the lane in the order the compute reaches them.
+struct StageSteps {
+  int stage;
+  std::size_t first_forward, first_backward, last_backward;
+};
+
+std::vector<StageSteps> stage_steps(const std::vector<ComputeStep>& order) {
+  std::vector<StageSteps> steps;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const ComputeStep& s = order[i];
+    if (s.stage < 0) continue;
+    auto it = std::find_if(steps.begin(), steps.end(), [&](const StageSteps& x) { return x.stage == s.stage; });
+    if (it == steps.end()) it = steps.insert(steps.end(), {s.stage, order.size(), order.size(), 0});
+    if (s.kind == OpKind::F) it->first_forward = std::min(it->first_forward, i);
+    if (s.kind == OpKind::B) it->first_backward = std::min(it->first_backward, i);
+    if (s.kind == OpKind::B || s.kind == OpKind::W) it->last_backward = i;
   }
+  return steps;
 }
+
+/// The data-parallel collectives and the optimizer step, on collective lane 0 of each device
+/// (docs/cost-model.md, "Data parallelism"). Gradients are all-reduced (ZeRO 0) or reduce-scattered
+/// (ZeRO 1 to 3): once per device after its last compute op, or per stage after that stage's last
+/// backward under overlap_grad_reduce. Under ZeRO 1 and 2 the updated weights are all-gathered after
+/// the optimizer step, or under overlap_param_gather before each stage's first F (the next step's,
+/// steady state). ZeRO 3 gathers each stage's weights before its first F and again before its first
+/// backward, and reduce-scatters its gradients after its last.
+class DataParallelOps {
+ public:
+  DataParallelOps(TaskGraphBuilder& builder, const Layout& layout, const std::vector<StageWork>& work,
+                  const DataParallelWork& dp)
+      : builder_(builder), layout_(layout), work_(work), dp_(dp) {}
+
+  void add(const DeviceOrders& orders, const Transfers& t, const std::vector<TaskId>& last_compute) const {
+    const int last_mb = t.forward.microbatches() - 1;
+    for (int d = 0; d < layout_.devices; ++d) {
+      std::vector<StageSteps> steps = stage_steps(orders[std::size_t(d)]);
+      const auto by = [&](std::size_t StageSteps::*position) {
+        std::sort(steps.begin(), steps.end(), [&](const StageSteps& a, const StageSteps& b) { return a.*position < b.*position; });
+        return steps;
+      };
+      const bool sharded = dp_.dp > 1 && dp_.zero_stage >= 1;
+      const bool gather_before_forward = sharded && (dp_.zero_stage == 3 || dp_.overlap_param_gather);
+      if (gather_before_forward)
+        for (const StageSteps& s : by(&StageSteps::first_forward))
+          before(collective(d, CollectiveData::Parameters, params(s.stage)), t.forward.at(s.stage, 0));
+      if (sharded && dp_.zero_stage == 3)
+        for (const StageSteps& s : by(&StageSteps::first_backward)) {
+          const TaskId r = t.recompute.at(s.stage, 0);
+          before(collective(d, CollectiveData::Parameters, params(s.stage)), r != kNoTask ? r : t.backward.at(s.stage, 0));
+        }
+      const CollectiveData gradients = sharded ? CollectiveData::GradientShards : CollectiveData::Gradients;
+      std::vector<TaskId> reduced;
+      if (dp_.dp > 1 && (dp_.overlap_grad_reduce || dp_.zero_stage == 3)) {
+        for (const StageSteps& s : by(&StageSteps::last_backward)) {
+          const TaskId last = t.weight.at(s.stage, last_mb) != kNoTask ? t.weight.at(s.stage, last_mb) : t.backward.at(s.stage, last_mb);
+          reduced.push_back(after(collective(d, gradients, grads(s.stage)), last));
+        }
+      } else if (dp_.dp > 1) {
+        double all = 0;
+        for (const StageSteps& s : steps) all += grads(s.stage);
+        reduced.push_back(after(collective(d, gradients, all), last_compute[std::size_t(d)]));
+      }
+      const TaskId step = builder_.add({.kind = OpKind::Optimizer, .device = d});
+      after(step, last_compute[std::size_t(d)]);
+      for (const TaskId r : reduced) builder_.depend(step, r);
+      if (sharded && !gather_before_forward) {
+        double all = 0;
+        for (const StageSteps& s : steps) all += params(s.stage);
+        after(collective(d, CollectiveData::Parameters, all), step);
+      }
+    }
+  }
+
+ private:
+  double grads(int stage) const { return work_[std::size_t(stage)].params * dp_.grad_bytes; }
+  double params(int stage) const { return work_[std::size_t(stage)].params * dp_.param_bytes; }
+  TaskId collective(int d, CollectiveData data, double bytes) const {
+    const TaskId id = builder_.add({.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .work = builder_.work({.bytes = bytes})});
+    builder_.add_group({.members = {id}, .ranks = dp_.dp, .data = data, .op = ReduceOp::Sum});
+    return id;
+  }
+  TaskId after(TaskId op, TaskId on) const {
+    if (on != kNoTask) builder_.depend(op, on);
+    return op;
+  }
+  void before(TaskId op, TaskId consumer) const {
+    if (consumer != kNoTask) builder_.depend(consumer, op);
+  }
+
+  TaskGraphBuilder& builder_;
+  const Layout& layout_;
+  const std::vector<StageWork>& work_;
+  const DataParallelWork& dp_;
+};
 
 }  // namespace
 
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
+                   const VocabWork& vocab, int microbatches, Bytes boundary_bytes, const DataParallelWork& data_parallel,
                    const DeviceComms& comms) {
   const int stages = layout.stage_count();
   const bool split_weight = splits_weight(orders);
@@ -230,19 +330,21 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   // halves of the devices fill in their ops on two threads of a large graph, with the ids, and the
   // dependencies in the order, that adding them one by one would give.
   const auto devices = std::size_t(layout.devices);
-  const OpNumbering numbering = number_ops(layout, orders);
+  const OpNumbering numbering = number_ops(layout, orders, work);
   const std::size_t compute = numbering.compute_ops(), transfers = numbering.transfer_pairs();
   TaskGraphBuilder builder(layout.devices);
-  builder.reserve(compute + 2 * transfers + devices * (dp > 1 ? 2 : 1) + VocabPasses::collective_ops(layout, microbatches),
+  builder.reserve(compute + 2 * transfers + devices * (data_parallel.dp > 1 ? 2 : 1) +
+                      VocabPasses::collective_ops(layout, microbatches),
                   2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
   const StageWorkIds stage_work = add_stage_work(builder, work, stages, split_weight);
-  OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches);
+  OpTable forward(stages, microbatches), backward(stages, microbatches), weight(stages, microbatches),
+      recompute(stages, microbatches);
   OpTable activation_recv(stages, microbatches), gradient_recv(stages, microbatches);
   std::vector<TaskId> last_compute(devices, kNoTask);
   VocabPasses passes(builder, layout, microbatches, vocab);
   const WorkId boundary = builder.work({.bytes = double(boundary_bytes)});
-  const ComputeOps compute_ops{layout, builder, passes, stage_work, forward, backward, weight};
-  const Transfers transfer{layout, builder, forward, backward, weight, activation_recv, gradient_recv, boundary};
+  const ComputeOps compute_ops{layout, builder, passes, stage_work, work, forward, backward, weight, recompute};
+  const Transfers transfer{layout, builder, forward, backward, weight, recompute, activation_recv, gradient_recv, boundary};
   const bool derived = comms.empty();
   const TaskId first_compute = builder.add_blank(compute);
   const TaskId first_transfer = derived ? builder.add_blank(2 * transfers) : kNoTask;
@@ -262,7 +364,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   if (layout.vocab != VocabPlacement::OnStages)
     passes.connect(builder, layout, [&](int stage, int mb) { return forward.at(stage, mb); },
                    [&](int stage, int mb) { return backward.at(stage, mb); });
-  add_end_of_iteration(builder, layout, work, last_compute, dp, grad_bytes_per_param);
+  DataParallelOps(builder, layout, work, data_parallel).add(orders, transfer, last_compute);
   return std::move(builder).build();
 }
 

@@ -11,13 +11,23 @@
 namespace pipesim {
 
 /// Adds to the per-device compute orders the P2P transfers between stages on different devices,
-/// the dependencies, the memory effects and the end-of-iteration DP all-reduce and optimizer step.
+/// an R before each B of a stage that recomputes, the dependencies, the memory effects, the
+/// data-parallel collectives and the optimizer step.
 /// `boundary_bytes` is the size of one activation (or its gradient) crossing a stage boundary.
 /// Vocabulary passes (S/T/IF/IB steps in `orders`) get the work in `vocab` and their collectives.
 /// With `comms` (complete: a SEND and a RECV for every boundary between devices), the transfers
 /// are issued in that order instead, each after the compute op it follows.
+/// The data-parallel side of an iteration (Megatron-LM's distributed optimizer, ZeRO, FSDP): how many
+/// replicas, what ZeRO shards, and what is overlapped with compute.
+struct DataParallelWork {
+  int dp = 1;
+  int zero_stage = 0;
+  double grad_bytes = 4, param_bytes = 2;  ///< per parameter, as the collectives carry them
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
+};
+
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
-                   const VocabWork& vocab, int microbatches, int dp, Bytes boundary_bytes, double grad_bytes_per_param,
-                   const DeviceComms& comms = {});
+                   const VocabWork& vocab, int microbatches, Bytes boundary_bytes,
+                   const DataParallelWork& data_parallel = {}, const DeviceComms& comms = {});
 
 }  // namespace pipesim

@@ -17,17 +17,23 @@ namespace {
 // (docs/data/h200-torch-ops.json); both fits put the launch overhead at zero (the GPU runs a stream's
 // kernels back to back while the CPU runs ahead). a100-80gb's GEMM and HBM fractions are typical
 // Megatron-LM ones and its attention keeps the H100's ratio to GEMMs: not measured here. All of it
-// is overridable per config.
+// is overridable per config. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
+// NCCL's buffers for the tensor-, pipeline- and data-parallel communicators (about 1 GiB), and the
+// caching allocator's fragmentation (about 5% of what a training step allocates, taken as 1.4 GiB
+// of an 80 GB card and 1.9 GiB of a 141 GB one): what Megatron-LM runs lose on these GPUs.
 const std::array<HardwareConfig, 3> kPresets = {{
     {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.55, .attention_efficiency = 0.47,
      .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300, .intra_node_latency_us = 8,
-     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .kernel_launch_us = 0},
+     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
+     .kernel_launch_us = 0},
     {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
      .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
-     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .kernel_launch_us = 0},
+     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
+     .kernel_launch_us = 0},
     {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
      .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450, .intra_node_latency_us = 6,
-     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .kernel_launch_us = 0},
+     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
+     .kernel_launch_us = 0},
 }};
 
 }  // namespace
@@ -57,6 +63,19 @@ std::optional<FieldError> check_config(const Config& config) {
   if (model.heads % parallel.tp != 0)
     return FieldError{"parallel.tp", fmt::format("tp {} does not divide {} heads; choose a divisor of {}",
                                                  parallel.tp, model.heads, model.heads)};
+  if (parallel.cp > 1 && model.seq_len % (2 * parallel.cp) != 0)
+    return FieldError{"parallel.cp", fmt::format("cp {} needs seq_len ({}) divisible by 2 x cp = {}: each rank takes "
+                                                 "two chunks of the sequence, one early and one late, to balance "
+                                                 "causal attention; choose a cp that divides {}",
+                                                 parallel.cp, model.seq_len, 2 * parallel.cp, model.seq_len / 2)};
+  const TrainingConfig& training = config.training;
+  if (training.tp_comm_overlap && !(parallel.sequence_parallel && parallel.tp > 1))
+    return FieldError{"training.tp_comm_overlap", "overlaps the all-gathers and reduce-scatters of sequence "
+                                                  "parallelism, so it needs parallel.tp > 1 and "
+                                                  "parallel.sequence_parallel true; set it to false"};
+  if (training.overlap_param_gather && training.zero_stage == 0)
+    return FieldError{"training.overlap_param_gather", "gathers parameters that a sharded optimizer updated, so it "
+                                                       "needs training.zero_stage >= 1; set it to false or shard"};
   const int virtual_stages = parallel.pp * parallel.chunks;  // check_sizes bounds it by model.layers
   const std::vector<int>& split = config.schedule.layers_per_stage;
   if (!split.empty()) {
@@ -72,6 +91,10 @@ std::optional<FieldError> check_config(const Config& config) {
                         fmt::format("counts sum to {} but model.layers is {}; make them sum to {}", total,
                                     model.layers, model.layers)};
   }
+  if (config.costs && training.recompute_granularity != Recompute::None)
+    return FieldError{"training.recompute_granularity",
+                      "a costs block gives each pass's time and memory as measured, recomputation included or not; "
+                      "set it to \"none\" and give the times measured with recomputation on"};
   if (config.costs) {
     for (const auto& [name, values] : {std::pair{"forward_ms", &config.costs->forward_ms},
                                        std::pair{"backward_ms", &config.costs->backward_ms},

@@ -32,8 +32,12 @@ struct ParallelConfig {
   int pp = 1;            ///< pipeline-parallel devices (one simulated pipeline)
   int tp = 1;            ///< tensor-parallel degree inside each stage
   int dp = 1;            ///< data-parallel replicas of the whole pipeline
+  int cp = 1;            ///< context parallelism: each rank of a cp group holds seq_len / cp tokens
   int microbatches = 1;  ///< microbatches per iteration per pipeline (m)
   int chunks = 1;        ///< model chunks per device (v); interleaved schedules need v >= 2
+  /// Megatron's sequence parallelism: the norms and dropouts work on seq_len / tp tokens and keep
+  /// 1/tp of their activations; tensor-parallel all-reduces become all-gathers and reduce-scatters.
+  bool sequence_parallel = true;
 };
 
 struct ScheduleConfig {
@@ -58,7 +62,36 @@ struct HardwareConfig {
   double inter_node_latency_us = 0;
   int gpus_per_node = 8;
   double memory_gib = 0;           ///< device memory capacity, GiB
+  /// Memory the training job cannot use for its tensors: CUDA context, NCCL buffers, allocator
+  /// fragmentation. Taken off memory_gib before a config is said to fit.
+  double reserved_gib = 0;
   double kernel_launch_us = 0;     ///< fixed overhead added to every kernel of a compute op
+};
+
+/// Activation recomputation, as Megatron-LM's --recompute-granularity names it.
+enum class Recompute {
+  None,
+  Selective,  ///< core attention only (the score matrices); nothing to save under flash attention
+  Full,       ///< whole layers, from their saved input, before the backward that needs them
+};
+/// Which layers full recomputation covers (Megatron-LM's --recompute-method).
+enum class RecomputeMethod {
+  Uniform,  ///< every layer; the input of each group of recompute_num_layers layers is kept
+  Block,    ///< the first recompute_num_layers layers of each virtual stage; the rest keep everything
+};
+
+/// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding
+/// and the overlap of data- and tensor-parallel communication with compute.
+struct TrainingConfig {
+  Recompute recompute_granularity = Recompute::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  int recompute_num_layers = 1;
+  /// ZeRO: 1 shards optimizer states over dp (Megatron's distributed optimizer), 2 also gradients,
+  /// 3 also parameters (FSDP).
+  int zero_stage = 0;
+  bool overlap_grad_reduce = false;   ///< gradient reduce-scatter/all-reduce hidden behind the backward
+  bool overlap_param_gather = false;  ///< parameter all-gather hidden behind the next step's forwards
+  bool tp_comm_overlap = false;       ///< tensor-parallel collectives overlapped with their GEMMs
 };
 
 struct PrecisionConfig {
@@ -66,7 +99,6 @@ struct PrecisionConfig {
   double grad_bytes = 4;           ///< fp32 gradient accumulation
   double optimizer_bytes = 12;     ///< fp32 master weights + Adam m and v
   double activation_bytes = 2;     ///< bytes per activation element (bf16/fp16)
-  bool distributed_optimizer = false;  ///< shard optimizer states over DP (6 + 12/d B/param)
   bool flash_attention = true;     ///< drops the 5·a·s/h attention-score activation term
 };
 
@@ -98,6 +130,7 @@ struct Config {
   ScheduleConfig schedule;
   HardwareConfig hardware;
   PrecisionConfig precision;
+  TrainingConfig training;
   std::optional<ExplicitCosts> costs;
 };
 

@@ -14,8 +14,10 @@ namespace {
 
 /// The kernels of one virtual stage's F, B and W for one microbatch, per tensor-parallel rank.
 struct StageKernels {
-  std::vector<Kernel> forward, backward, weight;
-  int tp_allreduces_forward = 0, tp_allreduces_backward = 0;  ///< each of b·s·h activations
+  std::vector<Kernel> forward, backward, weight, recompute;
+  /// Tensor-parallel collectives, each an all-reduce of b·s·h activations or, under sequence
+  /// parallelism, an all-gather and a reduce-scatter of them (the same ring time).
+  int tp_allreduces_forward = 0, tp_allreduces_backward = 0, tp_allreduces_recompute = 0;
 };
 
 /// A GEMM of an M×K by a K×N operand: its FLOPs, and each operand read and the result written once.
@@ -23,14 +25,18 @@ Kernel gemm(double m, double n, double k, double a_bytes, double b_bytes, double
   return {2 * m * n * k, m * k * a_bytes + k * n * b_bytes + m * n * c_bytes, false};
 }
 
+/// Tokens of one microbatch on one context-parallel rank.
+double rank_tokens(const Config& c) { return double(c.model.micro_batch_size) * c.model.seq_len / c.parallel.cp; }
+
 /// One decoder layer as a framework runs it (docs/cost-model.md): four GEMMs (QKV, projection, MLP up
 /// — gate and up together for SwiGLU — and down) in each of F (Y = XWᵀ), B (dX = dY·W) and W
 /// (dW = dYᵀX, accumulated into the fp32 main gradient); fused causal attention; and the
-/// memory-bound norms, activation function and residual adds.
+/// memory-bound norms, activation function and residual adds. A context-parallel rank runs s/cp of
+/// the tokens, its queries against every key.
 void add_layer(const Config& c, StageKernels& out) {
   const ModelConfig& m = c.model;
   const PrecisionConfig& p = c.precision;
-  const double t = c.parallel.tp, tokens = double(m.micro_batch_size) * m.seq_len, h = m.hidden, f = m.ffn_hidden;
+  const double t = c.parallel.tp, tokens = rank_tokens(c), h = m.hidden, f = m.ffn_hidden;
   const double g = double(m.key_value_heads()) / m.heads, act = p.activation_bytes;
   const bool swiglu = m.mlp == MlpKind::SwiGlu;
   struct Linear {
@@ -51,9 +57,11 @@ void add_layer(const Config& c, StageKernels& out) {
   // (GELU one fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f). B: the
   // norms' backward (read input and gradient, write gradient), the residual gradients' sums,
   // attention's layout copies, and the activation's backward (GELU 3f; SwiGLU 13f: two products,
-  // SiLU's backward, the gate and up gradients copied into one).
-  out.forward.push_back({0, tokens * (4 * h + (swiglu ? 5 : 2) * f) / t * act, false});
-  out.backward.push_back({0, tokens * (16 * h + (swiglu ? 13 : 3) * f) / t * act, false});
+  // SiLU's backward, the gate and up gradients copied into one). The norms and residuals work on
+  // every token of every tensor-parallel rank unless sequence parallelism splits them.
+  const double norms = c.parallel.sequence_parallel ? t : 1;
+  out.forward.push_back({0, tokens * (4 * h / norms + (swiglu ? 5 : 2) * f / t) * act, false});
+  out.backward.push_back({0, tokens * (16 * h / norms + (swiglu ? 13 : 3) * f / t) * act, false});
   if (!swiglu)  // GPT's biases: their gradients read each linear's output gradient
     out.weight.push_back({0, tokens * (h * (1 + 2 * g) + 2 * h + f) / t * act, false});
 }
@@ -64,7 +72,7 @@ void add_layer(const Config& c, StageKernels& out) {
 void add_head(const Config& c, StageKernels& out) {
   const ModelConfig& m = c.model;
   const PrecisionConfig& p = c.precision;
-  const double tokens = double(m.micro_batch_size) * m.seq_len, h = m.hidden, rows = double(m.vocab) / c.parallel.tp;
+  const double tokens = rank_tokens(c), h = m.hidden, rows = double(m.vocab) / c.parallel.tp;
   const double act = p.activation_bytes;
   out.forward.push_back(gemm(tokens, rows, h, act, p.param_bytes, act));
   out.forward.push_back({0, 18 * tokens * rows, false});
@@ -79,17 +87,69 @@ void add_head(const Config& c, StageKernels& out) {
 void add_embedding(const Config& c, StageKernels& out) {
   const ModelConfig& m = c.model;
   const PrecisionConfig& p = c.precision;
-  const double elements = double(m.micro_batch_size) * m.seq_len * m.hidden / c.parallel.tp;
+  const double elements = rank_tokens(c) * m.hidden / c.parallel.tp;
   out.forward.push_back({0, 2 * elements * p.param_bytes, false});
   out.weight.push_back({0, elements * (p.activation_bytes + p.grad_bytes), false});
   out.weight.push_back({0, elements * (p.grad_bytes + 4 * p.grad_bytes), false});
   if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
 }
 
+/// Layers of a stage of `layers` that full recomputation runs again before their backward.
+int recomputed_layers(const TrainingConfig& t, int layers) {
+  if (t.recompute_granularity != Recompute::Full) return 0;
+  return t.recompute_method == RecomputeMethod::Block ? std::min(t.recompute_num_layers, layers) : layers;
+}
+
+/// A stage's transformer activations for one microbatch: what F keeps for the backward, what R
+/// takes at its largest, and what F would keep without recomputation.
+struct ActivationsKept {
+  double from_forward = 0, rebuilt = 0, without_recompute = 0;
+};
+
+/// Uniform full recomputation keeps the input of each group of recompute_num_layers layers and
+/// rebuilds one group at a time; block keeps the input of each of its first layers, and the rest whole,
+/// rebuilding one layer at a time; selective keeps all but the score matrices and rebuilds one
+/// layer's (none under flash attention).
+ActivationsKept activations_kept(const Config& c, int layers) {
+  const double layer = layer_activation_bytes(c), input = layer_input_bytes(c);
+  ActivationsKept kept{layers * layer, 0, layers * layer};
+  const TrainingConfig& t = c.training;
+  if (t.recompute_granularity == Recompute::Selective) {
+    Config all = c;
+    all.training.recompute_granularity = Recompute::None;
+    kept.without_recompute = layers * layer_activation_bytes(all);
+    kept.rebuilt = layers > 0 ? layer_score_bytes(c) : 0;
+  } else if (const int recomputed = recomputed_layers(t, layers); recomputed > 0) {
+    if (t.recompute_method == RecomputeMethod::Uniform) {
+      const int group = std::min(t.recompute_num_layers, layers);
+      kept.from_forward = double((layers + group - 1) / group) * input;
+      kept.rebuilt = group * layer;
+    } else {
+      kept.from_forward = recomputed * input + (layers - recomputed) * layer;
+      kept.rebuilt = layer;
+    }
+  }
+  return kept;
+}
+
 StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   StageKernels kernels;
   for (int l = 0; l < stage.layers; ++l) add_layer(c, kernels);
   kernels.tp_allreduces_forward = kernels.tp_allreduces_backward = 2 * stage.layers;
+  // R: full recomputation runs the recomputed layers' forward again, collectives included; selective
+  // recomputation only the score part of attention, which flash attention's backward already redoes.
+  const int recomputed = recomputed_layers(c.training, stage.layers);
+  if (recomputed > 0) {
+    StageKernels layer;
+    add_layer(c, layer);
+    for (int l = 0; l < recomputed; ++l) kernels.recompute.insert(kernels.recompute.end(), layer.forward.begin(), layer.forward.end());
+    kernels.tp_allreduces_recompute = 2 * recomputed;
+  } else if (c.training.recompute_granularity == Recompute::Selective && !c.precision.flash_attention) {
+    StageKernels layer;
+    add_layer(c, layer);
+    const auto attention = std::find_if(layer.forward.begin(), layer.forward.end(), [](const Kernel& k) { return k.attention; });
+    kernels.recompute.assign(std::size_t(stage.layers), *attention);
+  }
   if (stage.has_head) add_head(c, kernels);
   if (stage.has_embedding) add_embedding(c, kernels);
   return kernels;
@@ -134,11 +194,11 @@ class AnalyticCostModel final : public CostModel {
   AnalyticCostModel(const Config& config, const Layout& layout) : c_(config), h_(config.hardware), layout_(layout) {
     for (const VirtualStage& stage : layout.stages) {
       const StageKernels kernels = stage_kernels(config, stage);
-      const TimeNs allreduce = tp_allreduce();
       // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
-      stages_.push_back({add_ns(run(kernels.forward), times_ns(kernels.tp_allreduces_forward, allreduce)),
-                         add_ns(run(kernels.backward), times_ns(kernels.tp_allreduces_backward, allreduce)),
-                         run(kernels.weight)});
+      const TimeNs recompute = pass(kernels.recompute, kernels.tp_allreduces_recompute, 1);
+      stages_.push_back({pass(kernels.forward, kernels.tp_allreduces_forward, 1),
+                         add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)),
+                         run(kernels.weight), recompute});
     }
   }
   std::string_view source() const override { return "analytic"; }
@@ -148,12 +208,14 @@ class AnalyticCostModel final : public CostModel {
     const bool same_node = global_rank(c_, task.device) / h_.gpus_per_node == global_rank(c_, task.peer) / h_.gpus_per_node;
     return link(work.bytes, same_node);
   }
-  TimeNs collective(const Task& task, const TaskWork& work, int ranks) const override {
-    // Pipeline-group collectives span nodes when the pipeline does; DP groups stride by tp.
+  TimeNs collective(const Task& task, const TaskWork& work, const CollectiveGroup& group) const override {
+    // Pipeline-group collectives span nodes when the pipeline does; DP groups stride by tp·cp.
     const bool intra = task.kind == OpKind::DpAllReduce
-                           ? c_.parallel.tp * c_.parallel.dp <= h_.gpus_per_node
+                           ? c_.parallel.tp * c_.parallel.cp * c_.parallel.dp <= h_.gpus_per_node
                            : global_rank(c_, c_.parallel.pp - 1) < h_.gpus_per_node;
-    return ring(task.kind, work.bytes, ranks, intra);
+    const bool all_reduce = task.kind == OpKind::AllReduce ||
+                            (task.kind == OpKind::DpAllReduce && group.data == CollectiveData::Gradients);
+    return ring(all_reduce, work.bytes, group.ranks, intra);
   }
   TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
     // GEMM, then memory-bound softmax or gather kernels: their times add. (No vector: this runs for
@@ -168,10 +230,10 @@ class AnalyticCostModel final : public CostModel {
     for (const VirtualStage& stage : layout_.stages)
       if (stage.device == device) params += stage_params(c_, stage);
     const PrecisionConfig& p = c_.precision;
-    // Read gradients, read and write weights and optimizer states.
-    const double states = p.optimizer_bytes / (p.distributed_optimizer ? c_.parallel.dp : 1);
-    // One fused kernel (multi-tensor Adam).
-    return ns_from_s(kernel_seconds({0, params * (p.grad_bytes + 2 * (p.param_bytes + states)), false}, h_));
+    // ZeRO shards the update with the optimizer states: each replica updates 1/dp of the parameters.
+    const double updated = c_.training.zero_stage >= 1 ? params / c_.parallel.dp : params;
+    // Read gradients, read and write weights and optimizer states: one fused kernel (multi-tensor Adam).
+    return ns_from_s(kernel_seconds({0, updated * (p.grad_bytes + 2 * (p.param_bytes + p.optimizer_bytes)), false}, h_));
   }
 
  private:
@@ -181,16 +243,40 @@ class AnalyticCostModel final : public CostModel {
     const double gbps = intra ? h_.intra_node_gbps : h_.inter_node_gbps;
     return add_ns(ns_from_us(latency_us), ns_from_s(bytes / (gbps * 1e9)));
   }
-  /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast and reduce (n-1) steps.
-  TimeNs ring(OpKind kind, double bytes, int n, bool intra) const {
+  /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast, reduce, reduce-scatter and
+  /// all-gather (n-1) steps.
+  TimeNs ring(bool all_reduce, double bytes, int n, bool intra) const {
     if (n <= 1) return 0;
-    const int steps = (kind == OpKind::AllReduce || kind == OpKind::DpAllReduce) ? 2 * (n - 1) : n - 1;
-    return times_ns(steps, link(bytes / n, intra));
+    return times_ns(all_reduce ? 2 * (n - 1) : n - 1, link(bytes / n, intra));
   }
   TimeNs tp_allreduce() const {
+    const double bytes = rank_tokens(c_) * c_.model.hidden * c_.precision.activation_bytes;
+    return ring(true, bytes, c_.parallel.tp, true);
+  }
+  /// One round of context parallelism's ring: each rank passes on a block of K and V (s/cp tokens).
+  double cp_ring_seconds() const {
     const ModelConfig& m = c_.model;
-    const double bytes = double(m.micro_batch_size) * m.seq_len * m.hidden * c_.precision.activation_bytes;
-    return ring(OpKind::AllReduce, bytes, c_.parallel.tp, true);
+    if (c_.parallel.cp <= 1) return 0;
+    const double block = rank_tokens(c_) * 2.0 * m.key_value_heads() / m.heads * m.hidden / c_.parallel.tp *
+                         c_.precision.activation_bytes;
+    const bool intra = c_.parallel.tp * c_.parallel.cp <= h_.gpus_per_node;
+    return (c_.parallel.cp - 1) * double(link(block, intra)) * 1e-9;
+  }
+  /// A pass's kernels, then the communication they leave exposed: its `tp_collectives` (all of them,
+  /// or under tp_comm_overlap what the pass's GEMMs cannot cover) and, per attention kernel,
+  /// `ring_rounds` of context parallelism's K/V ring (K and V forward; with dK and dV backward),
+  /// overlapped with that attention.
+  TimeNs pass(const std::vector<Kernel>& kernels, int tp_collectives, int ring_rounds) const {
+    double gemm = 0, attention = 0, attention_kernels = 0;
+    for (const Kernel& k : kernels) {
+      if (k.attention) attention += kernel_seconds(k, h_), ++attention_kernels;
+      else if (k.flops > 0) gemm += kernel_seconds(k, h_);
+    }
+    TimeNs time = run(kernels);
+    const TimeNs tp_comm = times_ns(tp_collectives, tp_allreduce());
+    time = add_ns(time, c_.training.tp_comm_overlap ? ns_from_s(std::max(0.0, double(tp_comm) * 1e-9 - gemm)) : tp_comm);
+    const double ring = attention_kernels * ring_rounds * cp_ring_seconds();
+    return ring > 0 ? add_ns(time, ns_from_s(std::max(0.0, ring - attention))) : time;
   }
 
   const Config& c_;
@@ -227,8 +313,10 @@ class ExplicitCostModel final : public CostModel {
 
  protected:
   TimeNs p2p(const Task&, const TaskWork&) const override { return p2p_ns_; }
-  TimeNs collective(const Task& task, const TaskWork&, int) const override {
-    return task.kind == OpKind::DpAllReduce ? dp_allreduce_ns_ : allreduce_ns_;
+  TimeNs collective(const Task& task, const TaskWork&, const CollectiveGroup& group) const override {
+    if (task.kind != OpKind::DpAllReduce) return allreduce_ns_;
+    // An all-reduce is a reduce-scatter and an all-gather: ZeRO's halves take half of it each.
+    return group.data == CollectiveData::Gradients ? dp_allreduce_ns_ : dp_allreduce_ns_ / 2;
   }
   TimeNs optimizer(int) const override { return optimizer_ns_; }
   TimeNs vocab_pass(const Task& task, const TaskWork&) const override {
@@ -250,9 +338,9 @@ class ExplicitCostModel final : public CostModel {
 std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
   const ModelConfig& m = config.model;
   // W needs the inputs of the four GEMMs of each layer: b·s·(3h + f) elements.
-  const double weight_held_fraction =
-      double(m.micro_batch_size) * m.seq_len * (3.0 * m.hidden + m.ffn_hidden) * config.precision.activation_bytes /
-      config.parallel.tp / std::max(1.0, layer_activation_bytes(m, config.precision, config.parallel.tp));
+  const double weight_held_fraction = rank_tokens(config) * (3.0 * m.hidden + m.ffn_hidden) *
+                                      config.precision.activation_bytes / config.parallel.tp /
+                                      std::max(1.0, layer_activation_bytes(config));
   std::vector<StageWork> work;
   for (const VirtualStage& stage : layout.stages) {
     const StageKernels kernels = stage_kernels(config, stage);
@@ -263,16 +351,22 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
     w.forward_bytes = total(kernels.forward, &Kernel::bytes);
     w.backward_bytes = total(kernels.backward, &Kernel::bytes);
     w.weight_bytes = total(kernels.weight, &Kernel::bytes);
-    double layer_bytes = stage.layers * layer_activation_bytes(m, config.precision, config.parallel.tp);
+    w.recompute_flops = total(kernels.recompute, &Kernel::flops);
+    w.recompute_bytes = total(kernels.recompute, &Kernel::bytes);
+    const ActivationsKept kept = activations_kept(config, stage.layers);
+    double layer_bytes = kept.from_forward;
+    w.recomputed_bytes = static_cast<Bytes>(std::llround(kept.rebuilt));
     if (config.costs && config.costs->activation_bytes)
       layer_bytes = *config.costs->activation_bytes * share_of_device(config, stage);
     double head_bytes = 0;
     if (stage.has_head)  // fp32 logits kept for the softmax gradient, plus its input
       head_bytes = config.costs ? config.costs->output_activation_bytes
-                                : double(m.micro_batch_size) * m.seq_len *
-                                      (4.0 * m.vocab + config.precision.activation_bytes * m.hidden) / config.parallel.tp;
+                                : rank_tokens(config) * (4.0 * m.vocab + config.precision.activation_bytes * m.hidden) /
+                                      config.parallel.tp;
     w.activation_bytes = static_cast<Bytes>(std::llround(layer_bytes + head_bytes));
-    w.weight_held_bytes = static_cast<Bytes>(std::llround(layer_bytes * std::min(1.0, weight_held_fraction)));
+    // W needs what the backward had, recomputed or not.
+    const double full_layers = config.costs && config.costs->activation_bytes ? layer_bytes : kept.without_recompute;
+    w.weight_held_bytes = static_cast<Bytes>(std::llround(full_layers * std::min(1.0, weight_held_fraction)));
     w.params = stage_params(config, stage);
     work.push_back(w);
   }
@@ -298,7 +392,7 @@ StageWeights stage_weights(const Config& config) {
 VocabWork vocab_work(const Config& config, const Layout& layout) {
   const ModelConfig& m = config.model;
   const PrecisionConfig& p = config.precision;
-  const double tokens = double(m.micro_batch_size) * m.seq_len, h = m.hidden, t = config.parallel.tp;
+  const double tokens = rank_tokens(config), h = m.hidden, t = config.parallel.tp;
   const double rows = double(layout.padded_vocab) / layout.devices / t;  // vocabulary rows per device
   const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
   VocabWork w;
@@ -320,11 +414,22 @@ VocabWork vocab_work(const Config& config, const Layout& layout) {
 }
 
 std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layout) {
-  std::vector<double> params(static_cast<std::size_t>(layout.devices), vocab_shard_params(config, layout));
-  for (const VirtualStage& stage : layout.stages) params[static_cast<std::size_t>(stage.device)] += stage_params(config, stage);
+  const auto devices = static_cast<std::size_t>(layout.devices);
+  std::vector<double> params(devices, vocab_shard_params(config, layout)), largest_stage(devices, 0.0);
+  for (const VirtualStage& stage : layout.stages) {
+    const auto d = static_cast<std::size_t>(stage.device);
+    params[d] += stage_params(config, stage);
+    largest_stage[d] = std::max(largest_stage[d], stage_params(config, stage));
+  }
+  const int zero = config.training.zero_stage, dp = config.parallel.dp;
   std::vector<Bytes> bytes;
-  for (double p : params)
-    bytes.push_back(static_cast<Bytes>(std::llround(p * bytes_per_param(config.precision, config.parallel.dp))));
+  for (std::size_t d = 0; d < devices; ++d) {
+    double held = params[d] * bytes_per_param(config.precision, zero, dp);
+    // ZeRO-3 gathers a chunk's weights before its F and B and frees them after: the chunk in use and
+    // the next one, fetched ahead, are whole.
+    if (zero == 3 && dp > 1) held += 2 * largest_stage[d] * config.precision.param_bytes;
+    bytes.push_back(static_cast<Bytes>(std::llround(held)));
+  }
   return bytes;
 }
 
@@ -332,8 +437,12 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
   const Task& task = graph.task(id);
   switch (task.kind) {
     case OpKind::F: return stage(task.stage).forward;
-    case OpKind::B: return add_ns(stage(task.stage).backward, split_weight ? 0 : stage(task.stage).weight);
+    case OpKind::B: {
+      const StageTimes& t = stage(task.stage);
+      return add_ns(t.backward - t.recompute, split_weight ? 0 : t.weight);
+    }
     case OpKind::W: return stage(task.stage).weight;
+    case OpKind::R: return stage(task.stage).recompute;
     case OpKind::S:
     case OpKind::T:
     case OpKind::IF:
@@ -344,7 +453,7 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::Broadcast:
     case OpKind::Reduce:
     case OpKind::DpAllReduce:
-      return collective(task, graph.work_of(task), graph.groups()[static_cast<std::size_t>(task.group)].ranks);
+      return collective(task, graph.work_of(task), graph.groups()[static_cast<std::size_t>(task.group)]);
     case OpKind::Optimizer: return optimizer(task.device);
   }
   return 0;

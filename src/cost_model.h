@@ -2,6 +2,7 @@
 /// The cost model: op -> duration, plus the work and memory each op carries. Two sources share one
 /// interface: analytic (roofline over the model's FLOPs and bytes, α-β links, ring collectives) and
 /// explicit (per-op times from the config, for calibration and exact closed-form tests).
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,9 +19,21 @@ namespace pipesim {
 struct StageWork {
   double forward_flops = 0, backward_flops = 0, weight_flops = 0;  ///< backward: input-gradient part
   double forward_bytes = 0, backward_bytes = 0, weight_bytes = 0;  ///< HBM traffic
+  double recompute_flops = 0, recompute_bytes = 0;  ///< R, the recomputation before B; 0: no R
   Bytes activation_bytes = 0;   ///< taken at F, kept until the backward has used it
-  Bytes weight_held_bytes = 0;  ///< part of it kept past B until W when W is split off
+  Bytes recomputed_bytes = 0;   ///< taken at R (what it rebuilds, at its largest), returned by B
+  Bytes weight_held_bytes = 0;  ///< kept past B until W when W is split off
   double params = 0;            ///< parameters of this stage on one TP rank
+  bool recomputes() const { return recompute_flops > 0 || recompute_bytes > 0; }
+  /// What R takes: under a W split, at least what W will need beyond what F kept.
+  Bytes recompute_alloc(bool split_weight) const {
+    if (!recomputes()) return 0;
+    return split_weight ? std::max(recomputed_bytes, weight_held_bytes - activation_bytes) : recomputed_bytes;
+  }
+  /// What B returns: everything F and R took except what W still needs.
+  Bytes backward_free(bool split_weight) const {
+    return activation_bytes + recompute_alloc(split_weight) - (split_weight ? weight_held_bytes : 0);
+  }
 };
 
 /// Per-stage work under the analytic model; `costs.activation_bytes` overrides the memory.
@@ -51,8 +64,11 @@ std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layou
 
 struct StageTimes {
   TimeNs forward = 0;
-  TimeNs backward = 0;  ///< input-gradient part; a schedule without W runs backward + weight
+  /// Input-gradient part, with the recomputation (an R op just before each B) that precedes it: what
+  /// a schedule plans with. A schedule without W runs backward + weight.
+  TimeNs backward = 0;
   TimeNs weight = 0;
+  TimeNs recompute = 0;  ///< the part of `backward` that R runs
 };
 
 class CostModel {
@@ -67,7 +83,7 @@ class CostModel {
 
  protected:
   virtual TimeNs p2p(const Task& task, const TaskWork& work) const = 0;
-  virtual TimeNs collective(const Task& task, const TaskWork& work, int ranks) const = 0;
+  virtual TimeNs collective(const Task& task, const TaskWork& work, const CollectiveGroup& group) const = 0;
   virtual TimeNs optimizer(int device) const = 0;
   virtual TimeNs vocab_pass(const Task& task, const TaskWork& work) const = 0;  ///< S, T, IF, IB
   std::vector<StageTimes> stages_;

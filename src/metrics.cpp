@@ -165,8 +165,11 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
   const ParallelConfig& p = config.parallel;
   run.tokens_per_s = double(m.micro_batch_size) * p.microbatches * p.dp * m.seq_len / iteration_s;
   run.mfu = paper_iteration_flops(config) /
-            (iteration_s * double(p.pp) * p.tp * p.dp * config.hardware.peak_tflops * 1e12);
-  run.memory_capacity_bytes = static_cast<Bytes>(config.hardware.memory_gib * double(1ull << 30));
+            (iteration_s * double(p.pp) * p.tp * p.dp * p.cp * config.hardware.peak_tflops * 1e12);
+  // What the job's tensors may use: the device's memory less what the CUDA context, NCCL and the
+  // allocator take (hardware.reserved_gib).
+  const HardwareConfig& h = config.hardware;
+  run.memory_capacity_bytes = static_cast<Bytes>((h.memory_gib - h.reserved_gib) * double(1ull << 30));
 
   Bytes most = 0, least = run.devices.empty() ? 0 : run.devices.front().peak_memory_bytes;
   for (const DeviceMetrics& d : run.devices) {
@@ -176,6 +179,7 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
   }
   run.memory_imbalance = least > 0 ? double(most) / double(least) : 1.0;
   run.fits_in_memory = most <= run.memory_capacity_bytes;
+  run.headroom_bytes = run.memory_capacity_bytes - most;
   return run;
 }
 

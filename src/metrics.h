@@ -28,8 +28,9 @@ struct RunMetrics {
   double mfu = 0;                ///< fraction, with the Vocabulary Parallelism paper's FLOP count
   double bubble_fraction = 0;    ///< mean over devices
   double memory_imbalance = 1;   ///< max / min peak memory over devices
-  Bytes memory_capacity_bytes = 0;
+  Bytes memory_capacity_bytes = 0;  ///< hardware.memory_gib less hardware.reserved_gib
   bool fits_in_memory = true;
+  Bytes headroom_bytes = 0;         ///< capacity less the largest device peak; negative: does not fit
   std::vector<DeviceMetrics> devices;
 };
 

@@ -21,21 +21,40 @@ double layer_params(const ModelConfig& m) {
   return 2 * h * h * (1 + g) + 2 * h * f + (2 + 2 * g) * h + 5 * h + f;  // g = 1: 4h² + 2hf + 9h + f
 }
 
-double layer_activation_bytes(const ModelConfig& m, const PrecisionConfig& p, int tp) {
-  const double g = kv_fraction(m), f_over_h = double(m.ffn_hidden) / m.hidden;
-  const double attention = 7 + 4 * g, mlp = 3 + 2 * mlp_matrices(m) * f_over_h, norms = 4;
-  // Korthikanti's terms are for 2-byte activations; scale them with the configured element size.
-  const double per_token = (attention + mlp + norms) * p.activation_bytes / 2.0 +
-                           (p.flash_attention ? 0.0 : 5.0 * m.heads * double(m.seq_len) / m.hidden);
-  return bsh(m) * per_token / tp;
+namespace {
+/// Tokens × hidden of one microbatch on one context-parallel rank, and the factor that scales
+/// Korthikanti's 2-byte terms to the configured activation size.
+double rank_bsh(const Config& c) { return bsh(c.model) / c.parallel.cp; }
+double element_scale(const Config& c) { return c.precision.activation_bytes / 2.0; }
+}  // namespace
+
+double layer_score_bytes(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (c.precision.flash_attention) return 0;
+  return rank_bsh(c) * 5.0 * m.heads * double(m.seq_len) / m.hidden / c.parallel.tp;
+}
+
+double layer_activation_bytes(const Config& c) {
+  const ModelConfig& m = c.model;
+  const double t = c.parallel.tp, g = kv_fraction(m), f_over_h = double(m.ffn_hidden) / m.hidden;
+  const double whole = 4 + 2 + 2 + 1 + 1;                               // norms, linear inputs, masks
+  const double split = (4 + 4 * g) + 2 * mlp_matrices(m) * f_over_h;  // Q, K, V, projection; MLP
+  const double per_token = c.parallel.sequence_parallel ? (whole + split) / t : whole + split / t;
+  const double scores = c.training.recompute_granularity == Recompute::Selective ? 0 : layer_score_bytes(c);
+  return rank_bsh(c) * per_token * element_scale(c) + scores;
+}
+
+double layer_input_bytes(const Config& c) {
+  return rank_bsh(c) * 2 * element_scale(c) / (c.parallel.sequence_parallel ? c.parallel.tp : 1);
 }
 
 double head_forward_flops(const ModelConfig& m) { return 2.0 * bsh(m) * m.vocab; }
 
 double vocab_params(const ModelConfig& m) { return double(m.vocab) * m.hidden; }
 
-double bytes_per_param(const PrecisionConfig& p, int dp) {
-  return p.param_bytes + p.grad_bytes + p.optimizer_bytes / (p.distributed_optimizer ? dp : 1);
+double bytes_per_param(const PrecisionConfig& p, int zero_stage, int dp) {
+  const auto sharded = [&](int stage, double bytes) { return zero_stage >= stage ? bytes / dp : bytes; };
+  return sharded(3, p.param_bytes) + sharded(2, p.grad_bytes) + sharded(1, p.optimizer_bytes);
 }
 
 double paper_iteration_flops(const Config& c) {

@@ -17,19 +17,29 @@ double layer_attention_flops(const ModelConfig& m);
 /// grouped-query attention 2h²(1 + g) for the attention weights; SwiGLU 3hf for the MLP and, as in
 /// Llama, no biases and two RMSNorm gains (2h).
 double layer_params(const ModelConfig& m);
-/// Activation bytes one layer keeps for backward (Korthikanti et al.): s·b·h·(34 + 5·a·s/h) at 2-byte
-/// precision for GPT with f = 4h, without the score term under flash attention, divided by the
-/// tensor-parallel degree. Term by term (bytes per token and hidden unit): attention 11 (7 + 4g with
-/// grouped-query attention: K and V shrink), MLP 3 + 4f/h (SwiGLU: 3 + 6f/h, gate and up outputs
-/// both kept), LayerNorms 4.
-double layer_activation_bytes(const ModelConfig& m, const PrecisionConfig& p, int tp);
+/// Activation bytes one layer keeps for its backward on one tensor- and context-parallel rank, without
+/// full recomputation (Korthikanti et al. 2022, Table 2), per microbatch. Per token and hidden unit at
+/// 2-byte activations: 10 that tensor parallelism leaves whole (the two norms' inputs 4, the inputs
+/// of QKV and of the MLP 2 + 2, two dropout masks 1 + 1) and 24 that it splits (Q, K, V and the
+/// projection's input 8 — 4 + 4g with grouped-query attention, K and V shrinking to g = kv/heads —
+/// and the MLP's inner activations 16, SwiGLU's 6f/h), plus the score matrices 5·a·s/h, split too,
+/// unless flash attention or selective recomputation drops them. Sequence parallelism splits the
+/// 10 as well: 34/t. Context parallelism gives each rank s/cp of the tokens.
+double layer_activation_bytes(const Config& c);
+/// The part of layer_activation_bytes that selective recomputation drops: the score matrices
+/// (0 under flash attention, whose backward recomputes them already).
+double layer_score_bytes(const Config& c);
+/// A layer's input, what full recomputation keeps of it: 2·s·b·h at 2-byte activations, split by
+/// tp under sequence parallelism and by cp.
+double layer_input_bytes(const Config& c);
 /// LM-head GEMM FLOPs of the forward: 2·b·s·h·V.
 double head_forward_flops(const ModelConfig& m);
 /// Parameters of the LM head or of the embedding (untied): V·h.
 double vocab_params(const ModelConfig& m);
-/// Bytes per parameter held on a device: weights + gradients + optimizer states (sharded over dp
-/// with a distributed optimizer).
-double bytes_per_param(const PrecisionConfig& p, int dp);
+/// Bytes per parameter held on a device: weights + gradients + optimizer states, as ZeRO shards them
+/// over the dp replicas (Rajbhandari et al. 2020): stage 1 the optimizer states, stage 2 also the
+/// gradients, stage 3 also the weights.
+double bytes_per_param(const PrecisionConfig& p, int zero_stage, int dp);
 /// FLOPs of one iteration as the Vocabulary Parallelism paper counts them for MFU:
 /// 3·(2·B·S·H·V + L·(8·B·S·H² + 4·B·S²·H + 4·B·S·H·F)), B the global batch.
 double paper_iteration_flops(const Config& c);

@@ -51,11 +51,11 @@ std::optional<FieldError> check_parallel(const ParallelConfig& p, const Hardware
   if (p.chunks > limits::kChunks) return too_large("parallel.chunks", p.chunks, limits::kChunks);
   if (p.microbatches > limits::kMicrobatches)
     return too_large("parallel.microbatches", p.microbatches, limits::kMicrobatches);
-  const std::optional<std::int64_t> gpus = times(times(p.pp, p.tp), p.dp);
+  const std::optional<std::int64_t> gpus = times(times(times(p.pp, p.tp), p.dp), p.cp);
   if (!gpus || *gpus > limits::kGpus)
-    return FieldError{"parallel.dp", fmt::format("pp {} x tp {} x dp {} is over pipesim's limit of {} GPUs; use a "
-                                                 "smaller dp or tp",
-                                                 p.pp, p.tp, p.dp, limits::kGpus)};
+    return FieldError{"parallel.dp", fmt::format("pp {} x tp {} x dp {} x cp {} is over pipesim's limit of {} GPUs; "
+                                                 "use a smaller dp, tp or cp",
+                                                 p.pp, p.tp, p.dp, p.cp, limits::kGpus)};
   if (h.gpus_per_node > limits::kGpusPerNode)
     return too_large("hardware.gpus_per_node", h.gpus_per_node, limits::kGpusPerNode);
   // Turned into bytes (an integer) for the fits-in-memory verdict: 1e10 GiB would wrap negative.
@@ -69,12 +69,15 @@ std::optional<FieldError> check_parallel(const ParallelConfig& p, const Hardware
 /// Weights and the activations of every microbatch, in doubles (the caps above keep them finite).
 std::optional<FieldError> check_bytes(const Config& c) {
   const ModelConfig& m = c.model;
-  const double weights = (m.layers * layer_params(m) + 2 * vocab_params(m)) * bytes_per_param(c.precision, 1);
+  const double weights = (m.layers * layer_params(m) + 2 * vocab_params(m)) * bytes_per_param(c.precision, 0, 1);
   if (weights > double(limits::kModelBytes))
     return FieldError{"model.hidden", fmt::format("the weights would take {:.3g} bytes, over pipesim's limit of {:.3g}; "
                                                   "use a smaller hidden, ffn_hidden, vocab or fewer layers",
                                                   weights, double(limits::kModelBytes))};
-  const double per_microbatch = m.layers * layer_activation_bytes(m, c.precision, 1) +
+  Config whole = c;  // on one device, nothing split or recomputed: a bound on every layout's share
+  whole.parallel.tp = whole.parallel.cp = 1;
+  whole.training.recompute_granularity = Recompute::None;
+  const double per_microbatch = m.layers * layer_activation_bytes(whole) +
                                 double(m.micro_batch_size) * m.seq_len * (4.0 * m.vocab + 8.0 * m.hidden);
   const double activations = per_microbatch * c.parallel.microbatches;
   if (activations > double(limits::kModelBytes))

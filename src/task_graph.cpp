@@ -14,6 +14,7 @@ std::string_view op_kind_name(OpKind kind) {
     case OpKind::F: return "F";
     case OpKind::B: return "B";
     case OpKind::W: return "W";
+    case OpKind::R: return "R";
     case OpKind::S: return "S";
     case OpKind::T: return "T";
     case OpKind::IF: return "IF";

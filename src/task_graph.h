@@ -22,6 +22,7 @@ enum class OpKind : std::uint8_t {
   F,            ///< forward of one virtual stage for one microbatch
   B,            ///< backward; input-gradient only when the schedule splits off W
   W,            ///< weight-gradient pass
+  R,            ///< recomputation of a stage's activations from its saved input, just before its B
   S,            ///< vocabulary output pass: logits, local max and sum-exp
   T,            ///< vocabulary output pass: softmax gradient and dW
   IF,           ///< vocabulary input pass: sharded embedding lookup
@@ -31,10 +32,10 @@ enum class OpKind : std::uint8_t {
   AllReduce,    ///< collective over a group of devices
   Broadcast,
   Reduce,
-  DpAllReduce,  ///< end-of-iteration gradient all-reduce over the data-parallel replicas
+  DpAllReduce,  ///< data-parallel collective: gradient all-reduce, or ZeRO's reduce-scatter and all-gather
   Optimizer,    ///< end-of-iteration optimizer step
 };
-constexpr int kOpKindCount = 14;
+constexpr int kOpKindCount = 15;
 /// 0, 1, 2 for F, B, W: where a transformer pass goes in tables kept per (pass, stage, microbatch);
 /// -1 for every other kind.
 constexpr int pass_index(OpKind kind) {
@@ -55,6 +56,7 @@ constexpr Stream stream_kind(OpKind kind) {
     case OpKind::F:
     case OpKind::B:
     case OpKind::W:
+    case OpKind::R:
     case OpKind::S:
     case OpKind::T:
     case OpKind::IF:
@@ -113,7 +115,9 @@ static_assert(sizeof(Task) == 32);
 /// What a collective combines. Every executor reads a collective's meaning from here (the runtime
 /// picks its buffers by it), never from the lane it runs on.
 enum class CollectiveData : std::uint8_t {
-  Gradients,       ///< DP_ALLREDUCE: weight gradients over the data-parallel replicas
+  Gradients,       ///< DP_ALLREDUCE: weight gradients all-reduced over the data-parallel replicas
+  GradientShards,  ///< DP_ALLREDUCE under ZeRO: weight gradients reduce-scattered (each replica its shard)
+  Parameters,      ///< DP_ALLREDUCE under ZeRO: updated (or, at stage 3, needed) weights all-gathered
   InputEmbedding,  ///< REDUCE: the IF outputs summed into the first stage's input
   OutputX,         ///< BROADCAST: the last stage's output X to every device
   SoftmaxStats,    ///< ALLREDUCE, barrier C0: M, then S and z (+ dX with Algorithm 2)

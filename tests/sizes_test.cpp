@@ -61,11 +61,11 @@ TEST_CASE("sizes past a limit, or whose products overflow, are refused with the 
        "pipesim's limit of 4194304; use a smaller micro_batch_size or seq_len"},
       {{"parallel.microbatches=1000000000"},
        "c.json: parallel.microbatches (from --set): must be at most 1048576, got 1000000000" + limit},
-      {{"parallel.tp=2147483647"}, "c.json: parallel.dp: pp 4 x tp 2147483647 x dp 1 is over pipesim's limit of "
-                                   "16777216 GPUs; use a smaller dp or tp"},
+      {{"parallel.tp=2147483647"}, "c.json: parallel.dp: pp 4 x tp 2147483647 x dp 1 x cp 1 is over pipesim's limit "
+                                   "of 16777216 GPUs; use a smaller dp, tp or cp"},
       {{"parallel.dp=2147483647", "parallel.tp=2147483647"},
-       "c.json: parallel.dp (from --set): pp 4 x tp 2147483647 x dp 2147483647 is over pipesim's limit of 16777216 "
-       "GPUs; use a smaller dp or tp"},
+       "c.json: parallel.dp (from --set): pp 4 x tp 2147483647 x dp 2147483647 x cp 1 is over pipesim's limit of "
+       "16777216 GPUs; use a smaller dp, tp or cp"},
       {{"parallel.pp=1024", "model.layers=4096", "parallel.microbatches=1048576"},
        // 7 tasks per virtual stage and microbatch, 16 per device for the iteration (baseline vocabulary).
        fmt::format("c.json: parallel.microbatches (from --set): pp 1024 x chunks 2 x microbatches 1048576 would build "

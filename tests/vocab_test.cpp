@@ -203,7 +203,7 @@ TEST_CASE("the last stage's backwards are moved for the vocabulary passes only w
             const Result<OrderCost> estimate = evaluate_orders(context, o, OpTimes::Record);
             if (!estimate.ok()) return std::nullopt;
             const TaskGraph graph = assemble(layout, insert_vocab_passes(context, o, estimate.value(), VocabPlacement::Vocab2),
-                                             context.work, vocab_work(config, layout), m, 1, 0, config.precision.grad_bytes);
+                                             context.work, vocab_work(config, layout), m, 0);
             const Result<Timeline> timeline = simulate(graph, op_durations(*costs, graph));
             REQUIRE(timeline.ok());
             return *std::max_element(timeline.value().end.begin(), timeline.value().end.end());
@@ -252,8 +252,8 @@ TEST_CASE("the transformer orders' estimate bounds from below the iteration of a
             const DeviceOrders placed = layout.vocab == VocabPlacement::OnStages
                                             ? orders
                                             : insert_vocab_passes(context, orders, estimate.value(), layout.vocab);
-            const TaskGraph graph = assemble(layout, placed, context.work, vocab_work(config, layout), m, 1,
-                                             boundary_bytes(config), config.precision.grad_bytes);
+            const TaskGraph graph = assemble(layout, placed, context.work, vocab_work(config, layout), m,
+                                             boundary_bytes(config));
             const Result<Timeline> timeline = simulate(graph, op_durations(*costs, graph));
             REQUIRE(timeline.ok());
             const TimeNs iteration = *std::max_element(timeline.value().end.begin(), timeline.value().end.end());

@@ -114,6 +114,7 @@ MeasuredTimes measured_times(const Plan& plan, const runtime::RunResult& r) {
       case OpKind::Optimizer: t.optimizer.push_back(ms(id)); break;
       case OpKind::Recv:         // its time is the wait for the SEND, not a cost of its own
       case OpKind::DpAllReduce:  // the runtime runs one pipeline replica
+      case OpKind::R:            // and recomputes nothing (check_runnable)
         break;
     }
   }

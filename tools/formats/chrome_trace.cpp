@@ -15,13 +15,18 @@ namespace {
 
 double us(TimeNs ns) { return double(ns) / 1e3; }
 
-std::string op_name(const Task& t) {
+std::string op_name(const TaskGraph& graph, const Task& t) {
   switch (t.kind) {
     case OpKind::Send:
     case OpKind::Recv:
       return fmt::format("{} {} m{}", op_kind_name(t.kind), t.payload == Payload::Activation ? "act" : "grad",
                          t.microbatch);
-    case OpKind::DpAllReduce:
+    case OpKind::DpAllReduce:  // named for what it does: an all-reduce, or ZeRO's halves of one
+      switch (graph.groups()[std::size_t(t.group)].data) {
+        case CollectiveData::GradientShards: return "DP_REDUCE_SCATTER";
+        case CollectiveData::Parameters: return "DP_ALLGATHER";
+        default: return std::string(op_kind_name(t.kind));
+      }
     case OpKind::Optimizer: return std::string(op_kind_name(t.kind));
     case OpKind::S:
     case OpKind::T:
@@ -98,7 +103,7 @@ Status write_chrome_trace(const TaskGraph& graph, const Timeline& timeline, cons
     const TimeNs start = timeline.start[i], end = timeline.end[i];
     out.event(R"({{"ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"name":"{}","cat":"{}",)"
               R"("args":{{"kind":"{}","stage":{},"chunk":{},"microbatch":{}}}}})",
-              t.device, tid(graph, graph.stream_of(t)), us(start), us(end - start), op_name(t), op_kind_name(t.kind),
+              t.device, tid(graph, graph.stream_of(t)), us(start), us(end - start), op_name(graph, t), op_kind_name(t.kind),
               op_kind_name(t.kind), t.stage, t.chunk, t.microbatch);
     if (t.kind == OpKind::Send) {
       const Task& r = graph.task(t.partner);

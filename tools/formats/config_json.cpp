@@ -130,8 +130,10 @@ ParallelConfig read_parallel(ObjectReader r) {
   p.pp = r.integer("pp", 1, 1);  // check_sizes holds the upper limits
   p.tp = r.integer("tp", 1, 1);
   p.dp = r.integer("dp", 1, 1);
+  p.cp = r.integer("cp", 1, 1);
   p.microbatches = r.integer("microbatches", 1, 1, true);
   p.chunks = r.integer("chunks", 1, 1);
+  p.sequence_parallel = r.boolean("sequence_parallel", p.sequence_parallel);
   r.reject_unknown();
   return p;
 }
@@ -187,23 +189,63 @@ HardwareConfig read_hardware(const json* object) {
   h.inter_node_latency_us = r.number("inter_node_latency_us", h.inter_node_latency_us, 0);
   h.gpus_per_node = r.integer("gpus_per_node", h.gpus_per_node, 1);
   h.memory_gib = r.number("memory_gib", h.memory_gib, 0, 1e300, true);
+  h.reserved_gib = r.number("reserved_gib", std::min(h.reserved_gib, h.memory_gib), 0, h.memory_gib);
   h.kernel_launch_us = r.number("kernel_launch_us", h.kernel_launch_us, 0);
   r.reject_unknown();
   return h;
 }
 
+/// `distributed_optimizer`, the precision block's older name for ZeRO stage 1, is read by read_training.
 PrecisionConfig read_precision(const json* object) {
   const json empty = json::object();
   ObjectReader r(object ? *object : empty, "precision");
   PrecisionConfig p;
+  r.has("distributed_optimizer");
   p.param_bytes = r.number("param_bytes", p.param_bytes, 0, 8, true);
   p.grad_bytes = r.number("grad_bytes", p.grad_bytes, 0, 8, true);
   p.optimizer_bytes = r.number("optimizer_bytes", p.optimizer_bytes, 0, 64);
   p.activation_bytes = r.number("activation_bytes", p.activation_bytes, 0, 8, true);
-  p.distributed_optimizer = r.boolean("distributed_optimizer", p.distributed_optimizer);
   p.flash_attention = r.boolean("flash_attention", p.flash_attention);
   r.reject_unknown();
   return p;
+}
+
+/// The training block; `precision.distributed_optimizer: true` (an older spelling) means zero_stage 1.
+TrainingConfig read_training(const json* object, const json* precision) {
+  const json empty = json::object();
+  ObjectReader r(object ? *object : empty, "training");
+  TrainingConfig t;
+  const std::string granularity = r.string("recompute_granularity", "none");
+  if (granularity != "none" && granularity != "selective" && granularity != "full")
+    throw ConfigError{r.at("recompute_granularity"),
+                      fmt::format("expected \"none\", \"selective\" (core attention) or \"full\" (whole layers), got "
+                                  "\"{}\"", visible(abbreviate(granularity)))};
+  t.recompute_granularity = granularity == "full"        ? Recompute::Full
+                            : granularity == "selective" ? Recompute::Selective
+                                                         : Recompute::None;
+  const std::string method = r.string("recompute_method", "uniform");
+  if (method != "uniform" && method != "block")
+    throw ConfigError{r.at("recompute_method"),
+                      fmt::format("expected \"uniform\" (every layer, in groups of recompute_num_layers) or \"block\" "
+                                  "(the first recompute_num_layers layers of each stage), got \"{}\"",
+                                  visible(abbreviate(method)))};
+  t.recompute_method = method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
+  t.recompute_num_layers = r.integer("recompute_num_layers", 1, 1, false, limits::kLayers);
+  bool distributed_optimizer = false;
+  if (precision && precision->contains("distributed_optimizer")) {
+    const json& v = precision->at("distributed_optimizer");
+    if (!v.is_boolean()) throw ConfigError{"precision.distributed_optimizer", "expected true or false, got " + describe(v)};
+    distributed_optimizer = v.get<bool>();
+  }
+  t.zero_stage = r.integer("zero_stage", distributed_optimizer ? 1 : 0, 0, false, 3);
+  if (distributed_optimizer && t.zero_stage == 0)
+    throw ConfigError{r.at("zero_stage"), "is 0 but precision.distributed_optimizer is true (ZeRO stage 1); remove "
+                                          "one of them or make them agree"};
+  t.overlap_grad_reduce = r.boolean("overlap_grad_reduce", false);
+  t.overlap_param_gather = r.boolean("overlap_param_gather", false);
+  t.tp_comm_overlap = r.boolean("tp_comm_overlap", false);
+  r.reject_unknown();
+  return t;
 }
 
 /// A number or an array of numbers (one per device).
@@ -255,6 +297,8 @@ Config read_config(json root, const std::string& source, FieldOrigins& origins) 
   if (r.has("schedule")) c.schedule = read_schedule(ObjectReader(r.value("schedule"), "schedule"));
   c.hardware = read_hardware(r.has("hardware") ? &r.value("hardware") : nullptr);
   c.precision = read_precision(r.has("precision") ? &r.value("precision") : nullptr);
+  c.training = read_training(r.has("training") ? &r.value("training") : nullptr,
+                             r.has("precision") ? &r.value("precision") : nullptr);
   if (r.has("costs")) c.costs = read_costs(ObjectReader(r.value("costs"), "costs"));
   r.has("description");  // free text for the reader of the file
   r.reject_unknown();

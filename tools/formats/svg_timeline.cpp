@@ -13,6 +13,7 @@ const char* colour(OpKind kind) {
     case OpKind::F: return "#4e79a7";
     case OpKind::B: return "#59a14f";
     case OpKind::W: return "#76b7b2";
+    case OpKind::R: return "#8cd17d";
     case OpKind::S: return "#f28e2b";
     case OpKind::T: return "#e15759";
     case OpKind::IF: return "#b07aa1";
@@ -100,7 +101,9 @@ std::string svg_timeline(const TaskGraph& graph, const Timeline& timeline, const
     }
   }
   double x = kLeft;
-  for (OpKind kind : {OpKind::F, OpKind::B, OpKind::W, OpKind::S, OpKind::T, OpKind::IF, OpKind::IB, OpKind::AllReduce}) {
+  for (OpKind kind : {OpKind::F, OpKind::B, OpKind::W, OpKind::R, OpKind::S, OpKind::T, OpKind::IF, OpKind::IB,
+                      OpKind::AllReduce}) {
+    if (kind == OpKind::R && !graph.has(OpKind::R)) continue;
     out += fmt::format(R"(<rect x="{:.0f}" y="{:.0f}" width="10" height="10" fill="{}"/><text x="{:.0f}" y="{:.0f}">{}</text>)",
                        x, height - 18, colour(kind), x + 13, height - 9,
                        kind == OpKind::AllReduce ? "collectives (thin rows)" : std::string(op_kind_name(kind)));

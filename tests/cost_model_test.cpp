@@ -67,12 +67,12 @@ TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
 }
 
 TEST_CASE("static memory is parameters x 18 bytes, or 6 + 12/d with a distributed optimizer") {
-  const bool distributed = GENERATE(false, true);
-  Config c = parse_or_fail(kThreeStages, {"parallel.dp=4", fmt::format("precision.distributed_optimizer={}", distributed)});
+  const int zero = GENERATE(0, 1);
+  Config c = parse_or_fail(kThreeStages, {"parallel.dp=4", fmt::format("training.zero_stage={}", zero)});
   const Plan plan = plan_or_fail(c);
   const double h = 1024, f = 4096, V = 32000;
   const double layer = 4 * h * h + 2 * h * f + 9 * h + f;
-  const double per_param = distributed ? 6 + 12.0 / 4 : 18;
+  const double per_param = zero == 1 ? 6 + 12.0 / 4 : 18;
   CHECK(plan.static_bytes[0] == std::llround((layer + V * h) * per_param));        // layer + embedding
   CHECK(plan.static_bytes[1] == std::llround(layer * per_param));                  // layer only
   CHECK(plan.static_bytes[2] == std::llround((layer + V * h + 2 * h) * per_param));  // layer + head + final norm

@@ -95,11 +95,13 @@ TEST_CASE("grouped-query attention and SwiGLU are costed term by term") {
   CHECK(layer_params(m) == Approx(2 * h * h + 2 * g * h * h + 3 * h * f + 2 * h));  // Llama: no biases, 2 RMSNorms
   // Per token and hidden unit: attention 2 (input) + 2 (Q) + 4g (K, V) + 2 (scores' output) + 2 (O input)
   // + 1 (mask) = 7 + 4g; MLP 2 (input) + 6f/h (gate, up, product) + 1 = 3 + 6f/h; two norms 4.
-  const PrecisionConfig p;  // 2-byte activations, flash attention
-  CHECK(layer_activation_bytes(m, p, 1) == Approx(b * s * h * ((7 + 4 * g) + (3 + 6 * f / h) + 4)));
+  Config c;  // 2-byte activations, flash attention, no tensor or context parallelism
+  c.model = m;
+  CHECK(layer_activation_bytes(c) == Approx(b * s * h * ((7 + 4 * g) + (3 + 6 * f / h) + 4)));
   // With every head its own K and V and a GELU MLP of 4h, the figures are GPT's (Korthikanti's 34).
   m.kv_heads = m.heads, m.mlp = MlpKind::Gelu, m.ffn_hidden = 4 * m.hidden;
   CHECK(layer_gemm_flops(m) == Approx(8 * b * s * h * h + 4 * b * s * h * 4 * h));
   CHECK(layer_params(m) == Approx(12 * h * h + 13 * h));
-  CHECK(layer_activation_bytes(m, p, 1) == Approx(34 * b * s * h));
+  c.model = m;
+  CHECK(layer_activation_bytes(c) == Approx(34 * b * s * h));
 }

@@ -1,0 +1,241 @@
+// The training job around the schedule: activation recomputation, sequence and context
+// parallelism, ZeRO and the data-parallel collectives, reserved memory. Each figure is derived here
+// from the published formula (Korthikanti et al. 2022, Table 2; Rajbhandari et al. 2020, §5).
+#include <algorithm>
+#include <map>
+
+#include "helpers.h"
+#include "model_math.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+/// GPT with f = 4h (Korthikanti's model): a = 16 heads, s = 2048, h = 1024, b = 2.
+const char* kGpt = R"json({
+  "model": {"layers": 3, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "seq_len": 2048, "vocab": 32000,
+            "micro_batch_size": 2},
+  "parallel": {"pp": 3, "microbatches": 6},
+  "hardware": {"preset": "h100-sxm", "gpus_per_node": 8}
+})json";
+
+std::size_t count(const TaskGraph& graph, OpKind kind) {
+  return std::size_t(std::count_if(graph.tasks().begin(), graph.tasks().end(), [&](const Task& t) { return t.kind == kind; }));
+}
+
+}  // namespace
+
+TEST_CASE("a layer keeps what Korthikanti et al. Table 2 gives, for every tensor and sequence parallel setting") {
+  const double s = 2048, b = 2, h = 1024, a = 16, sbh = s * b * h;
+  const int t = GENERATE(1, 2, 4, 8);
+  const bool flash = GENERATE(false, true);
+  const auto bytes = [&](const std::vector<std::string>& settings) {
+    std::vector<std::string> all = {fmt::format("parallel.tp={}", t), fmt::format("precision.flash_attention={}", flash)};
+    all.insert(all.end(), settings.begin(), settings.end());
+    const Config c = parse_or_fail(kGpt, all);
+    return std::pair{layer_activation_bytes(c), layer_input_bytes(c)};
+  };
+  const double scores = flash ? 0 : 5 * a * s / h;  // the score matrices, split by t
+  // No recomputation: tensor parallelism alone leaves 10 whole; sequence parallelism splits all 34.
+  CHECK(bytes({"parallel.sequence_parallel=false"}).first == Approx(sbh * (10 + 24.0 / t + scores / t)));
+  CHECK(bytes({"parallel.sequence_parallel=true"}).first == Approx(sbh * (34.0 / t + scores / t)));
+  // Selective recomputation drops the scores (nothing to drop under flash attention).
+  const std::string selective = "training.recompute_granularity=\"selective\"";
+  CHECK(bytes({"parallel.sequence_parallel=false", selective}).first == Approx(sbh * (10 + 24.0 / t)));
+  CHECK(bytes({"parallel.sequence_parallel=true", selective}).first == Approx(sbh * 34.0 / t));
+  // Full recomputation keeps the layer's input: 2sbh, split by t under sequence parallelism.
+  CHECK(bytes({"parallel.sequence_parallel=false"}).second == Approx(2 * sbh));
+  CHECK(bytes({"parallel.sequence_parallel=true"}).second == Approx(2 * sbh / t));
+  // t = 1: the table's first row, sbh(34 + 5as/h).
+  if (t == 1) CHECK(bytes({}).first == Approx(sbh * (34 + scores)));
+}
+
+TEST_CASE("context parallelism gives each rank s/cp of the tokens: 1/cp of the activations") {
+  const int cp = GENERATE(2, 4);
+  const Config one = parse_or_fail(kGpt, {"precision.flash_attention=false"});
+  const Config split = parse_or_fail(kGpt, {"precision.flash_attention=false", fmt::format("parallel.cp={}", cp)});
+  CHECK(layer_activation_bytes(split) == Approx(layer_activation_bytes(one) / cp));
+  CHECK(layer_input_bytes(split) == Approx(layer_input_bytes(one) / cp));
+  CHECK(boundary_bytes(split) * cp == boundary_bytes(one));
+}
+
+TEST_CASE("ZeRO shards the model states as Rajbhandari et al. count them: 2 + 2 + 12 bytes per parameter") {
+  const PrecisionConfig p{.param_bytes = 2, .grad_bytes = 2, .optimizer_bytes = 12};  // the paper's mixed precision
+  const int d = GENERATE(1, 4, 64);
+  CHECK(bytes_per_param(p, 0, d) == Approx(16));
+  CHECK(bytes_per_param(p, 1, d) == Approx(4 + 12.0 / d));
+  CHECK(bytes_per_param(p, 2, d) == Approx(2 + 14.0 / d));
+  CHECK(bytes_per_param(p, 3, d) == Approx(16.0 / d));
+}
+
+TEST_CASE("static memory follows the ZeRO stage; distributed_optimizer is stage 1") {
+  const double h = 1024, f = 4096, V = 32000, d = 4;
+  const double layer = 4 * h * h + 2 * h * f + 9 * h + f;  // the middle device's one layer
+  const std::map<std::string, double> per_param = {{"training.zero_stage=0", 2 + 4 + 12},
+                                                   {"training.zero_stage=1", 2 + 4 + 12 / d},
+                                                   {"precision.distributed_optimizer=true", 2 + 4 + 12 / d},
+                                                   {"training.zero_stage=2", 2 + (4 + 12) / d}};
+  for (const auto& [setting, bytes] : per_param) {
+    INFO(setting);
+    const Plan plan = plan_or_fail(parse_or_fail(kGpt, {"parallel.dp=4", setting}));
+    CHECK(plan.static_bytes[1] == std::llround(layer * bytes));
+  }
+  // Stage 3 shards the weights too, and holds two stages' weights whole: the one in use, the next.
+  const Plan plan = plan_or_fail(parse_or_fail(kGpt, {"parallel.dp=4", "training.zero_stage=3"}));
+  CHECK(plan.static_bytes[1] == std::llround(layer * 18 / d + 2 * layer * 2));
+  CHECK(plan.static_bytes[0] > plan.static_bytes[1]);  // the embedding's shard and copy too
+}
+
+TEST_CASE("full recomputation puts an R before each B that rebuilds the layers F no longer keeps") {
+  const Config plain = parse_or_fail(kGpt);
+  const Config recompute = parse_or_fail(kGpt, {"training.recompute_granularity=\"full\""});
+  const Simulated a = simulate_or_fail(plain), b = simulate_or_fail(recompute);
+  const TaskGraph& g = b.plan.graph;
+  CHECK(count(a.plan.graph, OpKind::R) == 0);
+  REQUIRE(count(g, OpKind::R) == count(g, OpKind::B));
+  // On each compute stream, R comes right before the B of its stage and microbatch.
+  for (int d = 0; d < g.devices(); ++d) {
+    const std::span<const TaskId> order = g.stream_order(d, Stream::Compute);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const Task& t = g.task(order[i]);
+      if (t.kind != OpKind::B) continue;
+      REQUIRE(i > 0);
+      const Task& r = g.task(order[i - 1]);
+      CHECK(r.kind == OpKind::R);
+      CHECK((r.stage == t.stage && r.microbatch == t.microbatch));
+    }
+  }
+  // The middle stage is one layer: its R is its F again, collectives included; its B is unchanged.
+  const auto duration = [](const Simulated& s, OpKind kind, int stage) {
+    for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id)
+      if (s.plan.graph.task(id).kind == kind && s.plan.graph.task(id).stage == stage) return s.durations[std::size_t(id)];
+    return TimeNs(-1);
+  };
+  CHECK(duration(b, OpKind::R, 1) == duration(b, OpKind::F, 1));
+  CHECK(duration(b, OpKind::B, 1) == duration(a, OpKind::B, 1));
+  CHECK(b.metrics.iteration_ns > a.metrics.iteration_ns);
+  // Memory of the middle device under 1F1B: when R runs for microbatch 0, microbatches 0 and 1 have
+  // run F (one warm-up forward, one steady); F kept the layer's input for each, R rebuilt one layer.
+  const double input = layer_input_bytes(recompute), layer = layer_activation_bytes(recompute);
+  CHECK(b.metrics.devices[1].peak_activation_bytes == std::llround(2 * input) + std::llround(layer));
+  CHECK(a.metrics.devices[1].peak_activation_bytes == 2 * std::llround(layer));
+}
+
+TEST_CASE("uniform recomputation keeps one input per group of layers; block keeps the rest whole") {
+  // One device of 8 layers: its activations at the peak of a single microbatch.
+  const std::string one = R"json({
+    "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 2048, "vocab": 32000},
+    "parallel": {"pp": 1, "microbatches": 1}})json";
+  const auto peak = [&](const std::vector<std::string>& settings) {
+    const Simulated s = simulate_or_fail(parse_or_fail(one, settings));
+    return s.metrics.devices[0].peak_activation_bytes;
+  };
+  const Config c = parse_or_fail(one);
+  const double layer = layer_activation_bytes(c), input = layer_input_bytes(c);
+  const Bytes head = peak({}) - std::llround(8 * layer);  // the LM head's logits and input, kept alike by all
+  const std::string full = "training.recompute_granularity=\"full\"";
+  // Uniform, groups of 2: four inputs kept, one group of two layers rebuilt at a time.
+  CHECK(peak({full, "training.recompute_num_layers=2"}) == head + std::llround(4 * input) + std::llround(2 * layer));
+  // Uniform, groups of 3: ceil(8/3) = 3 inputs; one group of 3 rebuilt.
+  CHECK(peak({full, "training.recompute_num_layers=3"}) == head + std::llround(3 * input) + std::llround(3 * layer));
+  // Block, 5 layers: their 5 inputs and 3 whole layers kept, one layer rebuilt at a time.
+  CHECK(peak({full, "training.recompute_method=\"block\"", "training.recompute_num_layers=5"}) ==
+        head + std::llround(5 * input + 3 * layer) + std::llround(layer));
+}
+
+TEST_CASE("recomputation holds for every schedule and vocabulary mode: R before B, no more memory, no less time") {
+  for (const char* schedule : {"1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-v", "v-half", "dualpipe-v"})
+    for (const char* vocab : {"baseline", "vocab-1", "vocab-2", "interlaced", "redistribute"}) {
+      INFO(schedule << " " << vocab);
+      std::vector<std::string> settings = {fmt::format("schedule.name=\"{}\"", schedule),
+                                           fmt::format("schedule.vocab=\"{}\"", vocab), "parallel.chunks=2",
+                                           "model.layers=8", "parallel.pp=2", "parallel.microbatches=4"};
+      Result<Plan> plain = make_plan(parse_or_fail(kGpt, settings));
+      if (!plain.ok()) continue;  // a combination the schedule does not support
+      settings.push_back("training.recompute_granularity=\"full\"");
+      const Simulated a = simulate_or_fail(parse_or_fail(kGpt, std::vector<std::string>(settings.begin(), settings.end() - 1)));
+      const Simulated b = simulate_or_fail(parse_or_fail(kGpt, settings));
+      CHECK(count(b.plan.graph, OpKind::R) == count(b.plan.graph, OpKind::B));
+      CHECK(b.metrics.iteration_ns >= a.metrics.iteration_ns);
+      for (std::size_t d = 0; d < a.metrics.devices.size(); ++d)
+        CHECK(b.metrics.devices[d].peak_activation_bytes <= a.metrics.devices[d].peak_activation_bytes);
+    }
+}
+
+TEST_CASE("ZeRO's collectives: a reduce-scatter per device, the weights gathered after the step or before F") {
+  const auto data = [](const Simulated& s) {
+    std::map<CollectiveData, int> counts;
+    for (const Task& t : s.plan.graph.tasks())
+      if (t.kind == OpKind::DpAllReduce) ++counts[s.plan.graph.groups()[std::size_t(t.group)].data];
+    return counts;
+  };
+  const std::vector<std::string> dp = {"parallel.dp=4"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), dp.begin(), dp.end());
+    return simulate_or_fail(parse_or_fail(kGpt, more));
+  };
+  CHECK(data(with({})) == std::map<CollectiveData, int>{{CollectiveData::Gradients, 3}});
+  CHECK(data(with({"training.zero_stage=1"})) ==
+        std::map<CollectiveData, int>{{CollectiveData::GradientShards, 3}, {CollectiveData::Parameters, 3}});
+  CHECK(data(with({"training.zero_stage=3"})) ==
+        std::map<CollectiveData, int>{{CollectiveData::GradientShards, 3}, {CollectiveData::Parameters, 6}});
+  // A reduce-scatter and an all-gather take the ring time of one all-reduce of the same bytes; with
+  // bf16 weights and fp32 gradients, ZeRO 1 moves 6 bytes a parameter to the all-reduce's 8.
+  const Simulated plain = with({}), zero = with({"training.zero_stage=1"});
+  CHECK(zero.metrics.iteration_ns < plain.metrics.iteration_ns);
+  // Overlapping the gather with the next step's forwards takes it off the end of the iteration.
+  const Simulated overlapped = with({"training.zero_stage=1", "training.overlap_param_gather=true"});
+  CHECK(overlapped.metrics.iteration_ns < zero.metrics.iteration_ns);
+  // Overlapping the gradient reduction with the backward never lengthens the iteration.
+  const Simulated reduce_early = with({"training.overlap_grad_reduce=true"});
+  CHECK(reduce_early.metrics.iteration_ns <= plain.metrics.iteration_ns);
+}
+
+TEST_CASE("reserved memory comes off the device before a config fits; the rest is the headroom") {
+  const Simulated s = simulate_or_fail(parse_or_fail(kGpt, {"hardware.memory_gib=80", "hardware.reserved_gib=5"}));
+  CHECK(s.metrics.memory_capacity_bytes == Bytes(75) << 30);
+  Bytes most = 0;
+  for (const DeviceMetrics& d : s.metrics.devices) most = std::max(most, d.peak_memory_bytes);
+  CHECK(s.metrics.headroom_bytes == s.metrics.memory_capacity_bytes - most);
+  // The preset's default, documented in docs/config.md.
+  CHECK(parse_or_fail(kGpt).hardware.reserved_gib == 3.0);
+}
+
+TEST_CASE("tensor-parallel communication overlapped with its GEMMs shortens the passes, never lengthens them") {
+  const Simulated a = simulate_or_fail(parse_or_fail(kGpt, {"parallel.tp=4"}));
+  const Simulated b = simulate_or_fail(parse_or_fail(kGpt, {"parallel.tp=4", "training.tp_comm_overlap=true"}));
+  CHECK(b.metrics.iteration_ns < a.metrics.iteration_ns);
+}
+
+TEST_CASE("the training keys are checked, each error naming its field and the fix") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"training.recompute_granularity=\"most\""},
+       "test.json: training.recompute_granularity (from --set): expected \"none\", \"selective\" (core attention) or "
+       "\"full\" (whole layers), got \"most\""},
+      {{"training.zero_stage=4"}, "test.json: training.zero_stage (from --set): must be at most 3, got 4"},
+      {{"training.tp_comm_overlap=true"},
+       "test.json: training.tp_comm_overlap (from --set): overlaps the all-gathers and reduce-scatters of sequence "
+       "parallelism, so it needs parallel.tp > 1 and parallel.sequence_parallel true; set it to false"},
+      {{"training.overlap_param_gather=true"},
+       "test.json: training.overlap_param_gather (from --set): gathers parameters that a sharded optimizer updated, so "
+       "it needs training.zero_stage >= 1; set it to false or shard"},
+      {{"parallel.cp=3"},
+       "test.json: parallel.cp (from --set): cp 3 needs seq_len (2048) divisible by 2 x cp = 6: each rank takes two "
+       "chunks of the sequence, one early and one late, to balance causal attention; choose a cp that divides 1024"},
+      {{"precision.distributed_optimizer=true", "training.zero_stage=0"},
+       "test.json: training.zero_stage (from --set): is 0 but precision.distributed_optimizer is true (ZeRO stage 1); "
+       "remove one of them or make them agree"},
+      {{"hardware.reserved_gib=100"}, "test.json: hardware.reserved_gib (from --set): must be at most 79.6, got 100"},
+  };
+  for (const auto& [settings, message] : cases) {
+    INFO(settings.front());
+    const Result<Config> c = parse_config(kGpt, "test.json", settings);
+    REQUIRE(!c.ok());
+    CHECK(c.error().message == message);
+  }
+  const Result<Config> explicit_costs =
+      parse_config(explicit_json(2, 4, 1, 1.0, 2.0), "test.json", {"training.recompute_granularity=\"full\""});
+  REQUIRE(!explicit_costs.ok());
+  CHECK_THAT(explicit_costs.error().message, Catch::Contains("training.recompute_granularity"));
+}

@@ -63,6 +63,7 @@ json run_json(const RunReport& r) {
           {"memory_imbalance", m.memory_imbalance},
           {"memory_capacity_bytes", m.memory_capacity_bytes},
           {"fits_in_memory", m.fits_in_memory},
+          {"headroom_bytes", m.headroom_bytes},
           {"devices", devices}};
 }
 

@@ -38,6 +38,15 @@ const std::array<HardwareConfig, 3> kPresets = {{
 
 }  // namespace
 
+std::string_view recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
 std::vector<std::string> hardware_preset_names() {
   std::vector<std::string> names;
   for (const HardwareConfig& preset : kPresets) names.push_back(preset.preset);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pipesim {
@@ -74,6 +75,9 @@ enum class Recompute {
   Selective,  ///< core attention only (the score matrices); nothing to save under flash attention
   Full,       ///< whole layers, from their saved input, before the backward that needs them
 };
+/// "none", "selective" or "full", as configs spell it.
+std::string_view recompute_name(Recompute recompute);
+
 /// Which layers full recomputation covers (Megatron-LM's --recompute-method).
 enum class RecomputeMethod {
   Uniform,  ///< every layer; the input of each group of recompute_num_layers layers is kept

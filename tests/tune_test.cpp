@@ -137,13 +137,13 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
 
 TEST_CASE("changes name what differs from the config") {
   const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
-  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, "", {}};
+  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, "", {}, Recompute::None, 0};
   CHECK(describe_changes(config, c) ==
         "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
   c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute",
-       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6", {}};
+       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6", {}, Recompute::None, 0};
   CHECK(describe_changes(config, c) == "vocab redistribute, 1 layer s7→s6");
-  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, "", {}};
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, "", {}, Recompute::None, 0};
   CHECK(describe_changes(config, c) == "none");  // 1f1b runs one chunk whatever parallel.chunks says
 }
 

@@ -203,7 +203,7 @@ Error nothing_fits(const Config& config, const std::vector<Candidate>& space, co
 Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
   const auto start = std::chrono::steady_clock::now();
   const ParallelConfig& given = config.parallel;
-  const int gpus = search.gpus > 0 ? search.gpus : given.pp * given.tp * given.dp;
+  const int gpus = search.gpus > 0 ? search.gpus : given.pp * given.tp * given.dp * given.cp;
   if (search.top == 0) return Error{"--top: keep at least 1 row"};
   const std::vector<Candidate> space = tune_space(config, gpus);
   if (space.empty())

@@ -29,10 +29,15 @@ struct Candidate {
   /// With "auto": the split it comes to, balanced once for the whole search. The planner would balance
   /// it again for every candidate, and at thousands of layers balancing takes longer than the rest.
   std::vector<int> auto_split;
+  /// Recomputation and ZeRO's stage: what trades memory for time besides the layout.
+  Recompute recompute = Recompute::None;
+  int zero_stage = 0;
 };
 
 /// Every candidate for `config` on `gpus` GPUs, in the stable order that breaks ties. The config's
-/// own pp, tp, dp, microbatches, chunks and split are among them whenever pp × tp × dp = gpus.
+/// own pp, tp, dp, microbatches, chunks, split, recomputation and ZeRO stage are among them whenever
+/// pp × tp × dp × cp = gpus (cp and sequence parallelism stay the config's). Recomputation is tried
+/// off and full (uniform, one layer a group), and ZeRO at stages 0, 1 and 3 where dp > 1.
 std::vector<Candidate> tune_space(const Config& config, int gpus);
 
 /// `config` with the candidate's fields ("auto" as the split it comes to: the same plan).

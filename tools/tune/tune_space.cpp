@@ -46,10 +46,12 @@ std::vector<Shape> shapes(const Config& config, int gpus) {
   const std::int64_t global = std::int64_t(given.microbatches) * given_batch * given.dp;
   const bool fixed = config.costs.has_value();
   std::vector<Shape> out;
+  if (gpus % given.cp != 0) return out;
+  const int replicas = gpus / given.cp;  // context parallelism stays the config's
   for (int tp : divisors(config.model.heads)) {
-    if ((tp > config.hardware.gpus_per_node && tp != given.tp) || gpus % tp != 0 || (fixed && tp != given.tp)) continue;
-    for (int dp : divisors(gpus / tp)) {
-      const int pp = gpus / tp / dp;
+    if ((tp > config.hardware.gpus_per_node && tp != given.tp) || replicas % tp != 0 || (fixed && tp != given.tp)) continue;
+    for (int dp : divisors(replicas / tp)) {
+      const int pp = replicas / tp / dp;
       if (global % dp != 0 || global / dp > INT_MAX || pp > config.model.layers || pp > limits::kPp ||
           (fixed && pp != given.pp))
         continue;
@@ -59,7 +61,9 @@ std::vector<Shape> shapes(const Config& config, int gpus) {
         const int m = sequences / micro_batch_size;
         const std::int64_t tokens = std::int64_t(micro_batch_size) * config.model.seq_len;
         if (m > limits::kMicrobatches || tokens > limits::kTokensPerMicrobatch) continue;
-        out.push_back({{.pp = pp, .tp = tp, .dp = dp, .microbatches = m, .chunks = 1}, micro_batch_size});
+        ParallelConfig parallel = given;  // cp and sequence parallelism as given
+        parallel.pp = pp, parallel.tp = tp, parallel.dp = dp, parallel.microbatches = m, parallel.chunks = 1;
+        out.push_back({parallel, micro_batch_size});
       }
     }
   }
@@ -146,19 +150,20 @@ std::vector<Candidate> tune_space(const Config& config, int gpus) {
   for (const Shape& shape : shapes(config, gpus))
     for (const ScheduleInfo& schedule : schedules())
       for (int chunks : chunk_counts(schedule, config, shape.parallel.pp)) {
-        Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {}};
+        Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {},
+                    config.training.recompute_granularity, config.training.zero_stage};
         c.parallel.chunks = chunks;
         wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
         groups.push_back(std::move(c));
       }
   const BalancedSplits balanced(config.model.layers, std::move(wanted));
-  std::vector<Candidate> space;
+  std::vector<Candidate> layouts;
   for (const Candidate& group : groups)
     for (const std::string& vocab : vocab_mode_names()) {
       Candidate c = group;
       c.vocab = vocab;
       if (vocab != "redistribute") {
-        space.push_back(std::move(c));
+        layouts.push_back(std::move(c));
         continue;
       }
       const int stages = c.parallel.pp * c.parallel.chunks;
@@ -166,9 +171,28 @@ std::vector<Candidate> tune_space(const Config& config, int gpus) {
         c.layers_per_stage = std::move(split.layers);
         c.auto_split = std::move(split.auto_split);
         c.split_change = std::move(split.change);
-        space.push_back(c);
+        layouts.push_back(c);
       }
     }
+  // What trades memory for time inside each layout: recomputation (not with explicit costs, which
+  // refuse it) and, with replicas to shard over, ZeRO's stage. The config's own settings first.
+  const auto with_first = [](auto own, std::vector<decltype(own)> options) {
+    std::erase(options, own);
+    options.insert(options.begin(), own);
+    return options;
+  };
+  const std::vector<Recompute> recomputes =
+      config.costs ? std::vector{config.training.recompute_granularity}
+                   : with_first(config.training.recompute_granularity, std::vector{Recompute::None, Recompute::Full});
+  std::vector<Candidate> space;
+  for (const Candidate& layout : layouts)
+    for (const Recompute recompute : recomputes)
+      for (const int zero : layout.parallel.dp > 1 ? with_first(config.training.zero_stage, std::vector{0, 1, 3})
+                                                   : std::vector{config.training.zero_stage}) {
+        Candidate c = layout;
+        c.recompute = recompute, c.zero_stage = zero;
+        space.push_back(std::move(c));
+      }
   return space;
 }
 
@@ -179,6 +203,14 @@ Config apply_candidate(const Config& config, const Candidate& candidate) {
   c.schedule.name = candidate.schedule;
   c.schedule.vocab = candidate.vocab;
   c.schedule.layers_per_stage = candidate.layers_per_stage.empty() ? candidate.auto_split : candidate.layers_per_stage;
+  if (candidate.recompute != c.training.recompute_granularity) {
+    c.training.recompute_granularity = candidate.recompute;
+    c.training.recompute_method = RecomputeMethod::Uniform, c.training.recompute_num_layers = 1;
+  }
+  c.training.zero_stage = candidate.zero_stage;
+  // Gathering ahead needs a sharded optimizer: on a candidate without one, nothing is gathered.
+  if (candidate.zero_stage == 0) c.training.overlap_param_gather = false;
+  if (candidate.parallel.tp == 1) c.training.tp_comm_overlap = false;  // nothing to overlap
   return c;
 }
 
@@ -199,6 +231,9 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   if (candidate.schedule != config.schedule.name) parts.push_back("schedule " + candidate.schedule);
   if (candidate.vocab != config.schedule.vocab) parts.push_back("vocab " + candidate.vocab);
   if (!candidate.split_change.empty()) parts.push_back(candidate.split_change);
+  if (candidate.recompute != config.training.recompute_granularity)
+    parts.push_back(fmt::format("recompute {}", recompute_name(candidate.recompute)));
+  number("zero", config.training.zero_stage, candidate.zero_stage);
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
 }
 

@@ -26,6 +26,12 @@ ExitStatus run_export(const ExportOptions& o) {
   Result<Plan> plan = plan_within_memory(config.value());
   if (!plan.ok()) return fail(plan.error().message);
   const std::string csv = schedule_csv(plan.value().graph);
+  // PyTorch's format has no recomputation action: there, activation checkpointing inside the stage's
+  // module recomputes during its backward. The file keeps the schedule; the R ops go.
+  if (plan.value().graph.has(OpKind::R))
+    fmt::print(stderr, "pipesim: note: export: the R (recomputation) ops are not written: PyTorch recomputes inside "
+                       "each B or I of a stage whose module uses activation checkpointing; importing this file with "
+                       "the same training.recompute_granularity puts them back\n");
   if (o.output.empty()) {
     fmt::print("{}", csv);
     return ExitStatus::Success;

@@ -6,6 +6,7 @@
 
 #include "helpers.h"
 #include "model_math.h"
+#include "schedule_csv.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
@@ -238,4 +239,25 @@ TEST_CASE("the training keys are checked, each error naming its field and the fi
       parse_config(explicit_json(2, 4, 1, 1.0, 2.0), "test.json", {"training.recompute_granularity=\"full\""});
   REQUIRE(!explicit_costs.ok());
   CHECK_THAT(explicit_costs.error().message, Catch::Contains("training.recompute_granularity"));
+}
+
+TEST_CASE("export leaves the R ops out and import puts them back: the same simulation") {
+  for (const char* schedule : {"1f1b", "interleaved-1f1b", "zb-v"}) {
+    INFO(schedule);
+    const Config c = parse_or_fail(kGpt, {"training.recompute_granularity=\"full\"", "model.layers=8", "parallel.pp=2",
+                                          "parallel.chunks=2", fmt::format("schedule.name=\"{}\"", schedule)});
+    const Simulated generated = simulate_or_fail(c);
+    const std::string csv = schedule_csv(generated.plan.graph);
+    CHECK(csv.find('R') == std::string::npos);
+    Result<CustomSchedule> loaded = parse_schedule_csv(csv, "s.csv", 2, 6);
+    if (!loaded.ok()) FAIL(loaded.error().message);
+    Result<Plan> plan = make_plan(c, &loaded.value());
+    if (!plan.ok()) FAIL(plan.error().message);
+    CHECK(count(plan.value().graph, OpKind::R) == count(generated.plan.graph, OpKind::R));
+    const std::vector<TimeNs> durations =
+        op_durations(*make_cost_model(plan.value().config, plan.value().layout), plan.value().graph);
+    Result<Timeline> timeline = simulate(plan.value().graph, durations);
+    REQUIRE(timeline.ok());
+    CHECK(*std::max_element(timeline.value().end.begin(), timeline.value().end.end()) == generated.metrics.iteration_ns);
+  }
 }

@@ -158,6 +158,20 @@ ScheduleContext schedule_context(const Config& config, const Layout& layout, con
   return context;
 }
 
+/// Whether interlaced passes run as the lockstep 1F1B program: for the 1f1b schedule, and for a
+/// compute-only file whose order is that program's (as `export` writes it: without the passes), so
+/// that export then import gives the same graph.
+namespace {
+bool runs_interlaced_1f1b(const ScheduleInfo* schedule, const CustomSchedule* custom, const ScheduleContext& context) {
+  if (schedule && schedule->generate == generate_1f1b) return true;
+  if (!custom || !custom->comms.empty() || context.layout.stage_count() != context.layout.devices) return false;
+  DeviceOrders program = interlaced_1f1b_orders(context);
+  for (std::vector<ComputeStep>& order : program)
+    std::erase_if(order, [](const ComputeStep& s) { return s.stage < 0; });  // the vocabulary passes
+  return program == custom->orders;
+}
+}  // namespace
+
 Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Validation validation) {
   Plan plan;
   plan.config = requested;
@@ -181,7 +195,7 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
     return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, boundary,
                     data_parallel_work(config), custom ? custom->comms : DeviceComms{});
   };
-  if (vocab->placement == VocabPlacement::Interlaced && plan.schedule && plan.schedule->generate == generate_1f1b) {
+  if (vocab->placement == VocabPlacement::Interlaced && runs_interlaced_1f1b(plan.schedule, custom, context)) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order
   } else if (vocab->placement != VocabPlacement::OnStages) {
     Result<PlacedGraph> placed = with_vocab_passes(context, std::move(orders), vocab->placement, *costs,

@@ -237,3 +237,17 @@ TEST_CASE("a large graph is validated beside its simulation, with the same outco
   REQUIRE(run.ok());
   CHECK(run.value().timeline.end == timeline.value().end);
 }
+
+TEST_CASE("export then import keeps 1f1b's interlaced program, and so its iteration time") {
+  const Config c = source_config("tiny.json", {"schedule.name=\"1f1b\"", "schedule.vocab=\"interlaced\""});
+  const Simulated generated = simulate_or_fail(c);
+  const int p = c.parallel.pp, m = c.parallel.microbatches;
+  Result<CustomSchedule> loaded = parse_schedule_csv(schedule_csv(generated.plan.graph), "s.csv", p, m);
+  if (!loaded.ok()) FAIL(loaded.error().message);
+  Result<Plan> plan = make_plan(c, &loaded.value());
+  if (!plan.ok()) FAIL(plan.error().message);
+  const std::vector<TimeNs> durations = op_durations(*make_cost_model(plan.value().config, plan.value().layout), plan.value().graph);
+  Result<Timeline> timeline = simulate(plan.value().graph, durations);
+  REQUIRE(timeline.ok());
+  CHECK(*std::max_element(timeline.value().end.begin(), timeline.value().end.end()) == generated.metrics.iteration_ns);
+}

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 targets=("${@:2}")
-((${#targets[@]})) || targets=(config schedule_csv)
+((${#targets[@]})) || targets=(config schedule_csv overrides)
 out=build-fuzz
 
 if ! command -v clang++ >/dev/null ||
@@ -23,7 +23,7 @@ fi
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
        -Isrc -Ischedules -Isim -Iplan -Itools/formats)
 sources=(src/*.cpp schedules/*.cpp sim/simulator.cpp plan/*.cpp tools/formats/config_json.cpp
-         tools/formats/config_includes.cpp tools/formats/files.cpp tools/formats/schedule_csv.cpp
+         tools/formats/config_includes.cpp tools/formats/config_files.cpp tools/formats/files.cpp tools/formats/schedule_csv.cpp
          tools/formats/schedule_csv_cells.cpp)
 mkdir -p "$out/obj"
 echo "fuzz.sh: compiling ${#sources[@]} files" >&2

@@ -146,6 +146,10 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
   return changes;
 }
 
+Bytes memory_capacity_bytes(const HardwareConfig& h) {
+  return static_cast<Bytes>(std::max(0.0, h.memory_gib - h.reserved_gib) * double(1ull << 30));
+}
+
 RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const Timeline& timeline,
                            const std::vector<Bytes>& static_bytes) {
   RunMetrics run;
@@ -166,10 +170,7 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
   run.tokens_per_s = double(m.micro_batch_size) * p.microbatches * p.dp * m.seq_len / iteration_s;
   run.mfu = paper_iteration_flops(config) /
             (iteration_s * double(p.pp) * p.tp * p.dp * p.cp * config.hardware.peak_tflops * 1e12);
-  // What the job's tensors may use: the device's memory less what the CUDA context, NCCL and the
-  // allocator take (hardware.reserved_gib).
-  const HardwareConfig& h = config.hardware;
-  run.memory_capacity_bytes = static_cast<Bytes>((h.memory_gib - h.reserved_gib) * double(1ull << 30));
+  run.memory_capacity_bytes = memory_capacity_bytes(config.hardware);
 
   Bytes most = 0, least = run.devices.empty() ? 0 : run.devices.front().peak_memory_bytes;
   for (const DeviceMetrics& d : run.devices) {

@@ -98,8 +98,9 @@ TEST_CASE("tune's progress bar is never drawn through a pipe") {
 TEST_CASE("tune says what would fit when nothing does") {
   const Output out = run_stderr("tune " + config("default.json") + " --memory-gib 10");
   CHECK(out.exit_code == 1);
-  CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: " + config("default.json") + ": nothing fits in 10.00 GiB per "
-                                         "device (hardware.memory_gib, or --memory-gib): the smallest peak memory of any candidate is "));
+  CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: " + config("default.json") + ": nothing fits in 7.00 GiB per "
+                                         "device (hardware.memory_gib, or --memory-gib, less hardware.reserved_gib 3.00): the "
+                                         "smallest peak memory of any candidate is "));
   CHECK_THAT(out.text, Catch::Contains(" GiB, on device "));
   CHECK_THAT(out.text, Catch::Contains("; raise --memory-gib to at least "));
   CHECK_THAT(out.text, Catch::EndsWith(" or give more --gpus than 8\n"));

@@ -41,7 +41,7 @@ TEST_CASE("a config is read field by field, with presets and defaults") {
   CHECK(c.hardware.peak_tflops == 312);        // from the preset
   CHECK(c.hardware.inter_node_gbps == 12.5);   // overridden
   CHECK(c.hardware.gpus_per_node == 4);
-  CHECK(c.precision.distributed_optimizer);
+  CHECK(c.training.zero_stage == 1);  // precision.distributed_optimizer: the older name of stage 1
   CHECK_FALSE(c.costs.has_value());
 }
 
@@ -80,7 +80,7 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
        "ffn_hidden, seq_len, vocab, micro_batch_size, mlp, tied_embeddings, hf_config"},
       {kBase + R"json(, "hardwre": {}})json", {},
        "c.json: hardwre: unknown key; did you mean 'hardware'? Known keys here: model, parallel, schedule, hardware, "
-       "precision, costs, description"},
+       "precision, training, costs, description"},
       {kBase + R"json(, "hardware": {"preset": "h100"}})json", {},
        "c.json: hardware.preset: unknown preset 'h100'; did you mean 'h100-sxm'? Presets: a100-80gb, h100-sxm, h200"},
       {kBase + R"json(, "hardware": {"compute_efficiency": 1.5}})json", {},
@@ -131,7 +131,7 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
       {kBase + R"json(, "costs": {"forward_ms": -1, "backward_ms": 2}})json", {},
        "c.json: costs.forward_ms: must be at least 0, got -1"},
       {kBase + "}", {"parallel.layerz=3"},
-       "c.json: parallel.layerz (from --set): unknown key. Known keys here: pp, tp, dp, microbatches, chunks"},
+       "c.json: parallel.layerz (from --set): unknown key. Known keys here: pp, tp, dp, cp, microbatches, chunks, sequence_parallel"},
       {kBase + "}", {"parallel"}, "--set 'parallel': expected key.path=value, e.g. --set parallel.pp=4"},
       {kBase + "}", {"model.layers.x=3"}, "--set 'model.layers.x=3': 'model.layers' is not an object"},
       {kBase + "}", {"schedule.name=gpipe2"},

@@ -201,7 +201,7 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
         config + ": hardware.peak_tflop (from " + hw + "): unknown key; did you mean 'peak_tflops'? Known keys here: "
                  "preset, peak_tflops, compute_efficiency, attention_efficiency, hbm_gbps, hbm_efficiency, "
                  "intra_node_gbps, intra_node_latency_us, inter_node_gbps, inter_node_latency_us, gpus_per_node, "
-                 "memory_gib, kernel_launch_us");
+                 "memory_gib, reserved_gib, kernel_launch_us");
   CHECK(with_hf(R"json({"num_hidden_layers": 5000, "hidden_size": 64, "num_attention_heads": 4,
     "intermediate_size": 256, "vocab_size": 1000})json") ==
         config + ": model.layers (from " + hf + " num_hidden_layers): must be at most 4096, got 5000 (pipesim's limit; "
@@ -216,7 +216,7 @@ TEST_CASE("a config float that becomes an integer is bounded, and the error name
         "c.json: hardware.memory_gib (from --set): must be at most 67108864 (64 PiB), got 10000000000 (pipesim's limit; "
         "docs/config.md says why)");
   const Simulated largest = simulate_or_fail(parse_or_fail(kBase + "}", {"hardware.memory_gib=67108864"}));
-  CHECK(largest.metrics.memory_capacity_bytes == Bytes(1) << 56);
+  CHECK(largest.metrics.memory_capacity_bytes == (Bytes(1) << 56) - (Bytes(3) << 30));  // h100-sxm reserves 3 GiB
   CHECK(largest.metrics.fits_in_memory);
 
   // activation_bytes is a device's even share; a redistributed stage may hold up to pp shares of it.
@@ -247,7 +247,7 @@ TEST_CASE("a config float that becomes an integer is bounded, and the error name
 TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
   // The objects a --set creates are its own: `a` was blamed on the config file.
   CHECK(error_of(kBase + "}", "c.json", {"a.b.c.d=1"}) ==
-        "c.json: a (from --set): unknown key. Known keys here: model, parallel, schedule, hardware, precision, costs, "
+        "c.json: a (from --set): unknown key. Known keys here: model, parallel, schedule, hardware, precision, training, costs, "
         "description");
   CHECK(error_of(kBase + "}", "c.json", {"model.x.y=1"}) ==
         "c.json: model.x (from --set): unknown key. Known keys here: layers, hidden, heads, kv_heads, ffn_hidden, "
@@ -262,7 +262,7 @@ TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
   // Invisible bytes in a key show.
   CHECK(error_of(kBase + R"json(, "\u00a0description": ""})json") ==
         "c.json: \\xC2\\xA0description: unknown key; did you mean 'description'? Known keys here: model, parallel, "
-        "schedule, hardware, precision, costs, description");
+        "schedule, hardware, precision, training, costs, description");
 }
 
 TEST_CASE("a schedule file's invisible bytes show, and a clash names both actions") {

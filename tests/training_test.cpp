@@ -71,7 +71,7 @@ TEST_CASE("ZeRO shards the model states as Rajbhandari et al. count them: 2 + 2 
 }
 
 TEST_CASE("static memory follows the ZeRO stage; distributed_optimizer is stage 1") {
-  const double h = 1024, f = 4096, V = 32000, d = 4;
+  const double h = 1024, f = 4096, d = 4;
   const double layer = 4 * h * h + 2 * h * f + 9 * h + f;  // the middle device's one layer
   const std::map<std::string, double> per_param = {{"training.zero_stage=0", 2 + 4 + 12},
                                                    {"training.zero_stage=1", 2 + 4 + 12 / d},
@@ -157,7 +157,11 @@ TEST_CASE("recomputation holds for every schedule and vocabulary mode: R before 
       settings.push_back("training.recompute_granularity=\"full\"");
       const Simulated a = simulate_or_fail(parse_or_fail(kGpt, std::vector<std::string>(settings.begin(), settings.end() - 1)));
       const Simulated b = simulate_or_fail(parse_or_fail(kGpt, settings));
-      CHECK(count(b.plan.graph, OpKind::R) == count(b.plan.graph, OpKind::B));
+      // Every B of a stage with layers has its R (redistribute may leave a stage none: nothing to rebuild).
+      std::size_t with_layers = 0;
+      for (const Task& t : b.plan.graph.tasks())
+        with_layers += t.kind == OpKind::B && b.plan.layout.stages[std::size_t(t.stage)].layers > 0;
+      CHECK(count(b.plan.graph, OpKind::R) == with_layers);
       CHECK(b.metrics.iteration_ns >= a.metrics.iteration_ns);
       for (std::size_t d = 0; d < a.metrics.devices.size(); ++d)
         CHECK(b.metrics.devices[d].peak_activation_bytes <= a.metrics.devices[d].peak_activation_bytes);
@@ -185,9 +189,16 @@ TEST_CASE("ZeRO's collectives: a reduce-scatter per device, the weights gathered
   // bf16 weights and fp32 gradients, ZeRO 1 moves 6 bytes a parameter to the all-reduce's 8.
   const Simulated plain = with({}), zero = with({"training.zero_stage=1"});
   CHECK(zero.metrics.iteration_ns < plain.metrics.iteration_ns);
-  // Overlapping the gather with the next step's forwards takes it off the end of the iteration.
+  // Gathering before each stage's first F instead of after the step: with one stage a device, the
+  // first device's gather waits as long either way; with two, the second's hides behind the first's
+  // forwards.
   const Simulated overlapped = with({"training.zero_stage=1", "training.overlap_param_gather=true"});
-  CHECK(overlapped.metrics.iteration_ns < zero.metrics.iteration_ns);
+  CHECK(overlapped.metrics.iteration_ns <= zero.metrics.iteration_ns);
+  const std::vector<std::string> chunks = {"training.zero_stage=1", "model.layers=6", "parallel.chunks=2",
+                                           "schedule.name=\"interleaved-1f1b\""};
+  std::vector<std::string> gather_early = chunks;
+  gather_early.push_back("training.overlap_param_gather=true");
+  CHECK(with(gather_early).metrics.iteration_ns < with(chunks).metrics.iteration_ns);
   // Overlapping the gradient reduction with the backward never lengthens the iteration.
   const Simulated reduce_early = with({"training.overlap_grad_reduce=true"});
   CHECK(reduce_early.metrics.iteration_ns <= plain.metrics.iteration_ns);

@@ -296,9 +296,9 @@ Config read_config(json root, const std::string& source, FieldOrigins& origins) 
   c.parallel = read_parallel(ObjectReader(r.value("parallel"), "parallel"));
   if (r.has("schedule")) c.schedule = read_schedule(ObjectReader(r.value("schedule"), "schedule"));
   c.hardware = read_hardware(r.has("hardware") ? &r.value("hardware") : nullptr);
-  c.precision = read_precision(r.has("precision") ? &r.value("precision") : nullptr);
-  c.training = read_training(r.has("training") ? &r.value("training") : nullptr,
-                             r.has("precision") ? &r.value("precision") : nullptr);
+  const json* precision = r.has("precision") ? &r.value("precision") : nullptr;
+  c.precision = read_precision(precision);
+  c.training = read_training(r.has("training") ? &r.value("training") : nullptr, precision);
   if (r.has("costs")) c.costs = read_costs(ObjectReader(r.value("costs"), "costs"));
   r.has("description");  // free text for the reader of the file
   r.reject_unknown();

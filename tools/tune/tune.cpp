@@ -73,7 +73,7 @@ std::string memory_text(Bytes bytes) {
 /// refuse are refused, here already.
 void bound_all(const Config& config, const std::vector<Candidate>& space, const TuneSearch& search,
                std::vector<Evaluation>& evaluations, ProgressBar& progress) {
-  const auto capacity = static_cast<Bytes>(config.hardware.memory_gib * double(1ull << 30));  // as compute_metrics
+  const Bytes capacity = memory_capacity_bytes(config.hardware);
   parallel_for(space.size(), [&](std::size_t i) {
     Evaluation& e = evaluations[i];
     Result<LowerBounds> bounds = lower_bounds(apply_candidate(config, space[i]));
@@ -192,10 +192,13 @@ Error nothing_fits(const Config& config, const std::vector<Candidate>& space, co
   const bool bound = evaluations[*smallest].outcome == Outcome::PrunedByMemory;
   const double least_gib = std::ceil(double(least) / double(1 << 30) * 100) / 100;  // rounded up: it then fits
   return Error{fmt::format(
-      "{}: nothing fits in {:.2f} GiB per device (hardware.memory_gib, or --memory-gib): the smallest peak memory of any "
-      "candidate is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}",
-      config.source, config.hardware.memory_gib, bound ? "at least " : "", memory_text(least),
-      bound ? " (a bound; not simulated)" : "", device, describe_candidate(space[*smallest]), least_gib, gpus)};
+      "{}: nothing fits in {:.2f} GiB per device (hardware.memory_gib, or --memory-gib{}): the smallest peak memory of "
+      "any candidate is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}",
+      config.source, double(memory_capacity_bytes(config.hardware)) / double(1 << 30),
+      config.hardware.reserved_gib > 0 ? fmt::format(", less hardware.reserved_gib {:.2f}", config.hardware.reserved_gib)
+                                       : "",
+      bound ? "at least " : "", memory_text(least), bound ? " (a bound; not simulated)" : "", device,
+      describe_candidate(space[*smallest]), least_gib + config.hardware.reserved_gib, gpus)};
 }
 
 }  // namespace

@@ -143,19 +143,31 @@ std::vector<Split> layer_splits(const Config& config, const Config& candidate, i
 }  // namespace
 
 std::vector<Candidate> tune_space(const Config& config, int gpus) {
-  // Every shape, schedule and chunk count, then the candidates of each: one per vocabulary mode, and
-  // redistribute's splits, balanced first for all of them at once.
+  // What trades memory for time besides the layout: recomputation (not with explicit costs, which
+  // refuse it) and, with replicas to shard over, ZeRO's stage. The config's own settings first.
+  const auto with_first = [](auto own, std::vector<decltype(own)> options) {
+    std::erase(options, own);
+    options.insert(options.begin(), own);
+    return options;
+  };
+  const std::vector<Recompute> recomputes =
+      config.costs ? std::vector{config.training.recompute_granularity}
+                   : with_first(config.training.recompute_granularity, std::vector{Recompute::None, Recompute::Full});
+  // Every shape, schedule, chunk count and recomputation (which changes a layer's cost, and so the
+  // balanced split), then the candidates of each: one per vocabulary mode, and redistribute's splits,
+  // balanced first for all of them at once; then each at every ZeRO stage.
   std::vector<Candidate> groups;
   std::set<BalancedSplits::Key> wanted;
   for (const Shape& shape : shapes(config, gpus))
     for (const ScheduleInfo& schedule : schedules())
-      for (int chunks : chunk_counts(schedule, config, shape.parallel.pp)) {
-        Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {},
-                    config.training.recompute_granularity, config.training.zero_stage};
-        c.parallel.chunks = chunks;
-        wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
-        groups.push_back(std::move(c));
-      }
+      for (int chunks : chunk_counts(schedule, config, shape.parallel.pp))
+        for (const Recompute recompute : recomputes) {
+          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {}, recompute,
+                      config.training.zero_stage};
+          c.parallel.chunks = chunks;
+          wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
+          groups.push_back(std::move(c));
+        }
   const BalancedSplits balanced(config.model.layers, std::move(wanted));
   std::vector<Candidate> layouts;
   for (const Candidate& group : groups)
@@ -174,25 +186,14 @@ std::vector<Candidate> tune_space(const Config& config, int gpus) {
         layouts.push_back(c);
       }
     }
-  // What trades memory for time inside each layout: recomputation (not with explicit costs, which
-  // refuse it) and, with replicas to shard over, ZeRO's stage. The config's own settings first.
-  const auto with_first = [](auto own, std::vector<decltype(own)> options) {
-    std::erase(options, own);
-    options.insert(options.begin(), own);
-    return options;
-  };
-  const std::vector<Recompute> recomputes =
-      config.costs ? std::vector{config.training.recompute_granularity}
-                   : with_first(config.training.recompute_granularity, std::vector{Recompute::None, Recompute::Full});
   std::vector<Candidate> space;
   for (const Candidate& layout : layouts)
-    for (const Recompute recompute : recomputes)
-      for (const int zero : layout.parallel.dp > 1 ? with_first(config.training.zero_stage, std::vector{0, 1, 3})
-                                                   : std::vector{config.training.zero_stage}) {
-        Candidate c = layout;
-        c.recompute = recompute, c.zero_stage = zero;
-        space.push_back(std::move(c));
-      }
+    for (const int zero : layout.parallel.dp > 1 ? with_first(config.training.zero_stage, std::vector{0, 1, 3})
+                                                 : std::vector{config.training.zero_stage}) {
+      Candidate c = layout;
+      c.zero_stage = zero;
+      space.push_back(std::move(c));
+    }
   return space;
 }
 

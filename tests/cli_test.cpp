@@ -19,6 +19,12 @@ TEST_CASE("list shows every schedule and vocabulary mode") {
   for (const std::string& name : pipesim::vocab_mode_names()) CHECK(out.text.find(name) != std::string::npos);
 }
 
+TEST_CASE("--version prints pipesim and the project's version") {
+  const Output out = run("--version", true);
+  CHECK(out.exit_code == 0);
+  CHECK(out.text == "pipesim " + std::string(std::getenv("PIPESIM_VERSION")) + "\n");
+}
+
 TEST_CASE("simulate --format json has the documented fields") {
   const Output out = run("simulate " + config("default.json") + " --format json");
   REQUIRE(out.exit_code == 0);

@@ -8,6 +8,7 @@
 
 #include "cli_helpers.h"
 #include "helpers.h"
+#include "report.h"
 
 using json = nlohmann::json;
 using namespace pipesim::testing::cli;
@@ -62,6 +63,29 @@ TEST_CASE("compare prints one row per combination with speedup against the first
   CHECK(md.text.find("| config") == 0);
   CHECK(md.text.find("| ---") != std::string::npos);
   CHECK(md.text.find("-: |") != std::string::npos);  // numbers right-aligned
+}
+
+TEST_CASE("memory below 1 GiB (or MiB) keeps three significant digits; from 1 up, two decimals") {
+  CHECK(pipesim::memory_cell(0) == "0.00");
+  CHECK(pipesim::memory_cell(0.0123456) == "0.0123");
+  CHECK(pipesim::memory_cell(0.5) == "0.500");
+  CHECK(pipesim::memory_cell(0.000819) == "0.000819");
+  CHECK(pipesim::memory_cell(0.996) == "1.00");
+  CHECK(pipesim::memory_cell(41.4321) == "41.43");
+  // compare on a model of a few MiB: its peak in GiB reads as itself, not 0.00.
+  const std::string args = "compare " + config("tiny.json") + " --schedules 1f1b --vocab baseline";
+  const json row = json::parse(run(args + " --format json").text)[0];
+  const double gib = row["peak_memory_bytes"].get<double>() / double(1 << 30);
+  REQUIRE(gib < 0.01);
+  const Output csv = run(args + " --format csv");
+  REQUIRE(csv.exit_code == 0);
+  const std::string line = csv.text.substr(csv.text.find('\n') + 1);
+  std::vector<std::string> cells;
+  for (std::size_t at = 0, end; (end = line.find_first_of(",\n", at)) != std::string::npos; at = end + 1)
+    cells.push_back(line.substr(at, end - at));
+  REQUIRE(cells.size() == 11);
+  CHECK(cells[7] == pipesim::memory_cell(gib));
+  CHECK(std::stod(cells[7]) == Approx(gib).epsilon(0.005));
 }
 
 TEST_CASE("tune prints its top rows with what each changes, and its best beats compare's best that fits") {

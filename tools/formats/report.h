@@ -24,6 +24,10 @@ struct RunReport {
   RunMetrics metrics;
 };
 
+/// A memory amount (GiB or MiB) as a table shows it: two decimals from 1 up; below, three significant
+/// digits (0.0123, 0.500), so that a small model's memory never reads 0.00. 0 is "0.00".
+std::string memory_cell(double amount);
+
 /// The largest device's peak memory (static + activations): the run's `peak_memory_bytes`.
 Bytes max_peak(const RunReport& report);
 

@@ -513,6 +513,38 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a layer split takes one count per device or one per virtual stage of the schedule") {
+  const auto split_of = [](const std::string& args) {
+    const Output out = run(args + " --vocab redistribute --format json");
+    INFO(args);
+    REQUIRE(out.exit_code == 0);
+    return json::parse(out.text)["layers_per_stage"].get<std::vector<int>>();
+  };
+  const std::string tiny = "simulate " + config("tiny.json"), dflt = "simulate " + config("default.json");
+  // The README's: tiny.json's 1f1b runs one stage per device, whatever its parallel.chunks says.
+  CHECK(split_of(tiny + " --set 'schedule.layers_per_stage=[3,2,2,1]'") == std::vector<int>{3, 2, 2, 1});
+  // With two chunks per device, a device's count is spread over its chunks (loop placement: stage c·4 + d),
+  // the earlier chunk taking the remainder; or the split gives every virtual stage's.
+  const std::string interleaved = " --schedule interleaved-1f1b";
+  CHECK(split_of(tiny + interleaved + " --set 'schedule.layers_per_stage=[3,2,2,1]'") ==
+        std::vector<int>{2, 1, 1, 1, 1, 1, 1, 0});
+  CHECK(split_of(tiny + interleaved + " --set 'schedule.layers_per_stage=[2,1,1,1,1,1,1,0]'") ==
+        std::vector<int>{2, 1, 1, 1, 1, 1, 1, 0});
+  CHECK(split_of(dflt + interleaved + " --set 'schedule.layers_per_stage=[5,4,4,4,4,4,4,3]'") ==
+        std::vector<int>{3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1});
+  const std::vector<int> per_stage{3, 2, 2, 2, 2, 2, 2, 1, 2, 2, 2, 2, 2, 2, 2, 2};
+  CHECK(split_of(dflt + interleaved + " --set 'schedule.layers_per_stage=" + json(per_stage).dump() + "'") ==
+        per_stage);
+
+  const Output wrong =
+      run_stderr(dflt + interleaved + " --vocab redistribute --set 'schedule.layers_per_stage=[8,8,8,8]'");
+  CHECK(wrong.exit_code == 1);
+  CHECK(wrong.text == "pipesim: error: " + config("default.json") +
+                          ": schedule.layers_per_stage: has 4 entries; interleaved-1f1b runs parallel.chunks = 2 "
+                          "stages per device, so on 8 devices (pp) it takes 8 (one per device, spread over its "
+                          "chunks) or 16 (one per virtual stage); give 8 or 16 counts or \"auto\"\n");
+}
+
 TEST_CASE("output that cannot be written is a failure: a full device, a closed standard output") {
   const Output full = run_stderr("simulate " + config("tiny.json"), ">/dev/full");
   CHECK(full.exit_code == 1);

@@ -52,6 +52,14 @@ TEST_CASE("compare prints one row per combination with speedup against the first
   CHECK(rows[0]["schedule"] == "1f1b");
   CHECK(rows[1]["vocab"] == "redistribute");
   CHECK(rows[2]["schedule"] == "gpipe");
+  for (std::size_t i = 0; i < rows.size(); ++i) {  // tokens/s against the first row's, which says it is the reference
+    CHECK(rows[i]["reference"] == (i == 0));
+    CHECK(rows[i]["speedup"].get<double>() ==
+          Approx(rows[i]["tokens_per_s"].get<double>() / rows[0]["tokens_per_s"].get<double>()));
+  }
+  const Output text = run(args);
+  CHECK_THAT(text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of row 1 (" + config("default.json") +
+                                        ", 1f1b, baseline); mem_vs_first = peak memory ÷ its peak memory\n"));
 
   const Output csv = run(args + " --format csv");
   REQUIRE(csv.exit_code == 0);
@@ -112,8 +120,55 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
   REQUIRE(csv.exit_code == 0);
   CHECK_THAT(csv.text, Catch::StartsWith("config,schedule,vocab,iter_ms,tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,"
                                          "speedup,mem_vs_first,fits,changes\n"));
-  CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 4);
+  CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);  // the header, yours, the top 3
   CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
+}
+
+TEST_CASE("tune measures its rows against the config as given, shown as yours, even when it cannot run") {
+  const Output j = run("tune " + config("default.json") + " --top 3 --format json");
+  REQUIRE(j.exit_code == 0);
+  const json r = json::parse(j.text);
+  CHECK(r["reference"] == "yours");
+  const json& yours = r["yours"];
+  CHECK(yours["schedule"] == "1f1b");
+  CHECK(yours["vocab"] == "baseline");
+  CHECK(yours["speedup"] == 1.0);
+  CHECK(yours["reference"] == true);
+  CHECK(yours["changes"] == "yours");
+  const double base = yours["tokens_per_s"].get<double>();
+  for (const json& row : r["results"]) {
+    CHECK(row["reference"] == false);
+    CHECK(row["speedup"].get<double>() == Approx(row["tokens_per_s"].get<double>() / base));
+  }
+  const Output text = run("tune " + config("default.json") + " --top 3");
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.text.find("\n" + config("default.json") + "  1f1b ") != std::string::npos);
+  CHECK(text.text.find("   yes  yours\n") != std::string::npos);  // the first row, right under the header
+  CHECK(text.text.find("   yes  yours\n") < text.text.find("   yes  pp "));
+  CHECK_THAT(text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of yours (the config as given); mem_vs_first = "
+                                        "peak memory ÷ its peak memory\n"));
+
+  // Yours over the memory cap: still the reference, with why it does not fit.
+  const json tight = json::parse(run("tune " + config("default.json") + " --top 1 --memory-gib 30 --format json").text);
+  CHECK(tight["reference"] == "yours");
+  CHECK(tight["yours"]["fits_in_memory"] == false);
+  CHECK_THAT(tight["yours"]["changes"].get<std::string>(),
+             Catch::Matches("yours, which does not fit: [0-9.]+ GiB on its fullest device, over 30.00 GiB"));
+
+  // Yours cannot run (DualPipeV needs m >= 2p): shown with the error; the fastest row is the reference.
+  const std::string cannot =
+      "tune " + config("tiny.json") + " --top 2 --set schedule.name=dualpipe-v --set parallel.microbatches=4";
+  const json failed = json::parse(run(cannot + " --format json").text);
+  CHECK(failed["reference"] == "results[0]");
+  CHECK(failed["yours"]["schedule"] == "dualpipe-v");
+  CHECK_THAT(failed["yours"]["error"].get<std::string>(), Catch::StartsWith(config("tiny.json") + ": "));
+  CHECK_THAT(failed["yours"]["changes"].get<std::string>(), Catch::StartsWith("yours, which cannot run: "));
+  CHECK(failed["results"][0]["reference"] == true);
+  CHECK(failed["results"][0]["speedup"] == 1.0);
+  const Output failed_text = run(cannot);
+  CHECK(failed_text.text.find("  -  yours, which cannot run: " + config("tiny.json") + ": ") != std::string::npos);
+  CHECK_THAT(failed_text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of row 2 (the fastest; yours cannot "
+                                               "run); mem_vs_first = peak memory ÷ its peak memory\n"));
 }
 
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
@@ -159,6 +214,26 @@ TEST_CASE("sweep prints one row per grid point, grid columns first, failed point
   CHECK(rows[0]["parallel.pp"] == 4);
   CHECK(rows[0]["pp"] == 4);
   CHECK(rows[1]["error"].get<std::string>().find("must be at least 1") != std::string::npos);
+}
+
+TEST_CASE("sweep's speedup is tokens/s against the first point that ran, named under the table") {
+  // Different batches: a larger one takes longer per iteration and still moves more tokens per second.
+  const std::string args = "sweep " + config("tiny.json") + " --grid parallel.microbatches=0,4,32";
+  const json rows = json::parse(run(args + " --format json").text);
+  REQUIRE(rows.size() == 3);
+  CHECK_FALSE(rows[0].contains("reference"));  // failed: no run, no speedup
+  CHECK(rows[1]["reference"] == true);
+  CHECK(rows[2]["reference"] == false);
+  CHECK(rows[1]["speedup"] == 1.0);
+  CHECK(rows[2]["speedup"].get<double>() ==
+        Approx(rows[2]["tokens_per_s"].get<double>() / rows[1]["tokens_per_s"].get<double>()));
+  CHECK(rows[2]["iteration_time_s"].get<double>() > rows[1]["iteration_time_s"].get<double>());
+  CHECK(rows[2]["speedup"].get<double>() > 1);
+  for (const char* format : {"", " --format markdown"})
+    CHECK_THAT(run(args + format).text,
+               Catch::EndsWith("\nspeedup = tokens/s ÷ those of row 2 (parallel.microbatches=4); mem_vs_first = peak "
+                               "memory ÷ its peak memory\n"));
+  CHECK(run(args + " --format csv").text.find("÷") == std::string::npos);  // CSV is the table alone
 }
 
 TEST_CASE("a malformed --grid fails with exit 1, naming --grid and the fix") {

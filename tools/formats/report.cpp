@@ -198,14 +198,34 @@ std::string format_run(const RunReport& r, Format format) {
 }
 
 std::string format_comparison(const std::vector<RunReport>& reports, Format format) {
+  const RunReport& reference = reports.front();
   if (format == Format::Json) {
     json all = json::array();
-    for (const RunReport& r : reports) all.push_back(run_json(r));
+    for (const RunReport& r : reports) all.push_back(comparison_json(r, reference, &r == &reference));
     return json_text(all, 2) + "\n";
   }
   std::vector<std::vector<std::string>> rows;
-  for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reports.front()));
-  return format_table(comparison_columns(), rows, format);
+  for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reference));
+  return format_table(comparison_columns(), rows, format) +
+         reference_line(fmt::format("row 1 ({}, {}, {})", reference.config, reference.schedule, reference.vocab),
+                        format);
+}
+
+double speedup(const RunReport& r, const RunReport& reference) {
+  return r.metrics.tokens_per_s / reference.metrics.tokens_per_s;
+}
+
+json comparison_json(const RunReport& r, const RunReport& reference, bool is_reference) {
+  json object = run_json(r);
+  object["speedup"] = speedup(r, reference);
+  object["reference"] = is_reference;
+  return object;
+}
+
+std::string reference_line(const std::string& reference, Format format) {
+  if (format != Format::Text && format != Format::Markdown) return "";
+  return fmt::format("\nspeedup = tokens/s ÷ those of {}; mem_vs_first = peak memory ÷ its peak memory\n",
+                     reference);
 }
 
 std::vector<Column> comparison_columns() {
@@ -213,13 +233,13 @@ std::vector<Column> comparison_columns() {
           {"bubble_pct"}, {"peak_mem_gib"}, {"speedup"}, {"mem_vs_first"}, {"fits"}};
 }
 
-std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& first) {
+std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& reference) {
   const RunMetrics& m = r.metrics;
   return {r.config, r.schedule, r.vocab, fmt::format("{:.3f}", m.iteration_ns / 1e6), fmt::format("{:.0f}", m.tokens_per_s),
           fmt::format("{:.2f}", 100 * m.mfu), fmt::format("{:.2f}", 100 * m.bubble_fraction),
           memory_cell(gib(max_peak(r))),
-          fmt::format("{:.3f}", double(first.metrics.iteration_ns) / double(m.iteration_ns)),
-          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(first))), m.fits_in_memory ? "yes" : "NO"};
+          fmt::format("{:.3f}", speedup(r, reference)),
+          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(reference))), m.fits_in_memory ? "yes" : "NO"};
 }
 
 }  // namespace pipesim

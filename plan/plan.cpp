@@ -56,6 +56,26 @@ LayerSplit layer_split(const Config& config) {
   return config.schedule.layers_per_stage.empty() ? LayerSplit::Balanced : LayerSplit::Explicit;
 }
 
+/// A layer split that fits neither form for this schedule, refused with the lengths it takes and why:
+/// the schedule decides how many chunks each device runs, and so what one per virtual stage is.
+Status check_split_length(const Config& config, const ScheduleInfo* schedule) {
+  const std::vector<int>& split = config.schedule.layers_per_stage;
+  const int devices = config.parallel.pp, chunks = config.parallel.chunks;
+  if (split.empty() || int(split.size()) == devices || int(split.size()) == devices * chunks) return Status::Ok();
+  const std::string& name = config.schedule.name;
+  const std::string prefix = fmt::format("schedule.layers_per_stage: has {} entries; ", split.size());
+  if (chunks == 1)
+    return Error{prefix + fmt::format("{} runs one stage per device, so on {} devices (pp) it takes {}, one per "
+                                      "device; give {} counts or \"auto\"",
+                                      name, devices, devices, devices)};
+  std::string why = fmt::format("{} always runs {} stages per device", name, chunks);
+  if (!schedule) why = fmt::format("the schedule file {} runs {} stages per device", name, chunks);
+  else if (schedule->chunks == 0) why = fmt::format("{} runs parallel.chunks = {} stages per device", name, chunks);
+  return Error{prefix + fmt::format("{}, so on {} devices (pp) it takes {} (one per device, spread over its chunks) or "
+                                    "{} (one per virtual stage); give {} or {} counts or \"auto\"",
+                                    why, devices, devices, devices * chunks, devices, devices * chunks)};
+}
+
 /// Every F and B of every (stage, microbatch) exactly once, and every W when there are any, each on
 /// the device that holds its stage: what the passes after this (delays, vocabulary passes) index by.
 /// A schedule file can say anything, so this is checked, not assumed.
@@ -120,6 +140,7 @@ Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) 
   if (chunks > 0) config.parallel.chunks = chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();
   if (std::optional<FieldError> e = check_config(config)) return Error{e->path + ": " + e->message};
+  if (Status s = check_split_length(config, planned.schedule); !s.ok()) return s.error();
 
   Result<Layout> layout = make_layout(config, custom ? custom->placement : planned.schedule->placement,
                                       layer_split(config), stage_weights(config), planned.vocab->placement);

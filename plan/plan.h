@@ -43,8 +43,8 @@ struct Plan {
 
 /// The first step of make_plan, for callers that need the layout without the graph (`tune`'s
 /// bounds): finds the schedule and vocabulary mode, sets in `config` what the plan runs with (the
-/// schedule's chunk count; layers_per_stage only for `redistribute`), checks it and lays the model
-/// out. Errors as make_plan's.
+/// schedule's chunk count; layers_per_stage only for `redistribute`, where it must have one count per
+/// device or one per virtual stage), checks it and lays the model out. Errors as make_plan's.
 struct PlannedLayout {
   const ScheduleInfo* schedule = nullptr;  ///< nullptr for a custom schedule
   const VocabModeInfo* vocab = nullptr;

@@ -85,14 +85,10 @@ std::optional<FieldError> check_config(const Config& config) {
   if (training.overlap_param_gather && training.zero_stage == 0)
     return FieldError{"training.overlap_param_gather", "gathers parameters that a sharded optimizer updated, so it "
                                                        "needs training.zero_stage >= 1; set it to false or shard"};
-  const int virtual_stages = parallel.pp * parallel.chunks;  // check_sizes bounds it by model.layers
+  // Its length depends on the chunks the schedule runs, so the planner checks it (plan_layout): any
+  // length's counts must sum to the layers.
   const std::vector<int>& split = config.schedule.layers_per_stage;
   if (!split.empty()) {
-    if (static_cast<int>(split.size()) != virtual_stages)
-      return FieldError{"schedule.layers_per_stage",
-                        fmt::format("has {} entries but there are {} virtual stages (pp x chunks); give {} counts "
-                                    "or \"auto\"",
-                                    split.size(), virtual_stages, virtual_stages)};
     // 64-bit: each count is only bounded by INT_MAX, and a wrapped sum could match model.layers.
     const std::int64_t total = std::accumulate(split.begin(), split.end(), std::int64_t(0));
     if (total != model.layers)

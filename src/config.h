@@ -44,8 +44,9 @@ struct ParallelConfig {
 struct ScheduleConfig {
   std::string name = "1f1b";
   std::string vocab = "baseline";
-  /// Transformer layers per virtual stage for the `redistribute` vocabulary mode; empty means
-  /// "auto" (the split that minimises the slowest stage under the cost model).
+  /// Transformer layers for the `redistribute` vocabulary mode, one count per device or one per
+  /// virtual stage (split_per_stage in layout.h); empty means "auto" (the split that minimises the
+  /// slowest stage under the cost model).
   std::vector<int> layers_per_stage;
 };
 

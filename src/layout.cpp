@@ -1,5 +1,7 @@
 #include "layout.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -28,9 +30,26 @@ int capacity(double limit, double extra, const StageWeights& w, int layers) {
 
 }  // namespace
 
-int Layout::stage_of(int device, int chunk) const {
+int stage_of(Placement placement, int devices, int device, int chunk) {
   if (placement == Placement::V && chunk % 2 == 1) return (chunk + 1) * devices - 1 - device;
   return chunk * devices + device;
+}
+
+int Layout::stage_of(int device, int chunk) const { return pipesim::stage_of(placement, devices, device, chunk); }
+
+std::optional<std::vector<int>> split_per_stage(const std::vector<int>& split, int devices, int chunks,
+                                                Placement placement) {
+  const std::size_t stages = std::size_t(devices) * std::size_t(chunks);
+  if (split.size() == stages) return split;
+  if (split.size() != std::size_t(devices)) return std::nullopt;
+  std::vector<int> per_stage(stages);
+  for (int device = 0; device < devices; ++device) {
+    // Under both placements a device's chunks lie in model order: chunk c before chunk c + 1.
+    const std::vector<int> spread = even_split(split[std::size_t(device)], chunks);
+    for (int chunk = 0; chunk < chunks; ++chunk)
+      per_stage[std::size_t(stage_of(placement, devices, device, chunk))] = spread[std::size_t(chunk)];
+  }
+  return per_stage;
 }
 
 std::vector<int> balanced_split(int layers, int stages, const StageWeights& w) {
@@ -86,7 +105,17 @@ Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit
   std::vector<int> layers;
   switch (split) {
     case LayerSplit::Even: layers = even_split(config.model.layers, stage_count); break;
-    case LayerSplit::Explicit: layers = config.schedule.layers_per_stage; break;
+    case LayerSplit::Explicit: {
+      std::optional<std::vector<int>> per_stage =
+          split_per_stage(config.schedule.layers_per_stage, layout.devices, layout.chunks, placement);
+      if (!per_stage)
+        return Error{fmt::format("schedule.layers_per_stage: has {} entries; give {} (one per device) or {} (one per "
+                                 "virtual stage, pp {} x chunks {})",
+                                 config.schedule.layers_per_stage.size(), layout.devices, stage_count, layout.devices,
+                                 layout.chunks)};
+      layers = std::move(per_stage).value();
+      break;
+    }
     case LayerSplit::Balanced: layers = balanced_split(config.model.layers, stage_count, weights); break;
   }
 

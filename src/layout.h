@@ -1,6 +1,7 @@
 #pragma once
 /// Where the model lives: which virtual stages each device holds, which layers each virtual stage
 /// holds, and which stages carry the vocabulary layers.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@ namespace pipesim {
 /// How virtual stages map to devices. Loop: stage s on device s mod p (interleaved 1F1B).
 /// V: chunk 0 of device i is stage i, chunk 1 is stage 2p-1-i (V-Half, ZB-V, ...).
 enum class Placement { Loop, V };
+
+/// The virtual stage that `device` holds as its `chunk` under `placement`, on `devices` devices.
+int stage_of(Placement placement, int devices, int device, int chunk);
 
 /// Where the vocabulary layers (embedding, LM head + loss) run.
 enum class VocabPlacement {
@@ -54,9 +58,16 @@ struct StageWeights {
 /// How transformer layers are split over virtual stages.
 enum class LayerSplit {
   Even,      ///< as equal as possible; earlier stages take the remainder
-  Explicit,  ///< config.schedule.layers_per_stage
+  Explicit,  ///< config.schedule.layers_per_stage, through split_per_stage
   Balanced,  ///< minimise the slowest stage given StageWeights ("auto")
 };
+
+/// A user's layer split (config.schedule.layers_per_stage) as one count per virtual stage, in model
+/// order. It may give a count per virtual stage (devices x chunks, taken as is) or a count per device,
+/// spread evenly over the device's chunks in model order (its earlier chunks take the remainder), so
+/// that one split fits every schedule on the same devices. nullopt for any other length.
+std::optional<std::vector<int>> split_per_stage(const std::vector<int>& split, int devices, int chunks,
+                                                Placement placement);
 
 Result<Layout> make_layout(const Config& config, Placement placement, LayerSplit split, const StageWeights& weights,
                            VocabPlacement vocab = VocabPlacement::OnStages);

@@ -8,6 +8,7 @@
 
 #include "cli_helpers.h"
 #include "helpers.h"
+#include "report.h"
 
 using json = nlohmann::json;
 using namespace pipesim::testing::cli;
@@ -17,6 +18,12 @@ TEST_CASE("list shows every schedule and vocabulary mode") {
   CHECK(out.exit_code == 0);
   for (const std::string& name : pipesim::schedule_names()) CHECK(out.text.find(name) != std::string::npos);
   for (const std::string& name : pipesim::vocab_mode_names()) CHECK(out.text.find(name) != std::string::npos);
+}
+
+TEST_CASE("--version prints pipesim and the project's version") {
+  const Output out = run("--version", true);
+  CHECK(out.exit_code == 0);
+  CHECK(out.text == "pipesim " + std::string(std::getenv("PIPESIM_VERSION")) + "\n");
 }
 
 TEST_CASE("simulate --format json has the documented fields") {
@@ -45,6 +52,14 @@ TEST_CASE("compare prints one row per combination with speedup against the first
   CHECK(rows[0]["schedule"] == "1f1b");
   CHECK(rows[1]["vocab"] == "redistribute");
   CHECK(rows[2]["schedule"] == "gpipe");
+  for (std::size_t i = 0; i < rows.size(); ++i) {  // tokens/s against the first row's, which says it is the reference
+    CHECK(rows[i]["reference"] == (i == 0));
+    CHECK(rows[i]["speedup"].get<double>() ==
+          Approx(rows[i]["tokens_per_s"].get<double>() / rows[0]["tokens_per_s"].get<double>()));
+  }
+  const Output text = run(args);
+  CHECK_THAT(text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of row 1 (" + config("default.json") +
+                                        ", 1f1b, baseline); mem_vs_first = peak memory ÷ its peak memory\n"));
 
   const Output csv = run(args + " --format csv");
   REQUIRE(csv.exit_code == 0);
@@ -56,6 +71,29 @@ TEST_CASE("compare prints one row per combination with speedup against the first
   CHECK(md.text.find("| config") == 0);
   CHECK(md.text.find("| ---") != std::string::npos);
   CHECK(md.text.find("-: |") != std::string::npos);  // numbers right-aligned
+}
+
+TEST_CASE("memory below 1 GiB (or MiB) keeps three significant digits; from 1 up, two decimals") {
+  CHECK(pipesim::memory_cell(0) == "0.00");
+  CHECK(pipesim::memory_cell(0.0123456) == "0.0123");
+  CHECK(pipesim::memory_cell(0.5) == "0.500");
+  CHECK(pipesim::memory_cell(0.000819) == "0.000819");
+  CHECK(pipesim::memory_cell(0.996) == "1.00");
+  CHECK(pipesim::memory_cell(41.4321) == "41.43");
+  // compare on a model of a few MiB: its peak in GiB reads as itself, not 0.00.
+  const std::string args = "compare " + config("tiny.json") + " --schedules 1f1b --vocab baseline";
+  const json row = json::parse(run(args + " --format json").text)[0];
+  const double gib = row["peak_memory_bytes"].get<double>() / double(1 << 30);
+  REQUIRE(gib < 0.01);
+  const Output csv = run(args + " --format csv");
+  REQUIRE(csv.exit_code == 0);
+  const std::string line = csv.text.substr(csv.text.find('\n') + 1);
+  std::vector<std::string> cells;
+  for (std::size_t at = 0, end; (end = line.find_first_of(",\n", at)) != std::string::npos; at = end + 1)
+    cells.push_back(line.substr(at, end - at));
+  REQUIRE(cells.size() == 11);
+  CHECK(cells[7] == pipesim::memory_cell(gib));
+  CHECK(std::stod(cells[7]) == Approx(gib).epsilon(0.005));
 }
 
 TEST_CASE("tune prints its top rows with what each changes, and its best beats compare's best that fits") {
@@ -82,8 +120,55 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
   REQUIRE(csv.exit_code == 0);
   CHECK_THAT(csv.text, Catch::StartsWith("config,schedule,vocab,iter_ms,tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,"
                                          "speedup,mem_vs_first,fits,changes\n"));
-  CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 4);
+  CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);  // the header, yours, the top 3
   CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
+}
+
+TEST_CASE("tune measures its rows against the config as given, shown as yours, even when it cannot run") {
+  const Output j = run("tune " + config("default.json") + " --top 3 --format json");
+  REQUIRE(j.exit_code == 0);
+  const json r = json::parse(j.text);
+  CHECK(r["reference"] == "yours");
+  const json& yours = r["yours"];
+  CHECK(yours["schedule"] == "1f1b");
+  CHECK(yours["vocab"] == "baseline");
+  CHECK(yours["speedup"] == 1.0);
+  CHECK(yours["reference"] == true);
+  CHECK(yours["changes"] == "yours");
+  const double base = yours["tokens_per_s"].get<double>();
+  for (const json& row : r["results"]) {
+    CHECK(row["reference"] == false);
+    CHECK(row["speedup"].get<double>() == Approx(row["tokens_per_s"].get<double>() / base));
+  }
+  const Output text = run("tune " + config("default.json") + " --top 3");
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.text.find("\n" + config("default.json") + "  1f1b ") != std::string::npos);
+  CHECK(text.text.find("   yes  yours\n") != std::string::npos);  // the first row, right under the header
+  CHECK(text.text.find("   yes  yours\n") < text.text.find("   yes  pp "));
+  CHECK_THAT(text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of yours (the config as given); mem_vs_first = "
+                                        "peak memory ÷ its peak memory\n"));
+
+  // Yours over the memory cap: still the reference, with why it does not fit.
+  const json tight = json::parse(run("tune " + config("default.json") + " --top 1 --memory-gib 30 --format json").text);
+  CHECK(tight["reference"] == "yours");
+  CHECK(tight["yours"]["fits_in_memory"] == false);
+  CHECK_THAT(tight["yours"]["changes"].get<std::string>(),
+             Catch::Matches("yours, which does not fit: [0-9.]+ GiB on its fullest device, over 30.00 GiB"));
+
+  // Yours cannot run (DualPipeV needs m >= 2p): shown with the error; the fastest row is the reference.
+  const std::string cannot =
+      "tune " + config("tiny.json") + " --top 2 --set schedule.name=dualpipe-v --set parallel.microbatches=4";
+  const json failed = json::parse(run(cannot + " --format json").text);
+  CHECK(failed["reference"] == "results[0]");
+  CHECK(failed["yours"]["schedule"] == "dualpipe-v");
+  CHECK_THAT(failed["yours"]["error"].get<std::string>(), Catch::StartsWith(config("tiny.json") + ": "));
+  CHECK_THAT(failed["yours"]["changes"].get<std::string>(), Catch::StartsWith("yours, which cannot run: "));
+  CHECK(failed["results"][0]["reference"] == true);
+  CHECK(failed["results"][0]["speedup"] == 1.0);
+  const Output failed_text = run(cannot);
+  CHECK(failed_text.text.find("  -  yours, which cannot run: " + config("tiny.json") + ": ") != std::string::npos);
+  CHECK_THAT(failed_text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of row 2 (the fastest; yours cannot "
+                                               "run); mem_vs_first = peak memory ÷ its peak memory\n"));
 }
 
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
@@ -130,6 +215,26 @@ TEST_CASE("sweep prints one row per grid point, grid columns first, failed point
   CHECK(rows[0]["parallel.pp"] == 4);
   CHECK(rows[0]["pp"] == 4);
   CHECK(rows[1]["error"].get<std::string>().find("must be at least 1") != std::string::npos);
+}
+
+TEST_CASE("sweep's speedup is tokens/s against the first point that ran, named under the table") {
+  // Different batches: a larger one takes longer per iteration and still moves more tokens per second.
+  const std::string args = "sweep " + config("tiny.json") + " --grid parallel.microbatches=0,4,32";
+  const json rows = json::parse(run(args + " --format json").text);
+  REQUIRE(rows.size() == 3);
+  CHECK_FALSE(rows[0].contains("reference"));  // failed: no run, no speedup
+  CHECK(rows[1]["reference"] == true);
+  CHECK(rows[2]["reference"] == false);
+  CHECK(rows[1]["speedup"] == 1.0);
+  CHECK(rows[2]["speedup"].get<double>() ==
+        Approx(rows[2]["tokens_per_s"].get<double>() / rows[1]["tokens_per_s"].get<double>()));
+  CHECK(rows[2]["iteration_time_s"].get<double>() > rows[1]["iteration_time_s"].get<double>());
+  CHECK(rows[2]["speedup"].get<double>() > 1);
+  for (const char* format : {"", " --format markdown"})
+    CHECK_THAT(run(args + format).text,
+               Catch::EndsWith("\nspeedup = tokens/s ÷ those of row 2 (parallel.microbatches=4); mem_vs_first = peak "
+                               "memory ÷ its peak memory\n"));
+  CHECK(run(args + " --format csv").text.find("÷") == std::string::npos);  // CSV is the table alone
 }
 
 TEST_CASE("a malformed --grid fails with exit 1, naming --grid and the fix") {
@@ -482,6 +587,38 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
     CHECK(out.text == "pipesim: error: " + message);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a layer split takes one count per device or one per virtual stage of the schedule") {
+  const auto split_of = [](const std::string& args) {
+    const Output out = run(args + " --vocab redistribute --format json");
+    INFO(args);
+    REQUIRE(out.exit_code == 0);
+    return json::parse(out.text)["layers_per_stage"].get<std::vector<int>>();
+  };
+  const std::string tiny = "simulate " + config("tiny.json"), dflt = "simulate " + config("default.json");
+  // The README's: tiny.json's 1f1b runs one stage per device, whatever its parallel.chunks says.
+  CHECK(split_of(tiny + " --set 'schedule.layers_per_stage=[3,2,2,1]'") == std::vector<int>{3, 2, 2, 1});
+  // With two chunks per device, a device's count is spread over its chunks (loop placement: stage c·4 + d),
+  // the earlier chunk taking the remainder; or the split gives every virtual stage's.
+  const std::string interleaved = " --schedule interleaved-1f1b";
+  CHECK(split_of(tiny + interleaved + " --set 'schedule.layers_per_stage=[3,2,2,1]'") ==
+        std::vector<int>{2, 1, 1, 1, 1, 1, 1, 0});
+  CHECK(split_of(tiny + interleaved + " --set 'schedule.layers_per_stage=[2,1,1,1,1,1,1,0]'") ==
+        std::vector<int>{2, 1, 1, 1, 1, 1, 1, 0});
+  CHECK(split_of(dflt + interleaved + " --set 'schedule.layers_per_stage=[5,4,4,4,4,4,4,3]'") ==
+        std::vector<int>{3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1});
+  const std::vector<int> per_stage{3, 2, 2, 2, 2, 2, 2, 1, 2, 2, 2, 2, 2, 2, 2, 2};
+  CHECK(split_of(dflt + interleaved + " --set 'schedule.layers_per_stage=" + json(per_stage).dump() + "'") ==
+        per_stage);
+
+  const Output wrong =
+      run_stderr(dflt + interleaved + " --vocab redistribute --set 'schedule.layers_per_stage=[8,8,8,8]'");
+  CHECK(wrong.exit_code == 1);
+  CHECK(wrong.text == "pipesim: error: " + config("default.json") +
+                          ": schedule.layers_per_stage: has 4 entries; interleaved-1f1b runs parallel.chunks = 2 "
+                          "stages per device, so on 8 devices (pp) it takes 8 (one per device, spread over its "
+                          "chunks) or 16 (one per virtual stage); give 8 or 16 counts or \"auto\"\n");
 }
 
 TEST_CASE("output that cannot be written is a failure: a full device, a closed standard output") {

@@ -96,9 +96,9 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
        "fewer stages"},
       {kBase + "}", {"model.heads=5"}, "c.json: model.heads (from --set): 5 heads do not divide hidden size 64; choose a divisor of 64"},
       {kBase + "}", {"parallel.tp=8"}, "c.json: parallel.tp (from --set): tp 8 does not divide 4 heads; choose a divisor of 4"},
-      {kBase + "}", {"schedule.layers_per_stage=[1,2,3]"},
-       "c.json: schedule.layers_per_stage (from --set): has 3 entries but there are 4 virtual stages (pp x chunks); "
-       "give 4 counts or \"auto\""},
+      {kBase + "}", {"schedule.vocab=redistribute", "schedule.layers_per_stage=[1,2,5]"},
+       "schedule.layers_per_stage: has 3 entries; 1f1b runs one stage per device, so on 4 devices (pp) it takes 4, "
+       "one per device; give 4 counts or \"auto\""},
       {kBase + "}", {"schedule.layers_per_stage=[1,2,3,3]"},
        "c.json: schedule.layers_per_stage (from --set): counts sum to 9 but model.layers is 8; make them sum to 8"},
       {kBase + "}", {"schedule.layers_per_stage=[1,2,-3,3]"},

@@ -74,3 +74,64 @@ TEST_CASE("redistribute moves layers off the stage holding a large LM head") {
   // ... and it is faster: the last stage no longer holds up the pipeline.
   CHECK(simulate_or_fail(config).metrics.iteration_ns < simulate_or_fail(baseline_config).metrics.iteration_ns);
 }
+
+TEST_CASE("a layer split gives one count per virtual stage, or one per device spread over its chunks") {
+  const Placement placement = GENERATE(Placement::Loop, Placement::V);
+  const int chunks = placement == Placement::V ? 2 : GENERATE(1, 2, 3);
+  const std::vector<int> per_device{7, 4, 3, 0};
+  CAPTURE(placement == Placement::V, chunks);
+  const std::optional<std::vector<int>> split = split_per_stage(per_device, 4, chunks, placement);
+  REQUIRE(split);
+  REQUIRE(split->size() == std::size_t(4 * chunks));
+  for (int d = 0; d < 4; ++d) {
+    const int n = per_device[std::size_t(d)];
+    for (int c = 0; c < chunks; ++c)  // the device's earlier chunks (in model order) take the remainder
+      CHECK((*split)[std::size_t(stage_of(placement, 4, d, c))] == n / chunks + (c < n % chunks ? 1 : 0));
+  }
+  // One per virtual stage is taken as given; any other length is neither form.
+  std::vector<int> per_stage(std::size_t(4 * chunks), 1);
+  per_stage.front() = 2;
+  CHECK(split_per_stage(per_stage, 4, chunks, placement) == per_stage);
+  CHECK_FALSE(split_per_stage({1, 2, 3}, 4, chunks, placement));
+  CHECK_FALSE(split_per_stage(std::vector<int>(std::size_t(4 * chunks + 1), 1), 4, chunks, placement));
+}
+
+TEST_CASE("redistribute lays out a per-device split over interleaved and V chunks") {
+  const std::string config = R"json({
+    "model": {"layers": 16, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000},
+    "parallel": {"pp": 4, "microbatches": 8, "chunks": 2},
+    "schedule": {"vocab": "redistribute", "layers_per_stage": [5, 5, 4, 2]}
+  })json";
+  // Loop: device d holds stages d and 4 + d; V: stages d and 7 - d.
+  const std::pair<std::string, std::vector<int>> cases[] = {{"1f1b", {5, 5, 4, 2}},
+                                                            {"interleaved-1f1b", {3, 3, 2, 1, 2, 2, 2, 1}},
+                                                            {"zb-v", {3, 3, 2, 1, 1, 2, 2, 2}}};
+  for (const auto& [schedule, expected] : cases) {
+    CAPTURE(schedule);
+    const Plan plan = plan_or_fail(parse_or_fail(config, {"schedule.name=" + schedule}));
+    std::vector<int> layers;
+    for (const VirtualStage& s : plan.layout.stages) layers.push_back(s.layers);
+    CHECK(layers == expected);
+  }
+}
+
+TEST_CASE("a layer split of neither length names the lengths this schedule takes, and why") {
+  const std::string config = R"json({
+    "model": {"layers": 16, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000},
+    "parallel": {"pp": 4, "microbatches": 8, "chunks": 2},
+    "schedule": {"vocab": "redistribute", "layers_per_stage": [6, 5, 5]}
+  })json";
+  const std::pair<std::string, std::string> cases[] = {
+      {"1f1b", "1f1b runs one stage per device, so on 4 devices (pp) it takes 4, one per device; give 4 counts or "
+               "\"auto\""},
+      {"interleaved-1f1b", "interleaved-1f1b runs parallel.chunks = 2 stages per device, so on 4 devices (pp) it "
+                           "takes 4 (one per device, spread over its chunks) or 8 (one per virtual stage); give 4 or "
+                           "8 counts or \"auto\""},
+      {"zb-v", "zb-v always runs 2 stages per device, so on 4 devices (pp) it takes 4 (one per device, spread over "
+               "its chunks) or 8 (one per virtual stage); give 4 or 8 counts or \"auto\""}};
+  for (const auto& [schedule, why] : cases) {
+    const Result<Plan> plan = make_plan(parse_or_fail(config, {"schedule.name=" + schedule}));
+    REQUIRE_FALSE(plan.ok());
+    CHECK(plan.error().message == "schedule.layers_per_stage: has 3 entries; " + why);
+  }
+}

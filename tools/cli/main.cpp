@@ -78,6 +78,7 @@ const char* out_of_memory_hint(const CLI::App& app) {
 int run(int argc, char** argv) {
   CLI::App app{"pipesim: generate, simulate and compare pipeline-parallel training schedules"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "pipesim " PIPESIM_VERSION, "Print pipesim's version and exit");
   // Usage errors read like every other error: one line, the option named, the fix after it.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return "pipesim: error: " + std::string(e.what()) + " (see pipesim --help)\n";

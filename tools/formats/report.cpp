@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,13 @@ TimeNs max_exposed_comm(const RunReport& r) {
 }
 
 }  // namespace
+
+std::string memory_cell(double amount) {
+  // 0.995 and up rounds to 1.00 with two decimals: the format of 1 and above.
+  if (!(amount > 0) || amount >= 0.995) return fmt::format("{:.2f}", amount);
+  const int decimals = 2 - static_cast<int>(std::floor(std::log10(amount)));
+  return fmt::format("{:.{}f}", amount, decimals);
+}
 
 Bytes max_peak(const RunReport& r) {
   Bytes most = 0;
@@ -167,7 +175,7 @@ std::string format_run(const RunReport& r, Format format) {
       "{}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
       "layers per stage: {}{}\n"
       "iteration {:.3f} ms, {:.0f} tokens/s, MFU {}, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
-      "peak memory {:.2f} {} of {:.2f} {}{}, imbalance {:.2f}x\n\n",
+      "peak memory {} {} of {:.2f} {}{}, imbalance {:.2f}x\n\n",
       r.config, r.schedule, r.vocab, r.parallel.pp,
       r.parallel.tp, r.parallel.dp, r.parallel.microbatches, r.parallel.chunks, r.cost_source,
       join(r.layers_per_stage),
@@ -175,13 +183,14 @@ std::string format_run(const RunReport& r, Format format) {
                                     r.parallel.pp)
                       : "",
       m.iteration_ns / 1e6, m.tokens_per_s, r.measured ? "n/a" : fmt::format("{:.1f}%", 100 * m.mfu),
-      100 * m.bubble_fraction, max_exposed_comm(r) / 1e6, mem(max_peak(r)), unit, mem(m.memory_capacity_bytes), unit,
+      100 * m.bubble_fraction, max_exposed_comm(r) / 1e6, memory_cell(mem(max_peak(r))), unit,
+      mem(m.memory_capacity_bytes), unit,
       m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
   std::vector<std::vector<std::string>> rows;
   for (const DeviceMetrics& d : m.devices)
     rows.push_back({std::to_string(d.rank), r.peak_ops[std::size_t(d.rank)], fmt::format("{:.3f}", d.busy_ns / 1e6),
-                    fmt::format("{:.1f}", 100 * d.bubble_fraction), fmt::format("{:.2f}", mem(d.static_bytes)),
-                    fmt::format("{:.2f}", mem(d.peak_activation_bytes)), fmt::format("{:.2f}", mem(d.peak_memory_bytes)),
+                    fmt::format("{:.1f}", 100 * d.bubble_fraction), memory_cell(mem(d.static_bytes)),
+                    memory_cell(mem(d.peak_activation_bytes)), memory_cell(mem(d.peak_memory_bytes)),
                     fmt::format("{:.3f}", d.exposed_comm_ns / 1e6)});
   const std::string u = small ? "mib" : "gib";
   return out + format_table({{"rank", true}, {"memory peaks at", true}, {"busy_ms"}, {"bubble_pct"}, {"static_" + u},
@@ -190,14 +199,34 @@ std::string format_run(const RunReport& r, Format format) {
 }
 
 std::string format_comparison(const std::vector<RunReport>& reports, Format format) {
+  const RunReport& reference = reports.front();
   if (format == Format::Json) {
     json all = json::array();
-    for (const RunReport& r : reports) all.push_back(run_json(r));
+    for (const RunReport& r : reports) all.push_back(comparison_json(r, reference, &r == &reference));
     return json_text(all, 2) + "\n";
   }
   std::vector<std::vector<std::string>> rows;
-  for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reports.front()));
-  return format_table(comparison_columns(), rows, format);
+  for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reference));
+  return format_table(comparison_columns(), rows, format) +
+         reference_line(fmt::format("row 1 ({}, {}, {})", reference.config, reference.schedule, reference.vocab),
+                        format);
+}
+
+double speedup(const RunReport& r, const RunReport& reference) {
+  return r.metrics.tokens_per_s / reference.metrics.tokens_per_s;
+}
+
+json comparison_json(const RunReport& r, const RunReport& reference, bool is_reference) {
+  json object = run_json(r);
+  object["speedup"] = speedup(r, reference);
+  object["reference"] = is_reference;
+  return object;
+}
+
+std::string reference_line(const std::string& reference, Format format) {
+  if (format != Format::Text && format != Format::Markdown) return "";
+  return fmt::format("\nspeedup = tokens/s ÷ those of {}; mem_vs_first = peak memory ÷ its peak memory\n",
+                     reference);
 }
 
 std::vector<Column> comparison_columns() {
@@ -205,13 +234,13 @@ std::vector<Column> comparison_columns() {
           {"bubble_pct"}, {"peak_mem_gib"}, {"speedup"}, {"mem_vs_first"}, {"fits"}};
 }
 
-std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& first) {
+std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& reference) {
   const RunMetrics& m = r.metrics;
   return {r.config, r.schedule, r.vocab, fmt::format("{:.3f}", m.iteration_ns / 1e6), fmt::format("{:.0f}", m.tokens_per_s),
           fmt::format("{:.2f}", 100 * m.mfu), fmt::format("{:.2f}", 100 * m.bubble_fraction),
-          fmt::format("{:.2f}", gib(max_peak(r))),
-          fmt::format("{:.3f}", double(first.metrics.iteration_ns) / double(m.iteration_ns)),
-          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(first))), m.fits_in_memory ? "yes" : "NO"};
+          memory_cell(gib(max_peak(r))),
+          fmt::format("{:.3f}", speedup(r, reference)),
+          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(reference))), m.fits_in_memory ? "yes" : "NO"};
 }
 
 }  // namespace pipesim

@@ -24,6 +24,10 @@ struct RunReport {
   RunMetrics metrics;
 };
 
+/// A memory amount (GiB or MiB) as a table shows it: two decimals from 1 up; below, three significant
+/// digits (0.0123, 0.500), so that a small model's memory never reads 0.00. 0 is "0.00".
+std::string memory_cell(double amount);
+
 /// The largest device's peak memory (static + activations): the run's `peak_memory_bytes`.
 Bytes max_peak(const RunReport& report);
 
@@ -35,8 +39,19 @@ enum class Format { Text, Json, Csv, Markdown };
 std::string format_run(const RunReport& report, Format format);
 /// The JSON object of one run, keys in documented order (what `simulate --format json` prints).
 nlohmann::ordered_json run_json(const RunReport& report);
-/// compare: one row per run, speedup and memory against the first row.
+/// compare: one row per run, speedup and memory against the first row (the reference), which a line
+/// under the table (text, Markdown) or each object's `reference` (JSON) names.
 std::string format_comparison(const std::vector<RunReport>& reports, Format format);
+
+/// The run's tokens/s over the reference's: a throughput ratio, which holds when rows run different
+/// batches (an iteration-time ratio does not).
+double speedup(const RunReport& report, const RunReport& reference);
+/// A run's object in a comparison's JSON: run_json with its `speedup` against the reference and
+/// whether it is the `reference`.
+nlohmann::ordered_json comparison_json(const RunReport& report, const RunReport& reference, bool is_reference);
+/// The line under a comparison table (text, Markdown; empty for CSV and JSON) saying what speedup and
+/// mem_vs_first are measured against: `reference` names the row, e.g. "row 1 (c.json, 1f1b, baseline)".
+std::string reference_line(const std::string& reference, Format format);
 
 /// One column of a table: its name, and whether it holds names (left-aligned) or numbers.
 struct Column {
@@ -54,9 +69,9 @@ void write_table(const std::vector<Column>& columns, std::size_t row_count,
                  const std::function<void(std::string_view)>& out);
 /// One line of CSV, as format_table writes each row.
 std::string csv_line(const std::vector<std::string>& cells);
-/// compare's columns, and one run's cells in them (speedup and memory against `first`), for commands
-/// that print compare's table with columns of their own around it (tune, sweep).
+/// compare's columns, and one run's cells in them (speedup and memory against `reference`), for
+/// commands that print compare's table with columns of their own around it (tune, sweep).
 std::vector<Column> comparison_columns();
-std::vector<std::string> comparison_cells(const RunReport& report, const RunReport& first);
+std::vector<std::string> comparison_cells(const RunReport& report, const RunReport& reference);
 
 }  // namespace pipesim

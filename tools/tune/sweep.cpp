@@ -141,7 +141,10 @@ std::vector<std::string> SweepTable::grid_cells(std::size_t index) const {
 }
 
 void SweepTable::add(std::size_t index, const SweepRow& row) {
-  if (row.report && !first_) first_ = row.report;
+  if (row.report && !first_) {
+    first_ = row.report;
+    first_index_ = index;
+  }
   failed_ |= !row.report;
   const std::vector<std::string> values = grid_cells(index);
   if (format_ == Format::Json) {
@@ -151,7 +154,7 @@ void SweepTable::add(std::size_t index, const SweepRow& row) {
       object[axes_[a].key] = parsed.is_discarded() ? nlohmann::ordered_json(values[a]) : parsed;
     }
     if (row.report)
-      object.update(run_json(*row.report));
+      object.update(comparison_json(*row.report, *first_, index == first_index_));
     else
       object["error"] = row.error;
     // As the array's element: one level deeper than the object alone (its strings hold no line breaks).
@@ -198,6 +201,9 @@ void SweepTable::finish() {
     return cells;
   };
   write_table(columns(failed_), cell_ends_.size() / width, row, format_, out_);
+  if (first_)
+    out_(reference_line(fmt::format("row {} ({})", first_index_ + 1, fmt::join(grid_point(axes_, first_index_), ", ")),
+                        format_));
 }
 
 std::vector<Column> SweepTable::columns(bool with_errors) const {

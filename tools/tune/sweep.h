@@ -68,6 +68,7 @@ class SweepTable {
   const Format format_;
   const std::function<void(std::string_view)> out_;
   std::optional<RunReport> first_;  ///< the first row that ran: the others' speedup and memory are against it
+  std::size_t first_index_ = 0;     ///< with first_: its row
   bool failed_ = false;             ///< a point could not run
   /// Text and Markdown, until finish(): every row's cells, the error last, one after another (a million
   /// rows of cells as strings of their own would take a gigabyte), and where each cell ends.

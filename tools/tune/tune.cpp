@@ -247,6 +247,10 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
     return ta != tb ? ta < tb : a.candidate < b.candidate;
   });
   if (result.rows.size() > search.top) result.rows.resize(search.top);
+  if (Result<SimulatedRun> yours = simulate_config(config); yours.ok())
+    result.yours = std::move(yours.value().report);
+  else
+    result.yours_error = yours.error().message;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -79,6 +79,10 @@ struct TuneRow {
 
 struct TuneResult {
   std::vector<TuneRow> rows;  ///< fitting runs, fastest first; ties in candidate order
+  /// The config as given, simulated under the same memory cap, whether it fits or not: what the rows
+  /// are measured against. Empty when it cannot run; `yours_error` then says why.
+  std::optional<RunReport> yours;
+  std::string yours_error;
   std::size_t evaluated = 0;  ///< every candidate: simulated + pruned + refused
   std::size_t simulated = 0;
   std::size_t pruned_by_memory = 0, pruned_by_time = 0;

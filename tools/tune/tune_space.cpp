@@ -112,17 +112,21 @@ class BalancedSplits {
   std::map<Key, std::vector<int>> splits_;
 };
 
-/// `redistribute`'s splits: the config's own (when it has one for this many stages), auto, and auto
-/// with one layer moved off its slowest stage onto each neighbour (the stage costs are the ones auto
-/// balances, so the simulator decides whether the move pays: it can, through memory and bubbles).
-std::vector<Split> layer_splits(const Config& config, const Config& candidate, int stages,
+/// `redistribute`'s splits: the config's own (when it has one count per device or per virtual stage of
+/// the candidate's), auto, and auto with one layer moved off its slowest stage onto each neighbour (the
+/// stage costs are the ones auto balances, so the simulator decides whether the move pays: it can,
+/// through memory and bubbles).
+std::vector<Split> layer_splits(const Config& config, const Config& candidate, Placement placement,
                                 const BalancedSplits& splits) {
-  const std::vector<int>& given = config.schedule.layers_per_stage;
+  const int stages = candidate.parallel.pp * candidate.parallel.chunks;
+  const std::vector<int> given =
+      split_per_stage(config.schedule.layers_per_stage, candidate.parallel.pp, candidate.parallel.chunks, placement)
+          .value_or(std::vector<int>{});
   const StageWeights w = stage_weights(candidate);
   const std::vector<int>& balanced = splits.get(stages, w);
   std::vector<Split> out;
-  if (int(given.size()) == stages) out.push_back({given, "", {}});
-  if (given != balanced) out.push_back({{}, given.empty() ? "" : "split auto", balanced});
+  if (!given.empty()) out.push_back({given, "", {}});
+  if (given != balanced) out.push_back({{}, config.schedule.layers_per_stage.empty() ? "" : "split auto", balanced});
   const auto cost = [&](int s) {
     return balanced[std::size_t(s)] * w.layer + (s == 0 ? w.embedding : 0) + (s == stages - 1 ? w.head : 0);
   };
@@ -178,8 +182,8 @@ std::vector<Candidate> tune_space(const Config& config, int gpus) {
         layouts.push_back(std::move(c));
         continue;
       }
-      const int stages = c.parallel.pp * c.parallel.chunks;
-      for (Split& split : layer_splits(config, apply_candidate(config, c), stages, balanced)) {
+      const Placement placement = find_schedule(c.schedule)->placement;
+      for (Split& split : layer_splits(config, apply_candidate(config, c), placement, balanced)) {
         c.layers_per_stage = std::move(split.layers);
         c.auto_split = std::move(split.auto_split);
         c.split_change = std::move(split.change);

@@ -58,10 +58,12 @@ class FastestK {
 
 std::string describe_candidate(const Candidate& c) {
   const ScheduleInfo* schedule = find_schedule(c.schedule);
-  return fmt::format("{} / {}, pp {} tp {} dp {}, m {} x {}{}{}", c.schedule, c.vocab, c.parallel.pp, c.parallel.tp,
-                     c.parallel.dp, c.parallel.microbatches, c.micro_batch_size,
+  return fmt::format("{} / {}, pp {} tp {} dp {}, m {} x {}{}{}{}{}", c.schedule, c.vocab, c.parallel.pp,
+                     c.parallel.tp, c.parallel.dp, c.parallel.microbatches, c.micro_batch_size,
                      schedule && schedule->chunks == 0 ? fmt::format(", chunks {}", c.parallel.chunks) : "",
-                     c.split_change.empty() ? "" : ", " + c.split_change);
+                     c.split_change.empty() ? "" : ", " + c.split_change,
+                     c.recompute == Recompute::None ? "" : fmt::format(", recompute {}", recompute_name(c.recompute)),
+                     c.zero_stage == 0 ? "" : fmt::format(", zero {}", c.zero_stage));
 }
 
 std::string memory_text(Bytes bytes) {

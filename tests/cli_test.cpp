@@ -285,6 +285,15 @@ TEST_CASE("--trace writes a Chrome trace, replaces its own traces, and never a u
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("export of a recomputing schedule leaves the R ops out and says so") {
+  const Output out = run_stderr("export " + config("tiny.json") + " --set 'training.recompute_granularity=\"full\"'");
+  CHECK(out.exit_code == 0);
+  CHECK(out.text == "pipesim: note: export: the R (recomputation) ops are not written: PyTorch recomputes inside each "
+                    "B or I of a stage whose module uses activation checkpointing; importing this file with the same "
+                    "training.recompute_granularity puts them back\n");
+  CHECK(run_stderr("export " + config("tiny.json")).text.empty());  // nothing to say without recomputation
+}
+
 TEST_CASE("export writes a PyTorch CSV that simulate --schedule-file runs to the same result") {
   const auto dir = scratch_dir();
   const std::string csv = (dir / "zbv.csv").string();

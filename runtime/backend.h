@@ -38,9 +38,25 @@ struct OutputShard {
   Tensor terms;   ///< Algorithm 2: A | Y (2 · n × h); empty otherwise
 };
 
+/// The device's own timeline, for the op times a trace and a profile report: the span of the work an
+/// op issued rather than of the host thread that issued it, which adds launch overhead and the wait
+/// for the device. Bound to the thread that made it (its stream); marks stay valid for its lifetime.
+class DeviceClock {
+ public:
+  using Mark = std::size_t;
+  virtual ~DeviceClock() = default;
+  /// Marks the point the calling thread's work has reached.
+  virtual Mark mark() = 0;
+  /// Device time between two marks, once the device has passed both (after Backend::synchronize()).
+  virtual TimeNs elapsed(Mark from, Mark to) = 0;
+};
+
 class Backend : public Allocator {
  public:
   virtual std::string_view name() const = 0;
+  /// A clock for the calling thread's work where the device keeps its own (CUDA events); null where
+  /// an op's work is done when its call returns (CPU), so host time is the device's.
+  virtual std::unique_ptr<DeviceClock> device_clock() { return nullptr; }
 
   // ---- memory ----
   /// `count` zeros of `dtype`.

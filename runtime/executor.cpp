@@ -175,6 +175,12 @@ void RankExecutor::walk(std::vector<std::size_t>& cursor, std::vector<InFlight>&
 
 void RankExecutor::run_compute_stream(const std::stop_token& stop) {
   try {
+    const std::unique_ptr<DeviceClock> clock = backend_->device_clock();
+    device_clock_ = clock.get();
+    // The device clock's zero on the host timeline: the device passes a mark on an idle stream as
+    // soon as it is recorded.
+    const TimeNs origin_ns = now();
+    const DeviceClock::Mark origin = clock ? clock->mark() : 0;
     const auto ops = graph_.stream(streams_[0]);
     for (; compute_cursor_ < ops.size(); ++compute_cursor_) {
       const TaskId id = ops[compute_cursor_];
@@ -184,20 +190,35 @@ void RankExecutor::run_compute_stream(const std::stop_token& stop) {
       }
       inject_fault(id, stop);
       compute_busy_ = true;
-      timeline_->start[std::size_t(id)] = now();
+      const TimeNs host_start = now();
+      TimeNs end = 0;
       try {
+        const DeviceClock::Mark begin = clock ? clock->mark() : 0;
         compute(id);
+        const DeviceClock::Mark finish = clock ? clock->mark() : 0;
+        backend_->synchronize();
+        if (clock) {
+          timeline_->start[std::size_t(id)] = origin_ns + clock->elapsed(origin, begin);
+          end = origin_ns + clock->elapsed(origin, finish);
+          for (const auto& [from, to] : vocab_marks_) (*vocab_layer_ns_)[std::size_t(id)] += clock->elapsed(from, to);
+          vocab_marks_.clear();
+        } else {
+          timeline_->start[std::size_t(id)] = host_start;
+          end = now();
+        }
       } catch (const RankFailure&) {
         throw;
       } catch (const std::exception& e) {  // a missing buffer, a CUDA or cuBLAS error, out of memory
         throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(id), e.what()));
       }
       compute_busy_ = false;
-      complete(id);
+      complete(id, end);
       ++computed_;
     }
+    device_clock_ = nullptr;
     backend_->release_thread();
   } catch (...) {
+    device_clock_ = nullptr;
     compute_error_ = std::current_exception();
     compute_failed_ = true;
     comm_.wake();
@@ -207,7 +228,7 @@ void RankExecutor::run_compute_stream(const std::stop_token& stop) {
 bool RankExecutor::step(TaskId id, InFlight& flight, std::size_t& cursor, std::size_t& remaining) {
   if (flight.id != kNoTask) {  // in flight: poll it
     if (!advance(flight)) return false;
-    complete(id);
+    complete(id, now());
     flight = InFlight{};
     ++cursor, --remaining;
     return true;
@@ -226,8 +247,8 @@ bool RankExecutor::ready(TaskId id) const {
   return true;
 }
 
-void RankExecutor::complete(TaskId id) {
-  timeline_->end[std::size_t(id)] = now();
+void RankExecutor::complete(TaskId id, TimeNs end) {
+  timeline_->end[std::size_t(id)] = end;
   live_after_[std::size_t(id)] = buffers_.note_peak(id);
   done_[std::size_t(id)].store(1, std::memory_order_release);
   { std::lock_guard lock(wake_mutex_); }  // a waiter between its check and its wait sees the flag

@@ -62,7 +62,8 @@ class RankExecutor {
   /// if ready. True when something happened.
   bool step(TaskId id, InFlight& flight, std::size_t& cursor, std::size_t& remaining);
   bool ready(TaskId id) const;
-  void complete(TaskId id);
+  /// Marks the op done; `end`: when it ended on this rank's timeline.
+  void complete(TaskId id, TimeNs end);
   void inject_fault(TaskId id, const std::stop_token& stop);
   /// The ops at the heads of this rank's streams that wait on another rank.
   std::string waiting_on(const std::vector<std::size_t>& cursor, const std::vector<InFlight>& in_flight) const;
@@ -118,6 +119,10 @@ class RankExecutor {
   Clock::time_point epoch_;
   std::atomic<double> loss_part_ = 0;  ///< this rank's share of the loss (the head runs on either thread)
   Timeline* timeline_ = nullptr;
+  /// The compute thread's device clock while it runs (null: host time), and the marks around the
+  /// vocabulary parts of the op in progress, read when the op has synchronised.
+  DeviceClock* device_clock_ = nullptr;
+  std::vector<std::pair<DeviceClock::Mark, DeviceClock::Mark>> vocab_marks_;
   std::vector<TimeNs>* vocab_layer_ns_ = nullptr;
   Bytes* live_after_ = nullptr;
   std::optional<cpu::Model> reference_grad_;  ///< --check: the single-device gradients of step 0

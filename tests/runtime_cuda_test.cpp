@@ -52,6 +52,26 @@ TEST_CASE("bf16 on the GPU keeps the loss within 1e-2 of the fp32 reference") {
   }
 }
 
+TEST_CASE("op times are the GPU's: each rank's compute ops follow each other within the step") {
+  runtime::RunOptions o;
+  o.backend = runtime::BackendKind::Cuda, o.dtype = runtime::DType::BF16, o.steps = 2, o.timeout_s = 60;
+  const Plan plan = tiny_plan("1f1b", "vocab-1");
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
+  REQUIRE(run.ok());
+  const runtime::RunResult& r = run.value();
+  for (int rank = 0; rank < plan.graph.devices(); ++rank) {
+    TimeNs previous_end = 0;
+    for (const TaskId id : plan.graph.stream(plan.graph.first_stream(rank))) {  // the compute stream
+      const TimeNs start = r.timeline.start[std::size_t(id)], end = r.timeline.end[std::size_t(id)];
+      INFO("rank " << rank << ", " << plan.graph.describe(id) << ": " << start << " to " << end << " ns");
+      CHECK(previous_end <= start);
+      CHECK(start < end);
+      CHECK(end <= r.step_ns.back());
+      previous_end = end;
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (runtime::cuda::device_count() == 0) {
     fmt::print("skipped: {}\n", runtime::cuda::unavailable_reason());

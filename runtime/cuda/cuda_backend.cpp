@@ -17,6 +17,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_model.h"
+#include "cuda/event_clock.h"
 #include "cuda/attention_gemm.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -72,6 +73,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string_view name() const override { return "cuda"; }
+  std::unique_ptr<DeviceClock> device_clock() override { return std::make_unique<EventClock>(stream()); }
 
   /// A thread that ends (the executor starts a compute thread per step) leaves its stream and GEMM
   /// handle, with its cached plans, for the next thread instead of leaking them.

@@ -1,6 +1,6 @@
 #pragma once
 /// An output written a piece at a time, for outputs too large to hold whole (a Chrome trace of a large
-/// run is several times the simulation's memory). It keeps write_output_file's promises (files.h): the
+/// run is several times the simulation's memory). write_output_file (files.h) is one in a single piece. The
 /// pieces go to an exclusively created temporary next to `path` and an atomic rename puts the finished
 /// file in place, so a failure or a crash never leaves half a file at `path`; an existing `path` is
 /// replaced only when it is a regular file that starts with `marker`, and never when `marker` is empty.

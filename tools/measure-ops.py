@@ -22,7 +22,9 @@ Ops, as pipesim names them (one microbatch, one layer / one vocabulary layer):
 Layers: GPT (LayerNorm, biases, GELU, f = 4h, multi-head) and Llama (RMSNorm, no biases, SwiGLU,
 grouped-query attention; no rotary embedding: pipesim does not cost it). Dropout is off.
 
-Usage: python3 tools/measure-ops.py [-o FILE.json] [--reps N] [--quick]
+Usage: python3 tools/measure-ops.py [-o FILE.json] [--reps N] [--quick | --reference]
+--reference: only the two layers docs/benchmark.md holds pipesim's CUDA backend to (b 1, s 2048, bf16):
+GPT h 4096, 32 heads, FFN 16384, and Llama-3-8B (h 4096, 32 heads, 8 KV heads, SwiGLU 14336).
 Writes one JSON object: {"device": ..., "torch": ..., "ops": [...]} with every case's times in ms.
 """
 import argparse
@@ -257,11 +259,18 @@ def cases(quick):
     return layers, heads, embeds
 
 
+def reference_cases():
+    gpt = dict(op="layer", arch="gpt", b=1, s=2048, h=4096, heads=32, kv_heads=32, f=16384, llama=False)
+    llama = dict(op="layer", arch="llama", b=1, s=2048, h=4096, heads=32, kv_heads=8, f=14336, llama=True)
+    return [gpt, llama], [], []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", help="JSON file to write (default: stdout table only)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--reference", action="store_true", help="only the GPT and Llama-3-8B layers the CUDA backend is held to")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("measure-ops: no CUDA device", file=sys.stderr)
@@ -271,7 +280,7 @@ def main():
     result = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d", time.gmtime()), "reps": args.reps,
               "ops": []}
-    layers, heads, embeds = cases(args.quick)
+    layers, heads, embeds = reference_cases() if args.reference else cases(args.quick)
     todo = [(measure_layer, c) for c in layers] + [(measure_head, c) for c in heads] + \
            [(measure_embedding, c) for c in embeds]
     started = time.time()

@@ -43,6 +43,18 @@ TEST_CASE("simulate --format json has the documented fields") {
   CHECK(r["mfu"].get<double>() < 1);
 }
 
+TEST_CASE("MFU reads n/a where costs are explicit: the times are the user's, not the config's GPU's") {
+  const std::string file = config("examples/explicit-costs.json");
+  const Output j = run("simulate " + file + " --format json");
+  REQUIRE(j.exit_code == 0);
+  CHECK(json::parse(j.text)["mfu"].is_null());
+  const Output text = run("simulate " + file);
+  CHECK(text.text.find("MFU n/a,") != std::string::npos);
+  const Output csv = run("compare " + file + " --schedules 1f1b --format csv");
+  REQUIRE(csv.exit_code == 0);
+  CHECK(csv.text.find(",n/a,") != std::string::npos);
+}
+
 TEST_CASE("compare prints one row per combination with speedup against the first") {
   const std::string args = "compare " + config("default.json") + " --schedules 1f1b,gpipe --vocab baseline,redistribute";
   const Output j = run(args + " --format json");

@@ -90,6 +90,19 @@ TEST_CASE("MFU follows the paper: 3(2BSHV + L(8BSH^2 + 4BS^2H + 4BSHF)) / (time 
   CHECK(s.metrics.tokens_per_s == Approx(B * S / seconds_taken));
 }
 
+TEST_CASE("MFU counts each layer's GEMMs as the model has them: grouped-query K/V and SwiGLU's three matrices") {
+  // The paper's 8BSH² assumes as many K/V heads as query heads, and its 4BSHF two MLP matrices;
+  // with g = kv_heads / heads and SwiGLU that is 4BSH²(1 + g) and 6BSHF.
+  Config c = parse_or_fail(explicit_json(2, 4, 1, 3, 5));
+  c.model.kv_heads = 1, c.model.mlp = MlpKind::SwiGlu, c.model.ffn_hidden = 96;
+  const Simulated s = simulate_or_fail(c);
+  const double B = 4, S = 32, H = 64, V = 1000, F = 96, L = 4, g = 1.0 / 4;
+  const double flops =
+      3 * (2 * B * S * H * V + L * (4 * B * S * H * H * (1 + g) + 6 * B * S * H * F + 4 * B * S * S * H));
+  const double seconds_taken = (4 + 2 - 1) * 8e-3;
+  CHECK(s.metrics.mfu == Approx(flops / (seconds_taken * 2 * 989e12)));
+}
+
 TEST_CASE("the work calibration fits is the work the analytic model times") {
   const Config c = parse_or_fail(kThreeStages);  // stage 1: one layer, no vocabulary layer
   const Plan plan = plan_or_fail(c);

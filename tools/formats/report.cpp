@@ -64,7 +64,7 @@ json run_json(const RunReport& r) {
           {"vocab_padding", r.vocab_padding},
           {"iteration_time_s", seconds(m.iteration_ns)},
           {"tokens_per_s", m.tokens_per_s},
-          {"mfu", r.measured ? json(nullptr) : json(m.mfu)},
+          {"mfu", r.mfu_defined ? json(m.mfu) : json(nullptr)},
           {"bubble_fraction", m.bubble_fraction},
           {"exposed_comm_s", seconds(max_exposed_comm(r))},
           {"peak_memory_bytes", max_peak(r)},
@@ -149,12 +149,17 @@ std::string format_table(const std::vector<Column>& columns, const std::vector<s
   return out;
 }
 
+std::string mfu_cell(const RunReport& report, int decimals) {
+  return report.mfu_defined ? fmt::format("{:.{}f}", 100 * report.metrics.mfu, decimals) : "n/a";
+}
+
 RunReport make_report(const Plan& plan, const std::string& cost_source, const RunMetrics& metrics) {
   RunReport r;
   r.config = plan.config.source;
   r.schedule = plan.config.schedule.name;
   r.vocab = plan.config.schedule.vocab;
   r.cost_source = cost_source;
+  r.mfu_defined = !plan.config.costs.has_value();
   r.parallel = plan.config.parallel;
   for (const VirtualStage& s : plan.layout.stages) r.layers_per_stage.push_back(s.layers);
   r.vocab_padding = plan.layout.padded_vocab - plan.config.model.vocab;
@@ -182,7 +187,7 @@ std::string format_run(const RunReport& r, Format format) {
       r.vocab_padding ? fmt::format("; vocabulary padded by {} rows to split evenly over {} devices", r.vocab_padding,
                                     r.parallel.pp)
                       : "",
-      m.iteration_ns / 1e6, m.tokens_per_s, r.measured ? "n/a" : fmt::format("{:.1f}%", 100 * m.mfu),
+      m.iteration_ns / 1e6, m.tokens_per_s, mfu_cell(r, 1) + (r.mfu_defined ? "%" : ""),
       100 * m.bubble_fraction, max_exposed_comm(r) / 1e6, memory_cell(mem(max_peak(r))), unit,
       mem(m.memory_capacity_bytes), unit,
       m.fits_in_memory ? "" : " -- DOES NOT FIT", m.memory_imbalance);
@@ -237,7 +242,7 @@ std::vector<Column> comparison_columns() {
 std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& reference) {
   const RunMetrics& m = r.metrics;
   return {r.config, r.schedule, r.vocab, fmt::format("{:.3f}", m.iteration_ns / 1e6), fmt::format("{:.0f}", m.tokens_per_s),
-          fmt::format("{:.2f}", 100 * m.mfu), fmt::format("{:.2f}", 100 * m.bubble_fraction),
+          mfu_cell(r, 2), fmt::format("{:.2f}", 100 * m.bubble_fraction),
           memory_cell(gib(max_peak(r))),
           fmt::format("{:.3f}", speedup(r, reference)),
           fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(reference))), m.fits_in_memory ? "yes" : "NO"};

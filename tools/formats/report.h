@@ -16,7 +16,9 @@ struct RunReport {
   std::string schedule;
   std::string vocab;
   std::string cost_source;  ///< analytic, explicit, or measured (...)
-  bool measured = false;    ///< from a real run: MFU is not reported (it is defined against the config's GPU)
+  /// MFU is the model's FLOPs against the config's GPU over the cost model's time: it has no meaning
+  /// for a measured run (another GPU, perhaps) or explicit costs (times the user gave), and reads n/a.
+  bool mfu_defined = true;
   ParallelConfig parallel;
   std::vector<int> layers_per_stage;
   int vocab_padding = 0;  ///< rows added so the vocabulary splits evenly over the devices
@@ -27,6 +29,9 @@ struct RunReport {
 /// A memory amount (GiB or MiB) as a table shows it: two decimals from 1 up; below, three significant
 /// digits (0.0123, 0.500), so that a small model's memory never reads 0.00. 0 is "0.00".
 std::string memory_cell(double amount);
+
+/// The run's MFU as a table shows it: a percentage with `decimals` digits, or n/a (see mfu_defined).
+std::string mfu_cell(const RunReport& report, int decimals);
 
 /// The largest device's peak memory (static + activations): the run's `peak_memory_bytes`.
 Bytes max_peak(const RunReport& report);

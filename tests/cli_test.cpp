@@ -306,6 +306,25 @@ TEST_CASE("export of a recomputing schedule leaves the R ops out and says so") {
   CHECK(run_stderr("export " + config("tiny.json")).text.empty());  // nothing to say without recomputation
 }
 
+TEST_CASE("export and import of a vocabulary-parallel schedule say that the mode is not in the file") {
+  const auto dir = scratch_dir();
+  const std::string csv = (dir / "v1.csv").string();
+  const Output exported = run_stderr("export " + config("tiny.json") + " --vocab vocab-1 -o " + csv);
+  REQUIRE(exported.exit_code == 0);
+  CHECK(exported.text == "pipesim: note: export: vocabulary mode vocab-1 is not in the file (PyTorch's format has no "
+                         "vocabulary passes): import it with --vocab vocab-1 to simulate the same schedule\n");
+  const Output imported = run_stderr("simulate " + config("tiny.json") + " --vocab vocab-1 --schedule-file " + csv);
+  CHECK(imported.exit_code == 0);
+  CHECK(imported.text == "pipesim: note: " + csv + ": the file's order is the transformer stages'; the vocabulary "
+                         "passes are placed by mode vocab-1 (PyTorch's format has none)\n");
+  // Same schedule as generated: the mode named again puts the passes back.
+  const Output generated = run("simulate " + config("tiny.json") + " --vocab vocab-1 --format json");
+  const Output loaded = run("simulate " + config("tiny.json") + " --vocab vocab-1 --schedule-file " + csv + " --format json");
+  REQUIRE(loaded.exit_code == 0);
+  CHECK(json::parse(loaded.text)["iteration_time_s"] == json::parse(generated.text)["iteration_time_s"]);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("export writes a PyTorch CSV that simulate --schedule-file runs to the same result") {
   const auto dir = scratch_dir();
   const std::string csv = (dir / "zbv.csv").string();

@@ -45,6 +45,9 @@ Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path
   Result<CustomSchedule> parsed = parse_schedule_csv(text.value(), path, config.parallel.pp, config.parallel.microbatches);
   if (!parsed.ok()) return parsed.error();
   for (const std::string& note : parsed.value().notes) fmt::print(stderr, "pipesim: note: {}\n", note);
+  if (config.schedule.vocab != "baseline")
+    fmt::print(stderr, "pipesim: note: {}: the file's order is the transformer stages'; the vocabulary passes are "
+                       "placed by mode {} (PyTorch's format has none)\n", path, config.schedule.vocab);
   return std::optional<CustomSchedule>(std::move(parsed).value());
 }
 

@@ -408,6 +408,27 @@ TEST_CASE("run writes a measured trace and a profile that simulate takes as its 
   CHECK_THAT(bad.text, Catch::Contains("bad.json: costs.forward_ms: expected a number"));
 }
 
+TEST_CASE("the simulate command run suggests for its profile is the model that was measured; another is refused") {
+  const auto dir = scratch_dir();
+  const std::string profile = (dir / "p.json").string();
+  const Output out = run("run " + config("tiny.json") + " --ranks 2 --vocab vocab-1 --set 'model.hidden=48' --profile " +
+                         profile);
+  REQUIRE(out.exit_code == 0);
+  const std::string expected = "pipesim simulate " + config("tiny.json") +
+                               " --vocab vocab-1 --set model.hidden=48 --set parallel.pp=2 --profile " + profile;
+  CHECK_THAT(out.text, Catch::Contains("profile written to " + profile + " (use: " + expected + ")"));
+  // The suggestion, run as printed (its first word is this binary), is accepted.
+  CHECK(run(expected.substr(std::string("pipesim ").size()) + " --format json").exit_code == 0);
+  // Without the run's --set the model differs: refused, naming the field.
+  const Output other = run_stderr("simulate " + config("tiny.json") + " --vocab vocab-1 --set parallel.pp=2 --profile " +
+                                  profile);
+  CHECK(other.exit_code == 1);
+  CHECK(other.text == "pipesim: error: " + profile + ": measured with model.hidden = 48, but this config has 32 "  // tiny.json's
+                          "; simulate the model the profile measured (the same --set flags as the run: `pipesim run "
+                          "--profile` prints the command)\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   const std::pair<std::string, std::string> cases[] = {
       {"tiny.json --set parallel.dp=2", "parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1"},

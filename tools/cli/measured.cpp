@@ -156,6 +156,34 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
             {"allreduce_ms", fastest(t.collectives)}}}};
 }
 
+namespace {
+
+/// A profile's costs are one model's ops on one pipeline size: timing another model with them would
+/// answer a question nobody asked. Profiles without the record (hand-written ones) are taken as they are.
+Status check_measured_shape(const json& profile, const Config& config, const std::string& path) {
+  const ModelConfig& m = config.model;
+  const std::pair<const char*, long long> fields[] = {
+      {"layers", m.layers},   {"hidden", m.hidden}, {"heads", m.heads},
+      {"ffn_hidden", m.ffn_hidden}, {"seq_len", m.seq_len}, {"vocab", m.vocab},
+      {"micro_batch_size", m.micro_batch_size}};
+  const auto mismatch = [&](const std::string& field, const json& measured, long long here) {
+    return Error{fmt::format("{}: measured with {} = {}, but this config has {}; simulate the model the profile "
+                             "measured (the same --set flags as the run: `pipesim run --profile` prints the command)",
+                             path, field, measured.dump(), here)};
+  };
+  if (const auto model = profile.find("model"); model != profile.end() && model->is_object())
+    for (const auto& [name, here] : fields)
+      if (const auto measured = model->find(name);
+          measured != model->end() && !(measured->is_number_integer() && measured->get<long long>() == here))
+        return mismatch(fmt::format("model.{}", name), *measured, here);
+  if (const auto pp = profile.find("pp");
+      pp != profile.end() && !(pp->is_number_integer() && pp->get<long long>() == config.parallel.pp))
+    return mismatch("parallel.pp", *pp, config.parallel.pp);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Config> apply_profile(Config config, std::string_view text, const std::string& path) {
   const json profile = json::parse(text, nullptr, false);
   if (profile.is_discarded() || !profile.is_object() || !profile.contains("costs") || !profile["costs"].is_object())
@@ -175,6 +203,7 @@ Result<Config> apply_profile(Config config, std::string_view text, const std::st
     // The counts must also fit this config (a profile of another model, or a hand edit).
     if (std::optional<FieldError> e = check_config(config)) return Error{fmt::format("{}: {}: {}", path, e->path, e->message)};
   }
+  if (Status same = check_measured_shape(profile, config, path); !same.ok()) return same.error();
   return config;
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <optional>
 
@@ -139,6 +140,32 @@ json run_result_json(const RunFlags& o, const RunReport& measured, const runtime
   return out;
 }
 
+/// `arg` as a POSIX shell reads it back: as is when it holds only characters no shell treats
+/// specially, else single-quoted.
+std::string shell_word(const std::string& arg) {
+  const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("_@%+=:,./-").find(c) != std::string_view::npos;
+  });
+  if (plain) return arg;
+  std::string quoted = "'";
+  for (const char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+/// The `pipesim simulate` command that times this run's plan with its profile: the same config, flags
+/// and pipeline size, so that the simulator is given the model that was measured.
+std::string simulate_command(const RunFlags& o, int pp) {
+  std::vector<std::string> args{"pipesim", "simulate", o.config};
+  if (!o.schedule.empty()) args.insert(args.end(), {"--schedule", o.schedule});
+  if (!o.schedule_file.empty()) args.insert(args.end(), {"--schedule-file", o.schedule_file});
+  if (!o.vocab.empty()) args.insert(args.end(), {"--vocab", o.vocab});
+  for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
+  args.insert(args.end(), {"--set", fmt::format("parallel.pp={}", pp), "--profile", o.profile});
+  std::string command;
+  for (const std::string& a : args) command += (command.empty() ? "" : " ") + shell_word(a);
+  return command;
+}
+
 void print_text(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
                 std::optional<TimeNs> predicted) {
   fmt::print("{}", format_run(measured, Format::Text));
@@ -158,7 +185,8 @@ void print_text(const RunFlags& o, const RunReport& measured, const runtime::Run
     fmt::print("check {}: bounds {:g} on the loss{}\n", r.check->passed() ? "passed" : "FAILED", r.check->loss_tolerance,
                r.check->grad_tolerance > 0 ? fmt::format(", {:g} on every gradient", r.check->grad_tolerance) : "");
   if (!o.trace.empty()) fmt::print("trace written to {} (open in ui.perfetto.dev)\n", o.trace);
-  if (!o.profile.empty()) fmt::print("profile written to {} (use: pipesim simulate {} --profile {})\n", o.profile, o.config, o.profile);
+  if (!o.profile.empty())
+    fmt::print("profile written to {} (use: {})\n", o.profile, simulate_command(o, measured.parallel.pp));
 }
 
 /// A diverged run trained nothing: its report would be NaN with exit status 0.

@@ -14,6 +14,7 @@
 
 namespace pipesim::runtime::cuda {
 
+bool cudnn_attention_built() { return false; }
 bool use_cudnn_attention() { return false; }
 bool attention_forward_cudnn(const void*, void*, float*, int, int, int, int, int, cudaStream_t) { return false; }
 bool attention_backward_cudnn(const void*, const void*, const float*, const void*, void*, int, int, int, int, int,
@@ -441,6 +442,9 @@ Descriptor* choose_plan(std::deque<Descriptor>& keep, cudnnHandle_t handle, cudn
 bool backward_needs_lengths(int seq) { return seq % 128 != 0 && cudnnGetVersion() <= 91500; }
 
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Key& key) {
+  // The engines' own limits (Hopper; 128 elsewhere): refused here with a plain message rather than
+  // by heuristics that find nothing.
+  if (key.d % 8 != 0 || key.d > 256) throw CudaError("the engines need a head width that is a multiple of 8, at most 256");
   const Views v{key.batch, key.seq, key.heads, key.kv_heads, key.d, std::int64_t(key.heads + 2 * key.kv_heads) * key.d};
   auto plan = std::make_unique<Plan>();
   plan->scale = 1.0f / std::sqrt(float(key.d));
@@ -529,8 +533,8 @@ struct Binding {
 /// Runs `key`'s plan with the caller's tensors; false when cuDNN has no engine for it.
 template <class Bind>
 bool run(const Key& key, cudaStream_t stream, Bind bind) {
-  if (key.d % 8 != 0 || key.kv_heads < 1 || key.heads % key.kv_heads != 0)
-    throw CudaError("attention (cuDNN): need head width a multiple of 8 and heads divisible by kv_heads; got " +
+  if (key.batch < 1 || key.seq < 1 || key.d < 1 || key.kv_heads < 1 || key.heads % key.kv_heads != 0)
+    throw CudaError("attention (cuDNN): need batch, seq, d, kv_heads >= 1 and heads divisible by kv_heads; got " +
                     key.name());
   Lease lease(key.device);
   Context& context = *lease;
@@ -606,6 +610,8 @@ Columns columns(int heads, int kv_heads, int d) {
 using bf16_bits = std::uint16_t;  // pointer arithmetic only
 
 }  // namespace
+
+bool cudnn_attention_built() { return true; }
 
 bool use_cudnn_attention() {
   static const bool use = [] {

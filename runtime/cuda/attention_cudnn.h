@@ -33,6 +33,9 @@
 
 namespace pipesim::runtime::cuda {
 
+/// Whether this build has cuDNN (Meson found it).
+bool cudnn_attention_built();
+
 /// Whether bf16 attention should go through cuDNN: built with cuDNN and the environment variable
 /// PIPESIM_ATTENTION (read once) is unset or "cudnn"; "gemm" selects attention_gemm.h instead, for
 /// comparing the two. Any other value throws CudaError.

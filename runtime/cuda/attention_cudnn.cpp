@@ -392,8 +392,9 @@ void build_backward(GraphBuilder& g, const Views& v, bool deterministic, bool se
   g.reshape(ds, dst);
   head_sum_product(dst, q, dk);
 
-  // dQ = dS·K: K is the score GEMM's Kᵀ seen untransposed.
-  const Tensor k = g.virtual_tensor(v.kv_dims(), v.q_strides(), CUDNN_DATA_BFLOAT16);
+  // dQ = dS·K: K is the score GEMM's Kᵀ seen untransposed (typed fp32 like the graph's other
+  // intermediates, as the engines' pattern has it; dS, its other operand, is fp32 too).
+  const Tensor k = g.virtual_tensor(v.kv_dims(), v.q_strides(), CUDNN_DATA_FLOAT);
   g.reshape(kt, k);
   if (deterministic) {
     g.matmul(ds, k, dq, {lq, nullptr, lkv});
@@ -410,7 +411,12 @@ Descriptor* choose_plan(std::deque<Descriptor>& keep, cudnnHandle_t handle, cudn
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINEHEUR_MODE, mode);
-    if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) continue;
+    if (const cudnnStatus_t status = cudnnBackendFinalize(heuristics.get()); status != CUDNN_STATUS_SUCCESS) {
+      char detail[512] = "";
+      cudnnGetLastErrorString(detail, sizeof detail);
+      problems = std::string("heuristics: ") + cudnnGetErrorString(status) + " " + detail;
+      continue;
+    }
     std::int64_t count = 0;
     CUDNN_CHECK(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
@@ -445,6 +451,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Key& key) {
   // The engines' own limits (Hopper; 128 elsewhere): refused here with a plain message rather than
   // by heuristics that find nothing.
   if (key.d % 8 != 0 || key.d > 256) throw CudaError("the engines need a head width that is a multiple of 8, at most 256");
+  if (key.seq == 1) throw CudaError("the engines do not take seq = 1");
   const Views v{key.batch, key.seq, key.heads, key.kv_heads, key.d, std::int64_t(key.heads + 2 * key.kv_heads) * key.d};
   auto plan = std::make_unique<Plan>();
   plan->scale = 1.0f / std::sqrt(float(key.d));

@@ -1,6 +1,6 @@
 #pragma once
 /// Causal attention for bf16 runs through cuDNN's fused flash-attention engines: forward and
-/// backward each one cudnnBackendExecute, no seq × seq matrix in memory. Grouped-query attention is
+/// backward each one cudnnBackendExecute, no fp32 score matrix anywhere. Grouped-query attention is
 /// supported (K and V with `kv_heads` heads, each shared by heads / kv_heads query heads).
 ///
 /// API: cuDNN 9's backend (graph) API in C -- cudnnBackendCreateDescriptor, SetAttribute, Finalize,
@@ -22,7 +22,11 @@
 /// dqkv is freshly zeroed scratch, where the two agree. Deterministic backward (the default): dQ
 /// is computed by the engine variant that gives each element one writer (the frontend's "dP
 /// workspace" graph, in which the dS·K product writes dQ directly); without it dQ goes through an
-/// fp32 accumulator the engine adds into atomically, faster but not bitwise repeatable.
+/// fp32 accumulator the engine adds into atomically, faster but not bitwise repeatable. The
+/// deterministic form's workspace holds dP in bf16 (the frontend sizes it batch·heads·seq²·2 bytes:
+/// 256 MiB for 32 heads at seq 2048); the plan reports the size and the stream's pool provides it.
+/// There is no separate determinism knob on Hopper: the graph's form is the setting. (On Blackwell
+/// the deterministic engine is chosen by engine knobs this code does not set.)
 ///
 /// Plans are built once per (batch, seq, heads, kv_heads, d, deterministic, device) and kept for the
 /// process; workspace comes from the stream's pool per call. Requirements of the engines: d a

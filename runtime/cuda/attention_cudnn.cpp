@@ -51,20 +51,26 @@ using Dims = std::vector<std::int64_t>;
 /// call site reads as "attribute = value".
 class Descriptor {
  public:
-  explicit Descriptor(cudnnBackendDescriptorType_t type) { CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &desc_)); }
+  explicit Descriptor(cudnnBackendDescriptorType_t type) : type_(type) {
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &desc_));
+  }
   ~Descriptor() {
     if (desc_ != nullptr) static_cast<void>(cudnnBackendDestroyDescriptor(desc_));
   }
-  Descriptor(Descriptor&& other) noexcept : desc_(std::exchange(other.desc_, nullptr)) {}
+  Descriptor(Descriptor&& other) noexcept : desc_(std::exchange(other.desc_, nullptr)), type_(other.type_) {}
   Descriptor& operator=(Descriptor&&) = delete;
   Descriptor(const Descriptor&) = delete;
   Descriptor& operator=(const Descriptor&) = delete;
 
   cudnnBackendDescriptor_t get() const { return desc_; }
 
+  /// A failure names the descriptor type and attribute by their numbers in cudnn_graph.h, since
+  /// the line is the same for every attribute.
   Descriptor& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, std::int64_t count,
                   const void* values) {
-    CUDNN_CHECK(cudnnBackendSetAttribute(desc_, name, type, count, values));
+    if (const cudnnStatus_t status = cudnnBackendSetAttribute(desc_, name, type, count, values);
+        status != CUDNN_STATUS_SUCCESS)
+      fail(status, "setting attribute " + std::to_string(int(name)));
     return *this;
   }
   Descriptor& set(cudnnBackendAttributeName_t name, std::int64_t value) {
@@ -93,12 +99,22 @@ class Descriptor {
     return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
   }
   Descriptor& finalize() {
-    CUDNN_CHECK(cudnnBackendFinalize(desc_));
+    if (const cudnnStatus_t status = cudnnBackendFinalize(desc_); status != CUDNN_STATUS_SUCCESS)
+      fail(status, "finalizing");
     return *this;
   }
 
  private:
+  /// CUDNN_CHECK's message, with the descriptor type and what was being done in place of the call.
+  [[noreturn]] void fail(cudnnStatus_t status, const std::string& what) const {
+    char detail[1024] = "";
+    cudnnGetLastErrorString(detail, sizeof detail);
+    const std::string call = "cuDNN descriptor type " + std::to_string(int(type_)) + ", " + what;
+    throw_cuda_error(__FILE__, __LINE__, call.c_str(), std::string(cudnnGetErrorString(status)) + " (" + detail + ")");
+  }
+
   cudnnBackendDescriptor_t desc_ = nullptr;
+  cudnnBackendDescriptorType_t type_;
 };
 
 // The graph and plan descriptors still take the handle on the cuDNN 9 versions GPUs run (9.14);

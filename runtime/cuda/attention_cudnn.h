@@ -29,7 +29,9 @@
 /// the deterministic engine is chosen by engine knobs this code does not set.)
 ///
 /// Plans are built once per (batch, seq, heads, kv_heads, d, deterministic, device) and kept for the
-/// process; workspace comes from the stream's pool per call. Requirements of the engines: d a
+/// process; workspace comes from the stream's pool per call. On Hopper the engines are compiled at
+/// run time (NVRTC, through the driver), so the first call of a shape takes longer than the rest:
+/// a benchmark should time steps after the first. Requirements of the engines: d a
 /// multiple of 8, at most 128 (256 on Hopper), a GPU of compute capability 8.0 or later.
 #include <cuda_runtime_api.h>
 

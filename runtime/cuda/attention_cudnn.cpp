@@ -584,7 +584,7 @@ bool run(const Key& key, cudaStream_t stream, Bind bind) {
   binding.add(kNegativeInfinity, &plan->negative_infinity);
   // Scratch from the stream's pool: the backward's D (and dQ accumulator), then the workspace.
   const std::size_t rows = std::size_t(key.batch) * std::size_t(key.heads) * std::size_t(key.seq);
-  const std::size_t sum_bytes = key.backward ? rows * sizeof(float) : 0;
+  const std::size_t sum_bytes = key.backward ? (rows * sizeof(float) + 255) / 256 * 256 : 0;  // keeps the next aligned
   const std::size_t accumulator_bytes = plan->accumulator ? rows * std::size_t(key.d) * sizeof(float) : 0;
   const std::size_t workspace_at = (sum_bytes + accumulator_bytes + 255) / 256 * 256;
   const std::size_t bytes = workspace_at + std::size_t(plan->workspace);

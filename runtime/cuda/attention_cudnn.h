@@ -50,6 +50,9 @@ bool use_cudnn_attention();
 /// The forward: out and lse as above. Returns false, having changed nothing, when this build has no
 /// cuDNN or cuDNN has no engine for the shape (the reason goes to stderr once per shape, and to
 /// cudnn_attention_last_problem()); the caller then runs attention_forward_gemm. Other failures throw.
+/// Falling back rather than failing: a shape without an engine (a head width, an older GPU or cuDNN)
+/// still trains, at the unfused path's speed, and the stderr line says why; the GPU test counts a
+/// refusal as a failure, so a graph the engines stop accepting cannot pass unnoticed there.
 bool attention_forward_cudnn(const void* qkv, void* out, float* lse, int batch, int seq, int heads, int kv_heads,
                              int head_dim, cudaStream_t stream);
 /// The backward: dqkv (=) from qkv, the forward's out and lse, and dout. Same return contract.

@@ -13,6 +13,7 @@ constexpr pipesim::cuda_test::CheckGroup kGroups[] = {
     {"gemm", pipesim::cuda_test::check_gemm},
     {"layer kernels", pipesim::cuda_test::check_layer_kernels},
     {"attention", pipesim::cuda_test::check_attention},
+    {"cudnn attention", pipesim::cuda_test::check_attention_cudnn},
     {"vocabulary", pipesim::cuda_test::check_vocab},
     {"embedding", pipesim::cuda_test::check_embedding},
 };

@@ -17,8 +17,9 @@
 
 #include "cuda/check.h"
 #include "cuda/device_model.h"
-#include "cuda/event_clock.h"
+#include "cuda/attention_cudnn.h"
 #include "cuda/attention_gemm.h"
+#include "cuda/event_clock.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/reduce.h"
@@ -329,10 +330,13 @@ class CudaBackend final : public Backend {
     c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
     c.attention = activation();
     c.lse = scratch(std::size_t(shape_.batch) * std::size_t(shape_.heads) * std::size_t(shape_.seq), DType::F32);
-    if (dtype() == DType::BF16)  // tensor cores; the fp32 kernels stay the checked path
-      attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_,
-                             shape_.heads, stream());
-    else
+    if (dtype() == DType::BF16) {  // tensor cores: cuDNN, else cuBLASLt; the fp32 kernels stay the checked path
+      if (!use_cudnn_attention() ||
+          !attention_forward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
+                                   shape_.heads, shape_.heads, h_ / shape_.heads, stream()))
+        attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_,
+                               shape_.heads, stream());
+    } else
       attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, shape_.heads,
                         dtype(), stream());
     c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_);
@@ -361,10 +365,13 @@ class CudaBackend final : public Backend {
                        w.ln2_gain.grad.get(), w.ln2_bias.grad.get(), n_, h_, dtype(), stream());
     Tensor dattention = activation(), dqkv = scratch(3 * activation_size(), dtype());
     linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, keep ? &keep->proj_dy : nullptr);
-    if (dtype() == DType::BF16)
-      attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(),
-                              shape_.batch, shape_.seq, h_, shape_.heads, stream());
-    else
+    if (dtype() == DType::BF16) {  // cuDNN writes dqkv (=): the same here, dqkv being fresh zeros
+      if (!use_cudnn_attention() ||
+          !attention_backward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(),
+                                    shape_.batch, shape_.seq, shape_.heads, shape_.heads, h_ / shape_.heads, stream()))
+        attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(),
+                                shape_.batch, shape_.seq, h_, shape_.heads, stream());
+    } else
       attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
                          shape_.seq, h_, shape_.heads, dtype(), stream());
     Tensor dln1 = activation();

@@ -88,6 +88,8 @@ struct CheckGroup {
 void check_layer_kernels(Report& report);
 void check_gemm(Report& report);
 void check_attention(Report& report);
+/// cuDNN's bf16 attention (attention_cudnn.h); says so and checks nothing in builds without cuDNN.
+void check_attention_cudnn(Report& report);
 void check_vocab(Report& report);
 void check_embedding(Report& report);
 

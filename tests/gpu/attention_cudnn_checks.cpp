@@ -1,0 +1,154 @@
+// cuDNN's fused attention (attention_cudnn.h) against the fp32 flash kernels on the same
+// bf16-rounded inputs: forward out and lse, backward dQ, dK, dV, for equal heads and grouped-query
+// shapes, sequence lengths off the engines' 64 and 128 tiles, batch 2; and the deterministic
+// backward twice, bitwise. Grouped-query shapes are checked through an equivalent full-head input
+// (each K/V head repeated for the query heads that share it), whose dK and dV are then summed back
+// over each group. Each tensor's line gives the largest error relative to |want| + rms(want) and the
+// elements over bf16's tolerance; the line after it the largest absolute error.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "cuda/attention_cudnn.h"
+#include "cuda/kernels.h"
+#include "harness.h"
+
+namespace pipesim::cuda_test {
+namespace {
+
+namespace gpu = runtime::cuda;
+
+struct Case {
+  int batch, seq, heads, kv_heads, d;
+};
+
+/// Compares and adds the absolute error, which bf16 results are easier to judge by.
+void compare(Report& report, const std::string& kernel, const std::string& shape, const std::string& tensor,
+             const std::vector<float>& got, const std::vector<float>& want) {
+  report.compare(kernel, shape, DType::BF16, tensor, got, want, kBF16);
+  double abs_error = 0, largest = 0;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    abs_error = std::max(abs_error, double(std::abs(got[i] - want[i])));
+    largest = std::max(largest, double(std::abs(want[i])));
+  }
+  std::printf("  %s: max |got - want| = %.3e (max |want| = %.3e)\n", tensor.c_str(), abs_error, largest);
+}
+
+/// A refused call is a failure here (the backend would quietly fall back to cuBLASLt): one wrong
+/// element, with cuDNN's reason printed.
+bool ran(Report& report, bool ok, const std::string& kernel, const std::string& shape) {
+  if (!ok) {
+    std::printf("%s %s: cuDNN refused: %s\n", kernel.c_str(), shape.c_str(), gpu::cudnn_attention_last_problem().c_str());
+    report.compare(kernel, shape, DType::BF16, "ran", std::vector<float>{0.0f}, std::vector<float>{1.0f}, 0);
+  }
+  return ok;
+}
+
+void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c) {
+  const std::string shape = shape_name(
+      {{"b", c.batch}, {"s", c.seq}, {"heads", c.heads}, {"kv", c.kv_heads}, {"d", c.d}});
+  const int group = c.heads / c.kv_heads, h = c.heads * c.d, kv = c.kv_heads * c.d;
+  const int width = h + 2 * kv;  // cuDNN's packed row
+  const std::size_t n = std::size_t(c.batch) * c.seq;
+  const auto qkv = rounded(random_values(n * std::size_t(width), rng, -2, 2), DType::BF16);
+  const auto dout = rounded(random_values(n * std::size_t(h), rng), DType::BF16);
+
+  // The reference input: K and V heads repeated per query head, rows [q | k | v] of width 3h.
+  std::vector<float> full(n * 3 * std::size_t(h));
+  for (std::size_t row = 0; row < n; ++row)
+    for (int head = 0; head < c.heads; ++head)
+      for (int e = 0; e < c.d; ++e) {
+        const std::size_t at = row * 3 * std::size_t(h) + std::size_t(head) * c.d + std::size_t(e);
+        const std::size_t from = row * std::size_t(width) + std::size_t(head / group) * c.d + std::size_t(e);
+        full[at] = qkv[row * std::size_t(width) + std::size_t(head) * c.d + std::size_t(e)];
+        full[at + std::size_t(h)] = qkv[from + std::size_t(h)];
+        full[at + 2 * std::size_t(h)] = qkv[from + std::size_t(h + kv)];
+      }
+  const std::size_t stats = std::size_t(c.batch) * c.heads * c.seq;
+  Tensor full_d(full, DType::F32), ref_out(n * h, DType::F32), ref_lse(stats, DType::F32), dout_f(dout, DType::F32),
+      ref_dfull(n * 3 * std::size_t(h), DType::F32);
+  gpu::attention_forward(full_d.get(), ref_out.get(), static_cast<float*>(ref_lse.get()), c.batch, c.seq, h, c.heads,
+                         DType::F32, stream.get());
+  gpu::attention_backward(full_d.get(), ref_out.get(), static_cast<const float*>(ref_lse.get()), dout_f.get(),
+                          ref_dfull.get(), c.batch, c.seq, h, c.heads, DType::F32, stream.get());
+  stream.sync();
+  // Back to cuDNN's packed row: dQ as is, dK and dV summed over each group.
+  const auto dfull = ref_dfull.download();
+  std::vector<float> want_dqkv(n * std::size_t(width), 0.0f);
+  for (std::size_t row = 0; row < n; ++row)
+    for (int head = 0; head < c.heads; ++head)
+      for (int e = 0; e < c.d; ++e) {
+        const std::size_t at = row * 3 * std::size_t(h) + std::size_t(head) * c.d + std::size_t(e);
+        const std::size_t to = row * std::size_t(width) + std::size_t(head / group) * c.d + std::size_t(e);
+        want_dqkv[row * std::size_t(width) + std::size_t(head) * c.d + std::size_t(e)] = dfull[at];
+        want_dqkv[to + std::size_t(h)] += dfull[at + std::size_t(h)];
+        want_dqkv[to + std::size_t(h + kv)] += dfull[at + 2 * std::size_t(h)];
+      }
+
+  Tensor qkv_d(qkv, DType::BF16), out_d(n * h, DType::BF16), lse_d(stats, DType::F32), dout_d(dout, DType::BF16);
+  if (!ran(report, gpu::attention_forward_cudnn(qkv_d.get(), out_d.get(), static_cast<float*>(lse_d.get()), c.batch,
+                                                c.seq, c.heads, c.kv_heads, c.d, stream.get()),
+           "attention_forward_cudnn", shape))
+    return;
+  stream.sync();
+  compare(report, "attention_forward_cudnn", shape, "out", out_d.download(), ref_out.download());
+  compare(report, "attention_forward_cudnn", shape, "lse", lse_d.download(), ref_lse.download());
+
+  // The backward from cuDNN's own forward, as a bf16 run computes it; dqkv starts as garbage, since
+  // the backward writes rather than adds.
+  const auto split = [&](const std::vector<float>& packed, int part) {  // 0: dQ, 1: dK, 2: dV
+    const int from = part == 0 ? 0 : part == 1 ? h : h + kv, count = part == 0 ? h : kv;
+    std::vector<float> values;
+    for (std::size_t row = 0; row < n; ++row)
+      values.insert(values.end(), packed.begin() + std::ptrdiff_t(row * std::size_t(width) + std::size_t(from)),
+                    packed.begin() + std::ptrdiff_t(row * std::size_t(width) + std::size_t(from + count)));
+    return values;
+  };
+  const auto garbage = rounded(random_values(n * std::size_t(width), rng), DType::BF16);
+  std::vector<float> first;
+  for (const bool deterministic : {true, false}) {
+    const std::string kernel = deterministic ? "attention_backward_cudnn" : "attn_backward_cudnn (nondet)";
+    Tensor dqkv_d(garbage, DType::BF16);
+    const bool ok = gpu::attention_backward_cudnn(qkv_d.get(), out_d.get(), static_cast<const float*>(lse_d.get()),
+                                                  dout_d.get(), dqkv_d.get(), c.batch, c.seq, c.heads, c.kv_heads, c.d,
+                                                  stream.get(), deterministic);
+    if (!deterministic && !ok) {  // optional: the backend always asks for the deterministic one
+      std::printf("%s %s: not offered (%s); not counted\n", kernel.c_str(), shape.c_str(),
+                  gpu::cudnn_attention_last_problem().c_str());
+      continue;
+    }
+    if (!ran(report, ok, kernel, shape)) continue;
+    stream.sync();
+    const auto got = dqkv_d.download();
+    for (int part = 0; part < 3; ++part)
+      compare(report, kernel, shape, part == 0 ? "dQ" : part == 1 ? "dK" : "dV", split(got, part),
+              split(want_dqkv, part));
+    if (deterministic) first = got;
+  }
+  if (first.empty()) return;
+  Tensor again(garbage, DType::BF16);
+  ran(report,
+      gpu::attention_backward_cudnn(qkv_d.get(), out_d.get(), static_cast<const float*>(lse_d.get()), dout_d.get(),
+                                    again.get(), c.batch, c.seq, c.heads, c.kv_heads, c.d, stream.get(), true),
+      "attention_backward_cudnn", shape);
+  stream.sync();
+  report.compare_bits("attention_backward_cudnn rerun", shape, DType::BF16, "dqkv", again.download(), first);
+}
+
+}  // namespace
+
+void check_attention_cudnn(Report& report) {
+  if (!runtime::cuda::cudnn_attention_built()) {
+    std::printf("cudnn attention: not checked, this build has no cuDNN\n");
+    return;
+  }
+  Stream stream;
+  std::mt19937 rng(5);
+  // seq 128: whole tiles; 100 and 77: off the 64 and 128 tiles (77 also odd); 200 with GQA 8:2;
+  // MQA (kv_heads 1); d 64 and 128 (GPT-2 and Llama sizes), 32.
+  const Case cases[] = {{1, 128, 4, 4, 64}, {2, 100, 4, 4, 64}, {2, 200, 8, 2, 64},
+                        {1, 77, 4, 1, 128}, {2, 64, 2, 2, 32}};
+  for (const Case& c : cases) run_case(report, stream, rng, c);
+}
+
+}  // namespace pipesim::cuda_test

@@ -33,6 +33,11 @@ TEST_CASE("mpirun -np 4 runs the same check across processes") {
                                   " --inject-fault 1:F:2:hang --timeout 2", true);
   CHECK(hang.exit_code != 0);
   CHECK_THAT(hang.text, Catch::Contains(": no progress for 2 s; waiting on "));
+  // A process that dies without a word (SIGKILL) ends the job too, and mpirun names it.
+  const Output killed = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " +
+                                    config("tiny.json") + " --inject-fault 2:F:1:kill --timeout 5", true);
+  CHECK(killed.exit_code != 0);
+  CHECK_THAT(killed.text, Catch::Contains("rank 2"));
 }
 
 int main(int argc, char** argv) {

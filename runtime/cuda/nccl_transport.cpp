@@ -59,7 +59,9 @@ class NcclRequest final : public Request {
   /// it would fire before the transfer was launched.
   NcclRequest(const NcclComm& c, ncclResult_t issued, const AbortFlag& aborted)
       : c_(c), aborted_(aborted), enqueued_(issued == ncclSuccess) {
-    if (issued != ncclSuccess && issued != ncclInProgress) fail(issued);
+    if (issued != ncclSuccess && issued != ncclInProgress)  // this rank's call: the executor names the op
+      throw CudaError(fmt::format("the NCCL call failed: NCCL error {} ({}): {}", int(issued), ncclGetErrorString(issued),
+                                  ncclGetLastError(c_.comm)));
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     if (enqueued_) CUDA_CHECK(cudaEventRecord(event_, c_.stream));
   }

@@ -101,13 +101,18 @@ class CollectiveLane final : public Communicator {
   std::unique_ptr<Request> send(Buffer, int) override { throw std::logic_error("send on a collective lane"); }
   std::unique_ptr<Request> recv(Buffer, int) override { throw std::logic_error("recv on a collective lane"); }
   std::unique_ptr<Request> all_reduce(Buffer b, ReduceOp op) override {
-    return std::make_unique<NcclRequest>(c_, ncclAllReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), c_.comm, c_.stream), aborted_);
+    const ncclResult_t issued =
+        ncclAllReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
   std::unique_ptr<Request> broadcast(Buffer b, int root) override {
-    return std::make_unique<NcclRequest>(c_, ncclBroadcast(b.data, b.data, b.count, nccl_type(b.dtype), root, c_.comm, c_.stream), aborted_);
+    const ncclResult_t issued = ncclBroadcast(b.data, b.data, b.count, nccl_type(b.dtype), root, c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
   std::unique_ptr<Request> reduce(Buffer b, ReduceOp op, int root) override {
-    return std::make_unique<NcclRequest>(c_, ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c_.comm, c_.stream), aborted_);
+    const ncclResult_t issued =
+        ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
 
  private:
@@ -304,7 +309,8 @@ class NcclTransport final : public Transport {
     const auto start = Clock::now();
     while (!request->done()) {
       if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
-        throw std::runtime_error(fmt::format("no progress for {:g} s exchanging NCCL set-up over MPI (--timeout sets the limit)", timeout_s_));
+        throw std::runtime_error(
+            fmt::format("no progress for {:g} s exchanging NCCL set-up over MPI (--timeout sets the limit)", timeout_s_));
       control_->wait_for_progress(0.001);
     }
   }

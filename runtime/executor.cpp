@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <thread>
 
 #include "cpu/hash.h"
@@ -258,9 +260,13 @@ void RankExecutor::complete(TaskId id, TimeNs end) {
 
 void RankExecutor::inject_fault(TaskId id, const std::stop_token& stop) {
   const Task& t = graph_.task(id);
-  if (!options_.fault || options_.fault->rank != rank_ || options_.fault->kind != t.kind ||
+  if (!options_.fault || options_.fault->at_setup || options_.fault->rank != rank_ || options_.fault->kind != t.kind ||
       options_.fault->microbatch != t.microbatch || step_ != 0)
     return;
+  if (options_.fault->kill) {  // no message, no abort: the other ranks must find out for themselves
+    std::fflush(nullptr);
+    std::raise(SIGKILL);
+  }
   if (!options_.fault->hang) throw RankFailure(fmt::format("rank {} failed at {}: injected fault", rank_, graph_.describe(id)));
   // A hung rank answers nothing until the run is ended around it.
   while (!comm_.aborted() && !stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -24,6 +24,10 @@ struct InjectedFault {
   OpKind kind = OpKind::F;
   int microbatch = 0;
   bool hang = false;  ///< stop responding instead of failing
+  bool kill = false;  ///< end the process with SIGKILL, as a crash would (one process per rank: MPI)
+  /// Not at an op but while the rank connects to the others (MPI: before its NCCL communicators), so
+  /// that the others time out creating theirs. `kind` and `microbatch` are then unused.
+  bool at_setup = false;
 };
 
 /// Where each rank computes.
@@ -33,6 +37,8 @@ struct RunOptions {
   BackendKind backend = BackendKind::Cpu;
   DType dtype = DType::F32;  ///< weights and activations (the CPU backend runs fp32 only)
   int device = -1;  ///< CUDA: this process's GPU (one rank per process, under MPI); -1: ranks of one process share the GPUs
+  /// CUDA under MPI: several processes may share a GPU, NCCL over sockets (cuda::NcclOptions::share_gpu).
+  bool ranks_share_gpu = false;
   int steps = 1;
   std::uint64_t seed = 1234;
   float learning_rate = 0.1f;

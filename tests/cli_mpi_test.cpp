@@ -1,5 +1,5 @@
-// `mpirun -np 4 pipesim run`: one process per rank, the check against the reference, and a failing or
-// hung process ending the job. $PIPESIM_MPIRUN names mpirun (tests/meson.build); it is empty when
+// `mpirun -np 4 pipesim run`: one process per rank, the check against the reference, and a failing,
+// hung or killed process ending the job. $PIPESIM_MPIRUN names mpirun (tests/meson.build); it is empty when
 // pipesim was built without MPI or no mpirun was found, and then this test exits 77 before any test
 // runs, which Meson reports as SKIP.
 #define CATCH_CONFIG_RUNNER
@@ -33,6 +33,16 @@ TEST_CASE("mpirun -np 4 runs the same check across processes") {
                                   " --inject-fault 1:F:2:hang --timeout 2", true);
   CHECK(hang.exit_code != 0);
   CHECK_THAT(hang.text, Catch::Contains(": no progress for 2 s; waiting on "));
+  // A process that dies without a word (SIGKILL) ends the job too, and mpirun names it.
+  const Output killed = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " +
+                                    config("tiny.json") + " --inject-fault 2:F:1:kill --timeout 5", true);
+  CHECK(killed.exit_code != 0);
+  CHECK_THAT(killed.text, Catch::Contains("rank 2"));
+  // A rank that hangs before it connects (before NCCL's communicators on a GPU) is found by the others.
+  const Output setup = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " +
+                                   config("tiny.json") + " --inject-fault 1:setup:hang --timeout 2", true);
+  CHECK(setup.exit_code != 0);
+  CHECK_THAT(setup.text, Catch::Contains(": no progress for 2 s waiting for the start-of-step barrier"));
 }
 
 int main(int argc, char** argv) {

@@ -435,7 +435,11 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
       {"default.json", "model: the runtime's model is a GPT (multi-head attention, GELU MLP); set model.mlp to \"gelu\" "
                        "and model.kv_heads to model.heads (32) to run this shape"},
       {"default.json --set model.mlp=gelu --set model.kv_heads=32", "model: the CPU runtime would need about"},
-      {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang]"},
+      {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang|:kill]"},
+      {"tiny.json --inject-fault 1:F:0:kill", "kill needs one process per rank (mpirun)"},
+      {"tiny.json --inject-fault 1:setup:hang", "setup faults are for MPI runs"},
+      {"tiny.json --inject-fault 1:setup:stall", "expected RANK:KIND:MICROBATCH[:hang|:kill]"},
+      {"tiny.json --ranks-share-gpu", "--ranks-share-gpu: only for --backend cuda under mpirun"},
       {"tiny.json --inject-fault 9:F:0", "--inject-fault '9:F:0': rank 9 has no F op of microbatch 0 (ranks 0..3"},
       {"tiny.json --dtype bf16", "--dtype bf16: the CPU backend computes in fp32; use --dtype fp32 or --backend cuda"},
   };

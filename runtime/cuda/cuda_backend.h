@@ -37,11 +37,19 @@ Memory& device_memory();
 /// the GPUs there.
 int local_device(int rank);
 
+struct NcclOptions {
+  /// Let several processes use one GPU: each rank its own NCCL host identity, NCCL over TCP on the
+  /// loopback interface (no CUDA IPC, no shared memory). For testing the NCCL path on one GPU; slow.
+  bool share_gpu = false;
+  double timeout_s = 60;  ///< creating a communicator: longer than this fails the rank (a peer died or hangs)
+};
+
 /// One MPI process's transport on GPU `device`: NCCL communicators for the IR's lanes (one per
 /// collective lane, and one 2-rank communicator per point-to-point channel that `graph` uses, so
 /// channels never queue behind each other as the IR's separate streams never do), and `control`
 /// (MPI, host memory) for the control lane and for handing out NCCL's unique ids. Refuses, naming
-/// both ranks, two ranks on one GPU, which NCCL does not allow.
-std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device);
+/// both ranks, two ranks on one GPU, which NCCL does not allow, unless `options.share_gpu`.
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device,
+                                               const NcclOptions& options);
 
 }  // namespace pipesim::runtime::cuda

@@ -45,8 +45,9 @@ Memory& device_memory() { return api().device_memory(); }
 
 int local_device(int rank) { return plugin().api ? plugin().api->local_device(rank) : 0; }
 
-std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device) {
-  return api().make_nccl_transport(std::move(control), graph, device);
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device,
+                                               const NcclOptions& options) {
+  return api().make_nccl_transport(std::move(control), graph, device, options);
 }
 
 }  // namespace pipesim::runtime::cuda

@@ -1,11 +1,21 @@
-// NCCL under MPI: one process per GPU. Every NCCL call is enqueued on its communicator's own stream
-// and completes when the event recorded after it has fired; a communicator that reports an error
-// fails the request, and an abort (a failing rank, or the executor's --timeout) calls ncclCommAbort
-// on every communicator of this rank before the MPI job is ended.
+// NCCL under MPI: one process per GPU, or, for testing, several processes on one GPU over sockets
+// (NcclOptions::share_gpu). Every NCCL call is enqueued on its communicator's own stream and completes
+// when the event recorded after it has fired; a communicator that reports an error fails the request,
+// and an abort (a failing rank, or the executor's --timeout) calls ncclCommAbort on every
+// communicator of this rank before the MPI job is ended.
+//
+// Communicators are non-blocking (ncclConfig_t::blocking = 0): creating one, and the first call on a
+// lane (NCCL connects peers on first use), return at once and finish in NCCL's own threads, so a
+// rank whose peer died or hangs is never stuck inside NCCL: creation is polled against the run's
+// --timeout, and a call still being enqueued is polled by its request like the transfer itself.
 #include <fmt/format.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -39,53 +49,75 @@ struct NcclComm {
   cudaStream_t stream = nullptr;
 };
 
+/// Read by the requests on the communication thread, set by abort() on whichever thread failed.
+using AbortFlag = std::atomic<bool>;
+
 class NcclRequest final : public Request {
  public:
-  NcclRequest(const NcclComm& c, const bool& aborted) : comm_(c.comm), aborted_(aborted) {
+  /// `issued`: what the NCCL call returned. ncclInProgress (a non-blocking communicator still
+  /// connecting or enqueueing) defers the event until the call has reached the stream: recorded now,
+  /// it would fire before the transfer was launched.
+  NcclRequest(const NcclComm& c, ncclResult_t issued, const AbortFlag& aborted)
+      : c_(c), aborted_(aborted), enqueued_(issued == ncclSuccess) {
+    if (issued != ncclSuccess && issued != ncclInProgress)  // this rank's call: the executor names the op
+      throw CudaError(fmt::format("the NCCL call failed: NCCL error {} ({}): {}", int(issued), ncclGetErrorString(issued),
+                                  ncclGetLastError(c_.comm)));
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(event_, c.stream));
+    if (enqueued_) CUDA_CHECK(cudaEventRecord(event_, c_.stream));
   }
   ~NcclRequest() override { static_cast<void>(cudaEventDestroy(event_)); }
   bool done() override {
-    if (aborted_) throw CommError("the run was aborted");
+    if (aborted_.load()) throw CommError("the run was aborted");
+    ncclResult_t async = ncclSuccess;
+    if (!enqueued_) {
+      NCCL_CHECK(ncclCommGetAsyncError(c_.comm, &async));
+      if (async == ncclInProgress) return false;
+      if (async != ncclSuccess) fail(async);
+      enqueued_ = true;
+      CUDA_CHECK(cudaEventRecord(event_, c_.stream));
+    }
     const cudaError_t status = cudaEventQuery(event_);
     if (status == cudaSuccess) return true;
     if (status != cudaErrorNotReady) CUDA_CHECK(status);
-    ncclResult_t async = ncclSuccess;
-    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    if (async != ncclSuccess && async != ncclInProgress)
-      throw CommError(fmt::format("NCCL reports {} ({}); a peer may have failed", int(async), ncclGetErrorString(async)));
+    NCCL_CHECK(ncclCommGetAsyncError(c_.comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress) fail(async);
     return false;
   }
 
  private:
-  ncclComm_t comm_;
-  const bool& aborted_;
+  [[noreturn]] static void fail(ncclResult_t result) {
+    throw CommError(fmt::format("NCCL reports {} ({}); a peer may have failed", int(result), ncclGetErrorString(result)));
+  }
+  NcclComm c_;
+  const AbortFlag& aborted_;
+  bool enqueued_;
   cudaEvent_t event_ = nullptr;
 };
 
 /// A collective lane: one communicator over all ranks.
 class CollectiveLane final : public Communicator {
  public:
-  CollectiveLane(NcclComm c, const bool& aborted) : c_(c), aborted_(aborted) {}
+  CollectiveLane(NcclComm c, const AbortFlag& aborted) : c_(c), aborted_(aborted) {}
   std::unique_ptr<Request> send(Buffer, int) override { throw std::logic_error("send on a collective lane"); }
   std::unique_ptr<Request> recv(Buffer, int) override { throw std::logic_error("recv on a collective lane"); }
   std::unique_ptr<Request> all_reduce(Buffer b, ReduceOp op) override {
-    NCCL_CHECK(ncclAllReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), c_.comm, c_.stream));
-    return std::make_unique<NcclRequest>(c_, aborted_);
+    const ncclResult_t issued =
+        ncclAllReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
   std::unique_ptr<Request> broadcast(Buffer b, int root) override {
-    NCCL_CHECK(ncclBroadcast(b.data, b.data, b.count, nccl_type(b.dtype), root, c_.comm, c_.stream));
-    return std::make_unique<NcclRequest>(c_, aborted_);
+    const ncclResult_t issued = ncclBroadcast(b.data, b.data, b.count, nccl_type(b.dtype), root, c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
   std::unique_ptr<Request> reduce(Buffer b, ReduceOp op, int root) override {
-    NCCL_CHECK(ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c_.comm, c_.stream));
-    return std::make_unique<NcclRequest>(c_, aborted_);
+    const ncclResult_t issued =
+        ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
 
  private:
   NcclComm c_;
-  const bool& aborted_;
+  const AbortFlag& aborted_;
 };
 
 /// The point-to-point lane: a 2-rank communicator per channel (sender, receiver), rank 0 the sender,
@@ -94,17 +126,15 @@ class CollectiveLane final : public Communicator {
 /// its call, which inside a group would fire before the transfer is launched).
 class ChannelLane final : public Communicator {
  public:
-  ChannelLane(int rank, std::map<std::pair<int, int>, NcclComm> channels, const bool& aborted)
+  ChannelLane(int rank, std::map<std::pair<int, int>, NcclComm> channels, const AbortFlag& aborted)
       : rank_(rank), channels_(std::move(channels)), aborted_(aborted) {}
   std::unique_ptr<Request> send(Buffer b, int peer) override {
     const NcclComm& c = channel(rank_, peer);
-    NCCL_CHECK(ncclSend(b.data, b.count, nccl_type(b.dtype), 1, c.comm, c.stream));
-    return std::make_unique<NcclRequest>(c, aborted_);
+    return std::make_unique<NcclRequest>(c, ncclSend(b.data, b.count, nccl_type(b.dtype), 1, c.comm, c.stream), aborted_);
   }
   std::unique_ptr<Request> recv(Buffer b, int peer) override {
     const NcclComm& c = channel(peer, rank_);
-    NCCL_CHECK(ncclRecv(b.data, b.count, nccl_type(b.dtype), 0, c.comm, c.stream));
-    return std::make_unique<NcclRequest>(c, aborted_);
+    return std::make_unique<NcclRequest>(c, ncclRecv(b.data, b.count, nccl_type(b.dtype), 0, c.comm, c.stream), aborted_);
   }
   std::unique_ptr<Request> all_reduce(Buffer, ReduceOp) override { throw std::logic_error("all-reduce on the p2p lane"); }
   std::unique_ptr<Request> broadcast(Buffer, int) override { throw std::logic_error("broadcast on the p2p lane"); }
@@ -118,30 +148,65 @@ class ChannelLane final : public Communicator {
   }
   int rank_;
   std::map<std::pair<int, int>, NcclComm> channels_;
-  const bool& aborted_;
+  const AbortFlag& aborted_;
 };
+
+/// --ranks-share-gpu: what lets NCCL accept several processes on one GPU. NCCL refuses two ranks of
+/// a communicator on one (host, GPU) ("Duplicate GPU detected"); a host identity per rank makes
+/// each rank a node of its own, and with CUDA IPC, shared memory and InfiniBand off they talk over
+/// TCP on the loopback interface. Set before this process's first NCCL call, which reads them once.
+/// For testing the NCCL path on one GPU: sockets through host memory are far slower than NVLink.
+void share_gpu_environment(int rank) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::pair<const char*, std::string> settings[] = {
+      {"NCCL_HOSTID", fmt::format("{}-pipesim-rank-{}", host, rank)},
+      {"NCCL_P2P_DISABLE", "1"},
+      {"NCCL_SHM_DISABLE", "1"},
+      {"NCCL_IB_DISABLE", "1"},
+      {"NCCL_NET", "Socket"},
+      {"NCCL_SOCKET_IFNAME", "lo"},  // every rank is on this host
+      {"NCCL_NVLS_ENABLE", "0"},
+  };
+  for (const auto& [name, value] : settings)
+    if (setenv(name, value.c_str(), 1) != 0)
+      throw std::runtime_error(fmt::format("--ranks-share-gpu: could not set {}={}: {}", name, value, std::strerror(errno)));
+}
 
 class NcclTransport final : public Transport {
  public:
-  NcclTransport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device)
-      : control_(std::move(control)), rank_(control_->rank()), size_(control_->size()) {
+  NcclTransport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device, const NcclOptions& options)
+      : control_(std::move(control)), rank_(control_->rank()), size_(control_->size()), timeout_s_(options.timeout_s) {
+    if (options.share_gpu) share_gpu_environment(rank_);
     CUDA_CHECK(cudaSetDevice(device));
-    refuse_shared_gpus(device);
-    const NcclComm world = make(init_world());
-    for (int lane = 0; lane < kCollectiveLanes; ++lane) lanes_.push_back(std::make_unique<CollectiveLane>(split(world, 0), aborted_));
-    std::map<std::pair<int, int>, NcclComm> channels;
-    for (const auto& [from, to] : used_channels(graph)) {  // every rank splits every channel, in the same order
-      const bool member = rank_ == from || rank_ == to;
-      const NcclComm c = split(world, member ? 0 : NCCL_SPLIT_NOCOLOR, rank_ == from ? 0 : 1);
-      if (member) channels[{from, to}] = c;
+    if (!options.share_gpu) refuse_shared_gpus(device);
+    const std::set<std::pair<int, int>> used = used_channels(graph);
+    const std::vector<ncclUniqueId> ids = unique_ids(kCollectiveLanes + int(used.size()));
+    try {
+      // Every rank creates its communicators in the same order (lanes, then channels in order, each
+      // rank skipping those it is not in): each waits only on peers that have created every
+      // communicator before it, so creation never deadlocks.
+      for (int lane = 0; lane < kCollectiveLanes; ++lane)
+        lanes_.push_back(std::make_unique<CollectiveLane>(
+            create(ids[std::size_t(lane)], size_, rank_, fmt::format("collective lane {}", lane)), aborted_));
+      std::map<std::pair<int, int>, NcclComm> channels;
+      std::size_t i = kCollectiveLanes;
+      for (const auto& [from, to] : used) {
+        const ncclUniqueId& id = ids[i++];
+        if (rank_ == from || rank_ == to)  // rank 0 of the channel is the sender
+          channels[{from, to}] = create(id, 2, rank_ == from ? 0 : 1,
+                                        fmt::format("the point-to-point channel from rank {} to rank {}", from, to));
+      }
+      lanes_.push_back(std::make_unique<ChannelLane>(rank_, std::move(channels), aborted_));
+    } catch (...) {
+      abort_communicators();  // a communicator still connecting would keep NCCL's threads waiting
+      throw;
     }
-    lanes_.push_back(std::make_unique<ChannelLane>(rank_, std::move(channels), aborted_));
-    all_.push_back(world);
   }
   ~NcclTransport() override {
     for (const NcclComm& c : all_) {
-      if (!aborted_) static_cast<void>(ncclCommDestroy(c.comm));
-      static_cast<void>(cudaStreamDestroy(c.stream));
+      if (!aborted_.load()) destroy(c.comm);
+      if (c.stream) static_cast<void>(cudaStreamDestroy(c.stream));
     }
   }
 
@@ -154,14 +219,19 @@ class NcclTransport final : public Transport {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));
   }
   void wake() override {}
-  bool aborted() override { return aborted_; }
+  bool aborted() override { return aborted_.load(); }
   void abort(const std::string& why) override {
-    aborted_ = true;
-    for (const NcclComm& c : all_) static_cast<void>(ncclCommAbort(c.comm));
+    abort_communicators();
     control_->abort(why);  // MPI: prints the reason and ends every process
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  void abort_communicators() {
+    if (aborted_.exchange(true)) return;
+    for (const NcclComm& c : all_) static_cast<void>(ncclCommAbort(c.comm));
+  }
   /// Each rank's (host, GPU) in turn, over the control lane: NCCL refuses two ranks on one GPU.
   void refuse_shared_gpus(int device) {
     char bus[32] = {};
@@ -177,32 +247,56 @@ class NcclTransport final : public Transport {
         throw std::runtime_error(fmt::format(
             "ranks {} and {} are on the same GPU ({} on {}): NCCL needs one GPU per rank; start at most as many "
             "processes per node as it has GPUs, or run every rank in one process, sharing the GPU: pipesim run "
-            "--backend cuda without mpirun",
+            "--backend cuda without mpirun; or, to test the NCCL path on one GPU, add --ranks-share-gpu (NCCL "
+            "over sockets: slow)",
             std::min(r, rank_), std::max(r, rank_), bus, host));
   }
-  ncclComm_t init_world() {
-    ncclUniqueId id{};
-    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    std::vector<double> words(sizeof id / sizeof(double) + 1, 0.0);  // the id's bytes, carried as doubles
-    std::memcpy(words.data(), &id, sizeof id);
+  /// `count` NCCL unique ids made on rank 0, handed to every rank over the control lane.
+  std::vector<ncclUniqueId> unique_ids(int count) {
+    std::vector<ncclUniqueId> ids(static_cast<std::size_t>(count));
+    if (rank_ == 0)
+      for (ncclUniqueId& id : ids) NCCL_CHECK(ncclGetUniqueId(&id));
+    constexpr std::size_t kWords = (sizeof(ncclUniqueId) + sizeof(double) - 1) / sizeof(double);
+    std::vector<double> words(kWords * ids.size(), 0.0);  // the ids' bytes, carried as doubles
+    for (std::size_t i = 0; i < ids.size(); ++i) std::memcpy(&words[i * kWords], &ids[i], sizeof(ncclUniqueId));
     wait(control_->control().broadcast(host_buffer(std::span(words)), 0));
-    std::memcpy(&id, words.data(), sizeof id);
-    ncclComm_t comm = nullptr;
-    NCCL_CHECK(ncclCommInitRank(&comm, size_, id, rank_));
-    return comm;
+    for (std::size_t i = 0; i < ids.size(); ++i) std::memcpy(&ids[i], &words[i * kWords], sizeof(ncclUniqueId));
+    return ids;
   }
-  NcclComm make(ncclComm_t comm) {
-    NcclComm c{comm, nullptr};
-    CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-    return c;
-  }
-  NcclComm split(const NcclComm& parent, int color, int key = -1) {
+  /// One non-blocking communicator, polled until NCCL has connected it, for --timeout at most: a
+  /// peer that died or hangs before creating its side fails this rank here, naming `what`.
+  NcclComm create(const ncclUniqueId& id, int ranks, int rank, const std::string& what) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
     ncclComm_t comm = nullptr;
-    NCCL_CHECK(ncclCommSplit(parent.comm, color, key < 0 ? rank_ : key, &comm, nullptr));
-    if (comm == nullptr) return {};  // not a member
-    const NcclComm c = make(comm);
-    all_.push_back(c);
-    return c;
+    ncclResult_t state = ncclCommInitRankConfig(&comm, ranks, id, rank, &config);
+    if (comm) all_.push_back({comm, nullptr});  // from here on, abort() reaches it
+    const auto start = Clock::now();
+    while (state == ncclInProgress) {
+      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
+        throw std::runtime_error(fmt::format(
+            "no progress for {:g} s creating the NCCL communicator of {}: a peer died or hangs before creating its "
+            "side (--timeout sets the limit)",
+            timeout_s_, what));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+    }
+    if (state != ncclSuccess)
+      throw std::runtime_error(fmt::format("creating the NCCL communicator of {} failed: NCCL error {} ({}): {}{}", what,
+                                           int(state), ncclGetErrorString(state), ncclGetLastError(comm),
+                                           state == ncclInvalidUsage ? " (several ranks on one GPU need --ranks-share-gpu)" : ""));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&all_.back().stream, cudaStreamNonBlocking));
+    return all_.back();
+  }
+  /// ncclCommDestroy of a healthy communicator, after the non-blocking finalize has flushed it.
+  void destroy(ncclComm_t comm) const {
+    ncclResult_t state = ncclCommFinalize(comm);
+    const auto start = Clock::now();
+    while (state == ncclInProgress && std::chrono::duration<double>(Clock::now() - start).count() < timeout_s_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    }
+    static_cast<void>(state == ncclSuccess ? ncclCommDestroy(comm) : ncclCommAbort(comm));
   }
   static std::set<std::pair<int, int>> used_channels(const TaskGraph& graph) {
     std::set<std::pair<int, int>> pairs;
@@ -210,13 +304,21 @@ class NcclTransport final : public Transport {
       if (t.kind == OpKind::Send) pairs.insert({t.device, t.peer});
     return pairs;
   }
+  /// A control-lane request, for --timeout at most: a peer that died before it fails this rank.
   void wait(std::unique_ptr<Request> request) {
-    while (!request->done()) control_->wait_for_progress(0.001);
+    const auto start = Clock::now();
+    while (!request->done()) {
+      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
+        throw std::runtime_error(
+            fmt::format("no progress for {:g} s exchanging NCCL set-up over MPI (--timeout sets the limit)", timeout_s_));
+      control_->wait_for_progress(0.001);
+    }
   }
 
   std::unique_ptr<Transport> control_;
   int rank_, size_;
-  bool aborted_ = false;
+  double timeout_s_;
+  AbortFlag aborted_{false};
   std::vector<std::unique_ptr<Communicator>> lanes_;
   std::vector<NcclComm> all_;  ///< every communicator this rank holds, for destroy and abort
 };
@@ -234,8 +336,9 @@ int local_device(int rank) {
   return gpus > 0 ? local % gpus : 0;
 }
 
-std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device) {
-  return std::make_unique<NcclTransport>(std::move(control), graph, device);
+std::unique_ptr<Transport> make_nccl_transport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device,
+                                               const NcclOptions& options) {
+  return std::make_unique<NcclTransport>(std::move(control), graph, device, options);
 }
 
 }  // namespace pipesim::runtime::cuda

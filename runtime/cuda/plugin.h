@@ -15,9 +15,9 @@ struct PluginApi {
                                            const BackendOptions&);
   Memory& (*device_memory)();
   int (*local_device)(int);
-  std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int);
+  std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int, const NcclOptions&);
 };
-constexpr int kPluginVersion = 1;
+constexpr int kPluginVersion = 2;
 
 }  // namespace pipesim::runtime::cuda
 

@@ -2,11 +2,16 @@
 // MPI_COMM_WORLD: point-to-point messages between two ranks stay in order, as the IR's channels
 // need, and lanes never wait for each other, while ranks issue each lane's collectives in the same
 // order as MPI requires.
+//
+// Every MPI call's return code is checked: MPI_COMM_WORLD and its duplicates return errors
+// (MPI_ERRORS_RETURN) instead of aborting inside MPI, so that a failing call becomes an error that
+// names the call and the rank, which the executor reports like any other failure.
 #include <mpi.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "mpi_plugin.h"
@@ -14,13 +19,25 @@
 namespace pipesim::runtime::mpi {
 namespace {
 
+/// "MPI_Isend to rank 2 failed: <MPI's own message>".
+std::string describe_failure(int code, const std::string& call) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return call + " failed: MPI error " + std::to_string(code);
+  return call + " failed: " + std::string(text, std::size_t(length));
+}
+
+void check(int code, const std::string& call) {
+  if (code != MPI_SUCCESS) throw std::runtime_error(describe_failure(code, call));
+}
+
 class MpiRequest final : public Request {
  public:
   MPI_Request* handle() { return &request_; }
   bool done() override {
     if (done_) return true;
     int flag = 0;
-    MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
+    check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     done_ = flag != 0;
     return done_;
   }
@@ -44,42 +61,51 @@ MPI_Datatype mpi_type(DType dtype) {
 [[noreturn]] void abort_job(const char* why) {
   std::fprintf(stderr, "pipesim: error: %s\n", why);
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  MPI_Abort(MPI_COMM_WORLD, 1);  // returns only if MPI could not end the job: end this process at least
   std::abort();
 }
 
 /// One lane: a duplicate of MPI_COMM_WORLD, so lanes never match each other's messages.
 class MpiLane final : public Communicator {
  public:
-  explicit MpiLane(int rank) : rank_(rank) { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
-  ~MpiLane() override { MPI_Comm_free(&comm_); }
+  explicit MpiLane(int rank) : rank_(rank) { check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup"); }
+  ~MpiLane() override {
+    if (const int code = MPI_Comm_free(&comm_); code != MPI_SUCCESS)  // a destructor cannot throw: say so
+      std::fprintf(stderr, "pipesim: warning: rank %d: %s\n", rank_, describe_failure(code, "MPI_Comm_free").c_str());
+  }
 
   std::unique_ptr<Request> send(Buffer data, int peer) override {
     auto r = std::make_unique<MpiRequest>();
-    MPI_Isend(data.data, int(data.count), mpi_type(data.dtype), peer, 0, comm_, r->handle());
+    check(MPI_Isend(data.data, int(data.count), mpi_type(data.dtype), peer, 0, comm_, r->handle()),
+          "MPI_Isend to rank " + std::to_string(peer));
     return r;
   }
   std::unique_ptr<Request> recv(Buffer data, int peer) override {
     auto r = std::make_unique<MpiRequest>();
-    MPI_Irecv(data.data, int(data.count), mpi_type(data.dtype), peer, 0, comm_, r->handle());
+    check(MPI_Irecv(data.data, int(data.count), mpi_type(data.dtype), peer, 0, comm_, r->handle()),
+          "MPI_Irecv from rank " + std::to_string(peer));
     return r;
   }
   std::unique_ptr<Request> all_reduce(Buffer data, ReduceOp op) override {
     auto r = std::make_unique<MpiRequest>();
-    MPI_Iallreduce(MPI_IN_PLACE, data.data, int(data.count), mpi_type(data.dtype), mpi_op(op), comm_, r->handle());
+    check(MPI_Iallreduce(MPI_IN_PLACE, data.data, int(data.count), mpi_type(data.dtype), mpi_op(op), comm_, r->handle()),
+          "MPI_Iallreduce");
     return r;
   }
   std::unique_ptr<Request> broadcast(Buffer data, int root) override {
     auto r = std::make_unique<MpiRequest>();
-    MPI_Ibcast(data.data, int(data.count), mpi_type(data.dtype), root, comm_, r->handle());
+    check(MPI_Ibcast(data.data, int(data.count), mpi_type(data.dtype), root, comm_, r->handle()),
+          "MPI_Ibcast from rank " + std::to_string(root));
     return r;
   }
   std::unique_ptr<Request> reduce(Buffer data, ReduceOp op, int root) override {
     auto r = std::make_unique<MpiRequest>();
     if (rank_ == root)
-      MPI_Ireduce(MPI_IN_PLACE, data.data, int(data.count), mpi_type(data.dtype), mpi_op(op), root, comm_, r->handle());
+      check(MPI_Ireduce(MPI_IN_PLACE, data.data, int(data.count), mpi_type(data.dtype), mpi_op(op), root, comm_, r->handle()),
+            "MPI_Ireduce");
     else
-      MPI_Ireduce(data.data, nullptr, int(data.count), mpi_type(data.dtype), mpi_op(op), root, comm_, r->handle());
+      check(MPI_Ireduce(data.data, nullptr, int(data.count), mpi_type(data.dtype), mpi_op(op), root, comm_, r->handle()),
+            "MPI_Ireduce to rank " + std::to_string(root));
     return r;
   }
 
@@ -91,8 +117,8 @@ class MpiLane final : public Communicator {
 class MpiTransport final : public Transport {
  public:
   MpiTransport() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
     for (int lane = 0; lane < kLanes; ++lane) lanes_.push_back(std::make_unique<MpiLane>(rank_));
   }
   int rank() const override { return rank_; }
@@ -112,14 +138,22 @@ class MpiTransport final : public Transport {
 
 void init(int* rank, int* size) {
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);  // only the launching thread calls MPI
-  MPI_Comm_rank(MPI_COMM_WORLD, rank);
-  MPI_Comm_size(MPI_COMM_WORLD, size);
+  // Only the launching thread calls MPI. A failing MPI_Init_thread ends the process inside MPI
+  // (no error handler can be set before it); its code is checked for MPIs that return it.
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  if (provided < MPI_THREAD_FUNNELED)
+    throw std::runtime_error("MPI_Init_thread: this MPI does not support MPI_THREAD_FUNNELED (one thread calling MPI)");
+  check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");  // duplicates inherit it
+  check(MPI_Comm_rank(MPI_COMM_WORLD, rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, size), "MPI_Comm_size");
 }
 
 std::unique_ptr<Transport> make_transport() { return std::make_unique<MpiTransport>(); }
 
-void finalize() { MPI_Finalize(); }
+void finalize() {
+  if (const int code = MPI_Finalize(); code != MPI_SUCCESS)
+    std::fprintf(stderr, "pipesim: warning: %s\n", describe_failure(code, "MPI_Finalize").c_str());
+}
 
 constexpr PluginApi kApi{
     .version = kPluginVersion,

@@ -12,6 +12,7 @@ namespace pipesim::runtime::mpi {
 struct PluginApi {
   int version;  ///< kPluginVersion of the plugin's build: a stale plugin is refused, not called
   /// MPI_Init_thread (only the thread that calls these calls MPI); this process's rank, the job's size.
+  /// These and the transport's calls throw std::runtime_error naming the MPI call that failed.
   void (*init)(int* rank, int* size);
   /// One duplicate of MPI_COMM_WORLD per lane.
   std::unique_ptr<Transport> (*make_transport)();

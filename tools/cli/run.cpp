@@ -39,18 +39,20 @@ struct RunFlags {
   std::string profile;   ///< measured per-op costs for `simulate --profile`; empty: none
   Format format = Format::Text;
   double learning_rate = 0.1;
-  std::string inject_fault;  ///< RANK:KIND:MICROBATCH[:hang], for testing fault handling
+  std::string inject_fault;  ///< RANK:KIND:MICROBATCH[:hang|:kill] or RANK:setup[:hang|:kill], for testing fault handling
+  bool ranks_share_gpu = false;  ///< several MPI processes on one GPU, NCCL over sockets (testing)
   runtime::RunOptions runtime;  ///< steps, seed, --check and its bounds, timeout
 };
 
 /// How every profile pipesim writes begins; a file that begins so may be replaced by a new profile.
 constexpr std::string_view kProfileGenerator = "{\n  \"generator\": \"pipesim run\"";
 
-/// RANK:KIND:MICROBATCH[:hang], e.g. 1:B:2 or 2:F:0:hang.
+/// RANK:KIND:MICROBATCH[:hang|:kill], e.g. 1:B:2, 2:F:0:hang or 1:F:3:kill; or RANK:setup[:hang|:kill]:
+/// the rank fails while it connects to the others (under MPI, before its NCCL communicators).
 Result<runtime::InjectedFault> parse_fault(const std::string& text) {
   const std::string usage = fmt::format(
-      "--inject-fault '{}': expected RANK:KIND:MICROBATCH[:hang], e.g. 1:B:2 (rank 1 fails at its backward of "
-      "microbatch 2) or 2:F:0:hang",
+      "--inject-fault '{}': expected RANK:KIND:MICROBATCH[:hang|:kill], e.g. 1:B:2 (rank 1 fails at its backward of "
+      "microbatch 2), 2:F:0:hang or 1:F:3:kill; or RANK:setup[:hang|:kill] (under mpirun: fails while connecting)",
       text);
   std::vector<std::string> parts;
   for (std::size_t begin = 0;;) {
@@ -59,8 +61,13 @@ Result<runtime::InjectedFault> parse_fault(const std::string& text) {
     if (colon == std::string::npos) break;
     begin = colon + 1;
   }
-  if (parts.size() < 3 || parts.size() > 4 || (parts.size() == 4 && parts[3] != "hang")) return Error{usage};
   runtime::InjectedFault fault;
+  if (parts.size() >= 2 && parts[1] == "setup") {  // no microbatch: RANK:setup[:hang|:kill]
+    fault.at_setup = true;
+    parts.insert(parts.begin() + 2, "-1");
+  }
+  if (parts.size() < 3 || parts.size() > 4 || (parts.size() == 4 && parts[3] != "hang" && parts[3] != "kill"))
+    return Error{usage};
   try {
     fault.rank = std::stoi(parts[0]), fault.microbatch = std::stoi(parts[2]);
   } catch (const std::exception&) {
@@ -69,14 +76,19 @@ Result<runtime::InjectedFault> parse_fault(const std::string& text) {
   bool known = false;
   for (int k = 0; k < kOpKindCount; ++k)
     if (op_kind_name(OpKind(k)) == parts[1]) fault.kind = OpKind(k), known = true;
+  known |= fault.at_setup;
   if (!known) return Error{usage};
-  fault.hang = parts.size() == 4;
+  fault.hang = parts.size() == 4 && parts[3] == "hang";
+  fault.kill = parts.size() == 4 && parts[3] == "kill";
   return fault;
 }
 
 /// An injected fault must name an op that exists, or it would silently never fire.
 Status check_fault(const std::optional<runtime::InjectedFault>& fault, const Plan& plan, const std::string& text) {
   if (!fault) return Status::Ok();
+  if (fault->at_setup && fault->rank >= 0 && fault->rank < plan.layout.devices) return Status::Ok();
+  if (fault->at_setup)
+    return Error{fmt::format("--inject-fault '{}': there is no rank {} (ranks 0..{})", text, fault->rank, plan.layout.devices - 1)};
   for (const Task& t : plan.graph.tasks())
     if (t.device == fault->rank && t.kind == fault->kind && t.microbatch == fault->microbatch) return Status::Ok();
   return Error{fmt::format("--inject-fault '{}': rank {} has no {} op of microbatch {} (ranks 0..{}, microbatches "
@@ -237,8 +249,20 @@ ExitStatus run_run(const RunFlags& o) {
   if (!o.inject_fault.empty()) {
     Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);
     if (!fault.ok()) return fail(fault.error().message);
+    if (fault.value().kill && !runtime::launched_by_mpi())
+      return fail(fmt::format("--inject-fault '{}': kill needs one process per rank (mpirun): here every rank is a thread "
+                              "of this process and would end with it; use :hang, or run under mpirun",
+                              o.inject_fault));
+    if (fault.value().at_setup && !runtime::launched_by_mpi())
+      return fail(fmt::format("--inject-fault '{}': setup faults are for MPI runs (the ranks connect under mpirun); "
+                              "in one process name an op instead, e.g. 1:F:0",
+                              o.inject_fault));
     options.fault = fault.value();
   }
+  options.ranks_share_gpu = o.ranks_share_gpu;
+  if (o.ranks_share_gpu && (!runtime::launched_by_mpi() || options.backend != runtime::BackendKind::Cuda))
+    return fail("--ranks-share-gpu: only for --backend cuda under mpirun (one process per rank, NCCL); in one process "
+                "the ranks share the GPUs already: drop --ranks-share-gpu");
 
   if (Status s = runtime::check_backend(options); !s.ok()) return fail(s.error().message);
 
@@ -310,9 +334,13 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   rn.add_option("--timeout", o->runtime.timeout_s, "seconds without progress after which a rank ends the run (default 60)")
       ->check(finite_in(0, 1e6));  // NaN would never time out
   rn.add_option("--inject-fault", o->inject_fault,
-                "make a rank fail (RANK:KIND:MICROBATCH, e.g. 1:B:2) or hang (2:F:0:hang) in the first step, to "
-                "test fault handling")
+                "make a rank fail (RANK:KIND:MICROBATCH, e.g. 1:B:2), hang (2:F:0:hang) or, under mpirun, die "
+                "(1:F:3:kill: SIGKILL) in the first step, or under mpirun while it connects (1:setup:hang), to test "
+                "fault handling")
       ->check(kNonEmpty);
+  rn.add_flag("--ranks-share-gpu", o->ranks_share_gpu,
+              "--backend cuda under mpirun: let several processes share a GPU (each rank its own NCCL host "
+              "identity, NCCL over TCP on loopback): to test the NCCL path on one GPU; slow, not for timings");
   rn.callback([o, &status] { status = run_run(*o); });
 }
 

@@ -1,6 +1,6 @@
 // gpu-bench: GEMM throughput through the CUDA runtime's cuBLASLt wrapper (runtime/cuda/gemm.h), the
 // number to set beside a peak when reading MFU; with --layer, one transformer layer's forward and
-// backward through the CUDA backend. Exits 77 when no CUDA device is present.
+// backward through the CUDA backend; with --attention, bf16 attention alone. Exits 77 when no CUDA device is present.
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 
@@ -12,6 +12,7 @@
 
 #include "cuda/device_buffer.h"
 #include "cuda/gemm.h"
+#include "gpu_attention_bench.h"
 #include "gpu_layer_bench.h"
 
 namespace {
@@ -81,7 +82,23 @@ int main(int argc, char** argv) {
   app.add_option("--seq", shape.seq, "--layer: sequence length (default 2048)")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", shape.micro_batch, "--layer: sequences per microbatch (default 1)")
       ->check(CLI::PositiveNumber);
+  bool attention = false;
+  pipesim::AttentionBenchShape attention_shape;
+  app.add_flag("--attention", attention, "time bf16 causal attention alone (grouped-query shapes too)");
+  app.add_option("--query-heads", attention_shape.heads, "--attention: query heads (default 32)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", attention_shape.kv_heads, "--attention: key/value heads (default 8)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--head-dim", attention_shape.head_dim, "--attention: head width (default 128)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--attention-seq", attention_shape.seq, "--attention: sequence length (default 2048)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (attention && attention_shape.heads % attention_shape.kv_heads != 0) {
+    std::fprintf(stderr, "gpu-bench: --query-heads %d is not a multiple of --kv-heads %d\n", attention_shape.heads,
+                 attention_shape.kv_heads);
+    return 1;
+  }
 
   int devices = 0;
   if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
@@ -90,6 +107,7 @@ int main(int argc, char** argv) {
     return kNoDevice;
   }
   if (layer) return pipesim::bench_layer(shape, dtype_name, iterations);
+  if (attention) return pipesim::bench_attention(attention_shape, iterations);
   const gpu::DType dtype = dtype_name == "fp32" ? gpu::DType::F32 : gpu::DType::BF16;
   try {
     cudaDeviceProp properties{};

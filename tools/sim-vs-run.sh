@@ -10,7 +10,9 @@
 # not mistaken for error.
 #
 # Usage: tools/sim-vs-run.sh [--ranks N] [--rounds R] [--config FILE] [--schedules a,b,..] [--vocabs x,y,..]
-#                            [-- extra `pipesim run` options, e.g. --backend cuda --dtype bf16]
+#                            [--mpirun 'COMMAND'] [-- extra `pipesim run` options, e.g. --backend cuda --dtype bf16]
+# --mpirun: one process per rank, launched by COMMAND (e.g. 'mpirun --allow-run-as-root --oversubscribe';
+# add --ranks-share-gpu after -- for NCCL ranks sharing one GPU) instead of threads in one process.
 # Defaults: configs/tiny.json widened to ops of milliseconds (hidden 128, FFN 512, seq 64), ranks = cores
 # (at most 4: with more ranks than cores they take turns and the pipeline is no longer measured),
 # schedules 1f1b, interleaved-1f1b, v-half, zb-v, zb-h1, vocabularies baseline and vocab-1.
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/.."
 cores=$(nproc)
 ranks=$((cores < 4 ? cores : 4))
 rounds=3
+mpirun=
 config=configs/tiny.json
 schedules=1f1b,interleaved-1f1b,v-half,zb-v,zb-h1
 vocabs=baseline,vocab-1
@@ -29,6 +32,7 @@ while (($#)); do
     --config) config=$2; shift 2 ;;
     --schedules) schedules=$2; shift 2 ;;
     --vocabs) vocabs=$2; shift 2 ;;
+    --mpirun) mpirun=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "sim-vs-run: unknown option $1 (see the usage at the top of $0)" >&2; exit 1 ;;
   esac
@@ -47,7 +51,8 @@ steps_ms() {
 print(" ".join(f"{1e3 * s:.3f}" for s in json.load(sys.stdin)["step_times_s"][1:]))'
 }
 sim_ms() { awk '/^iteration / { print $2; exit }'; }
-run() { $pipesim run "$config" --ranks "$ranks" "${model[@]}" "$@"; }
+# shellcheck disable=SC2086  # $mpirun holds the launcher and its options
+run() { ${mpirun:+$mpirun -np "$ranks"} $pipesim run "$config" --ranks "$ranks" "${model[@]}" "$@"; }
 
 # One line per round and row: schedule vocab from predicted_ms step_ms..., or schedule vocab refused why.
 for ((round = 1; round <= rounds; round++)); do

@@ -87,6 +87,7 @@ struct CheckGroup {
 };
 void check_layer_kernels(Report& report);
 void check_gemm(Report& report);
+void check_gemm_epilogues(Report& report);
 void check_attention(Report& report);
 void check_vocab(Report& report);
 void check_embedding(Report& report);

@@ -167,7 +167,8 @@ class CudaBackend final : public Backend {
     CudaActivations& cache = gpu_cache(base);
     cache.final_input = std::move(x);
     cache.normed = uninitialized(activation_size(), dtype());
-    cache.final_mean = uninitialized(std::size_t(n_), DType::F32), cache.final_rstd = uninitialized(std::size_t(n_), DType::F32);
+    cache.final_mean = uninitialized(std::size_t(n_), DType::F32);
+    cache.final_rstd = uninitialized(std::size_t(n_), DType::F32);
     layernorm_forward(cache.final_input.data(), model_.final_gain.weight.get(), model_.final_bias.weight.get(),
                       cache.normed.data(), f32(cache.final_mean), f32(cache.final_rstd), n_, h_, dtype(), stream());
   }

@@ -132,7 +132,10 @@ struct GeluForward {
   __device__ void apply(std::size_t i) const {
     float v[L];
     load<L>(x + i, v);
-    for (int j = 0; j < L; ++j) v[j] = 0.5f * v[j] * (1 + tanhf(kSqrt2OverPi * (v[j] + kGeluCubic * v[j] * v[j] * v[j])));
+    for (int j = 0; j < L; ++j) {
+      const float u = v[j];
+      v[j] = 0.5f * u * (1 + tanhf(kSqrt2OverPi * (u + kGeluCubic * u * u * u)));
+    }
     store<L>(y + i, v);
   }
 };

@@ -135,7 +135,9 @@ void check_vector_paths(Report& report, const Stream& stream, std::mt19937& rng,
   const auto x = rounded(random_values(count + 1, rng, -4, 4), t), dy = rounded(random_values(count + 1, rng), t);
   const auto dx0 = rounded(random_values(count + 1, rng), t);
   const std::size_t element = runtime::cuda::element_size(t);
-  const auto at = [&](Tensor& tensor, std::size_t offset) { return static_cast<std::byte*>(tensor.get()) + offset * element; };
+  const auto at = [&](Tensor& tensor, std::size_t offset) {
+    return static_cast<std::byte*>(tensor.get()) + offset * element;
+  };
   std::vector<float> results[2][3];
   for (const std::size_t offset : {std::size_t(0), std::size_t(1)}) {
     Tensor x_d(x, t), dy_d(dy, t), dx_d(dx0, t), y_d(count + 1, t), sum_d(count + 1, t);

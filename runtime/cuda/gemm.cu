@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "check.h"
+#include "device_util.cuh"
+#include "kernels.h"
 
 namespace pipesim::runtime::cuda {
 namespace {
@@ -106,6 +108,7 @@ GemmHandle::Key GemmHandle::key_of(const Call& call, const void* a, const void* 
              .stride_b = call.stride_b,
              .stride_c = call.stride_c,
              .epilogue = call.epilogue,
+             .bias_type = bias ? call.bias_type : DType::F32,
              .ld_aux = aux ? call.ld_aux : 0,
              .separate_c = separate_c,
              .align_a = alignment_of(a),
@@ -133,10 +136,8 @@ GemmHandle::Plan GemmHandle::make_plan(const Call& call, const Key& key, bool op
       const auto epilogue = std::uint32_t(epilogue_of(call.epilogue));
       cublasStatus_t status =
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-      // Biases and bias gradients stay fp32 whatever the output type: they are parameters (and
-      // parameter gradients), which this runtime keeps in fp32.
       if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue)) {
-        const auto bias_type = std::int32_t(CUDA_R_32F);
+        const auto bias_type = std::int32_t(cuda_type(call.bias_type));
         status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                 sizeof(bias_type));
       }
@@ -319,12 +320,30 @@ void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, i
 // output's columns: the per-feature vectors (bias, bias gradient) have m elements, as cuBLASLt's
 // epilogues want, and the GELU aux in row-major n×out is column-major out×n with leading dimension out.
 
+namespace {
+
+/// A bias epilogue with the fp32 bias (parameters stay fp32 in this runtime) or, where cuBLASLt only
+/// takes a bias of the output type, a bf16 copy of it made for the call: a bf16 output is rounded
+/// anyway, and the copy costs one tiny kernel where the unfused path costs a pass over the output.
+bool run_with_bias(GemmHandle& gemm, GemmHandle::Call call, const void* a, const void* b, void* c, cudaStream_t stream) {
+  if (gemm.try_run(call, a, b, c, stream)) return true;
+  if (call.types.output != DType::BF16) return false;
+  // Only the scratch copy is written if cuBLASLt refuses this too: the caller's outputs are not.
+  const auto m = std::size_t(call.m);
+  const detail::StreamScratch bias(m * element_size(DType::BF16), stream);
+  convert(call.bias, DType::F32, bias.as<void>(), DType::BF16, m, stream);
+  call.bias = bias.as<void>(), call.bias_type = DType::BF16;
+  return gemm.try_run(call, a, b, c, stream);
+}
+
+}  // namespace
+
 bool linear_bias(GemmHandle& gemm, const void* x, const void* w, const float* bias, const void* residual, void* y,
                  int n, int in, int out, DType dtype, cudaStream_t stream) {
   const GemmHandle::Call call{.m = out, .n = n, .k = in, .lda = out, .ldb = in, .ldc = out, .types = {dtype, dtype},
                               .accumulate = residual != nullptr, .epilogue = GemmHandle::Epilogue::Bias,
                               .bias = bias, .c_in = residual};
-  return gemm.try_run(call, w, x, y, stream);
+  return run_with_bias(gemm, call, w, x, y, stream);
 }
 
 bool linear_bias_gelu(GemmHandle& gemm, const void* x, const void* w, const float* bias, void* pre, void* y, int n,
@@ -332,7 +351,7 @@ bool linear_bias_gelu(GemmHandle& gemm, const void* x, const void* w, const floa
   const GemmHandle::Call call{.m = out, .n = n, .k = in, .lda = out, .ldb = in, .ldc = out, .types = {dtype, dtype},
                               .epilogue = GemmHandle::Epilogue::GeluAuxBias, .bias = bias, .aux = pre,
                               .ld_aux = out};
-  return gemm.try_run(call, w, x, y, stream);
+  return run_with_bias(gemm, call, w, x, y, stream);
 }
 
 bool matmul_bt_dgelu(GemmHandle& gemm, const void* dy, const void* w, const void* pre, void* dx, int n, int out,

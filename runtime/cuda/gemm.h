@@ -63,8 +63,9 @@ class GemmHandle {
     int batch = 1;
     long long stride_a = 0, stride_b = 0, stride_c = 0;
     Epilogue epilogue = Epilogue::None;
-    /// fp32, m elements: the bias read (Bias, GeluAuxBias) or the bias gradient written (BiasGradA).
+    /// m elements: the bias read (Bias, GeluAuxBias) or the bias gradient written (BiasGradA).
     const void* bias = nullptr;
+    DType bias_type = DType::F32;
     /// GeluAuxBias writes, DGelu reads: m×n column-major in the output type, leading dimension
     /// `ld_aux` (a multiple of 8, >= m).
     const void* aux = nullptr;
@@ -100,6 +101,7 @@ class GemmHandle {
     int batch;
     long long stride_a, stride_b, stride_c;
     Epilogue epilogue;
+    DType bias_type;
     long long ld_aux;
     bool separate_c;
     int align_a, align_b, align_c, align_c_in, align_bias, align_aux;
@@ -133,8 +135,9 @@ void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, i
                bool accumulate, cudaStream_t stream);
 
 // Fused linear-layer products: row-major, activations and weights in `dtype` (F32 or BF16), biases
-// and bias gradients fp32. Each returns false, having written nothing, where cuBLASLt has no such
-// epilogue here (see GemmHandle::try_run).
+// and bias gradients fp32 (where cuBLASLt takes no fp32 bias with a bf16 output, the bias epilogues
+// use a bf16 copy made for the call). Each returns false, having written nothing, where cuBLASLt has
+// no such epilogue here (see GemmHandle::try_run).
 
 /// y (n×out) = x (n×in)·W (in×out) + bias, plus `residual` (n×out, may be null) when given: a linear
 /// layer and the residual connection after it in one pass.

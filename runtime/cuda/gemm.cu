@@ -264,9 +264,7 @@ bool GemmHandle::run_checked(const Call& call, const void* a, const void* b, voi
     return true;
   }
   const Key key = key_of(call, a, b, c);
-  if (unsupported_.contains(key)) {
-    if (optional) return false;
-  }
+  if (optional && unsupported_.contains(key)) return false;
   auto found = plans_.find(key);
   if (found == plans_.end()) {
     Plan plan = make_plan(call, key, optional);

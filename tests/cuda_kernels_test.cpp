@@ -11,6 +11,7 @@ namespace {
 
 constexpr pipesim::cuda_test::CheckGroup kGroups[] = {
     {"gemm", pipesim::cuda_test::check_gemm},
+    {"gemm epilogues", pipesim::cuda_test::check_gemm_epilogues},
     {"layer kernels", pipesim::cuda_test::check_layer_kernels},
     {"attention", pipesim::cuda_test::check_attention},
     {"cudnn attention", pipesim::cuda_test::check_attention_cudnn},

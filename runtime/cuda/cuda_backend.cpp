@@ -24,10 +24,14 @@
 #include "cuda/kernels.h"
 #include "cuda/reduce.h"
 #include "cuda/sm_share.h"
+#include "cuda/thread_stream.h"
 #include "cuda/vocab.h"
 
 namespace pipesim::runtime::cuda {
 namespace {
+
+/// Each thread's cuBLASLt workspace: what cuBLAS recommends for Hopper.
+constexpr std::size_t kGemmWorkspace = std::size_t(32) << 20;
 
 /// What a stage keeps from F to B (and W): the inputs of every kernel's backward.
 struct CudaActivations final : StageActivations {
@@ -69,6 +73,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   ~CudaBackend() override {
+    retire_streams();
     for (auto& [id, context] : contexts_) static_cast<void>(cudaStreamDestroy(context.stream));
     for (ThreadContext& context : spare_) static_cast<void>(cudaStreamDestroy(context.stream));
   }
@@ -83,6 +88,7 @@ class CudaBackend final : public Backend {
     const auto it = contexts_.find(std::this_thread::get_id());
     if (it == contexts_.end()) return;
     CUDA_CHECK(cudaStreamSynchronize(it->second.stream));
+    thread_stream() = {};
     spare_.push_back(std::move(it->second));
     contexts_.erase(it);
   }
@@ -163,14 +169,15 @@ class CudaBackend final : public Backend {
   void final_norm(StageActivations& base, Tensor x) override {
     CudaActivations& cache = gpu_cache(base);
     cache.final_input = std::move(x);
-    cache.normed = activation();
-    cache.final_mean = stats(), cache.final_rstd = stats();
+    cache.normed = uninitialized(activation_size(), dtype());
+    cache.final_mean = uninitialized(std::size_t(n_), DType::F32);
+    cache.final_rstd = uninitialized(std::size_t(n_), DType::F32);
     layernorm_forward(cache.final_input.data(), model_.final_gain.weight.get(), model_.final_bias.weight.get(),
                       cache.normed.data(), f32(cache.final_mean), f32(cache.final_rstd), n_, h_, dtype(), stream());
   }
   Tensor final_output(const StageActivations& base) override {
     const CudaActivations& cache = gpu_cache(base);
-    Tensor x = activation();
+    Tensor x = uninitialized(activation_size(), dtype());
     copy(cache.normed, 0, x, 0, cache.normed.count());
     return x;
   }
@@ -186,10 +193,10 @@ class CudaBackend final : public Backend {
   double head_forward(StageActivations& base, int mb, float scale) override {
     CudaActivations& cache = gpu_cache(base);
     const int vocab = shape_.vocab;
-    Tensor logits = scratch(std::size_t(n_) * std::size_t(vocab), DType::F32);
+    Tensor logits = uninitialized(std::size_t(n_) * std::size_t(vocab), DType::F32);
     matmul_bt(gemm(), cache.normed.data(), model_.head.compute(dtype()), logits.data(), n_, h_, vocab,
-              {dtype(), DType::F32}, true, stream());
-    cache.dlogits = scratch(logits.count(), dtype());
+              {dtype(), DType::F32}, false, stream());
+    cache.dlogits = uninitialized(logits.count(), dtype());  // cross_entropy writes every element
     Tensor loss = scratch(1, DType::F64);
     cross_entropy(f32(logits), targets(mb), cache.dlogits.data(), static_cast<double*>(loss.data()), n_, vocab, dtype(),
                   stream());
@@ -199,11 +206,11 @@ class CudaBackend final : public Backend {
   Tensor head_backward(StageActivations& base) override {
     CudaActivations& cache = gpu_cache(base);
     const int vocab = shape_.vocab;
-    Tensor dnormed = activation();
+    Tensor dnormed = uninitialized(activation_size(), dtype());
     matmul_at(gemm(), cache.dlogits.data(), cache.normed.data(), model_.head.grad.get(), n_, vocab, h_,
               {dtype(), DType::F32}, true, stream());
     matmul(gemm(), cache.dlogits.data(), model_.head.compute(dtype()), dnormed.data(), n_, vocab, h_, {dtype(), dtype()},
-           true, stream());
+           false, stream());
     return dnormed;
   }
 
@@ -283,12 +290,16 @@ class CudaBackend final : public Backend {
         spare_.pop_back();
       }
     }
+    // The in-process communicator's copies on this thread go on this stream too (thread_stream.h).
+    ThreadStream& bound = thread_stream();
+    if (bound.stream != it->second.stream || bound.generation != stream_generation())
+      bound = {it->second.stream, options_.device, stream_generation()};
     return it->second;
   }
   cudaStream_t stream() { return context().stream; }
   GemmHandle& gemm() {
     ThreadContext& c = context();
-    if (!c.gemm) c.gemm = std::make_unique<GemmHandle>();
+    if (!c.gemm) c.gemm = std::make_unique<GemmHandle>(kGemmWorkspace, share_.sm_count());
     return *c.gemm;
   }
 
@@ -297,34 +308,50 @@ class CudaBackend final : public Backend {
     return SmShare(o.device, o.ranks_on_device, o.index_on_device);
   }
 
-  // y = x·W + b, keeping x (the layer's cache holds it) and returning y.
-  Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out) {
-    Tensor y = scratch(std::size_t(n_) * std::size_t(out), dtype());
+  /// cuBLASLt's GELU epilogues evaluate the tanh approximation their own way; fp32 runs, which the
+  /// check compares with the CPU, keep GELU in the kernels that share the CPU's formula.
+  bool fused_gelu() const { return dtype() == DType::BF16; }
+
+  /// y = x·W + b (+ residual), keeping x (the layer's cache holds it) and returning y: one GEMM with
+  /// the bias and the residual in its epilogue where cuBLASLt has one, else the GEMM and two kernels.
+  Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                const Tensor* residual = nullptr) {
+    Tensor y = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
+    if (linear_bias(gemm(), x.data(), w.compute(dtype()), b.weight.get(), residual ? residual->data() : nullptr,
+                    y.data(), n_, in, out, dtype(), stream()))
+      return y;
     matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
     bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
+    if (residual) add(y.data(), residual->data(), y.data(), y.count(), dtype(), stream());
     return y;
   }
-  /// dW += xᵀ·dy and db += Σ dy, accumulated in fp32.
+  /// dW += xᵀ·dy and db += Σ dy, accumulated in fp32. The GEMM's BGRADA epilogue sums dy while it
+  /// reads it (a deterministic reduction, as every cuBLAS result is run to run on one GPU), into a
+  /// vector that is then added: cuBLASLt overwrites a bias gradient, and gradients accumulate over
+  /// microbatches.
   void linear_weight_grad(const Tensor& x, const Tensor& dy, DeviceParam& w, DeviceParam& b, int in, int out) {
+    Tensor db = uninitialized(std::size_t(out), DType::F32);
+    if (matmul_at_bgrad(gemm(), x.data(), dy.data(), w.grad.get(), f32(db), n_, in, out, {dtype(), DType::F32}, true,
+                        stream())) {
+      add(b.grad.get(), db.data(), b.grad.get(), std::size_t(out), DType::F32, stream());
+      return;
+    }
     matmul_at(gemm(), x.data(), dy.data(), w.grad.get(), n_, in, out, {dtype(), DType::F32}, true, stream());
     bias_grad(dy.data(), b.grad.get(), n_, out, dtype(), stream());
   }
-  /// dx += dy·Wᵀ; the weight gradients now, or with `keep` later (dy is copied into it).
+  /// dx = dy·Wᵀ (dx is overwritten) and the weight gradients now, unless a W pass will compute them
+  /// from the kept dy.
   void linear_backward(const Tensor& x, DeviceParam& w, DeviceParam& b, const Tensor& dy, Tensor& dx, int in, int out,
-                       Tensor* keep) {
-    if (keep) {
-      *keep = scratch(dy.count(), dy.dtype());
-      copy(dy, 0, *keep, 0, dy.count());
-    } else {
-      linear_weight_grad(x, dy, w, b, in, out);
-    }
-    matmul_bt(gemm(), dy.data(), w.compute(dtype()), dx.data(), n_, out, in, {dtype(), dtype()}, true, stream());
+                       bool defer) {
+    if (!defer) linear_weight_grad(x, dy, w, b, in, out);
+    matmul_bt(gemm(), dy.data(), w.compute(dtype()), dx.data(), n_, out, in, {dtype(), dtype()}, false, stream());
   }
 
   void layer_forward(DeviceLayer& w, Tensor& x, CudaActivations::Layer& c) {
     const int f = shape_.ffn;
     c.input = std::move(x);
-    c.ln1 = activation(), c.mean1 = stats(), c.rstd1 = stats();
+    c.ln1 = uninitialized(activation_size(), dtype());
+    c.mean1 = uninitialized(std::size_t(n_), DType::F32), c.rstd1 = uninitialized(std::size_t(n_), DType::F32);
     layernorm_forward(c.input.data(), w.ln1_gain.weight.get(), w.ln1_bias.weight.get(), c.ln1.data(), f32(c.mean1),
                       f32(c.rstd1), n_, h_, dtype(), stream());
     c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
@@ -339,32 +366,55 @@ class CudaBackend final : public Backend {
     } else
       attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, shape_.heads,
                         dtype(), stream());
-    c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_);
-    add(c.middle.data(), c.input.data(), c.middle.data(), c.middle.count(), dtype(), stream());  // residual
-    c.ln2 = activation(), c.mean2 = stats(), c.rstd2 = stats();
+    c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_, &c.input);  // with the residual
+    c.ln2 = uninitialized(activation_size(), dtype());
+    c.mean2 = uninitialized(std::size_t(n_), DType::F32), c.rstd2 = uninitialized(std::size_t(n_), DType::F32);
     layernorm_forward(c.middle.data(), w.ln2_gain.weight.get(), w.ln2_bias.weight.get(), c.ln2.data(), f32(c.mean2),
                       f32(c.rstd2), n_, h_, dtype(), stream());
-    c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, f);
-    c.gelu = scratch(c.fc1.count(), dtype());
-    gelu_forward(c.fc1.data(), c.gelu.data(), c.fc1.count(), dtype(), stream());
-    x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_);
-    add(x.data(), c.middle.data(), x.data(), x.count(), dtype(), stream());  // residual
+    // fc1 keeps its pre-activation (c.fc1) for GELU's backward.
+    const std::size_t nf = std::size_t(n_) * std::size_t(f);
+    c.fc1 = uninitialized(nf, dtype()), c.gelu = uninitialized(nf, dtype());
+    if (!fused_gelu() || !linear_bias_gelu(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()), w.fc1_bias.weight.get(),
+                                           c.fc1.data(), c.gelu.data(), n_, h_, f, dtype(), stream())) {
+      matmul(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()), c.fc1.data(), n_, h_, f, {dtype(), dtype()}, false,
+             stream());
+      bias_add(c.fc1.data(), w.fc1_bias.weight.get(), n_, f, dtype(), stream());
+      gelu_forward(c.fc1.data(), c.gelu.data(), nf, dtype(), stream());
+    }
+    x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_, &c.middle);  // with the residual
   }
 
+  /// With `keep` (a W pass split off), the four output gradients move into it instead of feeding
+  /// weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is copied.
   void layer_backward(DeviceLayer& w, const CudaActivations::Layer& c, Tensor& dy, CudaActivations::Deferred* keep) {
     const int f = shape_.ffn;
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    Tensor dgelu = scratch(nf, dtype()), dfc1 = scratch(nf, dtype());
-    linear_backward(c.gelu, w.fc2_weight, w.fc2_bias, dy, dgelu, f, h_, keep ? &keep->fc2_dy : nullptr);
-    gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
-    Tensor dln2 = activation();
-    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, f, keep ? &keep->fc1_dy : nullptr);
-    Tensor dmiddle = activation();  // through the second residual
+    const bool defer = keep != nullptr;
+    Tensor dmiddle = uninitialized(activation_size(), dtype());  // through the second residual
     copy(dy, 0, dmiddle, 0, dy.count());
+    // fc2, and GELU's backward: fused into fc2's input-gradient GEMM where cuBLASLt can.
+    if (!defer) linear_weight_grad(c.gelu, dy, w.fc2_weight, w.fc2_bias, f, h_);
+    Tensor dfc1 = uninitialized(nf, dtype());
+    if (!fused_gelu() || !matmul_bt_dgelu(gemm(), dy.data(), w.fc2_weight.compute(dtype()), c.fc1.data(), dfc1.data(),
+                                          n_, h_, f, dtype(), stream())) {
+      Tensor dgelu = uninitialized(nf, dtype());
+      matmul_bt(gemm(), dy.data(), w.fc2_weight.compute(dtype()), dgelu.data(), n_, h_, f, {dtype(), dtype()}, false,
+                stream());
+      CUDA_CHECK(cudaMemsetAsync(dfc1.data(), 0, dfc1.bytes(), stream()));  // gelu_backward adds
+      gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
+    }
+    if (defer) keep->fc2_dy = std::move(dy);
+    Tensor dln2 = uninitialized(activation_size(), dtype());
+    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, f, defer);
+    if (defer) keep->fc1_dy = std::move(dfc1);
     layernorm_backward(c.middle.data(), w.ln2_gain.weight.get(), f32(c.mean2), f32(c.rstd2), dln2.data(), dmiddle.data(),
                        w.ln2_gain.grad.get(), w.ln2_bias.grad.get(), n_, h_, dtype(), stream());
-    Tensor dattention = activation(), dqkv = scratch(3 * activation_size(), dtype());
-    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, keep ? &keep->proj_dy : nullptr);
+    Tensor dattention = uninitialized(activation_size(), dtype()), dqkv = scratch(3 * activation_size(), dtype());
+    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, defer);
+    if (defer) {
+      keep->proj_dy = uninitialized(dmiddle.count(), dtype());
+      copy(dmiddle, 0, keep->proj_dy, 0, dmiddle.count());
+    }
     if (dtype() == DType::BF16) {  // cuDNN writes dqkv (=): the same here, dqkv being fresh zeros
       if (!use_cudnn_attention() ||
           !attention_backward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(),
@@ -374,23 +424,28 @@ class CudaBackend final : public Backend {
     } else
       attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
                          shape_.seq, h_, shape_.heads, dtype(), stream());
-    Tensor dln1 = activation();
-    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, 3 * h_, keep ? &keep->qkv_dy : nullptr);
+    Tensor dln1 = uninitialized(activation_size(), dtype());
+    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, 3 * h_, defer);
+    if (defer) keep->qkv_dy = std::move(dqkv);
     // dx: through the first residual, plus the first LayerNorm's backward.
     layernorm_backward(c.input.data(), w.ln1_gain.weight.get(), f32(c.mean1), f32(c.rstd1), dln1.data(), dmiddle.data(),
                        w.ln1_gain.grad.get(), w.ln1_bias.grad.get(), n_, h_, dtype(), stream());
     dy = std::move(dmiddle);
   }
 
-  /// Zeros on this thread's stream, ordered before whatever it launches next: enough inside an op,
-  /// which ends with a synchronisation before any other thread sees its tensors.
-  Tensor scratch(std::size_t count, DType dtype) {
-    const std::size_t bytes = count * size_of(dtype);
+  /// Memory on this thread's stream, ordered before whatever it launches next: enough inside an op,
+  /// which ends with a synchronisation before any other thread sees its tensors. For outputs that
+  /// are written whole before anything reads them (beta = 0 GEMMs, LayerNorm's forward, copies).
+  Tensor uninitialized(std::size_t count, DType dtype) {
     void* data = nullptr;
-    const cudaStream_t s = stream();
-    CUDA_CHECK(cudaMallocAsync(&data, std::max<std::size_t>(bytes, 1), s));
-    if (bytes) CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, s));
+    CUDA_CHECK(cudaMallocAsync(&data, std::max<std::size_t>(count * size_of(dtype), 1), stream()));
     return Tensor(data, count, dtype, this);
+  }
+  /// Zeros: for outputs that kernels accumulate into (+=).
+  Tensor scratch(std::size_t count, DType dtype) {
+    Tensor t = uninitialized(count, dtype);
+    if (t.bytes()) CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream()));
+    return t;
   }
   DType dtype() const { return options_.dtype; }
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }

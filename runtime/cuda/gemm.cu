@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "check.h"
+#include "device_util.cuh"
+#include "kernels.h"
 
 namespace pipesim::runtime::cuda {
 namespace {
@@ -44,9 +46,35 @@ void destroy(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrix
   if (desc) static_cast<void>(cublasLtMatmulDescDestroy(desc));
 }
 
+
+cublasLtEpilogue_t epilogue_of(GemmHandle::Epilogue e) {
+  switch (e) {
+    case GemmHandle::Epilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmHandle::Epilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmHandle::Epilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmHandle::Epilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case GemmHandle::Epilogue::BiasGradA: return CUBLASLT_EPILOGUE_BGRADA;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool uses_bias(GemmHandle::Epilogue e) {
+  return e == GemmHandle::Epilogue::Bias || e == GemmHandle::Epilogue::GeluAuxBias ||
+         e == GemmHandle::Epilogue::BiasGradA;
+}
+bool uses_aux(GemmHandle::Epilogue e) {
+  return e == GemmHandle::Epilogue::GeluAuxBias || e == GemmHandle::Epilogue::DGelu;
+}
+
+/// cuBLASLt's answers that mean "not for this call", as opposed to a failure of the library.
+bool unsupported(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
+}
+
 }  // namespace
 
-GemmHandle::GemmHandle(std::size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+GemmHandle::GemmHandle(std::size_t workspace_bytes, int sm_count)
+    : workspace_bytes_(workspace_bytes), sm_count_(sm_count) {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
   if (workspace_bytes_ > 0) {
     if (const cudaError_t status = cudaMalloc(&workspace_, workspace_bytes_); status != cudaSuccess) {
@@ -62,7 +90,36 @@ GemmHandle::~GemmHandle() {
   if (handle_) static_cast<void>(cublasLtDestroy(handle_));
 }
 
-GemmHandle::Plan GemmHandle::make_plan(const Call& call, int align_a, int align_b, int align_c) {
+GemmHandle::Key GemmHandle::key_of(const Call& call, const void* a, const void* b, const void* c) const {
+  const bool separate_c = call.accumulate && call.c_in != nullptr && call.c_in != c;
+  const bool bias = uses_bias(call.epilogue), aux = uses_aux(call.epilogue);
+  return Key{.transpose_a = call.transpose_a,
+             .transpose_b = call.transpose_b,
+             .m = call.m,
+             .n = call.n,
+             .k = call.k,
+             .lda = call.lda,
+             .ldb = call.ldb,
+             .ldc = call.ldc,
+             .inputs = call.types.inputs,
+             .output = call.types.output,
+             .batch = call.batch,
+             .stride_a = call.stride_a,
+             .stride_b = call.stride_b,
+             .stride_c = call.stride_c,
+             .epilogue = call.epilogue,
+             .bias_type = bias ? call.bias_type : DType::F32,
+             .ld_aux = aux ? call.ld_aux : 0,
+             .separate_c = separate_c,
+             .align_a = alignment_of(a),
+             .align_b = alignment_of(b),
+             .align_c = alignment_of(c),
+             .align_c_in = separate_c ? alignment_of(call.c_in) : 0,
+             .align_bias = bias ? alignment_of(call.bias) : 0,
+             .align_aux = aux ? alignment_of(call.aux) : 0};
+}
+
+GemmHandle::Plan GemmHandle::make_plan(const Call& call, const Key& key, bool optional) {
   Plan plan;
   try {
     // CUBLAS_COMPUTE_32F: fp32 accumulate; unlike CUBLAS_COMPUTE_32F_FAST_TF32, never TF32.
@@ -71,6 +128,37 @@ GemmHandle::Plan GemmHandle::make_plan(const Call& call, int align_a, int align_
     const cublasOperation_t op_b = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (sm_count_ > 0) {
+      const std::int32_t sms = sm_count_;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
+    }
+    const cublasStatus_t epilogue_status = [&] {
+      const auto epilogue = std::uint32_t(epilogue_of(call.epilogue));
+      cublasStatus_t status =
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+      if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue)) {
+        const auto bias_type = std::int32_t(cuda_type(call.bias_type));
+        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                sizeof(bias_type));
+      }
+      if (status == CUBLAS_STATUS_SUCCESS && uses_aux(call.epilogue)) {
+        const std::int64_t ld = call.ld_aux;
+        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld));
+      }
+      // The heuristics read the pointers' alignment from the descriptor.
+      if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue))
+        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
+                                                sizeof(call.bias));
+      if (status == CUBLAS_STATUS_SUCCESS && uses_aux(call.epilogue))
+        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+                                                sizeof(call.aux));
+      return status;
+    }();
+    if (optional && unsupported(epilogue_status)) {
+      destroy(plan.desc, nullptr, nullptr, nullptr);
+      return Plan{};
+    }
+    CUBLAS_CHECK(epilogue_status);
     // Stored shapes (before op): A is m×k or, transposed, k×m; likewise B.
     const auto in = cuda_type(call.types.inputs), out = cuda_type(call.types.output);
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, call.transpose_a ? call.k : call.m,
@@ -92,25 +180,28 @@ GemmHandle::Plan GemmHandle::make_plan(const Call& call, int align_a, int align_
     cublasLtMatmulPreference_t preference = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     const std::uint64_t workspace = workspace_bytes_;
-    const std::uint32_t alignments[3] = {std::uint32_t(align_a), std::uint32_t(align_b), std::uint32_t(align_c)};
+    // D is `c`; C is `c_in` when it is separate, else `c` too.
+    const std::uint32_t alignments[4] = {std::uint32_t(key.align_a), std::uint32_t(key.align_b),
+                                         std::uint32_t(key.separate_c ? key.align_c_in : key.align_c),
+                                         std::uint32_t(key.align_c)};
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
         preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[3] = {
+    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
-    for (int i = 0; i < 3 && status == CUBLAS_STATUS_SUCCESS; ++i)
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && status == CUBLAS_STATUS_SUCCESS; ++i)
       status = cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
                                                     sizeof(alignments[i]));
-    // D is C here, so its alignment is C's.
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                    &alignments[2], sizeof(alignments[2]));
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c, preference, 1,
                                               &result, &found);
     static_cast<void>(cublasLtMatmulPreferenceDestroy(preference));
+    if (optional && (unsupported(status) || (status == CUBLAS_STATUS_SUCCESS && found == 0))) {
+      destroy(plan.desc, plan.a, plan.b, plan.c);
+      return Plan{};
+    }
     CUBLAS_CHECK(status);
     if (found == 0)
       throw CudaError("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=" + std::to_string(call.m) +
@@ -125,27 +216,79 @@ GemmHandle::Plan GemmHandle::make_plan(const Call& call, int align_a, int align_
   return plan;
 }
 
-void GemmHandle::run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream) {
-  check_types(call.types);
-  if (call.m == 0 || call.n == 0) return;
-  if (call.k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
-    if (!call.accumulate)
-      CUDA_CHECK(cudaMemset2DAsync(c, std::size_t(call.ldc) * element_size(call.types.output), 0,
-                                   std::size_t(call.m) * element_size(call.types.output), std::size_t(call.n),
-                                   stream));
-    return;
+cublasStatus_t GemmHandle::launch(const Plan& plan, const Call& call, const void* a, const void* b, void* c,
+                                  cudaStream_t stream) {
+  // A cached plan serves every call of its key: the vectors' addresses are this call's.
+  if (uses_bias(call.epilogue)) {
+    const cublasStatus_t status =
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof(call.bias));
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
   }
-  const int align_a = alignment_of(a), align_b = alignment_of(b), align_c = alignment_of(c);
-  const Key key{call.transpose_a, call.transpose_b, call.m,        call.n,        call.k,
-                call.lda,         call.ldb,         call.ldc,      call.types.inputs, call.types.output,
-                align_a,          align_b,          align_c,       call.batch,    call.stride_a,
-                call.stride_b,    call.stride_c};
-  auto found = plans_.find(key);
-  if (found == plans_.end()) found = plans_.emplace(key, make_plan(call, align_a, align_b, align_c)).first;
-  const Plan& plan = found->second;
+  if (uses_aux(call.epilogue)) {
+    const cublasStatus_t status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                                 &call.aux, sizeof(call.aux));
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+  }
   const float alpha = call.alpha, beta = call.accumulate ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c, plan.c, c, plan.c,
-                              &plan.algo, workspace_, workspace_bytes_, stream));
+  const void* c_in = call.accumulate && call.c_in != nullptr ? call.c_in : c;
+  return cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c_in, plan.c, c, plan.c, &plan.algo,
+                        workspace_, workspace_bytes_, stream);
+}
+
+bool GemmHandle::run_checked(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream,
+                             bool optional) {
+  check_types(call.types);
+  const bool fused = call.epilogue != Epilogue::None;
+  optional = optional && fused;
+  if (fused) {
+    // Outside what this class plans for: batched epilogues, and empty products (whose epilogue
+    // output would still be owed).
+    if (call.batch > 1 || call.m == 0 || call.n == 0 || call.k == 0) {
+      if (optional) return false;
+      throw CudaError("GEMM: an epilogue needs a non-empty, unbatched product");
+    }
+    if (uses_aux(call.epilogue) && (call.ld_aux % 8 != 0 || call.ld_aux < call.m)) {
+      if (optional) return false;
+      throw CudaError("GEMM: the GELU aux leading dimension must be a multiple of 8 and >= m");
+    }
+  }
+  if (call.m == 0 || call.n == 0) return true;
+  if (call.k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
+    const std::size_t element = element_size(call.types.output);
+    const std::size_t pitch = std::size_t(call.ldc) * element, width = std::size_t(call.m) * element;
+    if (!call.accumulate)
+      CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, width, std::size_t(call.n), stream));
+    else if (call.c_in != nullptr && call.c_in != c)
+      CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, call.c_in, pitch, width, std::size_t(call.n), cudaMemcpyDeviceToDevice,
+                                   stream));
+    return true;
+  }
+  const Key key = key_of(call, a, b, c);
+  if (optional && unsupported_.contains(key)) return false;
+  auto found = plans_.find(key);
+  if (found == plans_.end()) {
+    Plan plan = make_plan(call, key, optional);
+    if (plan.desc == nullptr) {
+      unsupported_.insert(key);
+      return false;
+    }
+    found = plans_.emplace(key, plan).first;
+  }
+  const cublasStatus_t status = launch(found->second, call, a, b, c, stream);
+  if (optional && unsupported(status)) {
+    unsupported_.insert(key);
+    return false;
+  }
+  CUBLAS_CHECK(status);
+  return true;
+}
+
+void GemmHandle::run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream) {
+  static_cast<void>(run_checked(call, a, b, c, stream, false));
+}
+
+bool GemmHandle::try_run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream) {
+  return run_checked(call, a, b, c, stream, true);
 }
 
 // Row-major X is column-major Xᵀ with the same leading dimension, so each row-major product
@@ -169,6 +312,61 @@ void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, i
   const GemmHandle::Call call{.transpose_b = true, .m = m, .n = k, .k = n, .lda = m, .ldb = k, .ldc = m, .types = types,
                               .accumulate = accumulate};
   gemm.run(call, b, a, c, stream);
+}
+
+// The fused products. Column-major D is the row-major output transposed, so its rows (m) are the
+// output's columns: the per-feature vectors (bias, bias gradient) have m elements, as cuBLASLt's
+// epilogues want, and the GELU aux in row-major n×out is column-major out×n with leading dimension out.
+
+namespace {
+
+/// A bias epilogue with the fp32 bias (parameters stay fp32 in this runtime) or, where cuBLASLt only
+/// takes a bias of the output type, a bf16 copy of it made for the call: a bf16 output is rounded
+/// anyway, and the copy costs one tiny kernel where the unfused path costs a pass over the output.
+bool run_with_bias(GemmHandle& gemm, GemmHandle::Call call, const void* a, const void* b, void* c, cudaStream_t stream) {
+  if (gemm.try_run(call, a, b, c, stream)) return true;
+  if (call.types.output != DType::BF16) return false;
+  // Only the scratch copy is written if cuBLASLt refuses this too: the caller's outputs are not.
+  const auto m = std::size_t(call.m);
+  const detail::StreamScratch bias(m * element_size(DType::BF16), stream);
+  convert(call.bias, DType::F32, bias.as<void>(), DType::BF16, m, stream);
+  call.bias = bias.as<void>(), call.bias_type = DType::BF16;
+  return gemm.try_run(call, a, b, c, stream);
+}
+
+}  // namespace
+
+bool linear_bias(GemmHandle& gemm, const void* x, const void* w, const float* bias, const void* residual, void* y,
+                 int n, int in, int out, DType dtype, cudaStream_t stream) {
+  const GemmHandle::Call call{.m = out, .n = n, .k = in, .lda = out, .ldb = in, .ldc = out, .types = {dtype, dtype},
+                              .accumulate = residual != nullptr, .epilogue = GemmHandle::Epilogue::Bias,
+                              .bias = bias, .c_in = residual};
+  return run_with_bias(gemm, call, w, x, y, stream);
+}
+
+bool linear_bias_gelu(GemmHandle& gemm, const void* x, const void* w, const float* bias, void* pre, void* y, int n,
+                      int in, int out, DType dtype, cudaStream_t stream) {
+  const GemmHandle::Call call{.m = out, .n = n, .k = in, .lda = out, .ldb = in, .ldc = out, .types = {dtype, dtype},
+                              .epilogue = GemmHandle::Epilogue::GeluAuxBias, .bias = bias, .aux = pre,
+                              .ld_aux = out};
+  return run_with_bias(gemm, call, w, x, y, stream);
+}
+
+bool matmul_bt_dgelu(GemmHandle& gemm, const void* dy, const void* w, const void* pre, void* dx, int n, int out,
+                     int in, DType dtype, cudaStream_t stream) {
+  const GemmHandle::Call call{.transpose_a = true, .m = in, .n = n, .k = out, .lda = out, .ldb = out, .ldc = in,
+                              .types = {dtype, dtype}, .epilogue = GemmHandle::Epilogue::DGelu, .aux = pre,
+                              .ld_aux = in};
+  return gemm.try_run(call, w, dy, dx, stream);
+}
+
+bool matmul_at_bgrad(GemmHandle& gemm, const void* x, const void* dy, void* dw, float* dbias, int n, int in, int out,
+                     GemmTypes types, bool accumulate, cudaStream_t stream) {
+  // cuBLAS's A is dy (out×n column-major): BGRADA sums it over k = n, one sum per output feature.
+  const GemmHandle::Call call{.transpose_b = true, .m = out, .n = in, .k = n, .lda = out, .ldb = in, .ldc = out,
+                              .types = types, .accumulate = accumulate, .epilogue = GemmHandle::Epilogue::BiasGradA,
+                              .bias = dbias};
+  return gemm.try_run(call, dy, x, dw, stream);
 }
 
 }  // namespace pipesim::runtime::cuda

@@ -5,9 +5,14 @@
 /// Types: A and B share one element type; C has its own. Allowed: {F32, F32} (fp32 math, no TF32 --
 /// the correctness path), {BF16, BF16} and {BF16, F32} (bf16 inputs, fp32 accumulate; the F32 output
 /// keeps weight gradients accumulating in fp32). Anything else throws CudaError.
+///
+/// Fused linear-layer products (linear_bias, linear_bias_gelu, matmul_bt_dgelu, matmul_at_bgrad) run
+/// cuBLASLt epilogues so that a bias, a residual, GELU or a bias gradient costs no pass of its own.
+/// cuBLASLt does not offer every epilogue for every type, shape and alignment: those calls return
+/// false, having written nothing, and the caller runs the unfused products and kernels instead.
 #include <cstddef>
 #include <map>
-#include <tuple>
+#include <set>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -26,14 +31,26 @@ struct GemmTypes {
 /// host thread (not thread-safe); the device it was created on is the one it runs on.
 class GemmHandle {
  public:
-  /// 32 MiB: what cuBLAS recommends for Hopper; Ampere needs less.
-  explicit GemmHandle(std::size_t workspace_bytes = std::size_t(32) << 20);
+  /// 32 MiB: what cuBLAS recommends for Hopper; Ampere needs less. `sm_count` > 0 tells cuBLASLt's
+  /// heuristics how many SMs the caller's streams run on (a green context's share), 0 the whole GPU.
+  explicit GemmHandle(std::size_t workspace_bytes = std::size_t(32) << 20, int sm_count = 0);
   ~GemmHandle();
   GemmHandle(const GemmHandle&) = delete;
   GemmHandle& operator=(const GemmHandle&) = delete;
 
-  /// Column-major cuBLASLt call D = alpha·op(A)·op(B) + beta·C with D = C. The row-major wrappers
-  /// below are the interface; this is the one place the cache and the launch live.
+  /// What cuBLASLt does to the product before storing D (column-major D is m×n; vectors have m
+  /// elements, one per row of D).
+  enum class Epilogue {
+    None,
+    Bias,         ///< D = product + bias
+    GeluAuxBias,  ///< aux = product + bias, D = gelu(aux) (tanh approximation)
+    DGelu,        ///< D = product ∘ gelu'(aux)
+    BiasGradA,    ///< D as None; bias_grad = Σ over k of op(A) (overwritten, not accumulated)
+  };
+
+  /// Column-major cuBLASLt call D = alpha·op(A)·op(B) + beta·C plus the epilogue; D is `c` and, unless
+  /// `c_in` is given, C is too. The row-major wrappers below are the interface; this is the one place
+  /// the cache and the launch live.
   struct Call {
     bool transpose_a = false, transpose_b = false;
     int m = 0, n = 0, k = 0;  ///< op(A) is m×k, op(B) k×n, C m×n (column-major)
@@ -45,11 +62,29 @@ class GemmHandle {
     /// (strides in elements).
     int batch = 1;
     long long stride_a = 0, stride_b = 0, stride_c = 0;
+    Epilogue epilogue = Epilogue::None;
+    /// m elements: the bias read (Bias, GeluAuxBias) or the bias gradient written (BiasGradA).
+    const void* bias = nullptr;
+    DType bias_type = DType::F32;
+    /// GeluAuxBias writes, DGelu reads: m×n column-major in the output type, leading dimension
+    /// `ld_aux` (a multiple of 8, >= m).
+    const void* aux = nullptr;
+    long long ld_aux = 0;
+    /// C when it is not D (accumulate only): D = product + C leaves C as it was. Same type and
+    /// leading dimension as D.
+    const void* c_in = nullptr;
   };
+  /// Throws CudaError when cuBLASLt has no algorithm for the call.
   void run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream);
+  /// As run(), but returns false, having launched nothing, when cuBLASLt has no algorithm for the
+  /// call's epilogue with these types, shape and alignments (remembered: later calls of that kind
+  /// return false at once). Calls without an epilogue behave as run().
+  bool try_run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream);
 
   /// Shapes cached so far (for tests of the cache).
   std::size_t cached_plans() const { return plans_.size(); }
+  /// Fused calls that fell back so far (for the tests' report).
+  std::size_t unsupported_plans() const { return unsupported_.size(); }
 
  private:
   struct Plan {
@@ -57,15 +92,35 @@ class GemmHandle {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  /// The call's shape, types and batch plus the alignments (bytes, up to 256) of A, B and C.
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, DType, DType, int, int, int, int, long long,
-                         long long, long long>;
-  Plan make_plan(const Call& call, int align_a, int align_b, int align_c);
+  /// The call's shape, types, batch and epilogue plus the alignments (bytes, up to 256) of every
+  /// pointer: cuBLASLt picks algorithms by the alignment it is promised.
+  struct Key {
+    bool transpose_a, transpose_b;
+    int m, n, k, lda, ldb, ldc;
+    DType inputs, output;
+    int batch;
+    long long stride_a, stride_b, stride_c;
+    Epilogue epilogue;
+    DType bias_type;
+    long long ld_aux;
+    bool separate_c;
+    int align_a, align_b, align_c, align_c_in, align_bias, align_aux;
+    auto operator<=>(const Key&) const = default;
+  };
+  Key key_of(const Call& call, const void* a, const void* b, const void* c) const;
+  /// Null plan descriptors when cuBLASLt has no algorithm and `optional` is set; throws otherwise.
+  Plan make_plan(const Call& call, const Key& key, bool optional);
+  /// Points the plan's descriptor at this call's bias and aux and launches.
+  cublasStatus_t launch(const Plan& plan, const Call& call, const void* a, const void* b, void* c,
+                        cudaStream_t stream);
+  bool run_checked(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream, bool optional);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  int sm_count_ = 0;
   std::map<Key, Plan> plans_;
+  std::set<Key> unsupported_;
 };
 
 /// C (n×m) = A (n×k) · B (k×m); with `accumulate`, C += instead.
@@ -78,5 +133,27 @@ void matmul_bt(GemmHandle& gemm, const void* a, const void* b, void* c, int n, i
 /// C (k×m) = Aᵀ · B, A stored n×k and B n×m (a weight gradient). cpu::matmul_at always accumulates.
 void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
                bool accumulate, cudaStream_t stream);
+
+// Fused linear-layer products: row-major, activations and weights in `dtype` (F32 or BF16), biases
+// and bias gradients fp32 (where cuBLASLt takes no fp32 bias with a bf16 output, the bias epilogues
+// use a bf16 copy made for the call). Each returns false, having written nothing, where cuBLASLt has
+// no such epilogue here (see GemmHandle::try_run).
+
+/// y (n×out) = x (n×in)·W (in×out) + bias, plus `residual` (n×out, may be null) when given: a linear
+/// layer and the residual connection after it in one pass.
+bool linear_bias(GemmHandle& gemm, const void* x, const void* w, const float* bias, const void* residual, void* y,
+                 int n, int in, int out, DType dtype, cudaStream_t stream);
+/// pre (n×out) = x·W + bias and y = gelu(pre), the tanh approximation; pre is what the backward
+/// needs. out must be a multiple of 8.
+bool linear_bias_gelu(GemmHandle& gemm, const void* x, const void* w, const float* bias, void* pre, void* y, int n,
+                      int in, int out, DType dtype, cudaStream_t stream);
+/// dx (n×in) = (dy (n×out)·Wᵀ) ∘ gelu'(pre), pre n×in; dx is overwritten (the linear layer's input
+/// gradient through the GELU before it). in must be a multiple of 8.
+bool matmul_bt_dgelu(GemmHandle& gemm, const void* dy, const void* w, const void* pre, void* dx, int n, int out,
+                     int in, DType dtype, cudaStream_t stream);
+/// dW (in×out) = xᵀ·dy (+= with `accumulate`; x n×in, dy n×out) and dbias (out, fp32) = the column
+/// sums of dy, overwritten: a weight gradient and its bias gradient in one pass. types.output F32.
+bool matmul_at_bgrad(GemmHandle& gemm, const void* x, const void* dy, void* dw, float* dbias, int n, int in, int out,
+                     GemmTypes types, bool accumulate, cudaStream_t stream);
 
 }  // namespace pipesim::runtime::cuda

@@ -76,6 +76,7 @@ SmShare::SmShare(int device, int ranks, int index) {
   CUgreenCtx context = nullptr;
   check(d.create(&context, desc, CUdevice(device), CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
   context_ = context;
+  sm_count_ = int(groups[std::size_t(index)].sm.smCount);
   description_ = fmt::format("{} of {} SMs (green context {} of {})", groups[std::size_t(index)].sm.smCount, sms, index + 1, ranks);
 }
 
@@ -84,7 +85,9 @@ SmShare::~SmShare() {
 }
 
 SmShare::SmShare(SmShare&& other) noexcept
-    : context_(std::exchange(other.context_, nullptr)), description_(std::move(other.description_)) {}
+    : context_(std::exchange(other.context_, nullptr)),
+      sm_count_(std::exchange(other.sm_count_, 0)),
+      description_(std::move(other.description_)) {}
 
 cudaStream_t SmShare::make_stream() {
   cudaStream_t stream = nullptr;

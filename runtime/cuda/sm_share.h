@@ -24,9 +24,13 @@ class SmShare {
   cudaStream_t make_stream();
   /// e.g. "32 of 132 SMs (green context 1 of 4)" or "132 SMs (whole GPU)".
   const std::string& describe() const { return description_; }
+  /// The SMs this share's streams run on when it is a green context, else 0 (the whole GPU): what
+  /// cuBLASLt's heuristics should plan for (GemmHandle's sm_count).
+  int sm_count() const { return sm_count_; }
 
  private:
   void* context_ = nullptr;  ///< the green context (CUgreenCtx), or null for the whole GPU
+  int sm_count_ = 0;
   std::string description_;
 };
 

@@ -87,6 +87,7 @@ struct CheckGroup {
 };
 void check_layer_kernels(Report& report);
 void check_gemm(Report& report);
+void check_gemm_epilogues(Report& report);
 void check_attention(Report& report);
 /// cuDNN's bf16 attention (attention_cudnn.h); says so and checks nothing in builds without cuDNN.
 void check_attention_cudnn(Report& report);

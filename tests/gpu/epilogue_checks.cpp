@@ -1,5 +1,6 @@
 // The fused linear-layer GEMMs (cuBLASLt epilogues) against the CPU runtime's unfused products and
 // kernels, and the vectorised element-wise kernels against their own one-element-a-thread path.
+#include <algorithm>
 #include <cstdio>
 
 #include "cpu/kernels.h"
@@ -132,15 +133,22 @@ void check_bias_grad(Report& report, GemmHandle& gemm, const Stream& stream, std
 void check_vector_paths(Report& report, const Stream& stream, std::mt19937& rng, DType t) {
   const std::size_t count = 1029;  // not a whole number of packs: the tail runs too
   const std::string shape = "count=" + std::to_string(count);
-  const auto x = rounded(random_values(count + 1, rng, -4, 4), t), dy = rounded(random_values(count + 1, rng), t);
-  const auto dx0 = rounded(random_values(count + 1, rng), t);
+  const auto x = rounded(random_values(count, rng, -4, 4), t), dy = rounded(random_values(count, rng), t);
+  const auto dx0 = rounded(random_values(count, rng), t);
+  // The same values `offset` elements into a tensor of count + 1.
+  const auto placed = [count](const std::vector<float>& values, std::size_t offset) {
+    std::vector<float> out(count + 1, 0.0f);
+    std::copy(values.begin(), values.end(), out.begin() + std::ptrdiff_t(offset));
+    return out;
+  };
   const std::size_t element = runtime::cuda::element_size(t);
   const auto at = [&](Tensor& tensor, std::size_t offset) {
     return static_cast<std::byte*>(tensor.get()) + offset * element;
   };
   std::vector<float> results[2][3];
   for (const std::size_t offset : {std::size_t(0), std::size_t(1)}) {
-    Tensor x_d(x, t), dy_d(dy, t), dx_d(dx0, t), y_d(count + 1, t), sum_d(count + 1, t);
+    Tensor x_d(placed(x, offset), t), dy_d(placed(dy, offset), t), dx_d(placed(dx0, offset), t), y_d(count + 1, t),
+        sum_d(count + 1, t);
     gpu::gelu_forward(at(x_d, offset), at(y_d, offset), count, t, stream.get());
     gpu::gelu_backward(at(x_d, offset), at(dy_d, offset), at(dx_d, offset), count, t, stream.get());
     gpu::add(at(x_d, offset), at(dy_d, offset), at(sum_d, offset), count, t, stream.get());

@@ -267,7 +267,9 @@ class NcclTransport final : public Transport {
   /// peer that died or hangs before creating its side fails this rank here, naming `what`.
   NcclComm create(const ncclUniqueId& id, int ranks, int rank, const std::string& what) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    // NCCL_COMM_BLOCKING in the environment is NCCL's own choice and wins (creation then waits
+    // without the timeout); otherwise non-blocking, so a dead peer is found within --timeout.
+    if (!std::getenv("NCCL_COMM_BLOCKING")) config.blocking = 0;
     ncclComm_t comm = nullptr;
     ncclResult_t state = ncclCommInitRankConfig(&comm, ranks, id, rank, &config);
     if (comm) all_.push_back({comm, nullptr});  // from here on, abort() reaches it

@@ -4,7 +4,7 @@
 // backward twice, bitwise. Grouped-query shapes are checked through an equivalent full-head input
 // (each K/V head repeated for the query heads that share it), whose dK and dV are then summed back
 // over each group. Each tensor's line gives the largest error relative to |want| + rms(want) and the
-// elements over bf16's tolerance; the line after it the largest absolute error.
+// elements over the bound (kFusedAttentionBF16); the line after it the largest absolute error.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,10 +22,15 @@ struct Case {
   int batch, seq, heads, kv_heads, d;
 };
 
+/// The bound: bf16's, widened for the two roundings to bf16 a fused kernel makes inside the backward
+/// (P before dV = Pᵀ·dO, dS before dQ = dS·K and dK = dSᵀ·Q), which an fp32 reference does not; on
+/// an H100 the largest error seen was 3.2e-2, in one dQ element of 204,800 (heads 8, kv_heads 2).
+constexpr double kFusedAttentionBF16 = 5e-2;
+
 /// Compares and adds the absolute error, which bf16 results are easier to judge by.
 void compare(Report& report, const std::string& kernel, const std::string& shape, const std::string& tensor,
              const std::vector<float>& got, const std::vector<float>& want) {
-  report.compare(kernel, shape, DType::BF16, tensor, got, want, kBF16);
+  report.compare(kernel, shape, DType::BF16, tensor, got, want, kFusedAttentionBF16);
   double abs_error = 0, largest = 0;
   for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
     abs_error = std::max(abs_error, double(std::abs(got[i] - want[i])));

@@ -1,9 +1,12 @@
 // Which backend a rank computes on, and whether it can run here.
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "executor.h"
+#include "launch.h"
 #include "partition.h"
 
 namespace pipesim::runtime {
@@ -15,6 +18,12 @@ Status check_backend(const RunOptions& options) {
                                dtype_name(options.dtype))};
     return Status::Ok();
   }
+  // Under MPI the ranks' NCCL kernels wait on each other on the GPU while each process goes on
+  // launching its own kernels. With CUDA's lazy module loading (the default) the first launch of a
+  // kernel loads its module, which waits for the GPU's queue to drain -- NCCL's waiting kernels
+  // included -- and the ranks deadlock. Loading every module when CUDA starts avoids that; CUDA reads
+  // the setting when it starts, which is the call below. A value the user set is kept.
+  if (launched_by_mpi()) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   if (std::string why = cuda::unavailable_reason(); !why.empty()) return Error{"--backend cuda: " + why};
   return Status::Ok();
 }

@@ -4,12 +4,18 @@
 #include <cmath>
 #include <vector>
 
+#ifdef PIPESIM_OPENBLAS
+#include <cblas.h>
+#endif
+
 namespace pipesim::cpu {
 namespace {
 constexpr float kLayerNormEpsilon = 1e-5f;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 }  // namespace
+
+namespace loops {
 
 void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
             bool accumulate) {
@@ -38,6 +44,75 @@ void matmul_at(std::span<const float> a, std::span<const float> b, std::span<flo
       for (int j = 0; j < m; ++j) c[std::size_t(p) * m + j] += x * b[std::size_t(i) * m + j];
     }
 }
+
+}  // namespace loops
+
+#ifdef PIPESIM_OPENBLAS
+namespace {
+
+/// One thread per GEMM, set once before the first. The runtime already runs one rank per thread (and
+/// --check's reference beside them): a multithreaded GEMM per rank would oversubscribe the cores the
+/// ranks share (2 on the build machine), adding waits to every measured op time, and would make a
+/// result depend on how OpenBLAS splits the work between its threads. On the caller's thread alone a
+/// GEMM gives the same bits whatever the number of ranks, threads or cores. (OPENBLAS_NUM_THREADS
+/// would do the same but is read when the library loads, so a run could not count on it.)
+void single_threaded() {
+  static const bool done = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)done;
+}
+
+/// C (rows×cols) = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when asked; `a_cols` and
+/// `b_cols` are the stored widths. Empty products only clear or keep C: cblas_sgemm rejects a
+/// leading dimension of 0.
+void sgemm(bool transpose_a, bool transpose_b, int rows, int cols, int inner, const float* a, int a_cols,
+           const float* b, int b_cols, float* c, bool accumulate) {
+  if (rows == 0 || cols == 0) return;
+  if (inner == 0) {
+    if (!accumulate) std::fill(c, c + std::ptrdiff_t(rows) * cols, 0.0f);
+    return;
+  }
+  single_threaded();
+  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, rows,
+              cols, inner, 1.0f, a, a_cols, b, b_cols, accumulate ? 1.0f : 0.0f, c, cols);
+}
+
+}  // namespace
+
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate) {
+  sgemm(false, false, n, m, k, a.data(), k, b.data(), m, c.data(), accumulate);
+}
+
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  sgemm(false, true, n, m, k, a.data(), k, b.data(), k, c.data(), true);  // B stored m×k
+}
+
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  sgemm(true, false, k, m, n, a.data(), k, b.data(), m, c.data(), true);  // A stored n×k, the sum over its n rows
+}
+
+std::string gemm_library() {
+  return std::string(openblas_get_config()) + ", core " + openblas_get_corename();
+}
+#else
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate) {
+  loops::matmul(a, b, c, n, k, m, accumulate);
+}
+
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  loops::matmul_bt(a, b, c, n, k, m);
+}
+
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  loops::matmul_at(a, b, c, n, k, m);
+}
+
+std::string gemm_library() { return "built-in loops"; }
+#endif
 
 void layernorm_forward(std::span<const float> x, std::span<const float> gamma, std::span<const float> beta,
                        std::span<float> y, std::span<float> mean, std::span<float> rstd, int n, int h) {

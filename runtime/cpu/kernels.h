@@ -10,8 +10,9 @@
 
 namespace pipesim::cpu {
 
-/// The three GEMMs run on OpenBLAS's cblas_sgemm, one thread per call (see gemm_library), or on the
-/// loops below in a build without OpenBLAS.
+/// The three GEMMs run on OpenBLAS's cblas_sgemm, one thread per call, the library opened at the first
+/// GEMM (see gemm_library); on the loops below in a build without OpenBLAS, or when it cannot be opened
+/// (said once on stderr).
 /// C (n×m) = A (n×k) · B (k×m); `accumulate` adds to C instead of overwriting it. Forward.
 void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
             bool accumulate = false);
@@ -20,9 +21,14 @@ void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<flo
 /// C (k×m) += Aᵀ · B, with A stored n×k and B n×m. Weight gradients (dW += xᵀ·dy).
 void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
 
-/// What the GEMMs above run on: OpenBLAS's configuration and the CPU kernel it picked
-/// ("OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, core Zen"), or "built-in loops".
+/// What the GEMMs above run on: OpenBLAS's configuration, the CPU kernel it picked and its file
+/// ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, core Zen (/usr/lib/...)"),
+/// or "built-in loops" and why.
 std::string gemm_library();
+
+/// Opens the GEMMs' library now rather than at the first GEMM, so that no op's measured time includes
+/// it (make_layer calls it: a model's GEMMs follow). Any thread, any number of times.
+void open_gemm_library();
 
 /// The same three products as plain loops (4–7 GFLOP/s on the build machine): what the GEMMs above run
 /// on without OpenBLAS, and the baseline that cpu-gemm-bench and the kernels test compare them with.

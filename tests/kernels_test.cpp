@@ -5,6 +5,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "kernels.h"
 #include "vocab.h"
@@ -59,6 +60,56 @@ TEST_CASE("matmul and its transposed forms agree with the definition") {
   std::vector<float> c3(4, 0.0f);
   matmul_at(at, b, c3, 3, 2, 2);                          // (Aᵀ)ᵀ·B with n=3 rows, k=2, m=2
   CHECK(c3 == c);
+}
+
+TEST_CASE("the GEMMs agree with the loops, accumulating and overwriting, at odd and empty sizes") {
+  INFO("GEMM library: " << gemm_library());
+  // n, k, m: odd sizes cross OpenBLAS's blocking edges; zeros are empty products.
+  const int sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 1, 9}, {0, 4, 5}, {4, 0, 5}, {4, 5, 0}, {130, 70, 33}};
+  for (const auto& size : sizes) {
+    const int n = size[0], k = size[1], m = size[2];
+    CAPTURE(n, k, m);
+    const auto nk = std::size_t(n) * std::size_t(k), km = std::size_t(k) * std::size_t(m),
+               nm = std::size_t(n) * std::size_t(m);
+    const std::vector<float> a = random_values(nk, 11), b = random_values(km, 12), bt = random_values(km, 13),
+                             b_rows = random_values(nm, 14), start = random_values(nm, 15),
+                             start_km = random_values(km, 16);
+    const auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+      REQUIRE(got.size() == want.size());
+      double worst = 0, scale = 1e-30;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, double(std::abs(got[i] - want[i])));
+        scale = std::max(scale, double(std::abs(want[i])));
+      }
+      return worst / scale < 1e-5;
+    };
+    for (const bool accumulate : {false, true}) {
+      std::vector<float> got = start, want = start;
+      matmul(a, b, got, n, k, m, accumulate);
+      loops::matmul(a, b, want, n, k, m, accumulate);
+      CHECK(close(got, want));
+    }
+    std::vector<float> got = start, want = start;
+    matmul_bt(a, bt, got, n, k, m);  // B stored m×k
+    loops::matmul_bt(a, bt, want, n, k, m);
+    CHECK(close(got, want));
+    got = start_km, want = start_km;
+    matmul_at(a, b_rows, got, n, k, m);  // A n×k, B n×m, C k×m
+    loops::matmul_at(a, b_rows, want, n, k, m);
+    CHECK(close(got, want));
+  }
+}
+
+TEST_CASE("a GEMM gives the same bits on every thread, however many run at once") {
+  const int n = 96, k = 80, m = 112;
+  const std::vector<float> a = random_values(std::size_t(n) * k, 21), b = random_values(std::size_t(k) * m, 22);
+  std::vector<float> alone(std::size_t(n) * m);
+  matmul(a, b, alone, n, k, m);
+  std::vector<std::vector<float>> results(4, std::vector<float>(std::size_t(n) * m));
+  std::vector<std::thread> threads;
+  for (auto& result : results) threads.emplace_back([&] { matmul(a, b, result, n, k, m); });
+  for (auto& thread : threads) thread.join();
+  for (const auto& result : results) CHECK(result == alone);
 }
 
 TEST_CASE("LayerNorm's backward matches finite differences") {

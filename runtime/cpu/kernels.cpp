@@ -4,12 +4,21 @@
 #include <cmath>
 #include <vector>
 
+#ifdef PIPESIM_OPENBLAS
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#endif
+
 namespace pipesim::cpu {
 namespace {
 constexpr float kLayerNormEpsilon = 1e-5f;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 }  // namespace
+
+namespace loops {
 
 void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
             bool accumulate) {
@@ -38,6 +47,122 @@ void matmul_at(std::span<const float> a, std::span<const float> b, std::span<flo
       for (int j = 0; j < m; ++j) c[std::size_t(p) * m + j] += x * b[std::size_t(i) * m + j];
     }
 }
+
+}  // namespace loops
+
+#ifdef PIPESIM_OPENBLAS
+namespace {
+
+/// OpenBLAS, opened when first needed (open_gemm_library, or the first GEMM) rather than linked. Linked, it (with libgfortran) loaded and
+/// started with every pipesim command, `pipesim list` included: 3.5 ms more CPU per command, more than
+/// the whole of `pipesim list` before (2.6 ms), though only the runtime's GEMMs use it.
+struct OpenBlas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&openblas_get_config) config = nullptr;
+  decltype(&openblas_get_corename) corename = nullptr;
+  std::string error;  // why it is not there: the GEMMs then run on the loops
+};
+
+template <class Function>
+Function symbol(void* library, const char* name) {
+  return reinterpret_cast<Function>(dlsym(library, name));
+}
+
+const OpenBlas& openblas() {
+  static const OpenBlas blas = [] {
+    OpenBlas b;
+    void* library = dlopen(PIPESIM_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (!library) {
+      b.error = dlerror();
+    } else {
+      const auto set_num_threads = symbol<decltype(&openblas_set_num_threads)>(library, "openblas_set_num_threads");
+      b.sgemm = symbol<decltype(&cblas_sgemm)>(library, "cblas_sgemm");
+      b.config = symbol<decltype(&openblas_get_config)>(library, "openblas_get_config");
+      b.corename = symbol<decltype(&openblas_get_corename)>(library, "openblas_get_corename");
+      if (!set_num_threads || !b.sgemm || !b.config || !b.corename) {
+        b = OpenBlas{};
+        b.error = std::string(PIPESIM_OPENBLAS_LIBRARY) + " is not OpenBLAS: it lacks cblas_sgemm or openblas_*";
+      } else {
+        // One thread per GEMM. The runtime already runs one rank per thread (and --check's
+        // reference beside them): a multithreaded GEMM per rank would oversubscribe the cores the
+        // ranks share (2 on the build machine), adding waits to every measured op time, and would
+        // make a result depend on how OpenBLAS splits the work between its threads. On the caller's
+        // thread alone a GEMM gives the same bits whatever the number of ranks, threads or cores.
+        // (OPENBLAS_NUM_THREADS=1 would do the same, but only if every user set it.)
+        set_num_threads(1);
+      }
+    }
+    if (!b.error.empty())
+      std::fprintf(stderr, "pipesim: OpenBLAS could not be loaded (%s); the CPU GEMMs run on the built-in loops, about 10x slower\n",
+                   b.error.c_str());
+    return b;
+  }();
+  return blas;
+}
+
+/// C (rows×cols) = op(A)·op(B), or C += op(A)·op(B) with `accumulate`, row-major, op = transpose when
+/// asked; `a_cols` and `b_cols` are the stored widths. Empty products only clear or keep C:
+/// cblas_sgemm rejects a leading dimension of 0.
+void sgemm(const OpenBlas& blas, bool transpose_a, bool transpose_b, int rows, int cols, int inner, const float* a,
+           int a_cols, const float* b, int b_cols, float* c, bool accumulate) {
+  if (rows == 0 || cols == 0) return;
+  if (inner == 0) {
+    if (!accumulate) std::fill(c, c + std::ptrdiff_t(rows) * cols, 0.0f);
+    return;
+  }
+  blas.sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, rows, cols,
+             inner, 1.0f, a, a_cols, b, b_cols, accumulate ? 1.0f : 0.0f, c, cols);
+}
+
+}  // namespace
+
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate) {
+  if (const OpenBlas& blas = openblas(); blas.sgemm)
+    sgemm(blas, false, false, n, m, k, a.data(), k, b.data(), m, c.data(), accumulate);
+  else
+    loops::matmul(a, b, c, n, k, m, accumulate);
+}
+
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  if (const OpenBlas& blas = openblas(); blas.sgemm)
+    sgemm(blas, false, true, n, m, k, a.data(), k, b.data(), k, c.data(), true);  // B stored m×k
+  else
+    loops::matmul_bt(a, b, c, n, k, m);
+}
+
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  if (const OpenBlas& blas = openblas(); blas.sgemm)
+    sgemm(blas, true, false, k, m, n, a.data(), k, b.data(), m, c.data(), true);  // A n×k: the sum over its n rows
+  else
+    loops::matmul_at(a, b, c, n, k, m);
+}
+
+void open_gemm_library() { openblas(); }
+
+std::string gemm_library() {
+  const OpenBlas& blas = openblas();
+  if (!blas.sgemm) return "built-in loops (OpenBLAS could not be loaded: " + blas.error + ")";
+  return std::string(blas.config()) + ", core " + blas.corename() + " (" + PIPESIM_OPENBLAS_LIBRARY + ")";
+}
+#else
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate) {
+  loops::matmul(a, b, c, n, k, m, accumulate);
+}
+
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  loops::matmul_bt(a, b, c, n, k, m);
+}
+
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m) {
+  loops::matmul_at(a, b, c, n, k, m);
+}
+
+void open_gemm_library() {}
+
+std::string gemm_library() { return "built-in loops"; }
+#endif
 
 void layernorm_forward(std::span<const float> x, std::span<const float> gamma, std::span<const float> beta,
                        std::span<float> y, std::span<float> mean, std::span<float> rstd, int n, int h) {

@@ -5,17 +5,39 @@
 /// gradients from several microbatches sum without extra buffers.
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace pipesim::cpu {
 
-/// C (n×m) = A (n×k) · B (k×m); `accumulate` adds to C instead of overwriting it.
+/// The three GEMMs run on OpenBLAS's cblas_sgemm, one thread per call, the library opened at the first
+/// GEMM (see gemm_library); on the loops below in a build without OpenBLAS, or when it cannot be opened
+/// (said once on stderr).
+/// C (n×m) = A (n×k) · B (k×m); `accumulate` adds to C instead of overwriting it. Forward.
 void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
             bool accumulate = false);
-/// C (n×m) += A (n×k) · Bᵀ, with B stored m×k.
+/// C (n×m) += A (n×k) · Bᵀ, with B stored m×k. Input gradients (dx += dy·Wᵀ), the LM head's logits.
 void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
-/// C (k×m) += Aᵀ · B, with A stored n×k and B n×m.
+/// C (k×m) += Aᵀ · B, with A stored n×k and B n×m. Weight gradients (dW += xᵀ·dy).
 void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
+
+/// What the GEMMs above run on: OpenBLAS's configuration, the CPU kernel it picked and its file
+/// ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, core Zen (/usr/lib/...)"),
+/// or "built-in loops" and why.
+std::string gemm_library();
+
+/// Opens the GEMMs' library now rather than at the first GEMM, so that no op's measured time includes
+/// it (make_layer calls it: a model's GEMMs follow). Any thread, any number of times.
+void open_gemm_library();
+
+/// The same three products as plain loops (4–7 GFLOP/s on the build machine): what the GEMMs above run
+/// on without OpenBLAS, and the baseline that cpu-gemm-bench and the kernels test compare them with.
+namespace loops {
+void matmul(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m,
+            bool accumulate = false);
+void matmul_bt(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
+void matmul_at(std::span<const float> a, std::span<const float> b, std::span<float> c, int n, int k, int m);
+}  // namespace loops
 
 /// LayerNorm over rows of width h: y = (x - mean) · rstd · gamma + beta. Keeps mean and rstd for
 /// the backward.

@@ -46,6 +46,7 @@ Layer make_layer(const ModelShape& s, std::uint64_t seed, int index) {
   const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.ffn);
   const std::uint64_t base = 3 + kLayerTensors * std::uint64_t(index);
   const float scale = 0.02f, residual_scale = 0.02f / std::sqrt(2.0f * float(s.layers));  // GPT-2 style
+  open_gemm_library();  // the layer's GEMMs follow: open their library now, outside any op's measured time
   Layer w;
   w.ln1_gain = constant(h, 1), w.ln1_bias = constant(h, 0);
   w.qkv_weight = normal_tensor(h * 3 * h, seed, base + 0, scale), w.qkv_bias = constant(3 * h, 0);

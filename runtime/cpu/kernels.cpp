@@ -26,8 +26,9 @@ void matmul(std::span<const float> a, std::span<const float> b, std::span<float>
   for (int i = 0; i < n; ++i)
     for (int p = 0; p < k; ++p) {
       const float x = a[std::size_t(i) * k + p];
-      const float* row = &b[std::size_t(p) * m];
-      float* out = &c[std::size_t(i) * m];
+      // Pointers, not &b[...]: with m = 0 the spans may be empty (no element to refer to).
+      const float* row = b.data() + std::size_t(p) * m;
+      float* out = c.data() + std::size_t(i) * m;
       for (int j = 0; j < m; ++j) out[j] += x * row[j];  // i-p-j order: contiguous inner loop
     }
 }

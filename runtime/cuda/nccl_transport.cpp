@@ -273,16 +273,12 @@ class NcclTransport final : public Transport {
     ncclComm_t comm = nullptr;
     ncclResult_t state = ncclCommInitRankConfig(&comm, ranks, id, rank, &config);
     if (comm) all_.push_back({comm, nullptr});  // from here on, abort() reaches it
-    const auto start = Clock::now();
-    while (state == ncclInProgress) {
-      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
-        throw std::runtime_error(fmt::format(
-            "no progress for {:g} s creating the NCCL communicator of {}: a peer died or hangs before creating its "
-            "side (--timeout sets the limit)",
-            timeout_s_, what));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
-    }
+    state = settle(comm, state);
+    if (state == ncclInProgress)
+      throw std::runtime_error(fmt::format(
+          "no progress for {:g} s creating the NCCL communicator of {}: a peer died or hangs before creating its "
+          "side (--timeout sets the limit)",
+          timeout_s_, what));
     if (state != ncclSuccess)
       throw std::runtime_error(fmt::format("creating the NCCL communicator of {} failed: NCCL error {} ({}): {}{}", what,
                                            int(state), ncclGetErrorString(state), ncclGetLastError(comm),
@@ -292,13 +288,18 @@ class NcclTransport final : public Transport {
   }
   /// ncclCommDestroy of a healthy communicator, after the non-blocking finalize has flushed it.
   void destroy(ncclComm_t comm) const {
-    ncclResult_t state = ncclCommFinalize(comm);
-    const auto start = Clock::now();
-    while (state == ncclInProgress && std::chrono::duration<double>(Clock::now() - start).count() < timeout_s_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
-    }
+    const ncclResult_t state = settle(comm, ncclCommFinalize(comm));
     static_cast<void>(state == ncclSuccess ? ncclCommDestroy(comm) : ncclCommAbort(comm));
+  }
+  /// A non-blocking call's outcome: `state` polled while NCCL reports it in progress, for --timeout
+  /// at most (then still ncclInProgress). A failure to poll is returned as the outcome.
+  ncclResult_t settle(ncclComm_t comm, ncclResult_t state) const {
+    const auto start = Clock::now();
+    while (state == ncclInProgress && std::chrono::duration<double>(Clock::now() - start).count() <= timeout_s_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (const ncclResult_t polled = ncclCommGetAsyncError(comm, &state); polled != ncclSuccess) return polled;
+    }
+    return state;
   }
   static std::set<std::pair<int, int>> used_channels(const TaskGraph& graph) {
     std::set<std::pair<int, int>> pairs;

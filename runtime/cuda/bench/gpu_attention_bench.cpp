@@ -11,19 +11,12 @@
 #include "cuda/check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/dtype.h"
+#include "bench_util.h"
 
 namespace pipesim {
 namespace {
 
 namespace gpu = runtime::cuda;
-
-/// bf16 values in [-0.5, 0.5) from a multiplicative hash (non-zero data: zeros flatter the clock).
-gpu::DeviceBuffer<std::uint16_t> random_bf16(std::size_t count, std::uint32_t seed) {
-  std::vector<std::uint16_t> host(count);
-  for (std::size_t i = 0; i < count; ++i)
-    host[i] = gpu::float_to_bf16_bits(float((std::uint32_t(i) * 2654435761u + seed) >> 8 & 0xffff) / 65536.0f - 0.5f);
-  return gpu::DeviceBuffer<std::uint16_t>(std::span<const std::uint16_t>(host));
-}
 
 }  // namespace
 
@@ -37,7 +30,8 @@ int bench_attention(const AttentionBenchShape& s, int iterations) {
     const std::size_t rows = std::size_t(s.micro_batch) * std::size_t(s.seq);
     const std::size_t width = std::size_t(s.heads + 2 * s.kv_heads) * std::size_t(s.head_dim);
     const std::size_t out_width = std::size_t(s.heads) * std::size_t(s.head_dim);
-    gpu::DeviceBuffer<std::uint16_t> qkv = random_bf16(rows * width, 1), dout = random_bf16(rows * out_width, 2);
+    gpu::DeviceBuffer<std::byte> qkv(bench_values(rows * width, gpu::DType::BF16, 1)),
+        dout(bench_values(rows * out_width, gpu::DType::BF16, 2));
     gpu::DeviceBuffer<std::uint16_t> out(rows * out_width), dqkv(rows * width);
     gpu::DeviceBuffer<float> lse(std::size_t(s.micro_batch) * std::size_t(s.heads) * std::size_t(s.seq));
     cudaStream_t stream = nullptr;
@@ -64,25 +58,8 @@ int bench_attention(const AttentionBenchShape& s, int iterations) {
                                      s.seq, s.heads * s.head_dim, s.heads, stream);
       }
     };
-    // Milliseconds per call of `work`, by CUDA events around `iterations` calls after three untimed
-    // ones (the first of a shape compiles cuDNN's engines).
-    const auto time_ms = [&](const auto& work) {
-      for (int i = 0; i < 3; ++i) work();
-      cudaEvent_t start = nullptr, stop = nullptr;
-      CUDA_CHECK(cudaEventCreate(&start));
-      CUDA_CHECK(cudaEventCreate(&stop));
-      CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int i = 0; i < iterations; ++i) work();
-      CUDA_CHECK(cudaEventRecord(stop, stream));
-      CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      static_cast<void>(cudaEventDestroy(start));
-      static_cast<void>(cudaEventDestroy(stop));
-      return double(ms) / iterations;
-    };
-    const double f = time_ms(forward);
-    const double fb = time_ms([&] { forward(), backward(); });
+    const double f = mean_gpu_ms(stream, iterations, forward);
+    const double fb = mean_gpu_ms(stream, iterations, [&] { forward(), backward(); });
     // Causal: half of the 4·b·s²·h_q·d multiply-adds of the two forward products (×2.5 backward).
     const double forward_flops = 2.0 * s.micro_batch * double(s.seq) * s.seq * s.heads * s.head_dim;
     fmt::print("attention ({}) bf16 causal, batch {} seq {} heads {} kv_heads {} head_dim {}: forward {:.3f} ms "

@@ -6,12 +6,12 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/device_buffer.h"
 #include "cuda/gemm.h"
+#include "bench_util.h"
 #include "gpu_attention_bench.h"
 #include "gpu_layer_bench.h"
 
@@ -20,47 +20,21 @@ namespace {
 namespace gpu = pipesim::runtime::cuda;
 
 constexpr int kNoDevice = 77;  // Meson's SKIP
-constexpr int kWarmup = 3;
 
-/// Values in [-0.5, 0.5) from a multiplicative hash: non-zero data (zeros would flatter the clock) at
-/// no cost worth measuring.
-std::vector<std::byte> filled(std::size_t count, gpu::DType dtype, std::uint32_t seed) {
-  std::vector<std::byte> bytes(count * gpu::element_size(dtype));
-  for (std::size_t i = 0; i < count; ++i) {
-    const float value = float((std::uint32_t(i) * 2654435761u + seed) >> 8 & 0xffff) / 65536.0f - 0.5f;
-    if (dtype == gpu::DType::F32) {
-      std::memcpy(bytes.data() + 4 * i, &value, 4);
-    } else {
-      const std::uint16_t bits = gpu::float_to_bf16_bits(value);
-      std::memcpy(bytes.data() + 2 * i, &bits, 2);
-    }
-  }
-  return bytes;
-}
-
-/// Milliseconds per n×n×n GEMM, C = A·B, over `iterations` after kWarmup.
+/// Milliseconds per n×n×n GEMM, C = A·B, over `iterations` (bench_util.h).
 double time_gemm(int n, int iterations, gpu::DType dtype) {
   const std::size_t count = std::size_t(n) * std::size_t(n);
-  gpu::DeviceBuffer<std::byte> a(filled(count, dtype, 1)), b(filled(count, dtype, 2));
+  gpu::DeviceBuffer<std::byte> a(pipesim::bench_values(count, dtype, 1)), b(pipesim::bench_values(count, dtype, 2));
   gpu::DeviceBuffer<std::byte> c(count * gpu::element_size(dtype));
   gpu::GemmHandle gemm;
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreate(&stream));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
   const gpu::GemmTypes types{dtype, dtype};
-  for (int i = 0; i < kWarmup; ++i) gpu::matmul(gemm, a.get(), b.get(), c.get(), n, n, n, types, false, stream);
-  CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iterations; ++i) gpu::matmul(gemm, a.get(), b.get(), c.get(), n, n, n, types, false, stream);
-  CUDA_CHECK(cudaEventRecord(stop, stream));
-  CUDA_CHECK(cudaEventSynchronize(stop));
-  float elapsed_ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&elapsed_ms, start, stop));
-  static_cast<void>(cudaEventDestroy(start));
-  static_cast<void>(cudaEventDestroy(stop));
+  const double ms = pipesim::mean_gpu_ms(stream, iterations, [&] {
+    gpu::matmul(gemm, a.get(), b.get(), c.get(), n, n, n, types, false, stream);
+  });
   static_cast<void>(cudaStreamDestroy(stream));
-  return double(elapsed_ms) / iterations;
+  return ms;
 }
 
 }  // namespace

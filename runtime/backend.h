@@ -11,7 +11,6 @@
 #include <string_view>
 #include <vector>
 
-#include "cpu/model.h"
 #include "tensor.h"
 #include "units.h"
 
@@ -22,13 +21,22 @@ struct Batch {
   std::vector<int> tokens, targets;
 };
 
-/// What a stage keeps from its F for its B (and W): the backend's own layout.
-class StageActivations {
+/// What one layer (or the final norm and LM head) keeps from its forward for its backward and weight
+/// pass: the backend's own layout.
+class Activations {
  public:
-  virtual ~StageActivations() = default;
+  virtual ~Activations() = default;
   virtual Bytes bytes() const = 0;
-  /// After an input-gradient-only B: drops all but what the W pass still needs.
-  virtual void keep_for_weight_pass() = 0;
+  /// After an input-gradient-only backward: drops all but what the weight pass still needs.
+  virtual void keep_for_weight_pass() {}
+};
+
+/// One tensor's gradient as a rank holds it, copied to the host for the gradient check: elements
+/// [offset, offset + values.size()) of tensor `tensor` of the whole model (tensor_names' order).
+struct HostGradient {
+  std::size_t tensor = 0;
+  std::size_t offset = 0;
+  std::vector<float> values;
 };
 
 /// What the S pass leaves for the barrier and the T pass.
@@ -72,29 +80,30 @@ class Backend : public Allocator {
   /// This step's tokens and targets, by microbatch.
   virtual void set_batches(std::span<const Batch> batches) = 0;
 
-  // ---- transformer stages ----
+  // ---- transformer layers (the executor runs a stage's layers in order) ----
   /// The embedding rows this rank holds for microbatch `mb`'s tokens (the whole table on the first
   /// stage in baseline, the rank's shard in the vocabulary-parallel modes: IF); other rows are 0.
   virtual Tensor embed(int mb) = 0;
   /// Adds dy's rows into the gradient of the embedding rows this rank holds (baseline B, IB).
   virtual void embed_backward(int mb, const Tensor& dy) = 0;
-  /// Runs the layers of virtual stage `stage` on x, which becomes their output.
-  virtual std::unique_ptr<StageActivations> stage_forward(int stage, Tensor& x) = 0;
-  /// dy (the stage output's gradient) becomes the stage input's gradient; adds weight gradients,
+  /// Runs transformer layer `layer` (the model's index) on x, which becomes its output.
+  virtual std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) = 0;
+  /// dy (the layer output's gradient) becomes the layer input's gradient; adds weight gradients,
   /// except the linear maps' when `defer_weights` (the schedule's W does those).
-  virtual void stage_backward(int stage, StageActivations& cache, Tensor& dy, bool defer_weights) = 0;
-  virtual void stage_weight(int stage, StageActivations& cache) = 0;
-  /// Last stage: the final LayerNorm of x (both kept in `cache`).
-  virtual void final_norm(StageActivations& cache, Tensor x) = 0;
-  /// A copy of the final LayerNorm's output: the X that the vocabulary passes read.
-  virtual Tensor final_output(const StageActivations& cache) = 0;
-  /// The gradient of the last stage's layers' output from that of the final LayerNorm's.
-  virtual Tensor final_norm_backward(StageActivations& cache, const Tensor& dnormed) = 0;
+  virtual void layer_backward(int layer, Activations& cache, Tensor& dy, bool defer_weights) = 0;
+  /// The linear maps' weight gradients that layer_backward deferred.
+  virtual void layer_weight(int layer, Activations& cache) = 0;
+  /// Last stage: the final norm of x; what it returns is the cache of the head calls below.
+  virtual std::unique_ptr<Activations> final_norm(Tensor x) = 0;
+  /// A copy of the final norm's output: the X that the vocabulary passes read.
+  virtual Tensor final_output(const Activations& head) = 0;
+  /// The gradient of the last layer's output from that of the final norm's.
+  virtual Tensor final_norm_backward(Activations& head, const Tensor& dnormed) = 0;
   /// Baseline: the LM head over the whole vocabulary and the loss of microbatch `mb`, both scaled by
-  /// `scale`; returns the mean token loss × scale and keeps the logits' gradient in `cache`.
-  virtual double head_forward(StageActivations& cache, int mb, float scale) = 0;
-  /// Baseline: adds the LM head's weight gradient; returns the gradient of the LayerNorm output.
-  virtual Tensor head_backward(StageActivations& cache) = 0;
+  /// `scale`; returns the mean token loss × scale and keeps the logits' gradient in `head`.
+  virtual double head_forward(Activations& head, int mb, float scale) = 0;
+  /// Baseline: adds the LM head's weight gradient; returns the gradient of the final norm's output.
+  virtual Tensor head_backward(Activations& head) = 0;
 
   // ---- vocabulary passes (DESIGN.md §5), on this rank's shard ----
   /// S: logits and local statistics of microbatch `mb` from X; Algorithm 2 also A and Y.
@@ -114,9 +123,8 @@ class Backend : public Allocator {
   // ---- per iteration ----
   /// Plain SGD, then zeroes the gradients for the next step.
   virtual void optimizer_step(float learning_rate) = 0;
-  /// For every tensor of the model, Σ (g − g_ref)² and Σ g_ref² over the elements this rank holds
-  /// (tensor_names' order; zeros for tensors it does not hold).
-  virtual std::vector<float> grad_error_terms(const cpu::Model& reference) = 0;
+  /// The gradients this rank holds, on the host (for the gradient check).
+  virtual std::vector<HostGradient> gradients() = 0;
   /// Bytes of this rank's weights and gradients.
   virtual Bytes static_bytes() const = 0;
 };

@@ -6,6 +6,7 @@
 
 #include <compare>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,18 @@ inline std::string describe(const Key& k) {
                       : fmt::format("{} of microbatch {}", kNames[int(k.buf)], k.microbatch);
 }
 
+/// What a stage keeps from its F for its B and W: each layer's activations and, on the last stage,
+/// the final norm's and the LM head's.
+struct StageCache {
+  std::vector<std::unique_ptr<Activations>> layers;
+  std::unique_ptr<Activations> head;
+  Bytes bytes() const {
+    Bytes total = head ? head->bytes() : 0;
+    for (const auto& layer : layers) total += layer->bytes();
+    return total;
+  }
+};
+
 /// Safe to use from a rank's compute and communication threads at once: the maps are locked, and
 /// the IR's dependencies keep two threads from using the same entry at the same time. Entries keep
 /// their address until removed (std::map), so a reference from get() stays valid meanwhile.
@@ -81,24 +94,24 @@ class BufferStore {
   }
 
   using CacheKey = std::pair<int, int>;  ///< (stage, microbatch)
-  using Cache = std::unique_ptr<StageActivations>;
+  using Cache = StageCache;
   void put_cache(CacheKey key, Cache cache) {
     std::lock_guard lock(mutex_);
-    const Bytes size = cache->bytes();
+    const Bytes size = cache.bytes();
     if (!caches_.try_emplace(key, std::move(cache), size).second)
       throw OpError(fmt::format("the forward cache of stage {}, microbatch {} exists already", key.first, key.second));
     live_ += size;
   }
-  StageActivations& cache(CacheKey key) {
+  StageCache& cache(CacheKey key) {
     std::lock_guard lock(mutex_);
-    return *find(key).first;
+    return find(key).first;
   }
   /// Call after shrinking a cache in place.
   void recount_cache(CacheKey key) {
     std::lock_guard lock(mutex_);
     auto& [cache, counted] = find(key);
-    live_ += cache->bytes() - counted;
-    counted = cache->bytes();
+    live_ += cache.bytes() - counted;
+    counted = cache.bytes();
   }
   void drop_cache(CacheKey key) {
     std::lock_guard lock(mutex_);

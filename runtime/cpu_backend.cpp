@@ -13,35 +13,36 @@
 #include "cpu/kernels.h"
 #include "cpu/vocab.h"
 #include "partition.h"
-#include "release.h"
 
 namespace pipesim::runtime {
 namespace {
 
-/// What a stage keeps from F to B (and to W when it is split off).
-struct CpuActivations final : StageActivations {
-  std::vector<cpu::LayerCache> layers;
-  std::vector<cpu::DeferredWeightGrad> deferred;
-  std::vector<float> final_input, final_mean, final_rstd, normed;  ///< final LayerNorm (last stage)
-  std::vector<float> dlogits;                                      ///< baseline LM head (last stage)
+/// What a layer keeps from F to B (and to W when it is split off).
+struct CpuLayerActivations final : Activations {
+  cpu::LayerCache cache;
+  cpu::DeferredWeightGrad deferred;
 
   Bytes bytes() const override {
-    std::size_t floats = final_input.size() + final_mean.size() + final_rstd.size() + normed.size() + dlogits.size();
-    for (const cpu::LayerCache& c : layers)
-      for (const auto* v : {&c.input, &c.ln1, &c.mean1, &c.rstd1, &c.qkv, &c.probs, &c.attention, &c.middle, &c.ln2,
-                            &c.mean2, &c.rstd2, &c.fc1, &c.gelu})
-        floats += v->size();
-    for (const cpu::DeferredWeightGrad& d : deferred) floats += d.fc2_dy.size() + d.fc1_dy.size() + d.proj_dy.size() + d.qkv_dy.size();
+    std::size_t floats = 0;
+    for (const auto* v : {&cache.input, &cache.ln1, &cache.mean1, &cache.rstd1, &cache.qkv, &cache.probs,
+                          &cache.attention, &cache.middle, &cache.ln2, &cache.mean2, &cache.rstd2, &cache.fc1,
+                          &cache.gelu, &deferred.fc2_dy, &deferred.fc1_dy, &deferred.proj_dy, &deferred.qkv_dy})
+      floats += v->size();
     return Bytes(floats * sizeof(float));
-  }
-  void keep_for_weight_pass() override {
-    // W needs the layer inputs and the linear maps' output gradients; the rest can go now.
-    release(final_input), release(normed), release(dlogits);
   }
 };
 
-CpuActivations& cpu_cache(StageActivations& cache) { return static_cast<CpuActivations&>(cache); }
-const CpuActivations& cpu_cache(const StageActivations& cache) { return static_cast<const CpuActivations&>(cache); }
+/// The final LayerNorm's input and output, and the baseline LM head's logit gradients (last stage).
+struct CpuHeadActivations final : Activations {
+  std::vector<float> input, mean, rstd, normed, dlogits;
+  Bytes bytes() const override {
+    return Bytes((input.size() + mean.size() + rstd.size() + normed.size() + dlogits.size()) * sizeof(float));
+  }
+};
+
+CpuLayerActivations& layer_cache(Activations& cache) { return static_cast<CpuLayerActivations&>(cache); }
+CpuHeadActivations& head_cache(Activations& cache) { return static_cast<CpuHeadActivations&>(cache); }
+const CpuHeadActivations& head_cache(const Activations& cache) { return static_cast<const CpuHeadActivations&>(cache); }
 
 std::span<const float> f32(const Tensor& t) { return t.as<const float>(); }
 std::span<float> f32(Tensor& t) { return t.as<float>(); }
@@ -49,7 +50,7 @@ std::span<float> f32(Tensor& t) { return t.as<float>(); }
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed)
-      : shape_(shape), layout_(layout), model_(make_rank_model(shape, layout, rank, seed)), n_(shape.tokens()),
+      : shape_(shape), model_(make_rank_model(shape, layout, rank, seed)), n_(shape.tokens()),
         h_(shape.hidden) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -79,63 +80,50 @@ class CpuBackend final : public Backend {
     cpu::embedding_backward(tokens(mb), f32(dy), model_.grads.embedding, h_, model_.shard.first, model_.shard.rows);
   }
 
-  std::unique_ptr<StageActivations> stage_forward(int stage, Tensor& x) override {
-    const VirtualStage& s = layout_.stages[std::size_t(stage)];
-    auto cache = std::make_unique<CpuActivations>();
-    cache->layers.resize(std::size_t(s.layers));
-    for (int l = 0; l < s.layers; ++l) {
-      Tensor y = activation();
-      cpu::layer_forward(shape_, model_.params.layers.at(s.first_layer + l), f32(x), f32(y), cache->layers[std::size_t(l)]);
-      x = std::move(y);
-    }
+  std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
+    auto cache = std::make_unique<CpuLayerActivations>();
+    Tensor y = activation();
+    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache);
+    x = std::move(y);
     return cache;
   }
-
-  void stage_backward(int stage, StageActivations& base, Tensor& dy, bool defer_weights) override {
-    const VirtualStage& s = layout_.stages[std::size_t(stage)];
-    CpuActivations& cache = cpu_cache(base);
-    if (defer_weights) cache.deferred.resize(std::size_t(s.layers));
-    for (int l = s.layers - 1; l >= 0; --l) {
-      Tensor dx = activation();
-      cpu::layer_backward(shape_, model_.params.layers.at(s.first_layer + l), cache.layers[std::size_t(l)], f32(dy),
-                          f32(dx), model_.grads.layers.at(s.first_layer + l),
-                          defer_weights ? &cache.deferred[std::size_t(l)] : nullptr);
-      dy = std::move(dx);
-    }
+  void layer_backward(int layer, Activations& base, Tensor& dy, bool defer_weights) override {
+    CpuLayerActivations& c = layer_cache(base);
+    Tensor dx = activation();
+    cpu::layer_backward(shape_, model_.params.layers.at(layer), c.cache, f32(dy), f32(dx), model_.grads.layers.at(layer),
+                        defer_weights ? &c.deferred : nullptr);
+    dy = std::move(dx);
+  }
+  void layer_weight(int layer, Activations& base) override {
+    CpuLayerActivations& c = layer_cache(base);
+    cpu::layer_weight_backward(shape_, c.cache, c.deferred, model_.grads.layers.at(layer));
   }
 
-  void stage_weight(int stage, StageActivations& base) override {
-    const VirtualStage& s = layout_.stages[std::size_t(stage)];
-    CpuActivations& cache = cpu_cache(base);
-    for (int l = 0; l < s.layers; ++l)
-      cpu::layer_weight_backward(shape_, cache.layers[std::size_t(l)], cache.deferred[std::size_t(l)],
-                                 model_.grads.layers.at(s.first_layer + l));
-  }
-
-  void final_norm(StageActivations& base, Tensor x) override {
-    CpuActivations& cache = cpu_cache(base);
+  std::unique_ptr<Activations> final_norm(Tensor x) override {
+    auto cache = std::make_unique<CpuHeadActivations>();
     const auto floats = f32(x);
-    cache.final_input.assign(floats.begin(), floats.end());
-    cache.normed.resize(activation_size()), cache.final_mean.resize(std::size_t(n_)), cache.final_rstd.resize(std::size_t(n_));
-    cpu::layernorm_forward(cache.final_input, model_.params.final_gain, model_.params.final_bias, cache.normed,
-                           cache.final_mean, cache.final_rstd, n_, h_);
+    cache->input.assign(floats.begin(), floats.end());
+    cache->normed.resize(activation_size()), cache->mean.resize(std::size_t(n_)), cache->rstd.resize(std::size_t(n_));
+    cpu::layernorm_forward(cache->input, model_.params.final_gain, model_.params.final_bias, cache->normed, cache->mean,
+                           cache->rstd, n_, h_);
+    return cache;
   }
-  Tensor final_output(const StageActivations& base) override {
-    const CpuActivations& cache = cpu_cache(base);
+  Tensor final_output(const Activations& base) override {
+    const CpuHeadActivations& cache = head_cache(base);
     Tensor x = activation();
     std::copy(cache.normed.begin(), cache.normed.end(), f32(x).begin());
     return x;
   }
-  Tensor final_norm_backward(StageActivations& base, const Tensor& dnormed) override {
-    CpuActivations& cache = cpu_cache(base);
+  Tensor final_norm_backward(Activations& base, const Tensor& dnormed) override {
+    CpuHeadActivations& cache = head_cache(base);
     Tensor dy = activation();
-    cpu::layernorm_backward(cache.final_input, model_.params.final_gain, cache.final_mean, cache.final_rstd, f32(dnormed),
-                            f32(dy), model_.grads.final_gain, model_.grads.final_bias, n_, h_);
+    cpu::layernorm_backward(cache.input, model_.params.final_gain, cache.mean, cache.rstd, f32(dnormed), f32(dy),
+                            model_.grads.final_gain, model_.grads.final_bias, n_, h_);
     return dy;
   }
 
-  double head_forward(StageActivations& base, int mb, float scale) override {
-    CpuActivations& cache = cpu_cache(base);
+  double head_forward(Activations& base, int mb, float scale) override {
+    CpuHeadActivations& cache = head_cache(base);
     std::vector<float> logits(std::size_t(n_) * std::size_t(shape_.vocab), 0.0f);
     cpu::matmul_bt(cache.normed, model_.params.head, logits, n_, h_, shape_.vocab);
     cache.dlogits.resize(logits.size());
@@ -143,8 +131,8 @@ class CpuBackend final : public Backend {
     for (float& g : cache.dlogits) g *= scale;
     return loss * scale;
   }
-  Tensor head_backward(StageActivations& base) override {
-    CpuActivations& cache = cpu_cache(base);
+  Tensor head_backward(Activations& base) override {
+    CpuHeadActivations& cache = head_cache(base);
     Tensor dnormed = activation();
     cpu::matmul_at(cache.dlogits, cache.normed, model_.grads.head, n_, shape_.vocab, h_);
     cpu::matmul(cache.dlogits, model_.params.head, f32(dnormed), n_, shape_.vocab, h_, true);
@@ -200,9 +188,7 @@ class CpuBackend final : public Backend {
   }
 
   void optimizer_step(float learning_rate) override { model_.sgd_step(learning_rate); }
-  std::vector<float> grad_error_terms(const cpu::Model& reference) override {
-    return runtime::grad_error_terms(model_, reference);
-  }
+  std::vector<HostGradient> gradients() override { return host_gradients(model_); }
   Bytes static_bytes() const override { return Bytes(model_.parameter_count() * 2 * sizeof(float)); }
 
  private:
@@ -212,7 +198,6 @@ class CpuBackend final : public Backend {
   const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }
 
   cpu::ModelShape shape_;
-  const Layout& layout_;
   RankModel model_;
   int n_, h_;
   std::vector<Batch> batches_;

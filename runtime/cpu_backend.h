@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "backend.h"
+#include "cpu/model.h"
 #include "layout.h"
 
 namespace pipesim::runtime {

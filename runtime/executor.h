@@ -87,7 +87,11 @@ Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present.
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank);
 
+/// Makes rank `rank`'s backend: make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
+using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;
+
 /// Runs `options.steps` training steps of the job as rank comm.rank().
-Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& options);
+Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& options,
+                           const BackendFactory& backend_for = {});
 
 }  // namespace pipesim::runtime

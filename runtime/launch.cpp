@@ -8,14 +8,14 @@
 
 namespace pipesim::runtime {
 
-Result<RunResult> run_in_process(const Job& job, const RunOptions& options) {
+Result<RunResult> run_in_process(const Job& job, const RunOptions& options, const BackendFactory& backend_for) {
   const int ranks = job.layout.devices;
   World world(ranks, options.backend == BackendKind::Cuda ? cuda::device_memory() : host_memory());
   std::vector<std::optional<Result<RunResult>>> results(static_cast<std::size_t>(ranks));
   {
     std::vector<std::jthread> threads;
     for (int r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] { results[std::size_t(r)] = run_rank(world.rank(r), job, options); });
+      threads.emplace_back([&, r] { results[std::size_t(r)] = run_rank(world.rank(r), job, options, backend_for); });
   }
   // The first rank to fail names the cause; the others say where they stood when it ended the run.
   if (std::optional<std::string> why = world.abort_reason()) {

@@ -9,7 +9,7 @@ namespace pipesim::runtime {
 
 /// One thread per pipeline device, talking through an in-process communicator. A failure on any
 /// rank ends all of them; the error is the failing rank's (rank and op).
-Result<RunResult> run_in_process(const Job& job, const RunOptions& options);
+Result<RunResult> run_in_process(const Job& job, const RunOptions& options, const BackendFactory& backend_for = {});
 
 /// Whether this process was started by an MPI launcher (mpirun, srun with PMI/PMIx).
 bool launched_by_mpi();

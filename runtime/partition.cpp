@@ -17,15 +17,6 @@ void for_each_tensor(RankParams& a, RankParams& b, F&& f) {
 
 std::vector<float> zeros_like(const std::vector<float>& v) { return std::vector<float>(v.size(), 0.0f); }
 
-void add_terms(std::span<const float> grad, std::span<const float> reference, float* terms) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < grad.size(); ++i) {
-    diff += double(grad[i] - reference[i]) * (grad[i] - reference[i]);
-    ref += double(reference[i]) * reference[i];
-  }
-  terms[0] += float(diff), terms[1] += float(ref);
-}
-
 }  // namespace
 
 cpu::ModelShape model_shape(const Config& c) {
@@ -75,6 +66,13 @@ void RankModel::sgd_step(float learning_rate) {
   });
 }
 
+namespace {
+/// Tensors per layer, and where each part of the model starts in tensor_names.
+std::size_t layer_tensor_count() { return cpu::Layer{}.tensors().size(); }
+constexpr std::size_t kEmbedding = 0, kHead = 1, kFinalGain = 2, kFinalBias = 3, kFirstLayer = 4;
+std::size_t layer_tensor(int layer, std::size_t t) { return kFirstLayer + layer_tensor_count() * std::size_t(layer) + t; }
+}  // namespace
+
 std::vector<std::string> tensor_names(const cpu::ModelShape& shape) {
   std::vector<std::string> names{"embedding", "head", "final_ln.gain", "final_ln.bias"};
   static const char* const kLayerTensors[] = {"ln1.gain", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
@@ -84,23 +82,32 @@ std::vector<std::string> tensor_names(const cpu::ModelShape& shape) {
   return names;
 }
 
-std::vector<float> grad_error_terms(const RankModel& m, const cpu::Model& reference) {
-  std::vector<float> terms(2 * tensor_names(m.shape).size(), 0.0f);
-  const std::size_t h = std::size_t(m.shape.hidden), rows_from = std::size_t(m.shard.first) * h;
-  const auto rows = [&](const std::vector<float>& full, std::size_t size) {
-    return std::span<const float>(full).subspan(rows_from, size);
+std::span<const float> model_tensor(const cpu::Model& model, std::size_t index) {
+  switch (index) {
+    case kEmbedding: return model.embedding;
+    case kHead: return model.head;
+    case kFinalGain: return model.final_gain;
+    case kFinalBias: return model.final_bias;
+    default: {
+      const std::size_t at = index - kFirstLayer;
+      return *model.layers.at(at / layer_tensor_count()).tensors()[at % layer_tensor_count()];
+    }
+  }
+}
+
+std::vector<HostGradient> host_gradients(const RankModel& m) {
+  std::vector<HostGradient> grads;
+  const auto add = [&](std::size_t tensor, std::size_t offset, const std::vector<float>& values) {
+    if (!values.empty()) grads.push_back({.tensor = tensor, .offset = offset, .values = values});
   };
-  if (!m.grads.embedding.empty()) add_terms(m.grads.embedding, rows(reference.embedding, m.grads.embedding.size()), &terms[0]);
-  if (!m.grads.head.empty()) add_terms(m.grads.head, rows(reference.head, m.grads.head.size()), &terms[2]);
-  if (!m.grads.final_gain.empty()) {
-    add_terms(m.grads.final_gain, reference.final_gain, &terms[4]);
-    add_terms(m.grads.final_bias, reference.final_bias, &terms[6]);
-  }
+  const std::size_t shard_offset = std::size_t(m.shard.first) * std::size_t(m.shape.hidden);
+  add(kEmbedding, shard_offset, m.grads.embedding), add(kHead, shard_offset, m.grads.head);
+  add(kFinalGain, 0, m.grads.final_gain), add(kFinalBias, 0, m.grads.final_bias);
   for (const auto& [index, layer] : m.grads.layers) {
-    const auto mine = layer.tensors(), ref = reference.layers[std::size_t(index)].tensors();
-    for (std::size_t t = 0; t < mine.size(); ++t) add_terms(*mine[t], *ref[t], &terms[2 * (4 + 12 * std::size_t(index) + t)]);
+    const auto tensors = layer.tensors();
+    for (std::size_t t = 0; t < tensors.size(); ++t) add(layer_tensor(index, t), 0, *tensors[t]);
   }
-  return terms;
+  return grads;
 }
 
 }  // namespace pipesim::runtime

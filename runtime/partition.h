@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "cpu/model.h"
 #include "cpu/vocab.h"
 #include "layout.h"
@@ -36,11 +37,12 @@ struct RankModel {
 cpu::ModelShape model_shape(const Config& config);
 RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed);
 
-/// Names of the model's tensors in the order grad_error_terms reports them.
+/// Names of the model's tensors: embedding, head, final norm's gain and bias, then each layer's
+/// (cpu::Layer::tensors' order). HostGradient::tensor indexes this list.
 std::vector<std::string> tensor_names(const cpu::ModelShape& shape);
-/// For every tensor of the model: Σ (g − g_ref)² and Σ g_ref² over the elements this rank holds
-/// (2 values per tensor, zeros for tensors it does not hold). Summed over ranks they give each
-/// tensor's norm-wise relative error.
-std::vector<float> grad_error_terms(const RankModel& model, const cpu::Model& reference);
+/// Tensor `index` of tensor_names in a whole model.
+std::span<const float> model_tensor(const cpu::Model& model, std::size_t index);
+/// The gradients `model` holds, as Backend::gradients returns them.
+std::vector<HostGradient> host_gradients(const RankModel& model);
 
 }  // namespace pipesim::runtime

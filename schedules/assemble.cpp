@@ -33,7 +33,7 @@ struct Transfers {
   int device_of(int stage) const { return layout.stages[std::size_t(stage)].device; }
   /// The SEND of stage's output (or input gradient) for mb and its RECV on the other device.
   Task transfer(OpKind kind, Payload payload, int stage, int mb) const {
-    const int to = payload == Payload::Activation ? stage + 1 : stage - 1;
+    const int to = fed_stage(stage, payload);
     const bool send = kind == OpKind::Send;
     return {.kind = kind, .payload = payload, .chunk = std::int8_t(layout.stages[std::size_t(stage)].chunk),
             .device = device_of(send ? stage : to), .stage = stage, .microbatch = mb,
@@ -68,7 +68,7 @@ void derived_transfers(const Transfers& t, const std::vector<ComputeStep>& order
     t.builder.task(recv) = t.transfer(OpKind::Recv, payload, s.stage, s.microbatch);
     t.builder.pair(send, recv);
     *edge++ = {send, t.producer(payload, s.stage, s.microbatch)};
-    t.receives(payload).at(payload == Payload::Activation ? s.stage + 1 : s.stage - 1, s.microbatch) = recv;
+    t.receives(payload).at(fed_stage(s.stage, payload), s.microbatch) = recv;
   }
 }
 

@@ -65,7 +65,7 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
   /// One collective for microbatch x on the lane of its kind: a member per device, each depending
   /// on what that device must have finished (kNoTask: nothing). The members are added one after
   /// another: device d's is the returned id + d.
-  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x, auto after) {
+  const auto collective = [&](int lane, CollectiveData data, ReduceOp op, int root, int x, auto after, int rounds = 1) {
     const OpKind kind = op == ReduceOp::None ? OpKind::Broadcast : root >= 0 ? OpKind::Reduce : OpKind::AllReduce;
     std::vector<TaskId> members;
     members.reserve(std::size_t(devices_));
@@ -77,7 +77,8 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
       members.push_back(member);
     }
     const TaskId first = members.front();
-    builder.add_group({.members = std::move(members), .ranks = devices_, .data = data, .op = op, .root = root});
+    builder.add_group({.members = std::move(members), .ranks = devices_, .data = data, .op = op, .root = root,
+                       .rounds = rounds});
     return first;
   };
   using enum CollectiveData;
@@ -87,8 +88,9 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
     builder.depend(forward(0, x), input + first_device);
     const TaskId output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device, x,
                                      [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
+    // C0: the max M, then S and z; with Algorithm 2 also dX (DESIGN.md §5).
     const TaskId barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
-                                       [&](int d) { return pass(kS, d, x); });
+                                       [&](int d) { return pass(kS, d, x); }, two_barriers ? 2 : 3);
     TaskId barrier1 = kNoTask;
     if (two_barriers)
       barrier1 = collective(vocab_lane::kBarrier1, OutputGrad, ReduceOp::Sum, -1, x,

@@ -215,7 +215,12 @@ class AnalyticCostModel final : public CostModel {
                            : global_rank(c_, c_.parallel.pp - 1) < h_.gpus_per_node;
     const bool all_reduce = task.kind == OpKind::AllReduce ||
                             (task.kind == OpKind::DpAllReduce && group.data == CollectiveData::Gradients);
-    return ring(all_reduce, work.bytes, group.ranks, intra);
+    // The rounds' bytes go round the ring once; each further round (a few values per token, which
+    // NCCL reduces over a tree) waits for the last and adds a tree's latency: up and down its depth.
+    const int depth = int(std::ceil(std::log2(std::max(group.ranks, 1))));
+    const double latency_us = intra ? h_.intra_node_latency_us : h_.inter_node_latency_us;
+    return add_ns(ring(all_reduce, work.bytes, group.ranks, intra),
+                  times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us)));
   }
   TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
     // GEMM, then memory-bound softmax or gather kernels: their times add. (No vector: this runs for

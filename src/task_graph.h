@@ -75,6 +75,9 @@ constexpr bool is_compute(OpKind kind) { return stream_kind(kind) == Stream::Com
 
 /// What a SEND/RECV carries.
 enum class Payload : std::uint8_t { None, Activation, Gradient };
+/// The stage a transfer feeds: a SEND/RECV's `stage` is the stage that produced the data, an
+/// activation goes to the stage after it and a gradient to the stage before.
+constexpr int fed_stage(int stage, Payload payload) { return payload == Payload::Activation ? stage + 1 : stage - 1; }
 
 using TaskId = std::int32_t;
 constexpr TaskId kNoTask = -1;
@@ -140,6 +143,10 @@ struct CollectiveGroup {
   CollectiveData data = CollectiveData::Gradients;
   ReduceOp op = ReduceOp::Sum;
   int root = -1;  ///< BROADCAST and REDUCE: the device that holds the source or gets the result; -1 otherwise
+  /// Collectives run one after another inside the op, each waiting for the last: barrier C0 takes a
+  /// max round, then a sum round (and with Algorithm 2 a third for dX). `TaskWork::bytes` is their
+  /// total; every round pays the collective's latency.
+  int rounds = 1;
 };
 
 /// The allocator of the op array and the CSR id lists, which writes nothing where an array grows:

@@ -66,6 +66,34 @@ TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
   CHECK(checked == 2 * 2 * 6);  // two boundaries, both directions, six microbatches
 }
 
+TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tree's latency per further round") {
+  // Three devices on one node of 4: every collective is intra-node. Algorithm 1's C0 takes 2 rounds
+  // (M; S and z), Algorithm 2's 3 (and dX): the bytes are fp32 max, sum-exp and target logit per
+  // token, plus Algorithm 2's dX (tokens x h).
+  for (const auto& [vocab, rounds] : {std::pair{"vocab-1", 2}, {"vocab-2", 3}}) {
+    Config c = parse_or_fail(kThreeStages);
+    c.hardware.gpus_per_node = 4;
+    c.schedule.vocab = vocab;
+    const Simulated sim = simulate_or_fail(c);
+    const HardwareConfig& hw = c.hardware;
+    const double n = 3, tokens = 2048, h = 1024;
+    const double bytes = 3 * 4 * tokens + (rounds == 3 ? 4 * tokens * h : 0);
+    const TimeNs step = std::llround(hw.intra_node_latency_us * 1e3) + std::llround(bytes / n / (hw.intra_node_gbps * 1e9) * 1e9);
+    const TimeNs latency = std::llround(hw.intra_node_latency_us * 1e3);
+    const int depth = 2;  // ceil(log2 3)
+    const TimeNs expected = 2 * (3 - 1) * step + (rounds - 1) * 2 * depth * latency;
+    int checked = 0;
+    for (std::size_t i = 0; i < sim.plan.graph.size(); ++i) {
+      const Task& t = sim.plan.graph.task(TaskId(i));
+      if (t.group < 0 || sim.plan.graph.group_of(TaskId(i)).data != CollectiveData::SoftmaxStats) continue;
+      CHECK(sim.plan.graph.group_of(TaskId(i)).rounds == rounds);
+      CHECK(sim.durations[i] == expected);
+      ++checked;
+    }
+    CHECK(checked == 3 * 6);  // a member per device, six microbatches
+  }
+}
+
 TEST_CASE("static memory is parameters x 18 bytes, or 6 + 12/d with a distributed optimizer") {
   const int zero = GENERATE(0, 1);
   Config c = parse_or_fail(kThreeStages, {"parallel.dp=4", fmt::format("training.zero_stage={}", zero)});

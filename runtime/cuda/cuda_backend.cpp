@@ -33,38 +33,39 @@ namespace {
 /// Each thread's cuBLASLt workspace: what cuBLAS recommends for Hopper.
 constexpr std::size_t kGemmWorkspace = std::size_t(32) << 20;
 
-/// What a stage keeps from F to B (and W): the inputs of every kernel's backward.
-struct CudaActivations final : StageActivations {
-  struct Layer {
-    Tensor input, ln1, mean1, rstd1, qkv, attention, lse, middle, ln2, mean2, rstd2, fc1, gelu;
-  };
-  /// The output gradients of the four linear maps, kept for a W split off B.
+/// What a layer keeps from F to B (and W): the inputs of every kernel's backward, and for a W split
+/// off B the output gradients of the four linear maps.
+struct CudaLayerActivations final : Activations {
+  Tensor input, ln1, mean1, rstd1, qkv, attention, lse, middle, ln2, mean2, rstd2, fc1, gelu;
   struct Deferred {
     Tensor fc2_dy, fc1_dy, proj_dy, qkv_dy;
-  };
-  std::vector<Layer> layers;
-  std::vector<Deferred> deferred;
-  Tensor final_input, final_mean, final_rstd, normed, dlogits;
+  } deferred;
 
   Bytes bytes() const override {
-    std::size_t total = final_input.bytes() + final_mean.bytes() + final_rstd.bytes() + normed.bytes() + dlogits.bytes();
-    for (const Layer& l : layers)
-      for (const Tensor* t : {&l.input, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.attention, &l.lse, &l.middle, &l.ln2,
-                              &l.mean2, &l.rstd2, &l.fc1, &l.gelu})
-        total += t->bytes();
-    for (const Deferred& d : deferred) total += d.fc2_dy.bytes() + d.fc1_dy.bytes() + d.proj_dy.bytes() + d.qkv_dy.bytes();
+    std::size_t total = 0;
+    for (const Tensor* t : {&input, &ln1, &mean1, &rstd1, &qkv, &attention, &lse, &middle, &ln2, &mean2, &rstd2, &fc1,
+                            &gelu, &deferred.fc2_dy, &deferred.fc1_dy, &deferred.proj_dy, &deferred.qkv_dy})
+      total += t->bytes();
     return Bytes(total);
   }
-  void keep_for_weight_pass() override { final_input = {}, normed = {}, dlogits = {}; }
 };
 
-CudaActivations& gpu_cache(StageActivations& cache) { return static_cast<CudaActivations&>(cache); }
-const CudaActivations& gpu_cache(const StageActivations& cache) { return static_cast<const CudaActivations&>(cache); }
+/// The final LayerNorm's input and output, and the baseline LM head's logit gradients (last stage).
+struct CudaHeadActivations final : Activations {
+  Tensor input, mean, rstd, normed, dlogits;
+  Bytes bytes() const override {
+    return Bytes(input.bytes() + mean.bytes() + rstd.bytes() + normed.bytes() + dlogits.bytes());
+  }
+};
+
+CudaLayerActivations& layer_cache(Activations& cache) { return static_cast<CudaLayerActivations&>(cache); }
+CudaHeadActivations& head_cache(Activations& cache) { return static_cast<CudaHeadActivations&>(cache); }
+const CudaHeadActivations& head_cache(const Activations& cache) { return static_cast<const CudaHeadActivations&>(cache); }
 
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed, const BackendOptions& o)
-      : shape_(shape), layout_(layout), options_(o), n_(shape.tokens()), h_(shape.hidden),
+      : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden),
         host_(make_rank_model(shape, layout, rank, seed)), share_(bind_device(o)), model_(host_, o.dtype) {
     // Freed blocks stay in the pool for the next step instead of going back to the driver.
     cudaMemPool_t pool = nullptr;
@@ -136,62 +137,52 @@ class CudaBackend final : public Backend {
                        dtype(), stream());
   }
 
-  std::unique_ptr<StageActivations> stage_forward(int stage, Tensor& x) override {
-    const VirtualStage& s = layout_.stages[std::size_t(stage)];
-    auto cache = std::make_unique<CudaActivations>();
-    cache->layers.resize(std::size_t(s.layers));
-    for (int l = 0; l < s.layers; ++l) layer_forward(model_.layers.at(s.first_layer + l), x, cache->layers[std::size_t(l)]);
+  std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
+    auto cache = std::make_unique<CudaLayerActivations>();
+    forward(model_.layers.at(layer), x, *cache);
     return cache;
   }
-  void stage_backward(int stage, StageActivations& base, Tensor& dy, bool defer_weights) override {
-    const VirtualStage& s = layout_.stages[std::size_t(stage)];
-    CudaActivations& cache = gpu_cache(base);
-    if (defer_weights) cache.deferred.resize(std::size_t(s.layers));
-    for (int l = s.layers - 1; l >= 0; --l)
-      layer_backward(model_.layers.at(s.first_layer + l), cache.layers[std::size_t(l)], dy,
-                     defer_weights ? &cache.deferred[std::size_t(l)] : nullptr);
+  void layer_backward(int layer, Activations& cache, Tensor& dy, bool defer_weights) override {
+    backward(model_.layers.at(layer), layer_cache(cache), dy, defer_weights);
   }
-  void stage_weight(int stage, StageActivations& base) override {
-    const VirtualStage& s = layout_.stages[std::size_t(stage)];
-    CudaActivations& cache = gpu_cache(base);
-    for (int l = 0; l < s.layers; ++l) {
-      DeviceLayer& w = model_.layers.at(s.first_layer + l);
-      const CudaActivations::Layer& c = cache.layers[std::size_t(l)];
-      const CudaActivations::Deferred& d = cache.deferred[std::size_t(l)];
-      const int f = shape_.ffn;
-      linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, f, h_);
-      linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, f);
-      linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, h_, h_);
-      linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
-    }
+  void layer_weight(int layer, Activations& base) override {
+    DeviceLayer& w = model_.layers.at(layer);
+    const CudaLayerActivations& c = layer_cache(base);
+    const CudaLayerActivations::Deferred& d = c.deferred;
+    const int f = shape_.ffn;
+    linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, f, h_);
+    linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, f);
+    linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, h_, h_);
+    linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
   }
 
-  void final_norm(StageActivations& base, Tensor x) override {
-    CudaActivations& cache = gpu_cache(base);
-    cache.final_input = std::move(x);
-    cache.normed = uninitialized(activation_size(), dtype());
-    cache.final_mean = uninitialized(std::size_t(n_), DType::F32);
-    cache.final_rstd = uninitialized(std::size_t(n_), DType::F32);
-    layernorm_forward(cache.final_input.data(), model_.final_gain.weight.get(), model_.final_bias.weight.get(),
-                      cache.normed.data(), f32(cache.final_mean), f32(cache.final_rstd), n_, h_, dtype(), stream());
+  std::unique_ptr<Activations> final_norm(Tensor x) override {
+    auto cache = std::make_unique<CudaHeadActivations>();
+    cache->input = std::move(x);
+    cache->normed = uninitialized(activation_size(), dtype());
+    cache->mean = uninitialized(std::size_t(n_), DType::F32);
+    cache->rstd = uninitialized(std::size_t(n_), DType::F32);
+    layernorm_forward(cache->input.data(), model_.final_gain.weight.get(), model_.final_bias.weight.get(),
+                      cache->normed.data(), f32(cache->mean), f32(cache->rstd), n_, h_, dtype(), stream());
+    return cache;
   }
-  Tensor final_output(const StageActivations& base) override {
-    const CudaActivations& cache = gpu_cache(base);
+  Tensor final_output(const Activations& base) override {
+    const CudaHeadActivations& cache = head_cache(base);
     Tensor x = uninitialized(activation_size(), dtype());
     copy(cache.normed, 0, x, 0, cache.normed.count());
     return x;
   }
-  Tensor final_norm_backward(StageActivations& base, const Tensor& dnormed) override {
-    CudaActivations& cache = gpu_cache(base);
+  Tensor final_norm_backward(Activations& base, const Tensor& dnormed) override {
+    CudaHeadActivations& cache = head_cache(base);
     Tensor dy = activation();
-    layernorm_backward(cache.final_input.data(), model_.final_gain.weight.get(), f32(cache.final_mean),
-                       f32(cache.final_rstd), dnormed.data(), dy.data(), model_.final_gain.grad.get(),
-                       model_.final_bias.grad.get(), n_, h_, dtype(), stream());
+    layernorm_backward(cache.input.data(), model_.final_gain.weight.get(), f32(cache.mean), f32(cache.rstd),
+                       dnormed.data(), dy.data(), model_.final_gain.grad.get(), model_.final_bias.grad.get(), n_, h_,
+                       dtype(), stream());
     return dy;
   }
 
-  double head_forward(StageActivations& base, int mb, float scale) override {
-    CudaActivations& cache = gpu_cache(base);
+  double head_forward(Activations& base, int mb, float scale) override {
+    CudaHeadActivations& cache = head_cache(base);
     const int vocab = shape_.vocab;
     Tensor logits = uninitialized(std::size_t(n_) * std::size_t(vocab), DType::F32);
     matmul_bt(gemm(), cache.normed.data(), model_.head.compute(dtype()), logits.data(), n_, h_, vocab,
@@ -203,8 +194,8 @@ class CudaBackend final : public Backend {
     cuda::scale(cache.dlogits.data(), scale, cache.dlogits.count(), dtype(), stream());
     return download_scalar(loss) * scale;
   }
-  Tensor head_backward(StageActivations& base) override {
-    CudaActivations& cache = gpu_cache(base);
+  Tensor head_backward(Activations& base) override {
+    CudaHeadActivations& cache = head_cache(base);
     const int vocab = shape_.vocab;
     Tensor dnormed = uninitialized(activation_size(), dtype());
     matmul_at(gemm(), cache.dlogits.data(), cache.normed.data(), model_.head.grad.get(), n_, vocab, h_,
@@ -265,9 +256,9 @@ class CudaBackend final : public Backend {
 
   // ---- per iteration ----
   void optimizer_step(float learning_rate) override { model_.sgd_step(learning_rate, stream()); }
-  std::vector<float> grad_error_terms(const cpu::Model& reference) override {
+  std::vector<HostGradient> gradients() override {
     model_.download_grads(host_);
-    return runtime::grad_error_terms(host_, reference);
+    return host_gradients(host_);
   }
   Bytes static_bytes() const override { return Bytes(model_.bytes()); }
 
@@ -347,7 +338,7 @@ class CudaBackend final : public Backend {
     matmul_bt(gemm(), dy.data(), w.compute(dtype()), dx.data(), n_, out, in, {dtype(), dtype()}, false, stream());
   }
 
-  void layer_forward(DeviceLayer& w, Tensor& x, CudaActivations::Layer& c) {
+  void forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
     const int f = shape_.ffn;
     c.input = std::move(x);
     c.ln1 = uninitialized(activation_size(), dtype());
@@ -384,12 +375,13 @@ class CudaBackend final : public Backend {
     x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_, &c.middle);  // with the residual
   }
 
-  /// With `keep` (a W pass split off), the four output gradients move into it instead of feeding
-  /// weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is copied.
-  void layer_backward(DeviceLayer& w, const CudaActivations::Layer& c, Tensor& dy, CudaActivations::Deferred* keep) {
+  /// With `defer` (a W pass split off), the four output gradients move into c.deferred instead of
+  /// feeding weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is
+  /// copied.
+  void backward(DeviceLayer& w, CudaLayerActivations& c, Tensor& dy, bool defer) {
     const int f = shape_.ffn;
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    const bool defer = keep != nullptr;
+    CudaLayerActivations::Deferred* keep = defer ? &c.deferred : nullptr;
     Tensor dmiddle = uninitialized(activation_size(), dtype());  // through the second residual
     copy(dy, 0, dmiddle, 0, dy.count());
     // fc2, and GELU's backward: fused into fc2's input-gradient GEMM where cuBLASLt can.
@@ -468,7 +460,6 @@ class CudaBackend final : public Backend {
   }
 
   cpu::ModelShape shape_;
-  const Layout& layout_;
   BackendOptions options_;
   int n_, h_;
   RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend.h"
+#include "cpu/model.h"
 #include "inprocess_comm.h"
 #include "layout.h"
 #include "status.h"

@@ -65,10 +65,10 @@ int bench_layer(const LayerBenchShape& shape, const std::string& dtype, int iter
       backend->copy(input, 0, x, 0, input.count());
       backend->synchronize();
       const auto start = Clock::now();
-      std::unique_ptr<runtime::StageActivations> cache = backend->stage_forward(0, x);
+      std::unique_ptr<runtime::Activations> cache = backend->layer_forward(0, x);
       backend->synchronize();
       const auto forwarded = Clock::now();
-      backend->stage_backward(0, *cache, x, false);  // the output as its own gradient: any nonzero values do
+      backend->layer_backward(0, *cache, x, false);  // the output as its own gradient: any nonzero values do
       backend->synchronize();
       const auto end = Clock::now();
       if (i < 2) continue;

@@ -1,0 +1,77 @@
+#pragma once
+/// Internal to the runtime: what each op of the IR does on one rank (DESIGN.md §3: buffers keyed by
+/// kind, stage and microbatch; §5: the vocabulary passes). Compute ops run a stage's layers, the
+/// vocabulary passes and the optimizer through the Backend; communication ops move the buffers
+/// their collective's CollectiveData names over the lane the op names.
+#include <atomic>
+#include <optional>
+#include <vector>
+
+#include "buffers.h"
+#include "job.h"
+#include "walker.h"
+
+namespace pipesim::runtime {
+
+class OpInterpreter final : public OpRunner {
+ public:
+  OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend, float learning_rate);
+
+  void compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>& vocab_parts) override;
+  void start(InFlight& f) override;
+  bool advance(InFlight& f) override;
+
+  /// Before a step: its batches; `capture_gradients`: keep the gradients the optimizer op is about
+  /// to apply (the gradient check's).
+  void begin_step(std::span<const Batch> batches, bool capture_gradients);
+  /// This rank's share of the step's loss (the mean over every token of the iteration).
+  double loss_part() const { return loss_part_; }
+  /// The gradients kept by the step begun with capture_gradients.
+  std::vector<HostGradient> take_gradients() { return std::exchange(gradients_, std::nullopt).value(); }
+  BufferStore& buffers() { return buffers_; }
+
+ private:
+  /// dloss/dlogit scale: the loss is the mean over every token of the iteration.
+  float token_weight() const { return 1.0f / float(n_ * microbatches_); }
+  std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
+  bool on_this_rank(int stage) const { return layout_.stages[std::size_t(stage)].device == rank_; }
+  /// Runs `work` between two marks, a part of the op the profile reports apart.
+  template <class F>
+  void vocab_layer(F&& work);
+
+  // ---- compute ops ----
+  void forward(const Task& t);
+  void backward(const Task& t);
+  void weight(const Task& t);
+  /// S: logits of this device's shard and the local softmax statistics (+ A and Y for Algorithm 2).
+  void output_forward(int mb);
+  /// T: the softmax gradient of this shard, dW (+ this shard's dX for Algorithm 1).
+  void output_backward(int mb);
+  void optimizer();
+
+  // ---- communication ops ----
+  void start_collective(InFlight& f, const CollectiveGroup& group);
+  /// Barrier C0 after each round: M -> (S, z) -> (Algorithm 2) dX.
+  bool barrier0_round(InFlight& f, const CollectiveGroup& group);
+  Communicator& lane(TaskId id) { return comm_.lane(graph_.task(id).lane); }
+
+  const TaskGraph& graph_;
+  const Layout& layout_;
+  const int rank_;
+  Transport& comm_;
+  Backend& backend_;
+  const float learning_rate_;
+  const int microbatches_, n_, h_;
+  const int last_device_, last_stage_;
+  const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
+
+  BufferStore buffers_;
+  std::atomic<double> loss_part_ = 0;  ///< the head runs on either thread
+  bool capture_gradients_ = false;
+  std::optional<std::vector<HostGradient>> gradients_;
+  /// The compute op in progress: its clock and where its vocabulary parts go.
+  DeviceClock* clock_ = nullptr;
+  std::vector<MarkSpan>* vocab_parts_ = nullptr;
+};
+
+}  // namespace pipesim::runtime

@@ -1,5 +1,6 @@
 // The Llama family on the CPU: RMSNorm, rotary embeddings, SwiGLU and grouped-query attention
-// against finite differences and against properties that follow from their definitions. Every expected value is computed here from the definition.
+// against finite differences and against properties that follow from their definitions, then a whole
+// Llama layer. Every expected value is computed here from the definition.
 //
 // Tolerances: the kernels are fp32, so the finite differences are too. With step 1e-2 a central
 // difference is off by O(step²)·f''' (about 1e-4 for these smooth functions of O(1) inputs) plus
@@ -13,6 +14,7 @@
 #include "gradient_check.h"
 #include "kernels.h"
 #include "llama_kernels.h"
+#include "model.h"
 
 using namespace pipesim::cpu;
 using pipesim::test::dot;
@@ -179,4 +181,102 @@ TEST_CASE("grouped-query attention equals multi-head attention on repeated key/v
     return dot(out, weights);
   };
   CHECK(worst_gradient_error(qkv, loss, dqkv) < 2e-2);
+}
+
+namespace {
+
+ModelShape llama_shape(int kv_heads) {
+  return ModelShape{.layers = 2, .hidden = 16, .heads = 4, .ffn = 12, .vocab = 11, .batch = 2, .seq = 3,
+                    .kv_heads = kv_heads, .family = LayerFamily::Llama, .rope_theta = 100};
+}
+
+/// make_layer's tensors replaced by random ones of O(1) spread (gains around 1), so that every
+/// nonlinearity of the layer is exercised away from its near-linear start.
+Layer random_layer(const ModelShape& shape, unsigned seed) {
+  Layer w = make_layer(shape, 1, 0);
+  const std::vector<std::string> names = layer_tensor_names();
+  auto tensors = w.tensors();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<float> values = random_values(tensors[t]->size(), seed + unsigned(t), 0.4f);
+    if (names[t].ends_with(".gain"))
+      for (float& v : values) v += 1;
+    *tensors[t] = std::move(values);
+  }
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("a Llama layer has gains, fused QKV, gate-up and down weights, no biases, and names for each tensor") {
+  const int kv_heads = GENERATE(0, 2);
+  const ModelShape s = llama_shape(kv_heads);
+  CAPTURE(kv_heads);
+  const Layer w = make_layer(s, 5, 1);
+  const std::vector<std::string> names = layer_tensor_names();
+  const auto tensors = w.tensors();
+  REQUIRE(names.size() == tensors.size());
+  const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.ffn), kv = std::size_t(s.key_value_heads());
+  const std::size_t d = h / std::size_t(s.heads);
+  for (std::size_t t = 0; t < names.size(); ++t) {
+    CAPTURE(names[t]);
+    const std::size_t want = names[t] == "ln1.gain" || names[t] == "ln2.gain" ? h
+                             : names[t] == "qkv.weight"                       ? h * (h + 2 * kv * d)
+                             : names[t] == "proj.weight"                      ? h * h
+                             : names[t] == "fc1.weight"                       ? h * 2 * f
+                             : names[t] == "fc2.weight"                       ? f * h
+                                                                              : 0;  // every bias
+    CHECK(tensors[t]->size() == want);
+  }
+  CHECK(*make_model(s, 5).layers[1].tensors()[2] == *tensors[2]);  // by (seed, tensor, index): any partition
+  CHECK(make_model(s, 5).final_bias.empty());
+}
+
+TEST_CASE("a Llama layer's backward matches finite differences, with multi-head and grouped-query attention") {
+  const int kv_heads = GENERATE(0, 2, 1);
+  const ModelShape s = llama_shape(kv_heads);
+  CAPTURE(kv_heads);
+  Layer w = random_layer(s, 50);
+  const std::size_t size = std::size_t(s.tokens()) * s.hidden;
+  std::vector<float> x = random_values(size, 60), y(size);
+  const std::vector<float> weights = random_values(size, 61);
+  const auto loss = [&] {
+    LayerCache cache;
+    layer_forward(s, w, x, y, cache);
+    return dot(y, weights);
+  };
+  LayerCache cache;
+  layer_forward(s, w, x, y, cache);
+  std::vector<float> dx(size);
+  Layer grad = zero_layer(s);
+  layer_backward(s, w, cache, weights, dx, grad);
+  CHECK(worst_gradient_error(x, loss, dx) < 2e-2);
+  const std::vector<std::string> names = layer_tensor_names();
+  auto params = w.tensors(), grads = grad.tensors();
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    CAPTURE(names[t]);
+    CHECK(grads[t]->size() == params[t]->size());
+    if (!params[t]->empty()) CHECK(worst_gradient_error(*params[t], loss, *grads[t]) < 2e-2);
+  }
+}
+
+TEST_CASE("a Llama layer's weight gradients are the same bits whether W runs with B or apart from it") {
+  const ModelShape s = llama_shape(2);
+  const Layer w = random_layer(s, 70);
+  const std::size_t size = std::size_t(s.tokens()) * s.hidden;
+  const std::vector<float> x = random_values(size, 71), dy = random_values(size, 72);
+  std::vector<float> y(size), fused_dx(size), split_dx(size);
+  LayerCache cache;
+  layer_forward(s, w, x, y, cache);
+  Layer fused = zero_layer(s), split = zero_layer(s);
+  layer_backward(s, w, cache, dy, fused_dx, fused);
+  DeferredWeightGrad deferred;
+  layer_backward(s, w, cache, dy, split_dx, split, &deferred);
+  CHECK(split.fc1_weight == std::vector<float>(split.fc1_weight.size(), 0.0f));  // deferred: not yet added
+  layer_weight_backward(s, cache, deferred, split);
+  CHECK(split_dx == fused_dx);
+  const std::vector<std::string> names = layer_tensor_names();
+  for (std::size_t t = 0; t < names.size(); ++t) {
+    CAPTURE(names[t]);
+    CHECK(*split.tensors()[t] == *fused.tensors()[t]);
+  }
 }

@@ -13,6 +13,7 @@ constexpr pipesim::cuda_test::CheckGroup kGroups[] = {
     {"gemm", pipesim::cuda_test::check_gemm},
     {"gemm epilogues", pipesim::cuda_test::check_gemm_epilogues},
     {"layer kernels", pipesim::cuda_test::check_layer_kernels},
+    {"llama kernels", pipesim::cuda_test::check_llama_kernels},
     {"attention", pipesim::cuda_test::check_attention},
     {"cudnn attention", pipesim::cuda_test::check_attention_cudnn},
     {"vocabulary", pipesim::cuda_test::check_vocab},

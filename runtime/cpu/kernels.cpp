@@ -217,18 +217,40 @@ void gelu_backward(std::span<const float> x, std::span<const float> dy, std::spa
   }
 }
 
+namespace {
+
+/// Column offsets in a fused QKV row (kernels.h): query head `head` and the key/value head it reads.
+struct QkvLayout {
+  int d = 0, width = 0;  ///< head width; row width h + 2·kv_heads·d
+  int group = 1;         ///< query heads per key/value head
+  int kv_columns = 0;    ///< kv_heads·d
+  int h = 0;
+  std::size_t q(int head) const { return std::size_t(head) * d; }
+  std::size_t k(int head) const { return std::size_t(h) + std::size_t(head / group) * d; }
+  std::size_t v(int head) const { return std::size_t(h) + std::size_t(kv_columns) + std::size_t(head / group) * d; }
+};
+
+QkvLayout qkv_layout(int h, int heads, int kv_heads) {
+  const int kv = kv_heads == 0 ? heads : kv_heads, d = h / heads;
+  return QkvLayout{d, h + 2 * kv * d, heads / kv, kv * d, h};
+}
+
+}  // namespace
+
 void attention_forward(std::span<const float> qkv, std::span<float> out, std::span<float> probs, int batch, int seq,
-                       int h, int heads) {
-  const int d = h / heads;
+                       int h, int heads, int kv_heads) {
+  const QkvLayout at = qkv_layout(h, heads, kv_heads);
+  const int d = at.d;
+  const std::size_t width = std::size_t(at.width);
   const float scale = 1.0f / std::sqrt(float(d));
   for (int b = 0; b < batch; ++b)
     for (int hd = 0; hd < heads; ++hd)
       for (int i = 0; i < seq; ++i) {
-        const float* q = &qkv[(std::size_t(b) * seq + i) * 3 * h + std::size_t(hd) * d];
+        const float* q = &qkv[(std::size_t(b) * seq + i) * width + at.q(hd)];
         float* p = &probs[((std::size_t(b) * heads + hd) * seq + i) * seq];
         float max = -INFINITY;
         for (int j = 0; j <= i; ++j) {  // causal: only keys up to the query
-          const float* k = &qkv[(std::size_t(b) * seq + j) * 3 * h + h + std::size_t(hd) * d];
+          const float* k = &qkv[(std::size_t(b) * seq + j) * width + at.k(hd)];
           float dot = 0;
           for (int e = 0; e < d; ++e) dot += q[e] * k[e];
           p[j] = dot * scale;
@@ -241,26 +263,28 @@ void attention_forward(std::span<const float> qkv, std::span<float> out, std::sp
         float* o = &out[(std::size_t(b) * seq + i) * h + std::size_t(hd) * d];
         std::fill(o, o + d, 0.0f);
         for (int j = 0; j <= i; ++j) {
-          const float* v = &qkv[(std::size_t(b) * seq + j) * 3 * h + 2 * h + std::size_t(hd) * d];
+          const float* v = &qkv[(std::size_t(b) * seq + j) * width + at.v(hd)];
           for (int e = 0; e < d; ++e) o[e] += p[j] * v[e];
         }
       }
 }
 
 void attention_backward(std::span<const float> qkv, std::span<const float> probs, std::span<const float> dout,
-                        std::span<float> dqkv, int batch, int seq, int h, int heads) {
-  const int d = h / heads;
+                        std::span<float> dqkv, int batch, int seq, int h, int heads, int kv_heads) {
+  const QkvLayout at = qkv_layout(h, heads, kv_heads);
+  const int d = at.d;
+  const std::size_t width = std::size_t(at.width);
   const float scale = 1.0f / std::sqrt(float(d));
   std::vector<float> dp(static_cast<std::size_t>(seq));
   for (int b = 0; b < batch; ++b)
     for (int hd = 0; hd < heads; ++hd)
       for (int i = 0; i < seq; ++i) {
-        const std::size_t qrow = (std::size_t(b) * seq + i) * 3 * h + std::size_t(hd) * d;
+        const std::size_t qrow = (std::size_t(b) * seq + i) * width + at.q(hd);
         const float* p = &probs[((std::size_t(b) * heads + hd) * seq + i) * seq];
         const float* go = &dout[(std::size_t(b) * seq + i) * h + std::size_t(hd) * d];
         float weighted = 0;  // Σ_j p_j dp_j, for the softmax backward
         for (int j = 0; j <= i; ++j) {
-          const std::size_t vrow = (std::size_t(b) * seq + j) * 3 * h + 2 * h + std::size_t(hd) * d;
+          const std::size_t vrow = (std::size_t(b) * seq + j) * width + at.v(hd);
           float dot = 0;
           for (int e = 0; e < d; ++e) {
             dot += go[e] * qkv[vrow + e];
@@ -271,7 +295,7 @@ void attention_backward(std::span<const float> qkv, std::span<const float> probs
         }
         for (int j = 0; j <= i; ++j) {
           const float ds = p[j] * (dp[std::size_t(j)] - weighted) * scale;  // through softmax and scale
-          const std::size_t krow = (std::size_t(b) * seq + j) * 3 * h + h + std::size_t(hd) * d;
+          const std::size_t krow = (std::size_t(b) * seq + j) * width + at.k(hd);
           for (int e = 0; e < d; ++e) {
             dqkv[qrow + e] += ds * qkv[krow + e];  // dQ
             dqkv[krow + e] += ds * qkv[qrow + e];  // dK

@@ -51,13 +51,17 @@ void layernorm_backward(std::span<const float> x, std::span<const float> gamma, 
 void gelu_forward(std::span<const float> x, std::span<float> y);
 void gelu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx);
 
-/// Causal multi-head self-attention on a fused QKV (n×3h, per row [q | k | v], heads of width
-/// h / heads) for `batch` sequences of length `seq` (n = batch·seq). Keeps the attention
+/// Causal multi-head self-attention on a fused QKV for `batch` sequences of length `seq` (n =
+/// batch·seq), heads of width d = h / heads. `kv_heads` key/value heads (0 means `heads`; fewer is
+/// grouped-query attention, heads % kv_heads == 0) make QKV rows of width h + 2·kv_heads·d, laid out
+/// [q: heads·d | k: kv_heads·d | v: kv_heads·d]; query head i reads key/value head i / (heads /
+/// kv_heads). With kv_heads = heads the rows are [q | k | v] of width 3h. Keeps the attention
 /// probabilities (batch·heads·seq·seq) for the backward.
 void attention_forward(std::span<const float> qkv, std::span<float> out, std::span<float> probs, int batch, int seq,
-                       int h, int heads);
+                       int h, int heads, int kv_heads = 0);
+/// dqkv += the gradient; a key/value head shared by several query heads sums their terms in head order.
 void attention_backward(std::span<const float> qkv, std::span<const float> probs, std::span<const float> dout,
-                        std::span<float> dqkv, int batch, int seq, int h, int heads);
+                        std::span<float> dqkv, int batch, int seq, int h, int heads, int kv_heads = 0);
 
 /// Softmax cross-entropy over rows of `vocab` logits; returns the mean loss over the n rows and
 /// writes dlogits = (softmax - onehot) / n.

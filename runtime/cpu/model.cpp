@@ -5,6 +5,7 @@
 
 #include "hash.h"
 #include "kernels.h"
+#include "llama_kernels.h"
 
 namespace pipesim::cpu {
 namespace {
@@ -28,32 +29,54 @@ std::vector<float> constant(std::size_t n, float value) { return std::vector<flo
 // Tensor ids: 0 embedding, 1 head, 2 final LN, then 16 per layer.
 constexpr std::uint64_t kLayerTensors = 16;
 
-}  // namespace
+struct NamedTensor {
+  const char* name;
+  std::vector<float> Layer::*member;
+};
+/// A layer's tensors and their names, in Layer::tensors() order: the one list both come from.
+constexpr NamedTensor kNamedTensors[] = {
+    {"ln1.gain", &Layer::ln1_gain},     {"ln1.bias", &Layer::ln1_bias},
+    {"qkv.weight", &Layer::qkv_weight}, {"qkv.bias", &Layer::qkv_bias},
+    {"proj.weight", &Layer::proj_weight}, {"proj.bias", &Layer::proj_bias},
+    {"ln2.gain", &Layer::ln2_gain},     {"ln2.bias", &Layer::ln2_bias},
+    {"fc1.weight", &Layer::fc1_weight}, {"fc1.bias", &Layer::fc1_bias},
+    {"fc2.weight", &Layer::fc2_weight}, {"fc2.bias", &Layer::fc2_bias}};
 
-/// Both tensors() overloads: the list of a layer's tensors, in one place.
+/// Both tensors() overloads.
 template <class L>
 auto tensors_of(L& layer) {
   using Tensor = std::conditional_t<std::is_const_v<L>, const std::vector<float>, std::vector<float>>;
-  return std::vector<Tensor*>{&layer.ln1_gain, &layer.ln1_bias, &layer.qkv_weight, &layer.qkv_bias,
-                              &layer.proj_weight, &layer.proj_bias, &layer.ln2_gain, &layer.ln2_bias,
-                              &layer.fc1_weight, &layer.fc1_bias, &layer.fc2_weight, &layer.fc2_bias};
+  std::vector<Tensor*> tensors;
+  for (const NamedTensor& t : kNamedTensors) tensors.push_back(&(layer.*t.member));
+  return tensors;
 }
+
+}  // namespace
 
 std::vector<std::vector<float>*> Layer::tensors() { return tensors_of(*this); }
 std::vector<const std::vector<float>*> Layer::tensors() const { return tensors_of(*this); }
 
+std::vector<std::string> layer_tensor_names() {
+  std::vector<std::string> names;
+  for (const NamedTensor& t : kNamedTensors) names.emplace_back(t.name);
+  return names;
+}
+
 Layer make_layer(const ModelShape& s, std::uint64_t seed, int index) {
-  const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.ffn);
+  const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.ffn), qkv = std::size_t(s.qkv_width()),
+                    fc1 = std::size_t(s.fc1_width());
   const std::uint64_t base = 3 + kLayerTensors * std::uint64_t(index);
   const float scale = 0.02f, residual_scale = 0.02f / std::sqrt(2.0f * float(s.layers));  // GPT-2 style
+  // Zero biases for GPT; Llama has none, and its bias tensors stay empty.
+  const auto bias = [&s](std::size_t n) { return s.family == LayerFamily::Gpt ? constant(n, 0) : std::vector<float>{}; };
   open_gemm_library();  // the layer's GEMMs follow: open their library now, outside any op's measured time
   Layer w;
-  w.ln1_gain = constant(h, 1), w.ln1_bias = constant(h, 0);
-  w.qkv_weight = normal_tensor(h * 3 * h, seed, base + 0, scale), w.qkv_bias = constant(3 * h, 0);
-  w.proj_weight = normal_tensor(h * h, seed, base + 1, residual_scale), w.proj_bias = constant(h, 0);
-  w.ln2_gain = constant(h, 1), w.ln2_bias = constant(h, 0);
-  w.fc1_weight = normal_tensor(h * f, seed, base + 2, scale), w.fc1_bias = constant(f, 0);
-  w.fc2_weight = normal_tensor(f * h, seed, base + 3, residual_scale), w.fc2_bias = constant(h, 0);
+  w.ln1_gain = constant(h, 1), w.ln1_bias = bias(h);
+  w.qkv_weight = normal_tensor(h * qkv, seed, base + 0, scale), w.qkv_bias = bias(qkv);
+  w.proj_weight = normal_tensor(h * h, seed, base + 1, residual_scale), w.proj_bias = bias(h);
+  w.ln2_gain = constant(h, 1), w.ln2_bias = bias(h);
+  w.fc1_weight = normal_tensor(h * fc1, seed, base + 2, scale), w.fc1_bias = bias(fc1);
+  w.fc2_weight = normal_tensor(f * h, seed, base + 3, residual_scale), w.fc2_bias = bias(h);
   return w;
 }
 
@@ -65,17 +88,19 @@ Layer zero_layer(const ModelShape& s) {
 
 namespace {
 
-/// y = x·W + bias (bias broadcast over rows).
+/// y = x·W + bias (bias broadcast over rows); y = x·W when the bias is empty (Llama).
 void linear(std::span<const float> x, const std::vector<float>& weight, const std::vector<float>& bias, std::span<float> y,
             int n, int in, int out) {
+  if (bias.empty()) return matmul(x, weight, y, n, in, out);
   for (int i = 0; i < n; ++i) std::copy(bias.begin(), bias.end(), y.begin() + std::ptrdiff_t(i) * out);
   matmul(x, weight, y, n, in, out, true);
 }
 
-/// Weight gradients of y = x·W + b: dW += xᵀ·dy, db += Σ dy.
+/// Weight gradients of y = x·W + b: dW += xᵀ·dy, db += Σ dy (none when there is no bias).
 void linear_weight_backward(std::span<const float> x, std::span<const float> dy, std::vector<float>& dweight,
                             std::vector<float>& dbias, int n, int in, int out) {
   matmul_at(x, dy, dweight, n, in, out);
+  if (dbias.empty()) return;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < out; ++j) dbias[std::size_t(j)] += dy[std::size_t(i) * out + j];
 }
@@ -92,66 +117,114 @@ void linear_backward(std::span<const float> x, const std::vector<float>& weight,
   matmul_bt(dy, weight, dx, n, out, in);
 }
 
+/// Per-row means a norm keeps: LayerNorm's; RMSNorm keeps none.
+std::size_t mean_count(const ModelShape& s) { return s.family == LayerFamily::Gpt ? std::size_t(s.tokens()) : 0; }
+
+/// Llama's rotary embedding of the q and k heads of a fused QKV (n × qkv_width), in place; GPT has
+/// none. `backward` rotates a gradient back.
+void rotate_qk(const ModelShape& s, std::span<float> qkv, bool backward) {
+  if (s.family != LayerFamily::Llama) return;
+  const auto rope = backward ? rope_backward : rope_forward;
+  rope(qkv, s.tokens(), s.seq, s.qkv_width(), s.heads + s.key_value_heads(), s.head_width(), s.rope_theta);
+}
+
+/// The MLP's activation: gelu(fc1) (n × ffn) for GPT, silu(gate)·up of fc1 = [gate | up] for Llama.
+void activation_forward(const ModelShape& s, std::span<const float> fc1, std::span<float> out) {
+  switch (s.family) {
+    case LayerFamily::Gpt: return gelu_forward(fc1, out);
+    case LayerFamily::Llama: return swiglu_forward(fc1, out, s.tokens(), s.ffn);
+  }
+}
+
+void activation_backward(const ModelShape& s, std::span<const float> fc1, std::span<const float> dout,
+                         std::span<float> dfc1) {
+  switch (s.family) {
+    case LayerFamily::Gpt: return gelu_backward(fc1, dout, dfc1);
+    case LayerFamily::Llama: return swiglu_backward(fc1, dout, dfc1, s.tokens(), s.ffn);
+  }
+}
+
 }  // namespace
 
+void norm_forward(const ModelShape& s, std::span<const float> gain, std::span<const float> bias,
+                  std::span<const float> x, std::span<float> y, std::span<float> mean, std::span<float> rstd, int n) {
+  switch (s.family) {
+    case LayerFamily::Gpt: return layernorm_forward(x, gain, bias, y, mean, rstd, n, s.hidden);
+    case LayerFamily::Llama: return rmsnorm_forward(x, gain, y, rstd, n, s.hidden);
+  }
+}
+
+void norm_backward(const ModelShape& s, std::span<const float> gain, std::span<const float> x,
+                   std::span<const float> mean, std::span<const float> rstd, std::span<const float> dy,
+                   std::span<float> dx, std::span<float> dgain, std::span<float> dbias, int n) {
+  switch (s.family) {
+    case LayerFamily::Gpt: return layernorm_backward(x, gain, mean, rstd, dy, dx, dgain, dbias, n, s.hidden);
+    case LayerFamily::Llama: return rmsnorm_backward(x, gain, rstd, dy, dx, dgain, n, s.hidden);
+  }
+}
+
 void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c) {
-  const int n = s.tokens(), h = s.hidden, f = s.ffn;
+  const int n = s.tokens(), h = s.hidden, f = s.ffn, qkv = s.qkv_width(), fc1 = s.fc1_width();
   c.input.assign(x.begin(), x.end());
-  c.ln1.resize(std::size_t(n) * h), c.mean1.resize(std::size_t(n)), c.rstd1.resize(std::size_t(n));
-  layernorm_forward(x, w.ln1_gain, w.ln1_bias, c.ln1, c.mean1, c.rstd1, n, h);
-  c.qkv.resize(std::size_t(n) * 3 * h);
-  linear(c.ln1, w.qkv_weight, w.qkv_bias, c.qkv, n, h, 3 * h);
+  c.ln1.resize(std::size_t(n) * h), c.mean1.resize(mean_count(s)), c.rstd1.resize(std::size_t(n));
+  norm_forward(s, w.ln1_gain, w.ln1_bias, x, c.ln1, c.mean1, c.rstd1, n);
+  c.qkv.resize(std::size_t(n) * qkv);
+  linear(c.ln1, w.qkv_weight, w.qkv_bias, c.qkv, n, h, qkv);
+  rotate_qk(s, c.qkv, false);
   c.probs.resize(std::size_t(s.batch) * s.heads * s.seq * s.seq), c.attention.resize(std::size_t(n) * h);
-  attention_forward(c.qkv, c.attention, c.probs, s.batch, s.seq, h, s.heads);
+  attention_forward(c.qkv, c.attention, c.probs, s.batch, s.seq, h, s.heads, s.kv_heads);
   c.middle.resize(std::size_t(n) * h);
   linear(c.attention, w.proj_weight, w.proj_bias, c.middle, n, h, h);
   for (std::size_t i = 0; i < c.middle.size(); ++i) c.middle[i] += x[i];  // residual
-  c.ln2.resize(std::size_t(n) * h), c.mean2.resize(std::size_t(n)), c.rstd2.resize(std::size_t(n));
-  layernorm_forward(c.middle, w.ln2_gain, w.ln2_bias, c.ln2, c.mean2, c.rstd2, n, h);
-  c.fc1.resize(std::size_t(n) * f), c.gelu.resize(std::size_t(n) * f);
-  linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, f);
-  gelu_forward(c.fc1, c.gelu);
+  c.ln2.resize(std::size_t(n) * h), c.mean2.resize(mean_count(s)), c.rstd2.resize(std::size_t(n));
+  norm_forward(s, w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2, n);
+  c.fc1.resize(std::size_t(n) * fc1), c.gelu.resize(std::size_t(n) * f);
+  linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, fc1);
+  activation_forward(s, c.fc1, c.gelu);
   linear(c.gelu, w.fc2_weight, w.fc2_bias, y, n, f, h);
   for (std::size_t i = 0; i < y.size(); ++i) y[i] += c.middle[i];  // residual
 }
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
                     std::span<float> dx, Layer& g, DeferredWeightGrad* deferred) {
-  const int n = s.tokens(), h = s.hidden, f = s.ffn;
+  const int n = s.tokens(), h = s.hidden, f = s.ffn, qkv = s.qkv_width(), fc1 = s.fc1_width();
   const auto keep = [deferred](std::vector<float> DeferredWeightGrad::*field) {
     return deferred ? &(deferred->*field) : nullptr;
   };
-  std::vector<float> dgelu(std::size_t(n) * f, 0.0f), dfc1(std::size_t(n) * f, 0.0f);
+  std::vector<float> dgelu(std::size_t(n) * f, 0.0f), dfc1(std::size_t(n) * fc1, 0.0f);
   linear_backward(c.gelu, w.fc2_weight, dy, dgelu, g.fc2_weight, g.fc2_bias, n, f, h, keep(&DeferredWeightGrad::fc2_dy));
-  gelu_backward(c.fc1, dgelu, dfc1);
+  activation_backward(s, c.fc1, dgelu, dfc1);
   std::vector<float> dln2(std::size_t(n) * h, 0.0f);
-  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2, g.fc1_weight, g.fc1_bias, n, h, f, keep(&DeferredWeightGrad::fc1_dy));
+  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2, g.fc1_weight, g.fc1_bias, n, h, fc1,
+                  keep(&DeferredWeightGrad::fc1_dy));
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
-  layernorm_backward(c.middle, w.ln2_gain, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, n, h);
-  std::vector<float> dattention(std::size_t(n) * h, 0.0f), dqkv(std::size_t(n) * 3 * h, 0.0f);
+  norm_backward(s, w.ln2_gain, c.middle, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, n);
+  std::vector<float> dattention(std::size_t(n) * h, 0.0f), dqkv(std::size_t(n) * qkv, 0.0f);
   linear_backward(c.attention, w.proj_weight, dmiddle, dattention, g.proj_weight, g.proj_bias, n, h, h,
                   keep(&DeferredWeightGrad::proj_dy));
-  attention_backward(c.qkv, c.probs, dattention, dqkv, s.batch, s.seq, h, s.heads);
+  attention_backward(c.qkv, c.probs, dattention, dqkv, s.batch, s.seq, h, s.heads, s.kv_heads);
+  rotate_qk(s, dqkv, true);  // dqkv is fresh: rotating it in place is the backward's +=
   std::vector<float> dln1(std::size_t(n) * h, 0.0f);
-  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1, g.qkv_weight, g.qkv_bias, n, h, 3 * h,
+  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1, g.qkv_weight, g.qkv_bias, n, h, qkv,
                   keep(&DeferredWeightGrad::qkv_dy));
   std::copy(dmiddle.begin(), dmiddle.end(), dx.begin());  // through the first residual
-  layernorm_backward(c.input, w.ln1_gain, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, n, h);
+  norm_backward(s, w.ln1_gain, c.input, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, n);
 }
 
 void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g) {
   const int n = s.tokens(), h = s.hidden, f = s.ffn;
   linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, f, h);
-  linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, f);
+  linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, s.fc1_width());
   linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, h, h);
-  linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, 3 * h);
+  linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, s.qkv_width());
 }
 
 Model make_model(const ModelShape& s, std::uint64_t seed) {
   Model m;
   m.embedding = embedding_rows(s, seed, 0, s.vocab);
   for (int l = 0; l < s.layers; ++l) m.layers.push_back(make_layer(s, seed, l));
-  m.final_gain = constant(std::size_t(s.hidden), 1), m.final_bias = constant(std::size_t(s.hidden), 0);
+  m.final_gain = constant(std::size_t(s.hidden), 1);
+  if (s.family == LayerFamily::Gpt) m.final_bias = constant(std::size_t(s.hidden), 0);  // RMSNorm has no bias
   m.head = head_rows(s, seed, 0, s.vocab);
   return m;
 }
@@ -181,7 +254,7 @@ double reference_step(const ModelShape& s, const Model& m, std::span<const int> 
   for (int l = 0; l < s.layers; ++l)
     layer_forward(s, m.layers[std::size_t(l)], activations[std::size_t(l)], activations[std::size_t(l) + 1], caches[std::size_t(l)]);
   std::vector<float> normed(std::size_t(n) * h), mean(static_cast<std::size_t>(n)), rstd(static_cast<std::size_t>(n));
-  layernorm_forward(activations.back(), m.final_gain, m.final_bias, normed, mean, rstd, n, h);
+  norm_forward(s, m.final_gain, m.final_bias, activations.back(), normed, mean, rstd, n);
   std::vector<float> logits(std::size_t(n) * s.vocab, 0.0f), dlogits(logits.size());
   matmul_bt(normed, m.head, logits, n, h, s.vocab);
   const double loss = cross_entropy(logits, targets, dlogits, n, s.vocab);
@@ -189,7 +262,7 @@ double reference_step(const ModelShape& s, const Model& m, std::span<const int> 
   std::vector<float> dnormed(std::size_t(n) * h, 0.0f), dx(std::size_t(n) * h, 0.0f);
   matmul_at(dlogits, normed, grad.head, n, s.vocab, h);  // dHead = dlogitsᵀ · normed
   matmul(dlogits, m.head, dnormed, n, s.vocab, h, true);  // dNormed = dlogits · Head
-  layernorm_backward(activations.back(), m.final_gain, mean, rstd, dnormed, dx, grad.final_gain, grad.final_bias, n, h);
+  norm_backward(s, m.final_gain, activations.back(), mean, rstd, dnormed, dx, grad.final_gain, grad.final_bias, n);
   for (int l = s.layers - 1; l >= 0; --l) {
     std::vector<float> below(std::size_t(n) * h, 0.0f);
     layer_backward(s, m.layers[std::size_t(l)], caches[std::size_t(l)], dx, below, grad.layers[std::size_t(l)]);

@@ -1,5 +1,7 @@
 // LayerNorm forward and backward, and the bias gradient: row kernels (one block per row) and
-// deterministic column sums (per-chunk partials, then one ordered sum per column).
+// deterministic column sums (per-chunk partials, then one ordered sum per column), which RMSNorm's
+// gain gradient shares (column_sums.cuh).
+#include "column_sums.cuh"
 #include "device_util.cuh"
 #include "kernels.h"
 
@@ -60,7 +62,8 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 /// Pass 1 of the column sums over one chunk of rows: partial_dy[chunk·m + j] = Σ dy[i][j] and, when
-/// `x` is given (LayerNorm), partial_dyx[chunk·m + j] = Σ dy[i][j]·xhat[i][j].
+/// `x` is given (a norm), partial_dyx[chunk·m + j] = Σ dy[i][j]·xhat[i][j], xhat = (x − mean)·rstd
+/// (mean null: RMSNorm's x·rstd).
 template <class T>
 __global__ void __launch_bounds__(kColumns * kRowLanes)
     column_partials_kernel(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_dy,
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kColumns * kRowLanes)
       const std::size_t at = std::size_t(i) * std::size_t(m) + std::size_t(j);
       const float g = to_float(dy[at]);
       sum_dy += g;
-      if (x != nullptr) sum_dyx += g * (to_float(x[at]) - mean[i]) * rstd[i];
+      if (x != nullptr) sum_dyx += g * (to_float(x[at]) - (mean != nullptr ? mean[i] : 0.0f)) * rstd[i];
     }
   sums[0][row_lane][lane] = sum_dy, sums[1][row_lane][lane] = sum_dyx;
   __syncthreads();
@@ -96,7 +99,10 @@ __global__ void column_finish_kernel(const float* partial, float* out, int chunk
   out[j] += total;
 }
 
-/// Both passes; dyx_out null for the bias gradient.
+}  // namespace
+
+namespace detail {
+
 template <class T>
 void column_sums(const T* dy, const T* x, const float* mean, const float* rstd, float* dy_out, float* dyx_out, int n,
                  int m, cudaStream_t stream) {
@@ -109,15 +115,22 @@ void column_sums(const T* dy, const T* x, const float* mean, const float* rstd, 
   column_partials_kernel<<<grid, block, 0, stream>>>(dy, x, mean, rstd, partial_dy, partial_dyx, n, m);
   CUDA_CHECK_LAUNCH();
   const unsigned finish_blocks = unsigned((m + kRowThreads - 1) / kRowThreads);
-  column_finish_kernel<<<finish_blocks, kRowThreads, 0, stream>>>(partial_dy, dy_out, chunks, m);
-  CUDA_CHECK_LAUNCH();
+  if (dy_out) {
+    column_finish_kernel<<<finish_blocks, kRowThreads, 0, stream>>>(partial_dy, dy_out, chunks, m);
+    CUDA_CHECK_LAUNCH();
+  }
   if (dyx_out) {
     column_finish_kernel<<<finish_blocks, kRowThreads, 0, stream>>>(partial_dyx, dyx_out, chunks, m);
     CUDA_CHECK_LAUNCH();
   }
 }
 
-}  // namespace
+template void column_sums<float>(const float*, const float*, const float*, const float*, float*, float*, int, int,
+                                 cudaStream_t);
+template void column_sums<bf16>(const bf16*, const bf16*, const float*, const float*, float*, float*, int, int,
+                                cudaStream_t);
+
+}  // namespace detail
 
 void layernorm_forward(const void* x, const float* gamma, const float* beta, void* y, float* mean, float* rstd, int n,
                        int h, DType dtype, cudaStream_t stream) {
@@ -140,7 +153,7 @@ void layernorm_backward(const void* x, const float* gamma, const float* mean, co
     layernorm_dx_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(x_t, gamma, mean, rstd, dy_t, static_cast<T*>(dx),
                                                                   h);
     CUDA_CHECK_LAUNCH();
-    column_sums(dy_t, x_t, mean, rstd, dbeta, dgamma, n, h, stream);
+    detail::column_sums(dy_t, x_t, mean, rstd, dbeta, dgamma, n, h, stream);
   });
 }
 
@@ -148,7 +161,7 @@ void bias_grad(const void* dy, float* dbias, int n, int m, DType dtype, cudaStre
   if (n == 0 || m == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    column_sums<T>(static_cast<const T*>(dy), nullptr, nullptr, nullptr, dbias, nullptr, n, m, stream);
+    detail::column_sums<T>(static_cast<const T*>(dy), nullptr, nullptr, nullptr, dbias, nullptr, n, m, stream);
   });
 }
 

@@ -86,6 +86,8 @@ struct CheckGroup {
   void (*run)(Report&);
 };
 void check_layer_kernels(Report& report);
+/// RMSNorm, RoPE and SwiGLU (cuda/llama_kernels.h).
+void check_llama_kernels(Report& report);
 void check_gemm(Report& report);
 void check_gemm_epilogues(Report& report);
 void check_attention(Report& report);

@@ -32,7 +32,7 @@ struct CpuLayerActivations final : Activations {
   }
 };
 
-/// The final LayerNorm's input and output, and the baseline LM head's logit gradients (last stage).
+/// The final norm's input and output, and the baseline LM head's logit gradients (last stage).
 struct CpuHeadActivations final : Activations {
   std::vector<float> input, mean, rstd, normed, dlogits;
   Bytes bytes() const override {
@@ -103,9 +103,10 @@ class CpuBackend final : public Backend {
     auto cache = std::make_unique<CpuHeadActivations>();
     const auto floats = f32(x);
     cache->input.assign(floats.begin(), floats.end());
-    cache->normed.resize(activation_size()), cache->mean.resize(std::size_t(n_)), cache->rstd.resize(std::size_t(n_));
-    cpu::layernorm_forward(cache->input, model_.params.final_gain, model_.params.final_bias, cache->normed, cache->mean,
-                           cache->rstd, n_, h_);
+    cache->normed.resize(activation_size()), cache->rstd.resize(std::size_t(n_));
+    if (shape_.family == cpu::LayerFamily::Gpt) cache->mean.resize(std::size_t(n_));  // RMSNorm keeps no mean
+    cpu::norm_forward(shape_, model_.params.final_gain, model_.params.final_bias, cache->input, cache->normed, cache->mean,
+                      cache->rstd, n_);
     return cache;
   }
   Tensor final_output(const Activations& base) override {
@@ -117,8 +118,8 @@ class CpuBackend final : public Backend {
   Tensor final_norm_backward(Activations& base, const Tensor& dnormed) override {
     CpuHeadActivations& cache = head_cache(base);
     Tensor dy = activation();
-    cpu::layernorm_backward(cache.input, model_.params.final_gain, cache.mean, cache.rstd, f32(dnormed), f32(dy),
-                            model_.grads.final_gain, model_.grads.final_bias, n_, h_);
+    cpu::norm_backward(shape_, model_.params.final_gain, cache.input, cache.mean, cache.rstd, f32(dnormed), f32(dy),
+                       model_.grads.final_gain, model_.grads.final_bias, n_);
     return dy;
   }
 

@@ -102,16 +102,23 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     return Error{fmt::format("{}: training.recompute_granularity: the runtime does not recompute activations (the "
                              "simulator does); set it to \"none\" to run this config",
                              c.source)};
-  if (c.model.mlp != MlpKind::Gelu || c.model.key_value_heads() != c.model.heads)
-    return Error{fmt::format("{}: model: the runtime's model is a GPT (multi-head attention, GELU MLP); set model.mlp to "
-                             "\"gelu\" and model.kv_heads to model.heads ({}) to run this shape",
+  const bool llama = c.model.mlp == MlpKind::SwiGlu, grouped = c.model.key_value_heads() != c.model.heads;
+  if (options.backend == BackendKind::Cuda && (llama || grouped))
+    return Error{fmt::format("{}: model: the CUDA backend runs GPT layers with multi-head attention only; run Llama-family "
+                             "layers (model.mlp \"swiglu\") or grouped-query attention (model.kv_heads < model.heads) "
+                             "with --backend cpu, or set model.mlp to \"gelu\" and model.kv_heads to {}",
                              c.source, c.model.heads)};
+  if (llama && (c.model.hidden / c.model.heads) % 2 != 0)
+    return Error{fmt::format("{}: model.hidden: rotary embeddings turn pairs of a head's {} dimensions; make "
+                             "model.hidden / model.heads even",
+                             c.source, c.model.hidden / c.model.heads)};
   // Weights and gradients of every rank plus the activations of every microbatch in flight, fp32.
   const cpu::ModelShape s = model_shape(c);
   const double n = double(s.tokens()), h = s.hidden;
-  const double params = 2.0 * s.vocab * h + double(s.layers) * (4.0 * h * h + 2.0 * h * s.ffn + 9.0 * h + s.ffn);
+  const double qkv = s.qkv_width(), fc1 = s.fc1_width();
+  const double params = 2.0 * s.vocab * h + double(s.layers) * (h * qkv + h * h + h * fc1 + s.ffn * h + 6.0 * h + qkv + fc1);
   const double activations = double(c.parallel.microbatches) * s.layers *
-                             (n * (10.0 * h + 2.0 * s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
+                             (n * (8.0 * h + qkv + fc1 + s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
   const bool cpu_math = options.backend == BackendKind::Cpu || options.check;
   // On a GPU the host holds each rank's fp32 weights and gradients only (to upload, and to check).
   const double needed = cpu_math ? 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches)

@@ -20,8 +20,12 @@ std::vector<float> zeros_like(const std::vector<float>& v) { return std::vector<
 }  // namespace
 
 cpu::ModelShape model_shape(const Config& c) {
+  // The simulator's model as the runtime runs it: a SwiGLU MLP means a Llama-family layer (RMSNorm,
+  // rotary embeddings, no biases), GELU a GPT one; both take grouped-query attention.
   return {.layers = c.model.layers, .hidden = c.model.hidden, .heads = c.model.heads, .ffn = c.model.ffn_hidden,
-          .vocab = c.model.vocab, .batch = c.model.micro_batch_size, .seq = c.model.seq_len};
+          .vocab = c.model.vocab, .batch = c.model.micro_batch_size, .seq = c.model.seq_len,
+          .kv_heads = c.model.key_value_heads(),
+          .family = c.model.mlp == MlpKind::SwiGlu ? cpu::LayerFamily::Llama : cpu::LayerFamily::Gpt};
 }
 
 RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed) {
@@ -45,7 +49,7 @@ RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, in
   }
   if (layout.stages.back().device == rank) {
     m.params.final_gain.assign(std::size_t(shape.hidden), 1.0f);
-    m.params.final_bias.assign(std::size_t(shape.hidden), 0.0f);
+    if (shape.family == cpu::LayerFamily::Gpt) m.params.final_bias.assign(std::size_t(shape.hidden), 0.0f);  // RMSNorm has none
   }
   for (const auto& [index, layer] : m.params.layers) m.grads.layers.emplace(index, cpu::zero_layer(shape));
   m.grads.embedding = zeros_like(m.params.embedding), m.grads.head = zeros_like(m.params.head);
@@ -74,11 +78,10 @@ std::size_t layer_tensor(int layer, std::size_t t) { return kFirstLayer + layer_
 }  // namespace
 
 std::vector<std::string> tensor_names(const cpu::ModelShape& shape) {
-  std::vector<std::string> names{"embedding", "head", "final_ln.gain", "final_ln.bias"};
-  static const char* const kLayerTensors[] = {"ln1.gain", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
-                                              "ln2.gain", "ln2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+  std::vector<std::string> names{"embedding", "head", "final_norm.gain", "final_norm.bias"};
+  const std::vector<std::string> layer = cpu::layer_tensor_names();
   for (int l = 0; l < shape.layers; ++l)
-    for (const char* t : kLayerTensors) names.push_back(fmt::format("layers[{}].{}", l, t));
+    for (const std::string& t : layer) names.push_back(fmt::format("layers[{}].{}", l, t));
   return names;
 }
 

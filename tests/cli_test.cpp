@@ -433,9 +433,9 @@ TEST_CASE("the simulate command run suggests for its profile is the model that w
 TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   const std::pair<std::string, std::string> cases[] = {
       {"tiny.json --set parallel.dp=2", "parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1"},
-      {"default.json", "model: the runtime's model is a GPT (multi-head attention, GELU MLP); set model.mlp to \"gelu\" "
-                       "and model.kv_heads to model.heads (32) to run this shape"},
-      {"default.json --set model.mlp=gelu --set model.kv_heads=32", "model: the CPU runtime would need about"},
+      {"default.json", "model: the CPU runtime would need about"},
+      {"llama-tiny.json --set model.hidden=36", "model.hidden: rotary embeddings turn pairs of a head's 9 dimensions; "
+                                                "make model.hidden / model.heads even"},
       {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang|:kill]"},
       {"tiny.json --inject-fault 1:F:0:kill", "kill needs one process per rank (mpirun)"},
       {"tiny.json --inject-fault 1:setup:hang", "setup faults are for MPI runs"},

@@ -43,6 +43,28 @@ TEST_CASE("every schedule and vocabulary mode trains like a single device") {
     }
 }
 
+TEST_CASE("a Llama-family model (RMSNorm, RoPE, SwiGLU, grouped-query attention) trains like a single device "
+          "under every schedule and vocabulary mode") {
+  const Config config = testing::shipped_config("llama-tiny.json");
+  REQUIRE(config.model.mlp == MlpKind::SwiGlu);
+  REQUIRE(config.model.key_value_heads() < config.model.heads);
+  for (const std::string& schedule : schedule_names())
+    for (const std::string& vocab : vocab_mode_names()) {
+      const Plan plan = plan_for(config, schedule, vocab);
+      runtime::RunOptions o = options();
+      o.check = true;
+      Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
+      INFO(schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
+      REQUIRE(run.ok());
+      const runtime::CheckResult& check = *run.value().check;
+      INFO("loss " << check.loss << " reference " << check.reference_loss << ", gradient error "
+                   << check.max_grad_rel_err << " in " << check.worst_tensor);
+      CHECK(std::abs(check.loss - check.reference_loss) <= 1e-5 * std::abs(check.reference_loss));
+      CHECK(check.max_grad_rel_err <= 1e-4);
+      CHECK(check.reference_loss == Approx(std::log(250.0)).epsilon(0.05));
+    }
+}
+
 TEST_CASE("a check passes only within its bounds, and never on NaN") {
   runtime::CheckResult c{.loss = 2.0, .reference_loss = 2.0, .max_grad_rel_err = 0, .worst_tensor = "head",
                          .loss_tolerance = 1e-5, .grad_tolerance = 1e-4};

@@ -39,6 +39,16 @@ struct HostGradient {
   std::vector<float> values;
 };
 
+enum class OptimizerKind { Adam, Sgd };
+
+/// What the OPTIMIZER op does: Adam on the fp32 weights, as users train (its two moments are state the
+/// backend keeps per parameter, counted in its static memory), or plain SGD. No weight decay.
+struct OptimizerSettings {
+  OptimizerKind kind = OptimizerKind::Adam;
+  float learning_rate = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  ///< Adam's (PyTorch's defaults)
+};
+
 /// What the S pass leaves for the barrier and the T pass.
 struct OutputShard {
   Tensor logits;  ///< n × shard rows
@@ -121,11 +131,11 @@ class Backend : public Allocator {
                                  bool input_grad) = 0;
 
   // ---- per iteration ----
-  /// Plain SGD, then zeroes the gradients for the next step.
-  virtual void optimizer_step(float learning_rate) = 0;
+  /// Update `step` (1 on the first) of every weight this rank holds, then zeroes the gradients.
+  virtual void optimizer_step(const OptimizerSettings& settings, int step) = 0;
   /// The gradients this rank holds, on the host (for the gradient check).
   virtual std::vector<HostGradient> gradients() = 0;
-  /// Bytes of this rank's weights and gradients.
+  /// Bytes of this rank's weights, gradients and optimizer state.
   virtual Bytes static_bytes() const = 0;
 };
 

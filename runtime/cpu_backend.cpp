@@ -188,9 +188,9 @@ class CpuBackend final : public Backend {
     return dx;
   }
 
-  void optimizer_step(float learning_rate) override { model_.sgd_step(learning_rate); }
+  void optimizer_step(const OptimizerSettings& settings, int step) override { model_.optimizer_step(settings, step); }
   std::vector<HostGradient> gradients() override { return host_gradients(model_); }
-  Bytes static_bytes() const override { return Bytes(model_.parameter_count() * 2 * sizeof(float)); }
+  Bytes static_bytes() const override { return Bytes(model_.state_bytes()); }
 
  private:
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }

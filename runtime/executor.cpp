@@ -32,7 +32,7 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 /// rank; then the check and the measurements.
 Result<RunResult> run_steps(Transport& comm, Backend& backend, const Job& job, const RunOptions& options) {
   const int rank = comm.rank();
-  OpInterpreter interpreter(job, rank, comm, backend, options.learning_rate);
+  OpInterpreter interpreter(job, rank, comm, backend, options.optimizer);
   StreamWalker walker(job.graph, rank, comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {

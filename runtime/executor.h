@@ -41,7 +41,7 @@ struct RunOptions {
   bool ranks_share_gpu = false;
   int steps = 1;
   std::uint64_t seed = 1234;
-  float learning_rate = 0.1f;
+  OptimizerSettings optimizer;
   bool check = false;      ///< compare the first step with a single-device reference
   /// The check's bounds (relative loss error; max gradient relative error, 0: not checked); negative:
   /// the dtype's default (fp32: 1e-5 and 1e-4; bf16: 1e-2 and not checked).
@@ -71,7 +71,7 @@ struct RunResult {
   std::vector<Bytes> live_after;        ///< per op: activation bytes its rank held when it completed
   std::vector<Bytes> peak_activation_bytes;  ///< per rank, the last step
   std::vector<TaskId> peak_op;
-  std::vector<Bytes> static_bytes;      ///< per rank: fp32 weights and gradients
+  std::vector<Bytes> static_bytes;      ///< per rank: weights, gradients and optimizer state
   std::optional<CheckResult> check;
 };
 

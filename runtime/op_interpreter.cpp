@@ -5,8 +5,9 @@
 
 namespace pipesim::runtime {
 
-OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend, float learning_rate)
-    : graph_(job.graph), layout_(job.layout), rank_(rank), comm_(comm), backend_(backend), learning_rate_(learning_rate),
+OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend,
+                             const OptimizerSettings& optimizer)
+    : graph_(job.graph), layout_(job.layout), rank_(rank), comm_(comm), backend_(backend), optimizer_(optimizer),
       microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)) {}
@@ -132,7 +133,7 @@ void OpInterpreter::output_backward(int mb) {
 
 void OpInterpreter::optimizer() {
   if (capture_gradients_) gradients_ = backend_.gradients();
-  backend_.optimizer_step(learning_rate_);
+  backend_.optimizer_step(optimizer_, ++updates_);
 }
 
 void OpInterpreter::start(InFlight& f) {

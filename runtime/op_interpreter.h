@@ -15,7 +15,7 @@ namespace pipesim::runtime {
 
 class OpInterpreter final : public OpRunner {
  public:
-  OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend, float learning_rate);
+  OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend, const OptimizerSettings& optimizer);
 
   void compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>& vocab_parts) override;
   void start(InFlight& f) override;
@@ -60,7 +60,8 @@ class OpInterpreter final : public OpRunner {
   const int rank_;
   Transport& comm_;
   Backend& backend_;
-  const float learning_rate_;
+  const OptimizerSettings optimizer_;
+  int updates_ = 0;  ///< optimizer steps taken
   const int microbatches_, n_, h_;
   const int last_device_, last_stage_;
   const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)

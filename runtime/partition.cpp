@@ -2,20 +2,27 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 namespace pipesim::runtime {
 namespace {
 
-/// Every tensor of a rank, paired with the same tensor of another RankParams of the same shape.
-template <class F>
-void for_each_tensor(RankParams& a, RankParams& b, F&& f) {
-  for (auto& [index, layer] : a.layers) {
-    auto ta = layer.tensors(), tb = b.layers.at(index).tensors();
-    for (std::size_t i = 0; i < ta.size(); ++i) f(*ta[i], *tb[i]);
-  }
-  f(a.embedding, b.embedding), f(a.head, b.head), f(a.final_gain, b.final_gain), f(a.final_bias, b.final_bias);
+/// Every tensor of a rank's parameters (or of its gradients, or moments), in one fixed order.
+std::vector<std::vector<float>*> tensors_of(RankParams& p) {
+  std::vector<std::vector<float>*> all;
+  for (auto& [index, layer] : p.layers)
+    for (std::vector<float>* t : layer.tensors()) all.push_back(t);
+  for (std::vector<float>* t : {&p.embedding, &p.head, &p.final_gain, &p.final_bias}) all.push_back(t);
+  return all;
 }
 
 std::vector<float> zeros_like(const std::vector<float>& v) { return std::vector<float>(v.size(), 0.0f); }
+
+RankParams zeros_like(RankParams p) {
+  for (std::vector<float>* t : tensors_of(p)) std::fill(t->begin(), t->end(), 0.0f);
+  return p;
+}
 
 }  // namespace
 
@@ -64,10 +71,31 @@ std::size_t RankModel::parameter_count() const {
   return count;
 }
 
-void RankModel::sgd_step(float learning_rate) {
-  for_each_tensor(params, grads, [&](std::vector<float>& w, std::vector<float>& g) {
-    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * g[i], g[i] = 0;
-  });
+std::size_t RankModel::state_bytes() const {
+  return parameter_count() * (has_moments ? 4 : 2) * sizeof(float);
+}
+
+void RankModel::optimizer_step(const OptimizerSettings& o, int step) {
+  const std::vector<std::vector<float>*> w = tensors_of(params), g = tensors_of(grads);
+  if (o.kind == OptimizerKind::Sgd) {
+    for (std::size_t t = 0; t < w.size(); ++t)
+      for (std::size_t i = 0; i < w[t]->size(); ++i) (*w[t])[i] -= o.learning_rate * (*g[t])[i], (*g[t])[i] = 0;
+    return;
+  }
+  if (!has_moments) moment1 = zeros_like(params), moment2 = zeros_like(params), has_moments = true;
+  const std::vector<std::vector<float>*> m = tensors_of(moment1), v = tensors_of(moment2);
+  // Bias corrections in double, once per step (the CUDA kernel gets the same numbers).
+  const auto correction1 = float(1 - std::pow(double(o.beta1), step)), correction2 = float(1 - std::pow(double(o.beta2), step));
+  for (std::size_t t = 0; t < w.size(); ++t)
+    for (std::size_t i = 0; i < w[t]->size(); ++i) {
+      const float grad = (*g[t])[i];
+      float& m1 = (*m[t])[i];
+      float& m2 = (*v[t])[i];
+      m1 = o.beta1 * m1 + (1 - o.beta1) * grad;
+      m2 = o.beta2 * m2 + (1 - o.beta2) * grad * grad;
+      (*w[t])[i] -= o.learning_rate * ((m1 / correction1) / (std::sqrt(m2 / correction2) + o.epsilon));
+      (*g[t])[i] = 0;
+    }
 }
 
 namespace {

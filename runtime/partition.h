@@ -27,11 +27,16 @@ struct RankModel {
   cpu::ModelShape shape;
   cpu::VocabShard shard;  ///< rows of `embedding`/`head` (the whole vocabulary in baseline)
   RankParams params, grads;
+  /// Adam's first and second moments, made (zeros) by its first step.
+  RankParams moment1, moment2;
+  bool has_moments = false;
 
-  /// Parameters held, for the static-memory figure (weights + gradients, fp32).
+  /// Parameters held.
   std::size_t parameter_count() const;
-  /// Plain SGD, then zeroes the gradients for the next step.
-  void sgd_step(float learning_rate);
+  /// Weights, gradients and the optimizer's moments, fp32.
+  std::size_t state_bytes() const;
+  /// Update `step` (1 on the first), then zeroes the gradients for the next step.
+  void optimizer_step(const OptimizerSettings& settings, int step);
 };
 
 cpu::ModelShape model_shape(const Config& config);

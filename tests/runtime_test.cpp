@@ -15,6 +15,7 @@
 #include "config_json.h"
 #include "cost_model.h"
 #include "launch.h"
+#include "partition.h"
 #include "measured.h"
 #include "plan.h"
 #include "runtime_helpers.h"
@@ -84,12 +85,51 @@ TEST_CASE("a check passes only within its bounds, and never on NaN") {
 TEST_CASE("training steps lower the loss") {
   const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-2");
   runtime::RunOptions o = options(3);
-  o.learning_rate = 0.5f;
+  o.optimizer = {.kind = runtime::OptimizerKind::Sgd, .learning_rate = 0.5f};
   Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
   REQUIRE(run.ok());
   const std::vector<double>& losses = run.value().losses;
   REQUIRE(losses.size() == 3);
   CHECK(losses[2] < losses[0]);  // SGD on a learnable token map lowers the loss
+}
+
+TEST_CASE("Adam, the default optimizer, lowers the loss and keeps two moments per parameter") {
+  const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-1");
+  Result<runtime::RunResult> adam = runtime::run_in_process(job_of(plan), options(3));
+  REQUIRE(adam.ok());
+  CHECK(adam.value().losses[2] < adam.value().losses[0]);
+  runtime::RunOptions o = options(1);
+  o.optimizer.kind = runtime::OptimizerKind::Sgd;
+  Result<runtime::RunResult> sgd = runtime::run_in_process(job_of(plan), o);
+  REQUIRE(sgd.ok());
+  // fp32 weights and gradients (8 bytes a parameter), plus Adam's two moments (8 more).
+  for (int rank = 0; rank < plan.layout.devices; ++rank)
+    CHECK(adam.value().static_bytes[std::size_t(rank)] == 2 * sgd.value().static_bytes[std::size_t(rank)]);
+}
+
+TEST_CASE("an Adam step is the published update, bias-corrected, step by step") {
+  const Plan plan = plan_for(tiny_config(), "1f1b", "baseline");
+  runtime::RankModel model = runtime::make_rank_model(runtime::model_shape(plan.config), plan.layout, 0, 7);
+  const runtime::OptimizerSettings adam{.kind = runtime::OptimizerKind::Adam, .learning_rate = 0.01f};
+  std::vector<float>& w = model.params.embedding;
+  std::vector<float>& g = model.grads.embedding;
+  REQUIRE(w.size() > 3);
+  const double w0 = w[3], g1 = 0.5, g2 = -0.25;
+  g[3] = float(g1);
+  model.optimizer_step(adam, 1);
+  // Step 1: m = (1 − β1)·g, v = (1 − β2)·g², so m̂ = g and v̂ = g²: the step is lr·g/(|g| + ε).
+  const double w1 = w0 - 0.01 * g1 / (std::abs(g1) + 1e-8);
+  CHECK(w[3] == Approx(w1).epsilon(1e-6));
+  CHECK(g[3] == 0.0f);
+  g[3] = float(g2);
+  model.optimizer_step(adam, 2);
+  const double m = 0.9 * 0.1 * g1 + 0.1 * g2, v = 0.999 * 0.001 * g1 * g1 + 0.001 * g2 * g2;
+  const double m_hat = m / (1 - 0.9 * 0.9), v_hat = v / (1 - 0.999 * 0.999);
+  CHECK(w[3] == Approx(w1 - 0.01 * m_hat / (std::sqrt(v_hat) + 1e-8)).epsilon(1e-6));
+  // Elements whose gradient stayed 0 do not move.
+  const float untouched = w[4];
+  model.optimizer_step(adam, 3);
+  CHECK(w[4] == untouched);
 }
 
 TEST_CASE("measurements cover every op of the last step") {

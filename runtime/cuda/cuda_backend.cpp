@@ -255,7 +255,9 @@ class CudaBackend final : public Backend {
   }
 
   // ---- per iteration ----
-  void optimizer_step(float learning_rate) override { model_.sgd_step(learning_rate, stream()); }
+  void optimizer_step(const OptimizerSettings& settings, int step) override {
+    model_.optimizer_step(settings, step, stream());
+  }
   std::vector<HostGradient> gradients() override {
     model_.download_grads(host_);
     return host_gradients(host_);

@@ -51,10 +51,20 @@ void DeviceModel::for_each(F&& f) {
   for (DeviceParam* p : {&embedding, &head, &final_gain, &final_bias}) f(*p);
 }
 
-void DeviceModel::sgd_step(float learning_rate, cudaStream_t stream) {
+void DeviceModel::optimizer_step(const OptimizerSettings& o, int step, cudaStream_t stream) {
   for_each([&](DeviceParam& p) {
     if (p.count() == 0) return;
-    cuda::sgd_step(p.weight.get(), p.grad.get(), p.count(), learning_rate, stream);
+    if (o.kind == OptimizerKind::Sgd) {
+      cuda::sgd_step(p.weight.get(), p.grad.get(), p.count(), o.learning_rate, stream);
+    } else {
+      if (p.moment1.size() == 0)
+        for (DeviceBuffer<float>* moment : {&p.moment1, &p.moment2}) {
+          *moment = DeviceBuffer<float>(p.count());
+          CUDA_CHECK(cudaMemsetAsync(moment->get(), 0, moment->bytes(), stream));
+        }
+      cuda::adam_step(p.weight.get(), p.grad.get(), p.moment1.get(), p.moment2.get(), p.count(),
+                      {o.learning_rate, o.beta1, o.beta2, o.epsilon, 0}, step, stream);
+    }
     if (p.weight_bf16.size() > 0) convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), stream);
   });
 }
@@ -77,10 +87,12 @@ std::size_t DeviceModel::parameter_count() const {
 }
 
 std::size_t DeviceModel::bytes() const {
-  std::size_t copies = head.weight_bf16.bytes();
+  std::size_t extra = 0;  // beyond fp32 weights and gradients: bf16 copies, Adam's moments
+  const auto add = [&](const DeviceParam& p) { extra += p.weight_bf16.bytes() + p.moment1.bytes() + p.moment2.bytes(); };
   for (const auto& [index, layer] : layers)
-    for (const DeviceParam* p : const_cast<DeviceLayer&>(layer).params()) copies += p->weight_bf16.bytes();
-  return parameter_count() * 2 * sizeof(float) + copies;
+    for (const DeviceParam* p : const_cast<DeviceLayer&>(layer).params()) add(*p);
+  for (const DeviceParam* p : {&embedding, &head, &final_gain, &final_bias}) add(*p);
+  return parameter_count() * 2 * sizeof(float) + extra;
 }
 
 }  // namespace pipesim::runtime::cuda

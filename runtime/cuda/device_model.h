@@ -18,6 +18,7 @@ namespace pipesim::runtime::cuda {
 struct DeviceParam {
   DeviceBuffer<float> weight, grad;
   DeviceBuffer<std::uint16_t> weight_bf16;  ///< bf16 runs only
+  DeviceBuffer<float> moment1, moment2;     ///< Adam's, made (zeros) by its first step
   std::size_t count() const { return weight.size(); }
   /// The weights as the GEMMs of a run in `dtype` read them.
   const void* compute(DType dtype) const {
@@ -43,12 +44,12 @@ class DeviceModel {
   std::map<int, DeviceLayer> layers;  ///< by global layer index, as RankParams
   DeviceParam embedding, head, final_gain, final_bias;
 
-  /// Plain SGD on the fp32 weights, gradients zeroed, bf16 copies refreshed.
-  void sgd_step(float learning_rate, cudaStream_t stream);
+  /// Update `step` (1 on the first) of the fp32 weights, gradients zeroed, bf16 copies refreshed.
+  void optimizer_step(const OptimizerSettings& settings, int step, cudaStream_t stream);
   /// Copies the gradients into `host`'s (synchronous), for the gradient check.
   void download_grads(RankModel& host);
   std::size_t parameter_count() const;
-  /// Weights, gradients and bf16 copies.
+  /// Weights, gradients, bf16 copies and Adam's moments.
   std::size_t bytes() const;
 
  private:

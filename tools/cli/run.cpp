@@ -38,7 +38,9 @@ struct RunFlags {
   std::string trace;     ///< measured Chrome trace; empty: none
   std::string profile;   ///< measured per-op costs for `simulate --profile`; empty: none
   Format format = Format::Text;
-  double learning_rate = 0.1;
+  std::string optimizer = "adam";  ///< adam or sgd
+  double learning_rate = 0;  ///< 0: the optimizer's default (--lr takes only values above 0)
+  double effective_learning_rate() const { return learning_rate > 0 ? learning_rate : optimizer == "sgd" ? 0.1 : 1e-3; }
   std::string inject_fault;  ///< RANK:KIND:MICROBATCH[:hang|:kill] or RANK:setup[:hang|:kill], for testing fault handling
   bool ranks_share_gpu = false;  ///< several MPI processes on one GPU, NCCL over sockets (testing)
   runtime::RunOptions runtime;  ///< steps, seed, --check and its bounds, timeout
@@ -206,7 +208,7 @@ Status check_losses(const RunFlags& o, const runtime::RunResult& r) {
   for (std::size_t step = 0; step < r.losses.size(); ++step)
     if (!std::isfinite(r.losses[step]))
       return Error{fmt::format("the loss is {} at step {}: training diverged; use a smaller --lr (it is {})",
-                               std::isnan(r.losses[step]) ? "NaN" : "infinite", step + 1, o.learning_rate)};
+                               std::isnan(r.losses[step]) ? "NaN" : "infinite", step + 1, o.effective_learning_rate())};
   return Status::Ok();
 }
 
@@ -244,7 +246,8 @@ ExitStatus run_run(const RunFlags& o) {
   runtime::RunOptions options = o.runtime;
   options.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu;
   options.dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32;
-  options.learning_rate = float(o.learning_rate);
+  options.optimizer.kind = o.optimizer == "sgd" ? runtime::OptimizerKind::Sgd : runtime::OptimizerKind::Adam;
+  options.optimizer.learning_rate = float(o.effective_learning_rate());
   options.on_step = progress_bar(o);
   if (!o.inject_fault.empty()) {
     Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);
@@ -330,7 +333,9 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   rn.add_option("--profile", o->profile, "write measured op times for `pipesim simulate --profile`")->check(kNonEmpty);
   rn.add_option("--seed", o->runtime.seed, "seed of the weights and the data (default 1234)")->check(kUint64);
   // Larger steps only diverge; NaN would train nothing and still exit 0.
-  rn.add_option("--lr", o->learning_rate, "SGD learning rate (default 0.1)")->check(finite_in(0, 100));
+  rn.add_option("--optimizer", o->optimizer, "adam (the default: PyTorch's betas and epsilon, no weight decay) or sgd")
+      ->check(CLI::IsMember({"adam", "sgd"}));
+  rn.add_option("--lr", o->learning_rate, "learning rate (default 1e-3 with Adam, 0.1 with SGD)")->check(finite_in(0, 100));
   rn.add_option("--timeout", o->runtime.timeout_s, "seconds without progress after which a rank ends the run (default 60)")
       ->check(finite_in(0, 1e6));  // NaN would never time out
   rn.add_option("--inject-fault", o->inject_fault,

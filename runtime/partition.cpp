@@ -36,7 +36,7 @@ cpu::ModelShape model_shape(const Config& c) {
 }
 
 RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed) {
-  RankModel m{.shape = shape, .shard = {0, shape.vocab}, .params = {}, .grads = {}};
+  RankModel m{.shape = shape, .shard = {0, shape.vocab}, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;

@@ -98,7 +98,7 @@ class FakeBackend final : public runtime::Backend {
     log(fmt::format("T m{}", mb));
     return input_grad ? activation() : runtime::Tensor();
   }
-  void optimizer_step(float) override { log("optimizer"); }
+  void optimizer_step(const runtime::OptimizerSettings&, int) override { log("optimizer"); }
   std::vector<runtime::HostGradient> gradients() override { return {}; }
   Bytes static_bytes() const override { return 0; }
 

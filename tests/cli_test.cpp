@@ -388,6 +388,27 @@ TEST_CASE("run --check reports the loss and gradients of the reference, in simul
   CHECK(r["devices"][0]["peak_memory_bytes"].get<double>() > r["devices"][0]["static_memory_bytes"].get<double>());
 }
 
+TEST_CASE("run reports each rank's measured memory beside the simulator's, Adam's moments in both") {
+  for (const auto& [optimizer, bytes_per_parameter] : {std::pair{"adam", 16}, {"sgd", 8}}) {
+    const Output out = run("run " + config("tiny.json") + " --optimizer " + optimizer + " --format json");
+    REQUIRE(out.exit_code == 0);
+    const json r = json::parse(out.text);
+    REQUIRE(r["simulated_memory"].size() == 4);
+    // tiny.json, vocab-1: ranks 0-2 hold 2 layers of 12h² + 13h parameters and 63 of the 252 padded
+    // vocabulary rows of the embedding and the head (h = 32). (Rank 3 holds 61 real rows, the
+    // simulator counts the padded 63, and the final norm.)
+    const double h = 32, parameters = 2 * (12 * h * h + 13 * h) + 2 * 63 * h;
+    for (int rank = 0; rank < 3; ++rank) {
+      INFO(optimizer << ", rank " << rank);
+      CHECK(r["devices"][rank]["static_memory_bytes"].get<double>() == parameters * bytes_per_parameter);
+      CHECK(r["simulated_memory"][rank]["static_bytes"].get<double>() == parameters * bytes_per_parameter);
+      CHECK(r["simulated_memory"][rank]["peak_activation_bytes"].get<double>() > 0);
+    }
+  }
+  const Output text = run("run " + config("tiny.json"));
+  CHECK_THAT(text.text, Catch::Contains("memory per rank, measured vs the simulator's model of this run (MiB):"));
+}
+
 TEST_CASE("run writes a measured trace and a profile that simulate takes as its costs") {
   const auto dir = scratch_dir();
   const std::string trace = (dir / "measured.json").string(), profile = (dir / "profile.json").string();

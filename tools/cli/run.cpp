@@ -17,6 +17,7 @@
 #include "measured.h"
 #include "options.h"
 #include "plan.h"
+#include "simulate_config.h"
 #include "simulator.h"
 
 namespace pipesim {
@@ -133,10 +134,47 @@ std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile)
   return *std::max_element(sim.value().end.begin(), sim.value().end.end());
 }
 
+/// The simulator's memory for this run: the plan remade with the precision the runtime keeps -- fp32
+/// weights and gradients, Adam's two fp32 moments (none with SGD), fp32 activations (bf16 in a bf16 GPU
+/// run, whose GEMM weights also have a bf16 copy: 2 more bytes a parameter, a slight overcount), the
+/// attention scores kept on the CPU, not by the CUDA backend's fused kernels. Empty for a schedule
+/// file's run (the plan is not the config's) or where the simulator refuses the config.
+std::optional<RunReport> simulated_memory(const RunFlags& o, const Plan& plan) {
+  if (!o.schedule_file.empty()) return std::nullopt;
+  Config c = plan.config;
+  const bool bf16 = o.dtype == "bf16";
+  c.precision = {.param_bytes = bf16 ? 6.0 : 4.0, .grad_bytes = 4, .optimizer_bytes = o.optimizer == "sgd" ? 0.0 : 8.0,
+                 .activation_bytes = bf16 ? 2.0 : 4.0, .flash_attention = o.backend == "cuda"};
+  c.training.zero_stage = 0;  // one replica: nothing to shard
+  Result<SimulatedRun> sim = simulate_config(c);
+  if (!sim.ok()) return std::nullopt;
+  return std::move(sim.value().report);
+}
+
+/// The measured memory of each rank beside the simulator's (simulated_memory).
+void print_memory_comparison(const RunReport& measured, const RunReport& simulated) {
+  fmt::print("\nmemory per rank, measured vs the simulator's model of this run (MiB):\n");
+  fmt::print("{:<6}{:>12}{:>12}{:>16}{:>16}\n", "rank", "static", "simulated", "activations", "simulated");
+  const auto mib = [](Bytes b) { return double(b) / double(1 << 20); };
+  for (std::size_t d = 0; d < measured.metrics.devices.size() && d < simulated.metrics.devices.size(); ++d) {
+    const DeviceMetrics &m = measured.metrics.devices[d], &s = simulated.metrics.devices[d];
+    fmt::print("{:<6}{:>12.3f}{:>12.3f}{:>16.3f}{:>16.3f}\n", m.rank, mib(m.static_bytes), mib(s.static_bytes),
+               mib(m.peak_activation_bytes), mib(s.peak_activation_bytes));
+  }
+}
+
 /// `simulate`'s JSON object with the measured values, plus the run's own fields.
 json run_result_json(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
-                     const std::string& backend, std::optional<TimeNs> predicted) {
+                     const std::string& backend, std::optional<TimeNs> predicted,
+                     const std::optional<RunReport>& simulated) {
   json out = run_json(measured);
+  json memory = nullptr;  // the simulator's static and peak activation bytes per rank (simulated_memory)
+  if (simulated) {
+    memory = json::array();
+    for (const DeviceMetrics& d : simulated->metrics.devices)
+      memory.push_back({{"rank", d.rank}, {"static_bytes", d.static_bytes}, {"peak_activation_bytes", d.peak_activation_bytes}});
+  }
+  out["simulated_memory"] = memory;
   out["runtime"] = backend;
   out["steps"] = o.runtime.steps;
   out["loss"] = r.losses.back();
@@ -181,8 +219,9 @@ std::string simulate_command(const RunFlags& o, int pp) {
 }
 
 void print_text(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
-                std::optional<TimeNs> predicted) {
+                std::optional<TimeNs> predicted, const std::optional<RunReport>& simulated) {
   fmt::print("{}", format_run(measured, Format::Text));
+  if (simulated) print_memory_comparison(measured, *simulated);
   fmt::print("\nloss per step:");
   for (std::size_t i = 0; i < r.losses.size(); ++i) fmt::print("{}{:.6f}", i % 10 ? " " : "\n  ", r.losses[i]);
   fmt::print("\nstep time: {:.3f} ms (last), {:.3f} ms (first)\n", r.step_ns.back() / 1e6, r.step_ns.front() / 1e6);
@@ -227,10 +266,11 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
     if (Status s = write_output_file(o.profile, json_text(profile, 2) + "\n", kProfileGenerator); !s.ok())
       return fail(s.error().message);
   const std::optional<TimeNs> predicted = predicted_iteration(plan, profile);
+  const std::optional<RunReport> simulated = simulated_memory(o, plan);
   if (o.format == Format::Json)
-    fmt::print("{}\n", json_text(run_result_json(o, measured, r, backend, predicted), 2));
+    fmt::print("{}\n", json_text(run_result_json(o, measured, r, backend, predicted, simulated), 2));
   else
-    print_text(o, measured, r, predicted);
+    print_text(o, measured, r, predicted, simulated);
   if (r.check && !r.check->passed())
     return fail(fmt::format("--check: the run does not match the single-device reference (loss {:.9g} vs {:.9g}, max "
                             "gradient relative error {:.2e} in {})",

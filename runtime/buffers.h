@@ -57,13 +57,16 @@ inline std::string describe(const Key& k) {
 }
 
 /// What a stage keeps from its F for its B and W: each layer's activations and, on the last stage,
-/// the final norm's and the LM head's.
+/// the final norm's and the LM head's. Under full recomputation F keeps only the input of each group
+/// of recomputed layers (their activations are null) and R rebuilds the activations from them.
 struct StageCache {
   std::vector<std::unique_ptr<Activations>> layers;
   std::unique_ptr<Activations> head;
+  std::vector<Tensor> kept_inputs;
   Bytes bytes() const {
     Bytes total = head ? head->bytes() : 0;
-    for (const auto& layer : layers) total += layer->bytes();
+    for (const auto& layer : layers) total += layer ? layer->bytes() : 0;
+    for (const Tensor& input : kept_inputs) total += Bytes(input.bytes());
     return total;
   }
 };

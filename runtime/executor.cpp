@@ -98,9 +98,12 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     return Error{fmt::format("{}: parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1", c.source)};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
-  if (c.training.recompute_granularity != Recompute::None)
-    return Error{fmt::format("{}: training.recompute_granularity: the runtime does not recompute activations (the "
-                             "simulator does); set it to \"none\" to run this config",
+  // Selective recomputation rebuilds attention scores, which fused attention never keeps (the graph
+  // then has no R) and the runtime's unfused CPU attention always keeps.
+  if (c.training.recompute_granularity == Recompute::Selective && !c.precision.flash_attention)
+    return Error{fmt::format("{}: training.recompute_granularity: selective recomputation without flash attention "
+                             "recomputes attention scores, which the runtime keeps; use \"full\" or \"none\", or set "
+                             "precision.flash_attention to true (then selective recomputation has no R op)",
                              c.source)};
   const bool llama = c.model.mlp == MlpKind::SwiGlu, grouped = c.model.key_value_heads() != c.model.heads;
   if (options.backend == BackendKind::Cuda && (llama || grouped))

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace pipesim::runtime {
 
 OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend,
@@ -10,7 +12,8 @@ OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend&
     : graph_(job.graph), layout_(job.layout), rank_(rank), comm_(comm), backend_(backend), optimizer_(optimizer),
       microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
-      split_weight_(graph_.has(OpKind::W)) {}
+      split_weight_(graph_.has(OpKind::W)), recompute_(job.recompute), recompute_method_(job.recompute_method),
+      recompute_num_layers_(std::max(job.recompute_num_layers, 1)) {}
 
 void OpInterpreter::begin_step(std::span<const Batch> batches, bool capture_gradients) {
   backend_.set_batches(batches);
@@ -26,7 +29,7 @@ void OpInterpreter::compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>
     case OpKind::F: forward(t); break;
     case OpKind::B: backward(t); break;
     case OpKind::W: weight(t); break;
-    case OpKind::R: throw OpError("recomputation is not executed by this runtime (check_runnable refuses it)");
+    case OpKind::R: recompute(t); break;
     case OpKind::S: output_forward(t.microbatch); break;
     case OpKind::T: output_backward(t.microbatch); break;
     case OpKind::IF: buffers_.put({Buf::VocabInput, -1, t.microbatch}, backend_.embed(t.microbatch)); break;
@@ -57,8 +60,19 @@ void OpInterpreter::forward(const Task& t) {
   else
     x = buffers_.take({Buf::StageInput, t.stage, mb});
   StageCache cache;
-  for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
-    cache.layers.push_back(backend_.layer_forward(l, x));
+  for (int i = 0; i < stage.layers; ++i) {
+    if (!recomputed(i, stage.layers)) {
+      cache.layers.push_back(backend_.layer_forward(stage.first_layer + i, x));
+      continue;
+    }
+    if (keeps_input(i)) {
+      Tensor input = backend_.allocate(x.count(), x.dtype());
+      backend_.copy(x, 0, input, 0, x.count());
+      cache.kept_inputs.push_back(std::move(input));
+    }
+    backend_.layer_forward(stage.first_layer + i, x);  // its activations go now: R rebuilds them
+    cache.layers.emplace_back();
+  }
   if (t.stage == last_stage_) {
     cache.head = backend_.final_norm(std::move(x));
     if (stage.has_head)  // baseline: the whole LM head and the loss here
@@ -71,6 +85,32 @@ void OpInterpreter::forward(const Task& t) {
     buffers_.put({Buf::StageOutput, t.stage, mb}, std::move(x));
   }
   buffers_.put_cache({t.stage, mb}, std::move(cache));
+}
+
+bool OpInterpreter::recomputed(int i, int layers) const {
+  if (recompute_ != Recompute::Full) return false;
+  return recompute_method_ == RecomputeMethod::Uniform || i < std::min(recompute_num_layers_, layers);
+}
+
+bool OpInterpreter::keeps_input(int i) const {
+  return recompute_method_ == RecomputeMethod::Block || i % recompute_num_layers_ == 0;
+}
+
+void OpInterpreter::recompute(const Task& t) {
+  const VirtualStage& stage = layout_.stages[std::size_t(t.stage)];
+  StageCache& cache = buffers_.cache({t.stage, t.microbatch});
+  if (cache.kept_inputs.empty())
+    throw OpError(fmt::format("stage {} keeps no recomputation inputs: the graph has an R its config does not make "
+                              "(training.recompute_granularity)",
+                              t.stage));
+  std::size_t group = 0;
+  Tensor x;
+  for (int i = 0; i < stage.layers && recomputed(i, stage.layers); ++i) {
+    if (keeps_input(i)) x = std::move(cache.kept_inputs.at(group++));
+    cache.layers[std::size_t(i)] = backend_.layer_forward(stage.first_layer + i, x);
+  }
+  cache.kept_inputs.clear();
+  buffers_.recount_cache({t.stage, t.microbatch});
 }
 
 void OpInterpreter::backward(const Task& t) {
@@ -88,8 +128,12 @@ void OpInterpreter::backward(const Task& t) {
   } else {
     dy = buffers_.take({Buf::GradInput, t.stage, mb});
   }
-  for (int i = stage.layers - 1; i >= 0; --i)
+  for (int i = stage.layers - 1; i >= 0; --i) {
+    if (!cache.layers[std::size_t(i)])
+      throw OpError(fmt::format("layer {}'s activations are missing: it is recomputed and the graph has no R before "
+                                "this B", stage.first_layer + i));
     backend_.layer_backward(stage.first_layer + i, *cache.layers[std::size_t(i)], dy, split_weight_);
+  }
   if (t.stage == 0) {
     if (stage.has_embedding)
       vocab_layer([&] { backend_.embed_backward(mb, dy); });

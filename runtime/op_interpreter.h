@@ -41,6 +41,12 @@ class OpInterpreter final : public OpRunner {
 
   // ---- compute ops ----
   void forward(const Task& t);
+  /// R: the activations of the stage's recomputed layers, from the inputs F kept.
+  void recompute(const Task& t);
+  /// Under full recomputation, whether layer `i` of a stage of `layers` drops its activations in F,
+  /// and whether F keeps its input (the first layer of each group R rebuilds from one input).
+  bool recomputed(int i, int layers) const;
+  bool keeps_input(int i) const;
   void backward(const Task& t);
   void weight(const Task& t);
   /// S: logits of this device's shard and the local softmax statistics (+ A and Y for Algorithm 2).
@@ -65,6 +71,9 @@ class OpInterpreter final : public OpRunner {
   const int microbatches_, n_, h_;
   const int last_device_, last_stage_;
   const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
+  const Recompute recompute_;
+  const RecomputeMethod recompute_method_;
+  const int recompute_num_layers_;
 
   BufferStore buffers_;
   std::atomic<double> loss_part_ = 0;  ///< the head runs on either thread

@@ -114,8 +114,11 @@ class FakeBackend final : public runtime::Backend {
   Record& record_;
 };
 
-/// The backend calls rank `rank`'s compute stream implies, op by op.
-std::vector<std::string> expected_calls(const TaskGraph& graph, const Layout& layout, int rank) {
+/// The backend calls rank `rank`'s compute stream implies, op by op. Under full recomputation, R
+/// runs the forward of the layers it recomputes: all of a stage's (uniform), or its first
+/// recompute_num_layers (block).
+std::vector<std::string> expected_calls(const TaskGraph& graph, const Layout& layout, const TrainingConfig& training,
+                                        int rank) {
   std::vector<std::string> calls;
   const int last = layout.stage_count() - 1;
   const bool split_weight = graph.has(OpKind::W);
@@ -140,6 +143,13 @@ std::vector<std::string> expected_calls(const TaskGraph& graph, const Layout& la
       case OpKind::W:
         for (int l = stage->first_layer; l < stage->first_layer + stage->layers; ++l) calls.push_back(fmt::format("W L{}", l));
         break;
+      case OpKind::R: {
+        const int recomputed = training.recompute_method == RecomputeMethod::Block
+                                   ? std::min(training.recompute_num_layers, stage->layers)
+                                   : stage->layers;
+        for (int l = stage->first_layer; l < stage->first_layer + recomputed; ++l) calls.push_back(fmt::format("F L{}", l));
+        break;
+      }
       case OpKind::S: calls.push_back(fmt::format("S m{}", mb)); break;
       case OpKind::T: calls.push_back(fmt::format("T m{}", mb)); break;
       case OpKind::IF: calls.push_back(fmt::format("embed m{}", mb)); break;
@@ -154,7 +164,10 @@ std::vector<std::string> expected_calls(const TaskGraph& graph, const Layout& la
 }  // namespace
 
 TEST_CASE("the executor asks the backend for each op's layers, in the graph's order, on the op's rank") {
-  const Config config = tiny_config();
+  const Config config = tiny_config(GENERATE(std::vector<std::string>{},
+                                             std::vector<std::string>{"training.recompute_granularity=full"},
+                                             std::vector<std::string>{"training.recompute_granularity=full",
+                                                                      "training.recompute_method=block"}));
   for (const char* schedule : {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v"})
     for (const std::string& vocab : vocab_mode_names()) {
       const Plan plan = plan_for(config, schedule, vocab);
@@ -170,7 +183,7 @@ TEST_CASE("the executor asks the backend for each op's layers, in the graph's or
       for (int rank = 0; rank < plan.layout.devices; ++rank) {
         const Record& r = records[std::size_t(rank)];
         INFO("rank " << rank);
-        CHECK(r.calls == expected_calls(plan.graph, plan.layout, rank));
+        CHECK(r.calls == expected_calls(plan.graph, plan.layout, plan.config.training, rank));
         // Barrier C0's rounds on every rank, once per microbatch: the sum round's terms, then with
         // Algorithm 2 its dX share; the loss on the last stage's rank.
         const int mbs = job.microbatches;

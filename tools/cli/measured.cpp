@@ -12,7 +12,10 @@
 namespace pipesim {
 
 runtime::Job job_of(const Plan& plan) {
-  return {plan.graph, plan.layout, runtime::model_shape(plan.config), plan.config.parallel.microbatches};
+  const TrainingConfig& t = plan.config.training;
+  return {.graph = plan.graph, .layout = plan.layout, .shape = runtime::model_shape(plan.config),
+          .microbatches = plan.config.parallel.microbatches, .recompute = t.recompute_granularity,
+          .recompute_method = t.recompute_method, .recompute_num_layers = t.recompute_num_layers};
 }
 namespace {
 
@@ -114,7 +117,7 @@ MeasuredTimes measured_times(const Plan& plan, const runtime::RunResult& r) {
       case OpKind::Optimizer: t.optimizer.push_back(ms(id)); break;
       case OpKind::Recv:         // its time is the wait for the SEND, not a cost of its own
       case OpKind::DpAllReduce:  // the runtime runs one pipeline replica
-      case OpKind::R:            // and recomputes nothing (check_runnable)
+      case OpKind::R:            // a costs block refuses recomputation (docs/config.md)
         break;
     }
   }

@@ -1,11 +1,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cmath>
-#include <csignal>
-#include <cstdio>
-#include <thread>
 
 #include "cpu/hash.h"
 #include "measure.h"

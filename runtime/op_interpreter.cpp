@@ -1,4 +1,5 @@
-// Which buffer a collective reads and fills follows from its CollectiveData.
+// What each op does on a rank (op_interpreter.h). Which buffer a collective reads and fills follows
+// from its CollectiveData.
 #include "op_interpreter.h"
 
 #include <fmt/format.h>

@@ -14,11 +14,9 @@ struct Job {
   const Layout& layout;
   cpu::ModelShape shape;
   int microbatches = 1;  ///< per iteration: the loss is the mean over all of their tokens
-  /// Full activation recomputation, as training.recompute_* put R ops in the graph: which layers'
-  /// activations F drops, keeping only the inputs that R rebuilds them from.
-  Recompute recompute = Recompute::None;
-  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
-  int recompute_num_layers = 1;
+  /// Its recompute_* fields, which put R ops in the graph: which layers' activations F drops, keeping
+  /// only the inputs that R rebuilds them from.
+  TrainingConfig training;
 };
 
 }  // namespace pipesim::runtime

@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-
 namespace pipesim::runtime {
 
 OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend,
@@ -13,8 +11,7 @@ OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend&
     : graph_(job.graph), layout_(job.layout), rank_(rank), comm_(comm), backend_(backend), optimizer_(optimizer),
       microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
-      split_weight_(graph_.has(OpKind::W)), recompute_(job.recompute), recompute_method_(job.recompute_method),
-      recompute_num_layers_(std::max(job.recompute_num_layers, 1)) {}
+      split_weight_(graph_.has(OpKind::W)), training_(job.training) {}
 
 void OpInterpreter::begin_step(std::span<const Batch> batches, bool capture_gradients) {
   backend_.set_batches(batches);
@@ -61,8 +58,9 @@ void OpInterpreter::forward(const Task& t) {
   else
     x = buffers_.take({Buf::StageInput, t.stage, mb});
   StageCache cache;
+  const int recomputed = recomputed_layers(training_, stage.layers);
   for (int i = 0; i < stage.layers; ++i) {
-    if (!recomputed(i, stage.layers)) {
+    if (i >= recomputed) {
       cache.layers.push_back(backend_.layer_forward(stage.first_layer + i, x));
       continue;
     }
@@ -88,13 +86,8 @@ void OpInterpreter::forward(const Task& t) {
   buffers_.put_cache({t.stage, mb}, std::move(cache));
 }
 
-bool OpInterpreter::recomputed(int i, int layers) const {
-  if (recompute_ != Recompute::Full) return false;
-  return recompute_method_ == RecomputeMethod::Uniform || i < std::min(recompute_num_layers_, layers);
-}
-
 bool OpInterpreter::keeps_input(int i) const {
-  return recompute_method_ == RecomputeMethod::Block || i % recompute_num_layers_ == 0;
+  return training_.recompute_method == RecomputeMethod::Block || i % training_.recompute_num_layers == 0;
 }
 
 void OpInterpreter::recompute(const Task& t) {
@@ -106,7 +99,7 @@ void OpInterpreter::recompute(const Task& t) {
                               t.stage));
   std::size_t group = 0;
   Tensor x;
-  for (int i = 0; i < stage.layers && recomputed(i, stage.layers); ++i) {
+  for (int i = 0; i < recomputed_layers(training_, stage.layers); ++i) {
     if (keeps_input(i)) x = std::move(cache.kept_inputs.at(group++));
     cache.layers[std::size_t(i)] = backend_.layer_forward(stage.first_layer + i, x);
   }

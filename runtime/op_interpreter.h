@@ -43,9 +43,8 @@ class OpInterpreter final : public OpRunner {
   void forward(const Task& t);
   /// R: the activations of the stage's recomputed layers, from the inputs F kept.
   void recompute(const Task& t);
-  /// Under full recomputation, whether layer `i` of a stage of `layers` drops its activations in F,
-  /// and whether F keeps its input (the first layer of each group R rebuilds from one input).
-  bool recomputed(int i, int layers) const;
+  /// Under full recomputation, whether F keeps the input of recomputed layer `i` of a stage: the first
+  /// layer of each group that R rebuilds from one input.
   bool keeps_input(int i) const;
   void backward(const Task& t);
   void weight(const Task& t);
@@ -71,9 +70,7 @@ class OpInterpreter final : public OpRunner {
   const int microbatches_, n_, h_;
   const int last_device_, last_stage_;
   const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
-  const Recompute recompute_;
-  const RecomputeMethod recompute_method_;
-  const int recompute_num_layers_;
+  const TrainingConfig training_;  ///< which layers recompute (recomputed_layers)
 
   BufferStore buffers_;
   std::atomic<double> loss_part_ = 0;  ///< the head runs on either thread

@@ -38,6 +38,11 @@ const std::array<HardwareConfig, 3> kPresets = {{
 
 }  // namespace
 
+int recomputed_layers(const TrainingConfig& t, int layers) {
+  if (t.recompute_granularity != Recompute::Full) return 0;
+  return t.recompute_method == RecomputeMethod::Block ? std::min(t.recompute_num_layers, layers) : layers;
+}
+
 std::string_view recompute_name(Recompute recompute) {
   switch (recompute) {
     case Recompute::None: return "none";

@@ -99,6 +99,10 @@ struct TrainingConfig {
   bool tp_comm_overlap = false;       ///< tensor-parallel collectives overlapped with their GEMMs
 };
 
+/// The first layers of a stage of `layers` that full recomputation runs again before their backward
+/// (all of them under `uniform`): the simulator's R costs them, the runtime's R rebuilds them.
+int recomputed_layers(const TrainingConfig& t, int layers);
+
 struct PrecisionConfig {
   double param_bytes = 2;          ///< bf16/fp16 working weights
   double grad_bytes = 4;           ///< fp32 gradient accumulation

@@ -94,12 +94,6 @@ void add_embedding(const Config& c, StageKernels& out) {
   if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
 }
 
-/// Layers of a stage of `layers` that full recomputation runs again before their backward.
-int recomputed_layers(const TrainingConfig& t, int layers) {
-  if (t.recompute_granularity != Recompute::Full) return 0;
-  return t.recompute_method == RecomputeMethod::Block ? std::min(t.recompute_num_layers, layers) : layers;
-}
-
 /// A stage's transformer activations for one microbatch: what F keeps for the backward, what R
 /// takes at its largest, and what F would keep without recomputation.
 struct ActivationsKept {

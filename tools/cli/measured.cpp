@@ -12,10 +12,8 @@
 namespace pipesim {
 
 runtime::Job job_of(const Plan& plan) {
-  const TrainingConfig& t = plan.config.training;
   return {.graph = plan.graph, .layout = plan.layout, .shape = runtime::model_shape(plan.config),
-          .microbatches = plan.config.parallel.microbatches, .recompute = t.recompute_granularity,
-          .recompute_method = t.recompute_method, .recompute_num_layers = t.recompute_num_layers};
+          .microbatches = plan.config.parallel.microbatches, .training = plan.config.training};
 }
 namespace {
 

@@ -48,7 +48,8 @@ int bench_layer(const LayerBenchShape& shape, const std::string& dtype, int iter
     return 1;
   }
   const TaskGraph no_graph;  // the backend is built from the layout and the shape alone
-  const runtime::Job job{no_graph, layout.value(), runtime::model_shape(config), config.parallel.microbatches};
+  const runtime::Job job{.graph = no_graph, .layout = layout.value(), .shape = runtime::model_shape(config),
+                         .microbatches = config.parallel.microbatches, .training = config.training};
   runtime::RunOptions options;
   options.backend = runtime::BackendKind::Cuda;
   options.dtype = dtype == "fp32" ? runtime::DType::F32 : runtime::DType::BF16;

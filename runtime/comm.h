@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "task_graph.h"
 #include "tensor.h"
@@ -43,6 +44,10 @@ class Communicator {
   virtual std::unique_ptr<Request> broadcast(Buffer data, int root) = 0;
   /// The reduced values land in `data` on `root`; other ranks' `data` is left as it was.
   virtual std::unique_ptr<Request> reduce(Buffer data, ReduceOp op, int root) = 0;
+  /// `out` (size() × in.count values) gets every rank's `in`, in rank order.
+  virtual std::unique_ptr<Request> all_gather(Buffer in, Buffer out) = 0;
+  /// `out` gets block rank() (out.count values) of every rank's `in` (size() × out.count) reduced.
+  virtual std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) = 0;
   /// Point-to-point calls between these two are issued as one group, so that a send and a receive
   /// between the same two ranks cannot wait on each other (NCCL's ncclGroupStart/End). Backends
   /// whose calls never block on their peer need not do anything.
@@ -67,6 +72,10 @@ class Transport {
   virtual Communicator& lane(int lane) = 0;
   Communicator& p2p() { return lane(kPointToPointLane); }
   Communicator& control() { return lane(kControlLane); }
+  /// A transport over some of this one's ranks: `members` (this rank among them) become ranks 0, 1,
+  /// ... of the new one, which has lanes of its own (MPI_Comm_create_group, ncclCommSplit). Every
+  /// member asks for the same list; the call waits for the members only. Aborts reach every rank.
+  virtual std::unique_ptr<Transport> subgroup(const std::vector<int>& members) = 0;
 
   /// Sleeps until communication may have progressed or wake() was called, at most `seconds`: a
   /// rank's communication thread waits here when it has nothing to do. Call from one thread only.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -12,7 +13,7 @@
 namespace pipesim::runtime {
 namespace {
 
-enum class Collective { AllReduce, Broadcast, Reduce };
+enum class Collective { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter };
 
 template <class T>
 void combine_as(void* into, const void* from, std::size_t count, ReduceOp op) {
@@ -64,17 +65,25 @@ class InProcessRequest final : public Request {
   bool done_ = false;
 };
 
+/// Who a lane or transport talks to: a group of world ranks and this rank's place in it.
+struct Group {
+  int id = 0;
+  std::vector<int> members;  ///< world ranks, by rank in the group
+  int index = 0;             ///< this rank's rank in the group
+  int size() const { return int(members.size()); }
+};
+
 class InProcessLane final : public Communicator {
  public:
-  InProcessLane(World& world, int rank, int lane, Memory& memory)
-      : world_(world), rank_(rank), lane_(lane), memory_(memory) {}
+  InProcessLane(World& world, const Group& group, int lane, Memory& memory)
+      : world_(world), group_(group), lane_(lane), memory_(memory) {}
 
   std::unique_ptr<Request> send(Buffer data, int peer) override {
     auto taken = std::make_shared<bool>(false);
     {
       std::lock_guard lock(world_.mutex_);
       world_.check_aborted();
-      world_.channels_[channel(rank_, peer)].push_back({data, taken});
+      world_.channels_[channel(group_.index, peer)].push_back({data, taken});
       world_.notify();
     }
     return std::make_unique<InProcessRequest>(world_, [taken] { return *taken; });
@@ -82,12 +91,12 @@ class InProcessLane final : public Communicator {
 
   std::unique_ptr<Request> recv(Buffer data, int peer) override {
     return std::make_unique<InProcessRequest>(world_, [this, data, peer] {
-      auto& queue = world_.channels_[channel(peer, rank_)];
+      auto& queue = world_.channels_[channel(peer, group_.index)];
       if (queue.empty()) return false;
       World::Message& message = queue.front();
       if (message.data.bytes() != data.bytes())
-        throw std::logic_error(fmt::format("rank {} expected {} bytes from rank {}, got {}", rank_, data.bytes(), peer,
-                                           message.data.bytes()));
+        throw std::logic_error(fmt::format("rank {} expected {} bytes from rank {}, got {}", group_.index, data.bytes(),
+                                           peer, message.data.bytes()));
       memory_.copy(data.data, message.data.data, data.bytes());
       *message.taken = true;
       queue.pop_front();
@@ -96,38 +105,56 @@ class InProcessLane final : public Communicator {
   }
 
   std::unique_ptr<Request> all_reduce(Buffer data, ReduceOp op) override {
-    return collective(Collective::AllReduce, data, op, 0);
+    return collective(Collective::AllReduce, data, data, op, 0);
   }
   std::unique_ptr<Request> broadcast(Buffer data, int root) override {
-    return collective(Collective::Broadcast, data, ReduceOp::None, root);
+    return collective(Collective::Broadcast, data, data, ReduceOp::None, root);
   }
   std::unique_ptr<Request> reduce(Buffer data, ReduceOp op, int root) override {
-    return collective(Collective::Reduce, data, op, root);
+    return collective(Collective::Reduce, data, data, op, root);
+  }
+  std::unique_ptr<Request> all_gather(Buffer in, Buffer out) override {
+    expect_blocks(out, in, "all-gather");
+    return collective(Collective::AllGather, in, out, ReduceOp::None, 0);
+  }
+  std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) override {
+    expect_blocks(in, out, "reduce-scatter");
+    return collective(Collective::ReduceScatter, in, out, op, 0);
   }
 
  private:
-  std::size_t channel(int from, int to) const { return std::size_t(from) * std::size_t(world_.ranks()) + std::size_t(to); }
+  World::ChannelKey channel(int from, int to) const {
+    return {group_.id, lane_, group_.members.at(std::size_t(from)), group_.members.at(std::size_t(to))};
+  }
+  /// `whole` must hold one `block` per rank.
+  void expect_blocks(Buffer whole, Buffer block, const char* what) const {
+    if (whole.count != block.count * std::size_t(group_.size()) || whole.dtype != block.dtype)
+      throw std::logic_error(fmt::format("{} on lane {}: {} {} values are not {} blocks of {} {}", what, lane_, whole.count,
+                                         dtype_name(whole.dtype), group_.size(), block.count, dtype_name(block.dtype)));
+  }
 
-  /// Records this rank's buffer in the lane's next slot; the last rank to arrive computes the
-  /// result (reducing in rank order); each rank then copies out what it gets.
-  std::unique_ptr<Request> collective(Collective kind, Buffer data, ReduceOp op, int root) {
-    const std::pair<int, long> key{lane_, next_index_++};
+  /// Records this rank's input in the lane's next slot; the last rank to arrive computes the result
+  /// (reducing in rank order); each rank then copies out what it gets.
+  std::unique_ptr<Request> collective(Collective kind, Buffer in, Buffer out, ReduceOp op, int root) {
+    const World::SlotKey key{group_.id, lane_, next_index_++};
     {
       std::lock_guard lock(world_.mutex_);
       world_.check_aborted();
       World::Slot& slot = world_.slots_[key];
-      slot.inputs.resize(std::size_t(world_.ranks()));
-      slot.inputs[std::size_t(rank_)] = data;
-      if (++slot.arrived == world_.ranks()) finish(slot, kind, op, root);
+      slot.inputs.resize(std::size_t(group_.size()));
+      slot.inputs[std::size_t(group_.index)] = in;
+      if (++slot.arrived == group_.size()) finish(slot, kind, op, root);
       world_.notify();
     }
-    const bool receives = kind != Collective::Reduce || rank_ == root;
-    return std::make_unique<InProcessRequest>(world_, [this, key, data, receives] {
+    const bool receives = kind != Collective::Reduce || group_.index == root;
+    // A reduce-scatter's rank takes its block of the result; every other kind the whole of it.
+    const std::size_t from = kind == Collective::ReduceScatter ? std::size_t(group_.index) * out.bytes() : 0;
+    return std::make_unique<InProcessRequest>(world_, [this, key, out, receives, from] {
       auto it = world_.slots_.find(key);
       World::Slot& slot = it->second;
       if (!slot.ready) return false;
-      if (receives) memory_.copy(data.data, slot.result, data.bytes());
-      if (++slot.collected == world_.ranks()) {
+      if (receives) memory_.copy(out.data, static_cast<std::byte*>(slot.result) + from, out.bytes());
+      if (++slot.collected == group_.size()) {
         memory_.free(slot.result);
         world_.slots_.erase(it);
       }
@@ -143,31 +170,55 @@ class InProcessLane final : public Communicator {
         throw std::logic_error(fmt::format("collective on lane {} has {} {} values on rank {} and {} {} on rank {}", lane_,
                                            first.count, dtype_name(first.dtype), source, slot.inputs[r].count,
                                            dtype_name(slot.inputs[r].dtype), r));
-    slot.result = memory_.allocate(first.bytes());
-    slot.count = first.count;
-    memory_.copy(slot.result, first.data, first.bytes());
-    if (kind != Collective::Broadcast)
-      for (std::size_t r = 1; r < slot.inputs.size(); ++r)
-        memory_.combine(slot.result, slot.inputs[r].data, first.count, first.dtype, op);
+    if (kind == Collective::AllGather) {  // the inputs side by side, in rank order
+      slot.bytes = first.bytes() * slot.inputs.size();
+      slot.result = memory_.allocate(slot.bytes);
+      for (std::size_t r = 0; r < slot.inputs.size(); ++r)
+        memory_.copy(static_cast<std::byte*>(slot.result) + r * first.bytes(), slot.inputs[r].data, first.bytes());
+    } else {
+      slot.bytes = first.bytes();
+      slot.result = memory_.allocate(slot.bytes);
+      memory_.copy(slot.result, first.data, first.bytes());
+      if (kind != Collective::Broadcast)
+        for (std::size_t r = 1; r < slot.inputs.size(); ++r)
+          memory_.combine(slot.result, slot.inputs[r].data, first.count, first.dtype, op);
+    }
     slot.ready = true;
   }
 
   World& world_;
-  int rank_, lane_;
+  const Group& group_;
+  int lane_;
   Memory& memory_;
   long next_index_ = 0;  ///< the index of this rank's next collective on this lane
 };
 
 class InProcessTransport final : public Transport {
  public:
-  InProcessTransport(World& world, int rank) : world_(world), rank_(rank) {
+  InProcessTransport(World& world, Group group) : world_(world), group_(std::move(group)) {
     for (int lane = 0; lane < kLanes; ++lane)
-      lanes_.push_back(std::make_unique<InProcessLane>(world, rank, lane,
+      lanes_.push_back(std::make_unique<InProcessLane>(world, group_, lane,
                                                        lane == kControlLane ? host_memory() : world.data_memory_));
   }
-  int rank() const override { return rank_; }
-  int size() const override { return world_.ranks(); }
+  int rank() const override { return group_.index; }
+  int size() const override { return group_.size(); }
   Communicator& lane(int lane) override { return *lanes_.at(std::size_t(lane)); }
+
+  std::unique_ptr<Transport> subgroup(const std::vector<int>& members) override {
+    Group sub;
+    for (const int m : members) {
+      if (m < 0 || m >= size()) throw std::logic_error(fmt::format("subgroup names rank {} of {}", m, size()));
+      if (m == rank()) sub.index = int(sub.members.size());
+      sub.members.push_back(group_.members[std::size_t(m)]);
+    }
+    if (std::find(members.begin(), members.end(), rank()) == members.end())
+      throw std::logic_error(fmt::format("rank {} asked for a subgroup it is not in", rank()));
+    {
+      std::lock_guard lock(world_.mutex_);
+      sub.id = world_.group_id(sub.members);
+    }
+    return std::make_unique<InProcessTransport>(world_, std::move(sub));
+  }
 
   void wait_for_progress(double seconds) override { world_.wait_for_change(seconds, seen_); }
   void wake() override {
@@ -186,18 +237,25 @@ class InProcessTransport final : public Transport {
 
  private:
   World& world_;
-  int rank_;
+  const Group group_;  ///< the lanes hold a reference to it
   std::vector<std::unique_ptr<Communicator>> lanes_;
   std::uint64_t seen_ = 0;  ///< the last world change wait_for_progress saw
 };
 
-World::World(int ranks, Memory& data) : ranks_(ranks), data_memory_(data), channels_(std::size_t(ranks) * std::size_t(ranks)) {
-  for (int r = 0; r < ranks; ++r) transports_.push_back(std::make_unique<InProcessTransport>(*this, r));
+World::World(int ranks, Memory& data) : ranks_(ranks), data_memory_(data) {
+  std::vector<int> all(std::size_t(ranks), 0);
+  std::iota(all.begin(), all.end(), 0);
+  groups_.emplace(all, 0);
+  for (int r = 0; r < ranks; ++r) transports_.push_back(std::make_unique<InProcessTransport>(*this, Group{0, all, r}));
 }
 
 World::~World() {
   for (auto& [key, slot] : slots_)
-    if (slot.result) (key.first == kControlLane ? host_memory() : data_memory_).free(slot.result);
+    if (slot.result) (std::get<1>(key) == kControlLane ? host_memory() : data_memory_).free(slot.result);
+}
+
+int World::group_id(const std::vector<int>& members) {
+  return groups_.try_emplace(members, int(groups_.size())).first->second;
 }
 
 void World::wait_for_change(double seconds, std::uint64_t& seen) {

@@ -1,8 +1,9 @@
 #pragma once
 /// In-process communicator: every rank is a thread of this process and all of them share one World.
-/// A receive copies straight from the sender's buffer; collectives meet in slots keyed by (lane,
-/// index on the lane), and the last rank to arrive reduces in rank order, so results do not depend
-/// on which thread arrives first. Where the buffers live is the World's `Memory`: host memory by
+/// A receive copies straight from the sender's buffer; collectives meet in slots keyed by (group,
+/// lane, index on the lane), and the last rank to arrive reduces in rank order, so results do not
+/// depend on which thread arrives first. A subgroup is a view of the same World: it shares its lock,
+/// its wake-ups and its abort. Where the buffers live is the World's `Memory`: host memory by
 /// default, device memory when a GPU backend gives its own copies and reductions.
 #include <condition_variable>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "comm.h"
@@ -56,21 +58,28 @@ class World {
     std::shared_ptr<bool> taken;
   };
   struct Slot {
-    std::vector<Buffer> inputs;  ///< by rank
+    std::vector<Buffer> inputs;  ///< by rank in the group
     int arrived = 0, collected = 0;
     void* result = nullptr;      ///< in the lane's memory
-    std::size_t count = 0;
+    std::size_t bytes = 0;
     bool ready = false;
   };
+  /// (group, lane, from, to) in world ranks: a FIFO per channel.
+  using ChannelKey = std::tuple<int, int, int, int>;
+  /// (group, lane, index on the lane).
+  using SlotKey = std::tuple<int, int, long>;
   void notify();  ///< call with mutex_ held
   void check_aborted() const;  ///< throws CommError; call with mutex_ held
+  /// The id of the group of these world ranks (0: all of them); made on first use.
+  int group_id(const std::vector<int>& members);
 
   int ranks_;
   Memory& data_memory_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::vector<std::deque<Message>> channels_;  ///< [from * ranks + to], FIFO
-  std::map<std::pair<int, long>, Slot> slots_;  ///< (lane, index)
+  std::map<ChannelKey, std::deque<Message>> channels_;
+  std::map<SlotKey, Slot> slots_;
+  std::map<std::vector<int>, int> groups_;
   std::optional<std::string> aborted_;
   std::uint64_t changes_ = 0;
   std::vector<std::unique_ptr<Transport>> transports_;

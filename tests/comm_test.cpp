@@ -137,3 +137,57 @@ TEST_CASE("ranks that disagree on a message's size get an error, not a silent tr
   });
   CHECK(error == "rank 1 expected 8 bytes from rank 0, got 12");
 }
+
+TEST_CASE("all-gather lays every rank's block side by side; reduce-scatter gives each rank its block of the sum") {
+  World world(3);
+  const auto seen = on_ranks(world, [](Transport& comm) {
+    const float r = float(comm.rank());
+    std::vector<float> mine{r, 10 + r}, gathered(6), whole{r, 2 * r, 3 * r, 4 * r, 5 * r, 6 * r}, block(2);
+    auto gather = comm.lane(0).all_gather(host_buffer(std::span(mine)), host_buffer(std::span(gathered)));
+    auto scatter = comm.lane(0).reduce_scatter(host_buffer(std::span(whole)), host_buffer(std::span(block)), ReduceOp::Sum);
+    wait(comm, *gather), wait(comm, *scatter);
+    gathered.insert(gathered.end(), block.begin(), block.end());
+    return gathered;
+  });
+  // Σ_r r·k over ranks 0, 1, 2 is 3k; rank i gets elements 2i and 2i + 1 (k = 2i + 1, 2i + 2).
+  for (int i = 0; i < 3; ++i)
+    CHECK(seen[std::size_t(i)] == std::vector<float>{0, 10, 1, 11, 2, 12, float(3 * (2 * i + 1)), float(3 * (2 * i + 2))});
+}
+
+TEST_CASE("a collective whose blocks do not tile the buffer is refused") {
+  World world(2);
+  Transport& comm = world.rank(0);
+  std::vector<float> in(3), out(5);
+  CHECK_THROWS_WITH(comm.lane(0).all_gather(host_buffer(std::span(in)), host_buffer(std::span(out))),
+                    Catch::Contains("are not 2 blocks of 3"));
+}
+
+TEST_CASE("subgroups reduce among their members only, and an abort reaches every rank of the world") {
+  World world(4);
+  const auto seen = on_ranks(world, [](Transport& comm) {
+    // Ranks {0, 2} and {1, 3}: the data-parallel groups of two devices with two replicas, say.
+    const int parity = comm.rank() % 2;
+    std::unique_ptr<Transport> group = comm.subgroup({parity, parity + 2});
+    std::vector<float> value{float(comm.rank() + 1)};
+    auto sum = group->lane(0).all_reduce(host_buffer(std::span(value)), ReduceOp::Sum);
+    wait(*group, *sum);
+    // Point-to-point in the subgroup: its rank 1 sends to its rank 0.
+    std::vector<float> message{float(comm.rank())};
+    if (group->rank() == 1) wait(*group, *group->p2p().send(host_buffer(std::span(message)), 0));
+    else wait(*group, *group->p2p().recv(host_buffer(std::span(message)), 1));
+    // Rank 3 aborts through its subgroup; the others wait in a world collective it never joins.
+    std::string error;
+    std::vector<float> never{0};
+    if (comm.rank() == 3) group->abort("rank 3 gave up");
+    else try {
+        wait(comm, *comm.lane(1).all_reduce(host_buffer(std::span(never)), ReduceOp::Sum));
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+    return std::vector<float>{float(group->rank()), value[0], message[0], float(error.find("rank 3 gave up") != std::string::npos)};
+  });
+  // Sums 1 + 3 and 2 + 4; each group's rank 0 got its rank 1's world rank (2 or 3).
+  CHECK(seen[0] == std::vector<float>{0, 4, 2, 1});
+  CHECK(seen[1] == std::vector<float>{0, 6, 3, 1});
+  CHECK(seen[2] == std::vector<float>{1, 4, 2, 1});
+}

@@ -114,6 +114,15 @@ class CollectiveLane final : public Communicator {
         ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c_.comm, c_.stream);
     return std::make_unique<NcclRequest>(c_, issued, aborted_);
   }
+  std::unique_ptr<Request> all_gather(Buffer in, Buffer out) override {
+    const ncclResult_t issued = ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+  }
+  std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) override {
+    const ncclResult_t issued =
+        ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype), nccl_op(op), c_.comm, c_.stream);
+    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+  }
 
  private:
   NcclComm c_;
@@ -139,6 +148,10 @@ class ChannelLane final : public Communicator {
   std::unique_ptr<Request> all_reduce(Buffer, ReduceOp) override { throw std::logic_error("all-reduce on the p2p lane"); }
   std::unique_ptr<Request> broadcast(Buffer, int) override { throw std::logic_error("broadcast on the p2p lane"); }
   std::unique_ptr<Request> reduce(Buffer, ReduceOp, int) override { throw std::logic_error("reduce on the p2p lane"); }
+  std::unique_ptr<Request> all_gather(Buffer, Buffer) override { throw std::logic_error("all-gather on the p2p lane"); }
+  std::unique_ptr<Request> reduce_scatter(Buffer, Buffer, ReduceOp) override {
+    throw std::logic_error("reduce-scatter on the p2p lane");
+  }
 
  private:
   const NcclComm& channel(int from, int to) const {
@@ -214,6 +227,11 @@ class NcclTransport final : public Transport {
   int size() const override { return size_; }
   Communicator& lane(int lane) override {
     return lane == kControlLane ? control_->control() : *lanes_.at(std::size_t(lane));
+  }
+  /// Its communicators are made for one pipeline replica's graph: check_runnable keeps tensor and
+  /// data parallelism off the CUDA backend, so no run asks for a subgroup here.
+  std::unique_ptr<Transport> subgroup(const std::vector<int>&) override {
+    throw std::logic_error("the NCCL transport runs one pipeline replica without tensor parallelism: no subgroups");
   }
   void wait_for_progress(double seconds) override {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));

@@ -17,7 +17,7 @@ struct PluginApi {
   int (*local_device)(int);
   std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int, const NcclOptions&);
 };
-constexpr int kPluginVersion = 2;
+constexpr int kPluginVersion = 3;  ///< 3: Transport gained subgroup, all_gather and reduce_scatter
 
 }  // namespace pipesim::runtime::cuda
 

@@ -1,7 +1,7 @@
 // The MPI backend: one process per rank, host buffers. Every lane is its own duplicate of
-// MPI_COMM_WORLD: point-to-point messages between two ranks stay in order, as the IR's channels
-// need, and lanes never wait for each other, while ranks issue each lane's collectives in the same
-// order as MPI requires.
+// MPI_COMM_WORLD, or of a subgroup's communicator: point-to-point messages between two ranks stay in
+// order, as the IR's channels need, and lanes never wait for each other, while ranks issue each
+// lane's collectives in the same order as MPI requires.
 //
 // Every MPI call's return code is checked: MPI_COMM_WORLD and its duplicates return errors
 // (MPI_ERRORS_RETURN) instead of aborting inside MPI, so that a failing call becomes an error that
@@ -65,10 +65,10 @@ MPI_Datatype mpi_type(DType dtype) {
   std::abort();
 }
 
-/// One lane: a duplicate of MPI_COMM_WORLD, so lanes never match each other's messages.
+/// One lane: a duplicate of its transport's communicator, so lanes never match each other's messages.
 class MpiLane final : public Communicator {
  public:
-  explicit MpiLane(int rank) : rank_(rank) { check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup"); }
+  MpiLane(MPI_Comm base, int rank) : rank_(rank) { check(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup"); }
   ~MpiLane() override {
     if (const int code = MPI_Comm_free(&comm_); code != MPI_SUCCESS)  // a destructor cannot throw: say so
       std::fprintf(stderr, "pipesim: warning: rank %d: %s\n", rank_, describe_failure(code, "MPI_Comm_free").c_str());
@@ -108,22 +108,55 @@ class MpiLane final : public Communicator {
             "MPI_Ireduce to rank " + std::to_string(root));
     return r;
   }
+  std::unique_ptr<Request> all_gather(Buffer in, Buffer out) override {
+    auto r = std::make_unique<MpiRequest>();
+    check(MPI_Iallgather(in.data, int(in.count), mpi_type(in.dtype), out.data, int(in.count), mpi_type(out.dtype), comm_,
+                         r->handle()),
+          "MPI_Iallgather");
+    return r;
+  }
+  std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) override {
+    auto r = std::make_unique<MpiRequest>();
+    check(MPI_Ireduce_scatter_block(in.data, out.data, int(out.count), mpi_type(in.dtype), mpi_op(op), comm_, r->handle()),
+          "MPI_Ireduce_scatter_block");
+    return r;
+  }
 
  private:
   int rank_;
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
+/// The ranks of one MPI communicator (MPI_COMM_WORLD, or a subgroup made from it), a lane each.
 class MpiTransport final : public Transport {
  public:
-  MpiTransport() {
-    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
-    check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
-    for (int lane = 0; lane < kLanes; ++lane) lanes_.push_back(std::make_unique<MpiLane>(rank_));
+  /// Takes `comm` over (frees it unless it is MPI_COMM_WORLD).
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    for (int lane = 0; lane < kLanes; ++lane) lanes_.push_back(std::make_unique<MpiLane>(comm_, rank_));
+  }
+  ~MpiTransport() override {
+    lanes_.clear();
+    if (comm_ != MPI_COMM_WORLD)
+      if (const int code = MPI_Comm_free(&comm_); code != MPI_SUCCESS)
+        std::fprintf(stderr, "pipesim: warning: rank %d: %s\n", rank_, describe_failure(code, "MPI_Comm_free").c_str());
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Communicator& lane(int lane) override { return *lanes_.at(std::size_t(lane)); }
+  /// MPI_Comm_create_group: collective over the members only, as the interface promises.
+  std::unique_ptr<Transport> subgroup(const std::vector<int>& members) override {
+    MPI_Group all = MPI_GROUP_NULL, some = MPI_GROUP_NULL;
+    check(MPI_Comm_group(comm_, &all), "MPI_Comm_group");
+    check(MPI_Group_incl(all, int(members.size()), members.data(), &some), "MPI_Group_incl");
+    MPI_Comm comm = MPI_COMM_NULL;
+    const int code = MPI_Comm_create_group(comm_, some, 0, &comm);
+    MPI_Group_free(&some), MPI_Group_free(&all);
+    check(code, "MPI_Comm_create_group");
+    check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    return std::make_unique<MpiTransport>(comm);
+  }
   void wait_for_progress(double seconds) override {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));
   }
@@ -132,6 +165,7 @@ class MpiTransport final : public Transport {
   [[noreturn]] void abort(const std::string& why) override { abort_job(why.c_str()); }
 
  private:
+  MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::vector<std::unique_ptr<Communicator>> lanes_;
 };
@@ -148,7 +182,7 @@ void init(int* rank, int* size) {
   check(MPI_Comm_size(MPI_COMM_WORLD, size), "MPI_Comm_size");
 }
 
-std::unique_ptr<Transport> make_transport() { return std::make_unique<MpiTransport>(); }
+std::unique_ptr<Transport> make_transport() { return std::make_unique<MpiTransport>(MPI_COMM_WORLD); }
 
 void finalize() {
   if (const int code = MPI_Finalize(); code != MPI_SUCCESS)

@@ -20,7 +20,7 @@ struct PluginApi {
   [[noreturn]] void (*abort)(const char* why);
   void (*finalize)();
 };
-constexpr int kPluginVersion = 1;
+constexpr int kPluginVersion = 2;  ///< 2: Transport gained subgroup, all_gather and reduce_scatter
 
 }  // namespace pipesim::runtime::mpi
 

@@ -5,6 +5,7 @@
 /// runs each op's math on Tensors it allocated. Tokens and targets are host data given once per
 /// step; everything else stays where the backend keeps it, except the few scalars the executor
 /// reads (losses, gradient-check terms).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -32,11 +33,13 @@ class Activations {
 };
 
 /// One tensor's gradient as a rank holds it, copied to the host for the gradient check: elements
-/// [offset, offset + values.size()) of tensor `tensor` of the whole model (tensor_names' order).
+/// [offset, offset + values.size()) of tensor `tensor` of the whole model (tensor_names' order), or,
+/// where `elements` is given (a tensor-parallel rank's columns), elements offset + elements[i].
 struct HostGradient {
   std::size_t tensor = 0;
   std::size_t offset = 0;
   std::vector<float> values;
+  std::vector<std::size_t> elements;
 };
 
 enum class OptimizerKind { Adam, Sgd };
@@ -47,6 +50,17 @@ struct OptimizerSettings {
   OptimizerKind kind = OptimizerKind::Adam;
   float learning_rate = 1e-3f;
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  ///< Adam's (PyTorch's defaults)
+};
+
+/// Under ZeRO (stage 1 or 2: Megatron's distributed optimizer), which part of each tensor one
+/// data-parallel rank updates: rank `index` of `count` owns elements [index·p, min(c, (index + 1)·p))
+/// of a tensor of c, where p = ⌈c / count⌉ (the collectives pad every tensor to count·p). One rank
+/// of one owns every element.
+struct OwnedPart {
+  int index = 0, count = 1;
+  std::size_t block(std::size_t c) const { return (c + std::size_t(count) - 1) / std::size_t(count); }
+  std::size_t begin(std::size_t c) const { return std::min(c, std::size_t(index) * block(c)); }
+  std::size_t end(std::size_t c) const { return std::min(c, std::size_t(index + 1) * block(c)); }
 };
 
 /// What the S pass leaves for the barrier and the T pass.
@@ -91,6 +105,15 @@ class Backend : public Allocator {
   virtual void set_batches(std::span<const Batch> batches) = 0;
 
   // ---- transformer layers (the executor runs a stage's layers in order) ----
+  /// Elements of an activation passed between layers and stages: n × h, or under sequence
+  /// parallelism this rank's rows of it.
+  virtual std::size_t layer_activation_count() const = 0;
+  /// Under sequence parallelism, this rank's rows of a whole activation (the embedding's output, the
+  /// final norm's input gradient); otherwise `whole` itself.
+  virtual Tensor sequence_part(Tensor whole) { return whole; }
+  /// Under sequence parallelism, every rank's rows gathered (the last layer's output, the first
+  /// layer's input gradient); otherwise `part` itself.
+  virtual Tensor sequence_whole(Tensor part) { return part; }
   /// The embedding rows this rank holds for microbatch `mb`'s tokens (the whole table on the first
   /// stage in baseline, the rank's shard in the vocabulary-parallel modes: IF); other rows are 0.
   virtual Tensor embed(int mb) = 0;
@@ -131,9 +154,13 @@ class Backend : public Allocator {
                                  bool input_grad) = 0;
 
   // ---- per iteration ----
-  /// Update `step` (1 on the first) of every weight this rank holds, then zeroes the gradients.
+  /// This rank's weights (or, with `gradients`, their gradients), tensor by tensor in a fixed order:
+  /// views of what the backend keeps, which the data-parallel collectives reduce or gather in place.
+  virtual std::vector<Buffer> parameter_buffers(bool gradients) = 0;
+  /// Update `step` (1 on the first) of every weight this rank owns (under ZeRO, its part of each
+  /// tensor), then zeroes the gradients.
   virtual void optimizer_step(const OptimizerSettings& settings, int step) = 0;
-  /// The gradients this rank holds, on the host (for the gradient check).
+  /// The gradients this rank holds (under ZeRO, of the part it owns), on the host (for the gradient check).
   virtual std::vector<HostGradient> gradients() = 0;
   /// Bytes of this rank's weights, gradients and optimizer state.
   virtual Bytes static_bytes() const = 0;

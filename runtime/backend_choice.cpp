@@ -28,9 +28,15 @@ Status check_backend(const RunOptions& options) {
   return Status::Ok();
 }
 
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank) {
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, cpu::TensorParallel* tp) {
   const cpu::ModelShape& shape = job.shape;
-  if (options.backend == BackendKind::Cpu) return make_cpu_backend(shape, job.layout, rank, options.seed);
+  const RankPlace place = job.place(rank);
+  if (options.backend == BackendKind::Cpu)
+    return make_cpu_backend(shape, job.layout,
+                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp,
+                             .owned = job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}},
+                            options.seed, tp);
+  // The CUDA backend runs one pipeline replica without tensor parallelism (check_runnable): rank is device.
   if (options.device >= 0)  // one process per GPU (MPI)
     return cuda::make_backend(shape, job.layout, rank, options.seed,
                               {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1, .index_on_device = 0});

@@ -6,6 +6,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <utility>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -49,8 +50,9 @@ std::span<float> f32(Tensor& t) { return t.as<float>(); }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed)
-      : shape_(shape), model_(make_rank_model(shape, layout, rank, seed)), n_(shape.tokens()),
+  CpuBackend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
+             cpu::TensorParallel* tp)
+      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), n_(shape.tokens()),
         h_(shape.hidden) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -80,23 +82,40 @@ class CpuBackend final : public Backend {
     cpu::embedding_backward(tokens(mb), f32(dy), model_.grads.embedding, h_, model_.shard.first, model_.shard.rows);
   }
 
+  std::size_t layer_activation_count() const override {
+    return std::size_t(cpu::layer_rows(shape_, tp_)) * std::size_t(h_);
+  }
+  Tensor sequence_part(Tensor whole) override {
+    if (!sequence_parallel()) return whole;
+    Tensor part = allocate(layer_activation_count(), DType::F32);
+    copy(whole, std::size_t(tp_->rank()) * part.count(), part, 0, part.count());
+    return part;
+  }
+  Tensor sequence_whole(Tensor part) override {
+    if (!sequence_parallel()) return part;
+    Tensor whole = activation();
+    tp_->all_gather(f32(part), f32(whole));
+    return whole;
+  }
+
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CpuLayerActivations>();
-    Tensor y = activation();
-    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache);
+    Tensor y = allocate(layer_activation_count(), DType::F32);
+    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache, tp_);
     x = std::move(y);
     return cache;
   }
   void layer_backward(int layer, Activations& base, Tensor& dy, bool defer_weights) override {
     CpuLayerActivations& c = layer_cache(base);
-    Tensor dx = activation();
+    Tensor dx = allocate(layer_activation_count(), DType::F32);
+    partial_gradients_ = sequence_parallel();
     cpu::layer_backward(shape_, model_.params.layers.at(layer), c.cache, f32(dy), f32(dx), model_.grads.layers.at(layer),
-                        defer_weights ? &c.deferred : nullptr);
+                        defer_weights ? &c.deferred : nullptr, tp_);
     dy = std::move(dx);
   }
   void layer_weight(int layer, Activations& base) override {
     CpuLayerActivations& c = layer_cache(base);
-    cpu::layer_weight_backward(shape_, c.cache, c.deferred, model_.grads.layers.at(layer));
+    cpu::layer_weight_backward(shape_, c.cache, c.deferred, model_.grads.layers.at(layer), model_.tp);
   }
 
   std::unique_ptr<Activations> final_norm(Tensor x) override {
@@ -188,19 +207,41 @@ class CpuBackend final : public Backend {
     return dx;
   }
 
-  void optimizer_step(const OptimizerSettings& settings, int step) override { model_.optimizer_step(settings, step); }
-  std::vector<HostGradient> gradients() override { return host_gradients(model_); }
+  std::vector<Buffer> parameter_buffers(bool gradients) override {
+    std::vector<Buffer> all;
+    for (std::vector<float>* t : tensors_of(gradients ? model_.grads : model_.params))
+      all.push_back({t->data(), t->size(), DType::F32});
+    return all;
+  }
+  void optimizer_step(const OptimizerSettings& settings, int step) override {
+    sum_partial_gradients();
+    model_.optimizer_step(settings, step);
+  }
+  std::vector<HostGradient> gradients() override {
+    sum_partial_gradients();
+    return host_gradients(model_);
+  }
   Bytes static_bytes() const override { return Bytes(model_.state_bytes()); }
 
  private:
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
+  /// A whole activation: n × h.
   Tensor activation() { return allocate(activation_size(), DType::F32); }
+  bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }
+  /// Under sequence parallelism, once per step before the gradients are read: the norms' gradients
+  /// summed over the ranks' rows.
+  void sum_partial_gradients() {
+    if (!std::exchange(partial_gradients_, false)) return;
+    for (auto& [index, layer] : model_.grads.layers) cpu::sum_partial_gradients(layer, *tp_);
+  }
   const std::vector<int>& tokens(int mb) const { return batches_.at(std::size_t(mb)).tokens; }
   const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }
 
   cpu::ModelShape shape_;
   RankModel model_;
+  cpu::TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
   int n_, h_;
+  bool partial_gradients_ = false;  ///< a backward since the last sum_partial_gradients
   std::vector<Batch> batches_;
 };
 
@@ -216,10 +257,10 @@ void keep_freed_host_memory() {
 #endif
 }
 
-std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,
-                                          std::uint64_t seed) {
+std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part,
+                                          std::uint64_t seed, cpu::TensorParallel* tp) {
   keep_freed_host_memory();
-  return std::make_unique<CpuBackend>(shape, layout, rank, seed);
+  return std::make_unique<CpuBackend>(shape, layout, part, seed, tp);
 }
 
 }  // namespace pipesim::runtime

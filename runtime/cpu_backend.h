@@ -6,6 +6,7 @@
 #include "backend.h"
 #include "cpu/model.h"
 #include "layout.h"
+#include "partition.h"
 
 namespace pipesim::runtime {
 
@@ -19,7 +20,9 @@ namespace pipesim::runtime {
 /// for other hosts of the runtime, such as the tests.)
 void keep_freed_host_memory();
 
-std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, int rank,
-                                          std::uint64_t seed);
+/// A rank's part of the model (partition.h); `tp` its tensor-parallel group when part.tp > 1, which
+/// must outlive the backend.
+std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part,
+                                          std::uint64_t seed, cpu::TensorParallel* tp = nullptr);
 
 }  // namespace pipesim::runtime

@@ -24,25 +24,85 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
   return b;
 }
 
+/// A tensor-parallel group as a layer's math sees it: blocking collectives on the group's first lane, held
+/// to the run's timeout. Only the rank's compute thread calls it, in the same order on every rank of
+/// the group (they run the same ops).
+class TensorParallelGroup final : public cpu::TensorParallel {
+ public:
+  TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s)
+      : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  bool sequence_parallel() const override { return sequence_parallel_; }
+  void all_reduce(std::span<float> x) override {
+    wait(group_->lane(0).all_reduce(host_buffer(x), ReduceOp::Sum), "a tensor-parallel all-reduce");
+  }
+  void all_gather(std::span<const float> part, std::span<float> whole) override {
+    wait(group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)), "a tensor-parallel all-gather");
+  }
+  void reduce_scatter(std::span<const float> whole, std::span<float> part) override {
+    wait(group_->lane(0).reduce_scatter(host_buffer(whole), host_buffer(part), ReduceOp::Sum),
+         "a tensor-parallel reduce-scatter");
+  }
+
+ private:
+  void wait(std::unique_ptr<Request> request, const char* what) {
+    wait_for(*group_, std::move(request), timeout_s_, what);
+  }
+  std::unique_ptr<Transport> group_;
+  bool sequence_parallel_;
+  double timeout_s_;
+};
+
+/// The transports of one rank: the world; its pipeline (the ranks of its replica and tensor-parallel
+/// rank, by device), which the graph's ops use; its data- and tensor-parallel groups when it has them.
+struct RankGroups {
+  Transport& world;
+  std::unique_ptr<Transport> own_pipeline, data;
+  std::unique_ptr<TensorParallelGroup> tensor;
+  Transport& pipeline() { return own_pipeline ? *own_pipeline : world; }
+};
+
+/// Every rank makes its groups in the same order (pipeline, data, tensor), each waiting only for
+/// its members, so that no two ranks wait on each other's next group.
+RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
+  RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tensor = nullptr};
+  if (job.ranks() == job.layout.devices) return groups;  // the pipeline is the world
+  const int rank = world.rank();
+  groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device));
+  if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica));
+  if (job.tp > 1)
+    groups.tensor = std::make_unique<TensorParallelGroup>(world.subgroup(job.group_of(rank, &RankPlace::tp_rank)),
+                                                          job.sequence_parallel, timeout_s);
+  return groups;
+}
+
 /// One rank's run: each step's batches, the walk over its ops, the loss and step time agreed by every
-/// rank; then the check and the measurements.
-Result<RunResult> run_steps(Transport& comm, Backend& backend, const Job& job, const RunOptions& options) {
+/// rank; then the check and the measurements (rank 0 of each pipeline gathers its pipeline's).
+Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job, const RunOptions& options) {
+  Transport& comm = groups.pipeline();
   const int rank = comm.rank();
-  OpInterpreter interpreter(job, rank, comm, backend, options.optimizer);
+  const RankPlace place = job.place(groups.world.rank());
+  OpInterpreter interpreter(job, place, comm, groups.data.get(), backend, options.optimizer);
   StreamWalker walker(job.graph, rank, comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {
-    wait_for(comm, comm.control().all_reduce(host_buffer(values), op), options.timeout_s, what);
+    wait_for(groups.world, groups.world.control().all_reduce(host_buffer(values), op), options.timeout_s, what);
   };
+  // Every replica holds the same summed gradients, but under ZeRO each only its own part of them.
+  const bool checks_gradients = place.replica == 0 || job.sharded();
   RunResult result;
   try {
     for (int step = 0; step < options.steps; ++step) {
-      std::vector<Batch> batches;
-      for (int mb = 0; mb < job.microbatches; ++mb)
-        batches.push_back(make_batch(options.seed, step, mb, job.shape.tokens(), job.shape.vocab));
+      // Replica r takes microbatches r·m .. r·m + m − 1 of the step's global batch.
+      std::vector<Batch> batches, global;
+      for (int mb = 0; mb < job.microbatches * job.dp; ++mb)
+        global.push_back(make_batch(options.seed, step, mb, job.shape.tokens(), job.shape.vocab));
+      batches.assign(global.begin() + place.replica * job.microbatches,
+                     global.begin() + (place.replica + 1) * job.microbatches);
       const bool checking = options.check && step == 0;
       std::optional<GradientCheck> check;
-      if (checking) check.emplace(job.shape, options.seed, batches);
+      if (checking) check.emplace(job.shape, options.seed, global);
       interpreter.begin_step(batches, checking);
       recorder.clear(job.graph.size());
       std::vector<float> token{1.0f};
@@ -50,17 +110,20 @@ Result<RunResult> run_steps(Transport& comm, Backend& backend, const Job& job, c
       const Clock::time_point epoch = Clock::now();
       walker.run_step(step, epoch, interpreter, recorder);
       const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch).count();
-      std::vector<float> loss{float(interpreter.loss_part())}, time{float(elapsed)};
+      // Every tensor-parallel rank computes the same loss: one of them counts it.
+      std::vector<float> loss{place.tp_rank == 0 ? float(interpreter.loss_part()) : 0.0f}, time{float(elapsed)};
       all_reduce(loss, ReduceOp::Sum, "the loss all-reduce");
       all_reduce(time, ReduceOp::Max, "the step-time all-reduce");
       result.losses.push_back(loss[0]);
       result.step_ns.push_back(TimeNs(time[0]));
       if (checking) {
-        std::vector<float> terms = check->error_terms(interpreter.take_gradients());
+        std::vector<HostGradient> gradients = interpreter.take_gradients();
+        if (!checks_gradients) gradients.clear();
+        std::vector<float> terms = check->error_terms(gradients);
         all_reduce(terms, ReduceOp::Sum, "the gradient-check all-reduce");
         result.check = check->result(terms, loss[0], options);
       }
-      if (rank == 0 && options.on_step) options.on_step(step, loss[0], TimeNs(time[0]));
+      if (groups.world.rank() == 0 && options.on_step) options.on_step(step, loss[0], TimeNs(time[0]));
     }
     recorder.move_into(result);
     gather_measurements(comm, job.graph, options.timeout_s, interpreter.buffers().peak(), interpreter.buffers().peak_op(),
@@ -69,11 +132,11 @@ Result<RunResult> run_steps(Transport& comm, Backend& backend, const Job& job, c
   } catch (const CommError& e) {
     return Error{e.what()};
   } catch (const RankFailure& e) {
-    comm.abort(e.what());
+    groups.world.abort(e.what());
     return Error{e.what()};
   } catch (const std::exception& e) {  // e.g. out of memory: still end every rank, never hang them
-    const std::string why = fmt::format("rank {} failed: {}", rank, e.what());
-    comm.abort(why);
+    const std::string why = fmt::format("rank {} failed: {}", groups.world.rank(), e.what());
+    groups.world.abort(why);
     return Error{why};
   }
 }
@@ -88,10 +151,32 @@ bool CheckResult::passed() const {
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
 Status check_runnable(const Config& c, const RunOptions& options) {
-  if (c.parallel.tp != 1)
-    return Error{fmt::format("{}: parallel.tp: the runtime runs each stage on one device; set parallel.tp to 1", c.source)};
-  if (c.parallel.dp != 1)
-    return Error{fmt::format("{}: parallel.dp: the runtime runs one pipeline replica; set parallel.dp to 1", c.source)};
+  if (c.parallel.tp > 1 && options.backend == BackendKind::Cuda)
+    return Error{fmt::format("{}: parallel.tp: the CUDA backend runs each stage on one GPU; set parallel.tp to 1, or "
+                             "run tensor parallelism with --backend cpu",
+                             c.source)};
+  if (c.parallel.tp > 1 && c.parallel.sequence_parallel && (c.model.micro_batch_size * c.model.seq_len) % c.parallel.tp)
+    return Error{fmt::format("{}: parallel.sequence_parallel: a microbatch's {} tokens do not split over parallel.tp = {} "
+                             "ranks; make model.micro_batch_size × model.seq_len a multiple of {}, or set "
+                             "parallel.sequence_parallel to false",
+                             c.source, c.model.micro_batch_size * c.model.seq_len, c.parallel.tp, c.parallel.tp)};
+  // The config already holds heads to a multiple of tp; a rank takes whole key/value heads too.
+  for (const auto& [field, size] : {std::pair{"model.kv_heads", c.model.key_value_heads()}, {"model.ffn_hidden", c.model.ffn_hidden}})
+    if (size % c.parallel.tp != 0)
+      return Error{fmt::format("{}: {}: {} does not split over parallel.tp = {} ranks; make it a multiple of {}",
+                               c.source, field, size, c.parallel.tp, c.parallel.tp)};
+  if (c.parallel.dp > 1 && options.backend == BackendKind::Cuda)
+    return Error{fmt::format("{}: parallel.dp: the CUDA backend runs one pipeline replica; set parallel.dp to 1, or run "
+                             "the replicas with --backend cpu",
+                             c.source)};
+  if (c.parallel.dp > 1 && c.training.zero_stage == 3)
+    return Error{fmt::format("{}: training.zero_stage: the runtime shards optimizer state (ZeRO 1) but gathers no "
+                             "parameters per stage (ZeRO 3); set training.zero_stage to 1 or 2",
+                             c.source)};
+  if (c.parallel.dp > 1 && (c.training.overlap_grad_reduce || c.training.overlap_param_gather))
+    return Error{fmt::format("{}: training.{}: the runtime reduces gradients and gathers weights once per step, not per "
+                             "stage; set it to false",
+                             c.source, c.training.overlap_grad_reduce ? "overlap_grad_reduce" : "overlap_param_gather")};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
   // Selective recomputation rebuilds attention scores, which fused attention never keeps (the graph
@@ -120,8 +205,10 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                              (n * (8.0 * h + qkv + fc1 + s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
   const bool cpu_math = options.backend == BackendKind::Cpu || options.check;
   // On a GPU the host holds each rank's fp32 weights and gradients only (to upload, and to check).
-  const double needed = cpu_math ? 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches)
-                                 : 4.0 * 2.0 * params;
+  // Every data-parallel replica holds a copy of the pipeline's model (and, for now, every
+  // tensor-parallel rank the whole of its activations).
+  const double needed = c.parallel.dp * c.parallel.tp * (cpu_math ? 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches)
+                                                  : 4.0 * 2.0 * params);
   const double available = double(machine_memory_bytes());
   if (needed > 0.5 * available && !cpu_math)
     return Error{fmt::format("{}: model: the host would need about {:.1f} GiB for this model's fp32 weights and "
@@ -137,18 +224,27 @@ Status check_runnable(const Config& c, const RunOptions& options) {
 }
 
 Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& options, const BackendFactory& backend_for) {
-  if (comm.size() != job.layout.devices)
-    return Error{fmt::format("{} ranks cannot run a pipeline of {} devices", comm.size(), job.layout.devices)};
+  if (comm.size() != job.ranks())
+    return Error{fmt::format("{} ranks cannot run {} pipeline devices × {} tensor-parallel × {} data-parallel ranks",
+                             comm.size(), job.layout.devices, job.tp, job.dp)};
+  std::optional<RankGroups> groups;
+  try {
+    groups.emplace(make_groups(comm, job, options.timeout_s));
+  } catch (const std::exception& e) {  // an MPI call failed: end every rank
+    const std::string why = fmt::format("rank {} could not join its groups: {}", comm.rank(), e.what());
+    comm.abort(why);
+    return Error{why};
+  }
   std::unique_ptr<Backend> backend;
   try {
-    backend = backend_for ? backend_for(comm.rank()) : make_backend(options, job, comm.rank());
+    backend = backend_for ? backend_for(comm.rank()) : make_backend(options, job, comm.rank(), groups->tensor.get());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),
                                         options.backend == BackendKind::Cuda ? "CUDA" : "CPU", e.what());
     comm.abort(why);
     return Error{why};
   }
-  return run_steps(comm, *backend, job, options);
+  return run_steps(*groups, *backend, job, options);
 }
 
 }  // namespace pipesim::runtime

@@ -84,8 +84,10 @@ Bytes machine_memory_bytes();
 Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
-/// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present.
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank);
+/// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present;
+/// `tp`: its tensor-parallel group (CPU), which must outlive the backend.
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank,
+                                      cpu::TensorParallel* tp = nullptr);
 
 /// Makes rank `rank`'s backend: make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;

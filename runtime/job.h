@@ -2,21 +2,49 @@
 /// What the runtime executes: a task graph, where its stages sit, and the model whose math its ops
 /// do. The runtime needs nothing else of a plan, so it depends on the IR alone (src/), never on the
 /// planner, the schedules or the simulator that made the graph.
+#include <vector>
+
 #include "cpu/model.h"
 #include "layout.h"
 #include "task_graph.h"
 
 namespace pipesim::runtime {
 
+/// Where one rank of a run sits, in Megatron's order: tensor-parallel ranks adjacent, then the
+/// data-parallel replicas, then the pipeline devices (rank = (device·dp + replica)·tp + tp_rank).
+struct RankPlace {
+  int device = 0;   ///< pipeline device: the graph's device whose ops the rank runs
+  int replica = 0;  ///< data-parallel replica of the whole pipeline
+  int tp_rank = 0;  ///< tensor-parallel rank inside the device's stages
+};
+
 /// Borrowed from the caller, which keeps the graph and the layout alive for the whole run.
 struct Job {
   const TaskGraph& graph;
   const Layout& layout;
   cpu::ModelShape shape;
-  int microbatches = 1;  ///< per iteration: the loss is the mean over all of their tokens
+  int microbatches = 1;  ///< per iteration and replica: the loss is the mean over all of their tokens
   /// Its recompute_* fields, which put R ops in the graph: which layers' activations F drops, keeping
-  /// only the inputs that R rebuilds them from.
+  /// only the inputs that R rebuilds them from; its zero_stage, which shards the optimizer's state.
   TrainingConfig training;
+  int tp = 1;  ///< tensor-parallel ranks per pipeline device
+  bool sequence_parallel = false;  ///< with tp > 1: layers' inputs and outputs split by tokens over the tp ranks
+  int dp = 1;  ///< data-parallel replicas of the pipeline, each its own microbatches
+
+  int ranks() const { return layout.devices * tp * dp; }
+  RankPlace place(int rank) const { return {.device = rank / (tp * dp), .replica = rank / tp % dp, .tp_rank = rank % tp}; }
+  int rank_of(const RankPlace& p) const { return (p.device * dp + p.replica) * tp + p.tp_rank; }
+  /// Whether the optimizer's state is sharded over the replicas (ZeRO 1 and 2).
+  bool sharded() const { return dp > 1 && training.zero_stage >= 1; }
+  /// The ranks that differ from `rank` in `varying` only, in its order: &RankPlace::device gives the
+  /// rank's pipeline, ::replica its data-parallel group, ::tp_rank its tensor-parallel group.
+  std::vector<int> group_of(int rank, int RankPlace::*varying) const {
+    const int size = varying == &RankPlace::device ? layout.devices : varying == &RankPlace::replica ? dp : tp;
+    std::vector<int> ranks;
+    RankPlace p = place(rank);
+    for (p.*varying = 0; p.*varying < size; ++(p.*varying)) ranks.push_back(rank_of(p));
+    return ranks;
+  }
 };
 
 }  // namespace pipesim::runtime

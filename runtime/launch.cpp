@@ -9,7 +9,7 @@
 namespace pipesim::runtime {
 
 Result<RunResult> run_in_process(const Job& job, const RunOptions& options, const BackendFactory& backend_for) {
-  const int ranks = job.layout.devices;
+  const int ranks = job.ranks();
   World world(ranks, options.backend == BackendKind::Cuda ? cuda::device_memory() : host_memory());
   std::vector<std::optional<Result<RunResult>>> results(static_cast<std::size_t>(ranks));
   {

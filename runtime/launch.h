@@ -7,7 +7,8 @@
 
 namespace pipesim::runtime {
 
-/// One thread per pipeline device, talking through an in-process communicator. A failure on any
+/// One thread per rank (pipeline devices × tensor-parallel × data-parallel ranks), talking through an
+/// in-process communicator. A failure on any
 /// rank ends all of them; the error is the failing rank's (rank and op).
 Result<RunResult> run_in_process(const Job& job, const RunOptions& options, const BackendFactory& backend_for = {});
 
@@ -15,12 +16,15 @@ Result<RunResult> run_in_process(const Job& job, const RunOptions& options, cons
 bool launched_by_mpi();
 
 /// This process as one rank of an MPI job (MPI_Init .. MPI_Finalize inside). `job_for` is given the
-/// MPI job's size and returns the job to run, with one pipeline device per process; what it borrows
+/// MPI job's size and returns the job to run, with one rank per process; what it borrows
 /// must live until run_mpi returns.
 /// A failure on any rank aborts the job (MPI_Abort) after printing the failing rank's message.
 struct MpiRun {
   int rank = 0, size = 1;
   Result<RunResult> result = Error{"not run"};
+  /// The job could not be made (its config, the process count): every rank failed alike, rank 0
+  /// says why, and the others end quietly so that mpirun does not end rank 0 before it has said it.
+  bool failed_alike = false;
 };
 MpiRun run_mpi(const std::function<Result<Job>(int ranks)>& job_for, const RunOptions& options);
 

@@ -52,11 +52,12 @@ GradientCheck::GradientCheck(const cpu::ModelShape& shape, std::uint64_t seed, s
 std::vector<float> GradientCheck::error_terms(std::span<const HostGradient> gradients) const {
   std::vector<float> terms(2 * tensor_names(shape_).size(), 0.0f);
   for (const HostGradient& g : gradients) {
-    const std::span<const float> reference = model_tensor(grad_, g.tensor).subspan(g.offset, g.values.size());
+    const std::span<const float> tensor = model_tensor(grad_, g.tensor).subspan(g.offset);
     double diff = 0, ref = 0;
     for (std::size_t i = 0; i < g.values.size(); ++i) {
-      diff += double(g.values[i] - reference[i]) * (g.values[i] - reference[i]);
-      ref += double(reference[i]) * reference[i];
+      const float reference = tensor[g.elements.empty() ? i : g.elements[i]];
+      diff += double(g.values[i] - reference) * (g.values[i] - reference);
+      ref += double(reference) * reference;
     }
     terms[2 * g.tensor] += float(diff), terms[2 * g.tensor + 1] += float(ref);
   }

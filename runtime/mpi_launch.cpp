@@ -60,6 +60,7 @@ MpiRun run_mpi(const std::function<Result<Job>(int ranks)>& job_for, const RunOp
   }
   if (Result<Job> job = job_for(run.size); !job.ok()) {
     run.result = job.error();  // every rank builds the same job, so every rank fails alike
+    run.failed_alike = true;
   } else {
     RunOptions mine = options;
     std::unique_ptr<Transport> comm;

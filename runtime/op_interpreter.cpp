@@ -5,11 +5,29 @@
 #include <fmt/format.h>
 
 namespace pipesim::runtime {
+namespace {
 
-OpInterpreter::OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend,
-                             const OptimizerSettings& optimizer)
-    : graph_(job.graph), layout_(job.layout), rank_(rank), comm_(comm), backend_(backend), optimizer_(optimizer),
-      microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
+/// Done when every one of its parts is: the per-tensor collectives of one DP_ALLREDUCE.
+class AllOf final : public Request {
+ public:
+  explicit AllOf(std::vector<std::unique_ptr<Request>> parts) : parts_(std::move(parts)) {}
+  bool done() override {
+    while (!parts_.empty() && parts_.back()->done()) parts_.pop_back();
+    return parts_.empty();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Request>> parts_;
+};
+
+}  // namespace
+
+OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data,
+                             Backend& backend, const OptimizerSettings& optimizer)
+    : graph_(job.graph), layout_(job.layout), rank_(place.device), comm_(comm), backend_(backend),
+      optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
+      data_(data), replicas_(job.dp),
+      owned_(job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)), training_(job.training) {}
 
@@ -57,6 +75,7 @@ void OpInterpreter::forward(const Task& t) {
     vocab_layer([&] { x = backend_.embed(mb); });
   else
     x = buffers_.take({Buf::StageInput, t.stage, mb});
+  if (t.stage == 0) x = backend_.sequence_part(std::move(x));  // the embedding's output is whole
   StageCache cache;
   const int recomputed = recomputed_layers(training_, stage.layers);
   for (int i = 0; i < stage.layers; ++i) {
@@ -73,9 +92,9 @@ void OpInterpreter::forward(const Task& t) {
     cache.layers.emplace_back();
   }
   if (t.stage == last_stage_) {
-    cache.head = backend_.final_norm(std::move(x));
+    cache.head = backend_.final_norm(backend_.sequence_whole(std::move(x)));
     if (stage.has_head)  // baseline: the whole LM head and the loss here
-      vocab_layer([&] { loss_part_ += backend_.head_forward(*cache.head, mb, 1.0f / float(microbatches_)); });
+      vocab_layer([&] { loss_part_ += backend_.head_forward(*cache.head, mb, 1.0f / float(microbatches_ * replicas_)); });
     else  // vocabulary-parallel: X goes to every device (the broadcast on the output lane)
       buffers_.put({Buf::VocabX, -1, mb}, backend_.final_output(*cache.head));
   } else if (on_this_rank(t.stage + 1)) {  // a local hand-off: no transfer in the graph
@@ -118,7 +137,7 @@ void OpInterpreter::backward(const Task& t) {
       vocab_layer([&] { dnormed = backend_.head_backward(*cache.head); });
     else
       dnormed = buffers_.take({Buf::VocabDx, -1, mb});
-    dy = backend_.final_norm_backward(*cache.head, dnormed);
+    dy = backend_.sequence_part(backend_.final_norm_backward(*cache.head, dnormed));
   } else {
     dy = buffers_.take({Buf::GradInput, t.stage, mb});
   }
@@ -129,6 +148,7 @@ void OpInterpreter::backward(const Task& t) {
     backend_.layer_backward(stage.first_layer + i, *cache.layers[std::size_t(i)], dy, split_weight_);
   }
   if (t.stage == 0) {
+    dy = backend_.sequence_whole(std::move(dy));
     if (stage.has_embedding)
       vocab_layer([&] { backend_.embed_backward(mb, dy); });
     else  // vocabulary-parallel: dY goes to every device (the broadcast on the gradient lane)
@@ -186,15 +206,14 @@ void OpInterpreter::start(InFlight& f) {
     case OpKind::Recv: {
       const bool activation = t.payload == Payload::Activation;
       Tensor& into = buffers_.put({activation ? Buf::StageInput : Buf::GradInput, fed_stage(t.stage, t.payload), mb},
-                                  backend_.allocate(activation_size(), backend_.activation_dtype()));
+                                  backend_.allocate(backend_.layer_activation_count(), backend_.activation_dtype()));
       f.request = comm_.p2p().recv(into.view(), t.peer);
       return;
     }
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce: return start_collective(f, graph_.group_of(f.id));
-    case OpKind::DpAllReduce:
-      throw OpError(fmt::format("{} cannot run in this runtime (data-parallel replicas are not executed)", op_kind_name(t.kind)));
+    case OpKind::DpAllReduce: return start_data_parallel(f, graph_.group_of(f.id));
     case OpKind::F:
     case OpKind::B:
     case OpKind::W:
@@ -236,14 +255,66 @@ void OpInterpreter::start_collective(InFlight& f, const CollectiveGroup& group) 
       return;
     case CollectiveData::Gradients:
     case CollectiveData::GradientShards:
-    case CollectiveData::Parameters:
-      throw OpError("data-parallel collectives are not executed (one pipeline replica runs)");
+    case CollectiveData::Parameters: throw OpError("a data-parallel collective on a pipeline lane");
   }
+}
+
+void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& group) {
+  const Task& t = graph_.task(f.id);
+  if (!data_ || group.ranks != data_->size())
+    throw OpError(fmt::format("the graph's data-parallel collective spans {} replicas; this run has {}", group.ranks,
+                              data_ ? data_->size() : 1));
+  if (t.stage >= 0)  // check_runnable refuses the configs that make them
+    throw OpError("a data-parallel collective of one stage's weights (overlapped reduction or ZeRO-3): not executed");
+  Communicator& lane = data_->lane(t.lane);
+  const std::size_t replicas = std::size_t(data_->size());
+  data_parallel_kind_ = group.data;
+  data_parallel_.clear();
+  std::vector<std::unique_ptr<Request>> parts;
+  for (const Buffer& b : backend_.parameter_buffers(group.data != CollectiveData::Parameters)) {
+    if (b.count == 0) continue;
+    if (group.data == CollectiveData::Gradients) {  // in place, whole
+      parts.push_back(lane.all_reduce(b, ReduceOp::Sum));
+      continue;
+    }
+    // Reduce-scatter and all-gather move equal blocks: every tensor is padded to replicas × block.
+    const std::size_t block = owned_.block(b.count), first = owned_.begin(b.count), owned = owned_.end(b.count) - first;
+    const Tensor whole(b.data, b.count, b.dtype, nullptr);  // a view: the backend keeps the tensor
+    PaddedTransfer& x = data_parallel_.emplace_back(PaddedTransfer{.tensor = b, .in = {}, .out = {}});
+    if (group.data == CollectiveData::GradientShards) {
+      x.in = backend_.allocate(block * replicas, b.dtype), x.out = backend_.allocate(block, b.dtype);
+      backend_.copy(whole, 0, x.in, 0, b.count);
+    } else {
+      x.in = backend_.allocate(block, b.dtype), x.out = backend_.allocate(block * replicas, b.dtype);
+      backend_.copy(whole, first, x.in, 0, owned);
+    }
+  }
+  backend_.synchronize();  // the communicator reads what the copies wrote
+  for (PaddedTransfer& x : data_parallel_)
+    parts.push_back(group.data == CollectiveData::GradientShards ? lane.reduce_scatter(x.in.view(), x.out.view(), ReduceOp::Sum)
+                                                                  : lane.all_gather(x.in.view(), x.out.view()));
+  f.request = std::make_unique<AllOf>(std::move(parts));
+}
+
+void OpInterpreter::finish_data_parallel() {
+  for (PaddedTransfer& x : data_parallel_) {
+    Tensor whole(x.tensor.data, x.tensor.count, x.tensor.dtype, nullptr);
+    if (data_parallel_kind_ == CollectiveData::GradientShards)  // this replica's part, summed over all
+      backend_.copy(x.out, 0, whole, owned_.begin(x.tensor.count), owned_.end(x.tensor.count) - owned_.begin(x.tensor.count));
+    else  // every replica's updated part
+      backend_.copy(x.out, 0, whole, 0, x.tensor.count);
+  }
+  backend_.synchronize();
+  data_parallel_.clear();
 }
 
 bool OpInterpreter::advance(InFlight& f) {
   const Task& t = graph_.task(f.id);
   if (t.group < 0) return true;  // SEND, RECV
+  if (t.kind == OpKind::DpAllReduce) {
+    finish_data_parallel();
+    return true;
+  }
   const CollectiveGroup& group = graph_.group_of(f.id);
   const int mb = t.microbatch;
   switch (group.data) {

@@ -15,7 +15,10 @@ namespace pipesim::runtime {
 
 class OpInterpreter final : public OpRunner {
  public:
-  OpInterpreter(const Job& job, int rank, Transport& comm, Backend& backend, const OptimizerSettings& optimizer);
+  /// `comm` joins the rank's pipeline (its rank there is place.device); `data` its data-parallel
+  /// group, when the job has replicas.
+  OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data, Backend& backend,
+                const OptimizerSettings& optimizer);
 
   void compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>& vocab_parts) override;
   void start(InFlight& f) override;
@@ -31,8 +34,9 @@ class OpInterpreter final : public OpRunner {
   BufferStore& buffers() { return buffers_; }
 
  private:
-  /// dloss/dlogit scale: the loss is the mean over every token of the iteration.
-  float token_weight() const { return 1.0f / float(n_ * microbatches_); }
+  /// dloss/dlogit scale: the loss is the mean over every token of the iteration, of every replica
+  /// (whose gradients the data-parallel collectives then sum).
+  float token_weight() const { return 1.0f / float(n_ * microbatches_ * replicas_); }
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
   bool on_this_rank(int stage) const { return layout_.stages[std::size_t(stage)].device == rank_; }
   /// Runs `work` between two marks, a part of the op the profile reports apart.
@@ -56,6 +60,11 @@ class OpInterpreter final : public OpRunner {
 
   // ---- communication ops ----
   void start_collective(InFlight& f, const CollectiveGroup& group);
+  /// DP_ALLREDUCE: every tensor's gradients all-reduced, or under ZeRO reduce-scattered (each
+  /// replica gets the part it owns), or its updated weights all-gathered.
+  void start_data_parallel(InFlight& f, const CollectiveGroup& group);
+  /// Puts what a reduce-scatter or an all-gather brought into the backend's tensors.
+  void finish_data_parallel();
   /// Barrier C0 after each round: M -> (S, z) -> (Algorithm 2) dX.
   bool barrier0_round(InFlight& f, const CollectiveGroup& group);
   Communicator& lane(TaskId id) { return comm_.lane(graph_.task(id).lane); }
@@ -68,11 +77,22 @@ class OpInterpreter final : public OpRunner {
   const OptimizerSettings optimizer_;
   int updates_ = 0;  ///< optimizer steps taken
   const int microbatches_, n_, h_;
+  Transport* const data_;     ///< the data-parallel group; null with one replica
+  const int replicas_;
+  const OwnedPart owned_;     ///< what this replica's optimizer updates (ZeRO); all of every tensor otherwise
   const int last_device_, last_stage_;
   const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
   const TrainingConfig training_;  ///< which layers recompute (recomputed_layers)
 
   BufferStore buffers_;
+  /// The DP_ALLREDUCE in flight (one at a time: they share a lane): per tensor, the padded buffers
+  /// its collective reads and fills, and the backend's tensor they come from and go back to.
+  struct PaddedTransfer {
+    Buffer tensor;
+    Tensor in, out;
+  };
+  std::vector<PaddedTransfer> data_parallel_;
+  CollectiveData data_parallel_kind_ = CollectiveData::Gradients;
   std::atomic<double> loss_part_ = 0;  ///< the head runs on either thread
   bool capture_gradients_ = false;
   std::optional<std::vector<HostGradient>> gradients_;

@@ -6,9 +6,6 @@
 #include <cmath>
 
 namespace pipesim::runtime {
-namespace {
-
-/// Every tensor of a rank's parameters (or of its gradients, or moments), in one fixed order.
 std::vector<std::vector<float>*> tensors_of(RankParams& p) {
   std::vector<std::vector<float>*> all;
   for (auto& [index, layer] : p.layers)
@@ -17,10 +14,20 @@ std::vector<std::vector<float>*> tensors_of(RankParams& p) {
   return all;
 }
 
+std::size_t RankParams::count() const {
+  std::size_t count = embedding.size() + head.size() + final_gain.size() + final_bias.size();
+  for (const auto& [index, layer] : layers)
+    for (const std::vector<float>* t : layer.tensors()) count += t->size();
+  return count;
+}
+
+namespace {
+
 std::vector<float> zeros_like(const std::vector<float>& v) { return std::vector<float>(v.size(), 0.0f); }
 
-RankParams zeros_like(RankParams p) {
-  for (std::vector<float>* t : tensors_of(p)) std::fill(t->begin(), t->end(), 0.0f);
+/// Zeros the size of the owned part of each of p's tensors.
+RankParams owned_zeros(RankParams p, const OwnedPart& owned) {
+  for (std::vector<float>* t : tensors_of(p)) t->assign(owned.end(t->size()) - owned.begin(t->size()), 0.0f);
   return p;
 }
 
@@ -35,8 +42,10 @@ cpu::ModelShape model_shape(const Config& c) {
           .family = c.model.mlp == MlpKind::SwiGlu ? cpu::LayerFamily::Llama : cpu::LayerFamily::Gpt};
 }
 
-RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed) {
-  RankModel m{.shape = shape, .shard = {0, shape.vocab}, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
+RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
+  const int rank = part.device;
+  RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
+              .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;
@@ -46,7 +55,7 @@ RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, in
   for (const VirtualStage& stage : layout.stages) {
     if (stage.device != rank) continue;
     for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
-      m.params.layers.emplace(l, cpu::make_layer(shape, seed, l));
+      m.params.layers.emplace(l, cpu::split_layer(shape, cpu::make_layer(shape, seed, l), part.tp_rank, part.tp));
     if (stage.has_embedding) m.params.embedding = cpu::embedding_rows(shape, seed, 0, shape.vocab);
     if (stage.has_head) m.params.head = cpu::head_rows(shape, seed, 0, shape.vocab);
   }
@@ -58,44 +67,47 @@ RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, in
     m.params.final_gain.assign(std::size_t(shape.hidden), 1.0f);
     if (shape.family == cpu::LayerFamily::Gpt) m.params.final_bias.assign(std::size_t(shape.hidden), 0.0f);  // RMSNorm has none
   }
-  for (const auto& [index, layer] : m.params.layers) m.grads.layers.emplace(index, cpu::zero_layer(shape));
+  for (const auto& [index, layer] : m.params.layers) {
+    cpu::Layer zeros = layer;
+    for (std::vector<float>* t : zeros.tensors()) std::fill(t->begin(), t->end(), 0.0f);
+    m.grads.layers.emplace(index, std::move(zeros));
+  }
   m.grads.embedding = zeros_like(m.params.embedding), m.grads.head = zeros_like(m.params.head);
   m.grads.final_gain = zeros_like(m.params.final_gain), m.grads.final_bias = zeros_like(m.params.final_bias);
   return m;
 }
 
-std::size_t RankModel::parameter_count() const {
-  std::size_t count = params.embedding.size() + params.head.size() + params.final_gain.size() + params.final_bias.size();
-  for (const auto& [index, layer] : params.layers)
-    for (const std::vector<float>* t : layer.tensors()) count += t->size();
-  return count;
-}
-
 std::size_t RankModel::state_bytes() const {
-  return parameter_count() * (has_moments ? 4 : 2) * sizeof(float);
+  return (params.count() + grads.count() + moment1.count() + moment2.count()) * sizeof(float);
 }
 
 void RankModel::optimizer_step(const OptimizerSettings& o, int step) {
   const std::vector<std::vector<float>*> w = tensors_of(params), g = tensors_of(grads);
+  const auto zero_gradients = [&] {
+    for (std::vector<float>* t : g) std::fill(t->begin(), t->end(), 0.0f);
+  };
   if (o.kind == OptimizerKind::Sgd) {
     for (std::size_t t = 0; t < w.size(); ++t)
-      for (std::size_t i = 0; i < w[t]->size(); ++i) (*w[t])[i] -= o.learning_rate * (*g[t])[i], (*g[t])[i] = 0;
-    return;
+      for (std::size_t i = owned.begin(w[t]->size()); i < owned.end(w[t]->size()); ++i)
+        (*w[t])[i] -= o.learning_rate * (*g[t])[i];
+    return zero_gradients();
   }
-  if (!has_moments) moment1 = zeros_like(params), moment2 = zeros_like(params), has_moments = true;
+  if (!has_moments) moment1 = owned_zeros(params, owned), moment2 = owned_zeros(params, owned), has_moments = true;
   const std::vector<std::vector<float>*> m = tensors_of(moment1), v = tensors_of(moment2);
   // Bias corrections in double, once per step (the CUDA kernel gets the same numbers).
   const auto correction1 = float(1 - std::pow(double(o.beta1), step)), correction2 = float(1 - std::pow(double(o.beta2), step));
-  for (std::size_t t = 0; t < w.size(); ++t)
-    for (std::size_t i = 0; i < w[t]->size(); ++i) {
+  for (std::size_t t = 0; t < w.size(); ++t) {
+    const std::size_t first = owned.begin(w[t]->size());
+    for (std::size_t i = first; i < owned.end(w[t]->size()); ++i) {
       const float grad = (*g[t])[i];
-      float& m1 = (*m[t])[i];
-      float& m2 = (*v[t])[i];
+      float& m1 = (*m[t])[i - first];
+      float& m2 = (*v[t])[i - first];
       m1 = o.beta1 * m1 + (1 - o.beta1) * grad;
       m2 = o.beta2 * m2 + (1 - o.beta2) * grad * grad;
       (*w[t])[i] -= o.learning_rate * ((m1 / correction1) / (std::sqrt(m2 / correction2) + o.epsilon));
-      (*g[t])[i] = 0;
     }
+  }
+  zero_gradients();
 }
 
 namespace {
@@ -128,15 +140,26 @@ std::span<const float> model_tensor(const cpu::Model& model, std::size_t index) 
 
 std::vector<HostGradient> host_gradients(const RankModel& m) {
   std::vector<HostGradient> grads;
-  const auto add = [&](std::size_t tensor, std::size_t offset, const std::vector<float>& values) {
-    if (!values.empty()) grads.push_back({.tensor = tensor, .offset = offset, .values = values});
+  // Elements [first, last) of what the rank holds: a range of the tensor, or of `elements` of it.
+  const auto add = [&](std::size_t tensor, std::size_t offset, const std::vector<float>& values,
+                       const std::vector<std::size_t>& elements) {
+    if (elements.empty() && m.tp_rank != 0) return;  // whole on every tensor-parallel rank: rank 0 reports it
+    const std::size_t first = m.owned.begin(values.size()), last = m.owned.end(values.size());
+    if (first >= last) return;
+    const auto range = [&](const auto& v) { return std::vector(v.begin() + std::ptrdiff_t(first), v.begin() + std::ptrdiff_t(last)); };
+    if (elements.empty())
+      grads.push_back({.tensor = tensor, .offset = offset + first, .values = range(values), .elements = {}});
+    else
+      grads.push_back({.tensor = tensor, .offset = offset, .values = range(values), .elements = range(elements)});
   };
   const std::size_t shard_offset = std::size_t(m.shard.first) * std::size_t(m.shape.hidden);
-  add(kEmbedding, shard_offset, m.grads.embedding), add(kHead, shard_offset, m.grads.head);
-  add(kFinalGain, 0, m.grads.final_gain), add(kFinalBias, 0, m.grads.final_bias);
+  add(kEmbedding, shard_offset, m.grads.embedding, {}), add(kHead, shard_offset, m.grads.head, {});
+  add(kFinalGain, 0, m.grads.final_gain, {}), add(kFinalBias, 0, m.grads.final_bias, {});
+  const std::vector<std::vector<std::size_t>> split = cpu::split_elements(m.shape, m.tp_rank, m.tp);
   for (const auto& [index, layer] : m.grads.layers) {
     const auto tensors = layer.tensors();
-    for (std::size_t t = 0; t < tensors.size(); ++t) add(layer_tensor(index, t), 0, *tensors[t]);
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      add(layer_tensor(index, t), 0, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{});
   }
   return grads;
 }

@@ -21,33 +21,48 @@ struct RankParams {
   std::vector<float> embedding;      ///< shard rows (vocabulary-parallel) or the whole table (first stage), or empty
   std::vector<float> head;           ///< likewise for the LM head (last stage)
   std::vector<float> final_gain, final_bias;  ///< final LayerNorm, on the last stage's device
+  /// Floats held.
+  std::size_t count() const;
 };
 
 struct RankModel {
   cpu::ModelShape shape;
   cpu::VocabShard shard;  ///< rows of `embedding`/`head` (the whole vocabulary in baseline)
+  OwnedPart owned;        ///< what this rank's optimizer updates (and keeps moments of)
+  int tp_rank = 0, tp = 1;  ///< its part of each layer (cpu::split_layer); the rest is whole on every rank
   RankParams params, grads;
-  /// Adam's first and second moments, made (zeros) by its first step.
+  /// Adam's first and second moments of the owned part of each tensor, made (zeros) by its first step.
   RankParams moment1, moment2;
   bool has_moments = false;
 
-  /// Parameters held.
-  std::size_t parameter_count() const;
   /// Weights, gradients and the optimizer's moments, fp32.
   std::size_t state_bytes() const;
-  /// Update `step` (1 on the first), then zeroes the gradients for the next step.
+  /// Update `step` (1 on the first) of the owned part of every tensor, then zeroes the gradients for
+  /// the next step.
   void optimizer_step(const OptimizerSettings& settings, int step);
 };
 
+/// Every tensor of a rank's parameters (or of its gradients), in one fixed order: what a
+/// data-parallel collective moves, tensor by tensor.
+std::vector<std::vector<float>*> tensors_of(RankParams& p);
+
 cpu::ModelShape model_shape(const Config& config);
-RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed);
+/// Where a rank's part of the model comes from: its pipeline device, its tensor-parallel rank, and
+/// under ZeRO the part of each tensor its optimizer updates.
+struct RankPart {
+  int device = 0;
+  int tp_rank = 0, tp = 1;
+  OwnedPart owned;
+};
+RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed);
 
 /// Names of the model's tensors: embedding, head, final norm's gain and bias, then each layer's
 /// (cpu::Layer::tensors' order). HostGradient::tensor indexes this list.
 std::vector<std::string> tensor_names(const cpu::ModelShape& shape);
 /// Tensor `index` of tensor_names in a whole model.
 std::span<const float> model_tensor(const cpu::Model& model, std::size_t index);
-/// The gradients `model` holds, as Backend::gradients returns them.
+/// The gradients `model` holds (of the owned part of each tensor), as Backend::gradients returns them;
+/// what every tensor-parallel rank holds whole, from rank 0 only.
 std::vector<HostGradient> host_gradients(const RankModel& model);
 
 }  // namespace pipesim::runtime

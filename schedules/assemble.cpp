@@ -266,18 +266,18 @@ class DataParallelOps {
       const bool gather_before_forward = sharded && (dp_.zero_stage == 3 || dp_.overlap_param_gather);
       if (gather_before_forward)
         for (const StageSteps& s : by(&StageSteps::first_forward))
-          before(collective(d, CollectiveData::Parameters, params(s.stage)), t.forward.at(s.stage, 0));
+          before(collective(d, CollectiveData::Parameters, params(s.stage), s.stage), t.forward.at(s.stage, 0));
       if (sharded && dp_.zero_stage == 3)
         for (const StageSteps& s : by(&StageSteps::first_backward)) {
           const TaskId r = t.recompute.at(s.stage, 0);
-          before(collective(d, CollectiveData::Parameters, params(s.stage)), r != kNoTask ? r : t.backward.at(s.stage, 0));
+          before(collective(d, CollectiveData::Parameters, params(s.stage), s.stage), r != kNoTask ? r : t.backward.at(s.stage, 0));
         }
       const CollectiveData gradients = sharded ? CollectiveData::GradientShards : CollectiveData::Gradients;
       std::vector<TaskId> reduced;
       if (dp_.dp > 1 && (dp_.overlap_grad_reduce || dp_.zero_stage == 3)) {
         for (const StageSteps& s : by(&StageSteps::last_backward)) {
           const TaskId last = t.weight.at(s.stage, last_mb) != kNoTask ? t.weight.at(s.stage, last_mb) : t.backward.at(s.stage, last_mb);
-          reduced.push_back(after(collective(d, gradients, grads(s.stage)), last));
+          reduced.push_back(after(collective(d, gradients, grads(s.stage), s.stage), last));
         }
       } else if (dp_.dp > 1) {
         double all = 0;
@@ -298,8 +298,10 @@ class DataParallelOps {
  private:
   double grads(int stage) const { return work_[std::size_t(stage)].params * dp_.grad_bytes; }
   double params(int stage) const { return work_[std::size_t(stage)].params * dp_.param_bytes; }
-  TaskId collective(int d, CollectiveData data, double bytes) const {
-    const TaskId id = builder_.add({.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .work = builder_.work({.bytes = bytes})});
+  /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of every stage on device d.
+  TaskId collective(int d, CollectiveData data, double bytes, int stage = -1) const {
+    const TaskId id = builder_.add(
+        {.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work({.bytes = bytes})});
     builder_.add_group({.members = {id}, .ranks = dp_.dp, .data = data, .op = ReduceOp::Sum});
     return id;
   }

@@ -45,6 +45,25 @@ TEST_CASE("mpirun -np 4 runs the same check across processes") {
   CHECK_THAT(setup.text, Catch::Contains(": no progress for 2 s waiting for the start-of-step barrier"));
 }
 
+TEST_CASE("mpirun -np 8 runs tensor- and data-parallel ranks inside a 2-stage pipeline, one process each") {
+  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
+  REQUIRE(mpirun);
+  const std::string layout = " --set parallel.tp=2 --set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=4";
+  const Output out = run_command(std::string(mpirun) + " -np 8 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
+                                 layout + " --schedule zb-v --vocab vocab-2 --set training.zero_stage=1 --check --format json");
+  INFO(out.text);
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["runtime"] == "mpi, 8 processes");
+  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  // A process count that is not pipeline devices × tp × dp is refused with the count to give.
+  const Output wrong = run_command(std::string(mpirun) + " -np 6 " + std::getenv("PIPESIM") + " run " +
+                                   config("tiny.json") + layout, true);
+  CHECK(wrong.exit_code != 0);
+  CHECK_THAT(wrong.text, Catch::Contains("not a multiple of parallel.tp × parallel.dp = 4: give mpirun -np 8"));
+}
+
 int main(int argc, char** argv) {
   const char* mpirun = std::getenv("PIPESIM_MPIRUN");
   if (!mpirun || !*mpirun) {

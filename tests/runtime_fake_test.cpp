@@ -51,6 +51,7 @@ class FakeBackend final : public runtime::Backend {
   void synchronize() override {}
   void set_batches(std::span<const runtime::Batch>) override {}
 
+  std::size_t layer_activation_count() const override { return n_ * h_; }
   runtime::Tensor embed(int mb) override { return call(fmt::format("embed m{}", mb)); }
   void embed_backward(int mb, const runtime::Tensor&) override { log(fmt::format("embed_backward m{}", mb)); }
   std::unique_ptr<runtime::Activations> layer_forward(int layer, runtime::Tensor&) override {
@@ -98,6 +99,7 @@ class FakeBackend final : public runtime::Backend {
     log(fmt::format("T m{}", mb));
     return input_grad ? activation() : runtime::Tensor();
   }
+  std::vector<runtime::Buffer> parameter_buffers(bool) override { return {}; }
   void optimizer_step(const runtime::OptimizerSettings&, int) override { log("optimizer"); }
   std::vector<runtime::HostGradient> gradients() override { return {}; }
   Bytes static_bytes() const override { return 0; }

@@ -133,7 +133,8 @@ TEST_CASE("Adam, the default optimizer, lowers the loss and keeps two moments pe
 
 TEST_CASE("an Adam step is the published update, bias-corrected, step by step") {
   const Plan plan = plan_for(tiny_config(), "1f1b", "baseline");
-  runtime::RankModel model = runtime::make_rank_model(runtime::model_shape(plan.config), plan.layout, 0, 7);
+  runtime::RankModel model = runtime::make_rank_model(runtime::model_shape(plan.config), plan.layout,
+                                                      {.device = 0, .tp_rank = 0, .tp = 1, .owned = {}}, 7);
   const runtime::OptimizerSettings adam{.kind = runtime::OptimizerKind::Adam, .learning_rate = 0.01f};
   std::vector<float>& w = model.params.embedding;
   std::vector<float>& g = model.grads.embedding;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "hash.h"
 #include "kernels.h"
@@ -117,31 +118,80 @@ void linear_backward(std::span<const float> x, const std::vector<float>& weight,
   matmul_bt(dy, weight, dx, n, out, in);
 }
 
-/// Per-row means a norm keeps: LayerNorm's; RMSNorm keeps none.
-std::size_t mean_count(const ModelShape& s) { return s.family == LayerFamily::Gpt ? std::size_t(s.tokens()) : 0; }
+/// Per-row means a norm of `rows` rows keeps: LayerNorm's; RMSNorm keeps none.
+std::size_t mean_count(const ModelShape& s, int rows) { return s.family == LayerFamily::Gpt ? std::size_t(rows) : 0; }
 
-/// Llama's rotary embedding of the q and k heads of a fused QKV (n × qkv_width), in place; GPT has
+/// The widths of one tensor-parallel rank's part of a layer (the whole layer on one rank).
+struct Part {
+  int heads, kv_heads;
+  int attention;  ///< the attention output's width: heads · head width
+  int qkv, ffn, fc1;
+  Part(const ModelShape& s, int ranks)
+      : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
+        qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
+};
+
+int ranks_of(const TensorParallel* tp) { return tp ? tp->size() : 1; }
+
+/// Llama's rotary embedding of the q and k heads of a fused QKV (n × part.qkv), in place; GPT has
 /// none. `backward` rotates a gradient back.
-void rotate_qk(const ModelShape& s, std::span<float> qkv, bool backward) {
+void rotate_qk(const ModelShape& s, const Part& part, std::span<float> qkv, bool backward) {
   if (s.family != LayerFamily::Llama) return;
   const auto rope = backward ? rope_backward : rope_forward;
-  rope(qkv, s.tokens(), s.seq, s.qkv_width(), s.heads + s.key_value_heads(), s.head_width(), s.rope_theta);
+  rope(qkv, s.tokens(), s.seq, part.qkv, part.heads + part.kv_heads, s.head_width(), s.rope_theta);
 }
 
 /// The MLP's activation: gelu(fc1) (n × ffn) for GPT, silu(gate)·up of fc1 = [gate | up] for Llama.
-void activation_forward(const ModelShape& s, std::span<const float> fc1, std::span<float> out) {
+void activation_forward(const ModelShape& s, const Part& part, std::span<const float> fc1, std::span<float> out) {
   switch (s.family) {
     case LayerFamily::Gpt: return gelu_forward(fc1, out);
-    case LayerFamily::Llama: return swiglu_forward(fc1, out, s.tokens(), s.ffn);
+    case LayerFamily::Llama: return swiglu_forward(fc1, out, s.tokens(), part.ffn);
   }
 }
 
-void activation_backward(const ModelShape& s, std::span<const float> fc1, std::span<const float> dout,
+void activation_backward(const ModelShape& s, const Part& part, std::span<const float> fc1, std::span<const float> dout,
                          std::span<float> dfc1) {
   switch (s.family) {
     case LayerFamily::Gpt: return gelu_backward(fc1, dout, dfc1);
-    case LayerFamily::Llama: return swiglu_backward(fc1, dout, dfc1, s.tokens(), s.ffn);
+    case LayerFamily::Llama: return swiglu_backward(fc1, dout, dfc1, s.tokens(), part.ffn);
   }
+}
+
+/// The output columns of the fused QKV that rank `rank` of `ranks` computes: its query heads, then
+/// its key and value heads.
+std::vector<std::size_t> qkv_columns(const ModelShape& s, int rank, int ranks) {
+  const std::size_t h = std::size_t(s.hidden), kv = std::size_t(s.key_value_heads() * s.head_width());
+  std::vector<std::size_t> columns;
+  for (const auto& [first, width] : {std::pair{std::size_t(0), h}, {h, kv}, {h + kv, kv}}) {
+    const std::size_t part = width / std::size_t(ranks);
+    for (std::size_t c = 0; c < part; ++c) columns.push_back(first + std::size_t(rank) * part + c);
+  }
+  return columns;
+}
+
+/// The MLP's first map's output columns of rank `rank`: its slice of the FFN (for Llama, of the gate
+/// and of the up projection).
+std::vector<std::size_t> fc1_columns(const ModelShape& s, int rank, int ranks) {
+  const std::size_t f = std::size_t(s.ffn), part = f / std::size_t(ranks);
+  std::vector<std::size_t> columns;
+  for (std::size_t block = 0; block < (s.family == LayerFamily::Llama ? 2u : 1u); ++block)
+    for (std::size_t c = 0; c < part; ++c) columns.push_back(block * f + std::size_t(rank) * part + c);
+  return columns;
+}
+
+/// Elements (row-major, rows × width) of the given columns of every row.
+std::vector<std::size_t> column_elements(std::size_t rows, std::size_t width, const std::vector<std::size_t>& columns) {
+  std::vector<std::size_t> elements;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (const std::size_t c : columns) elements.push_back(r * width + c);
+  return elements;
+}
+
+/// Elements of rows [first, first + count) of a rows × width tensor.
+std::vector<std::size_t> row_elements(std::size_t first, std::size_t count, std::size_t width) {
+  std::vector<std::size_t> elements(count * width);
+  for (std::size_t i = 0; i < elements.size(); ++i) elements[i] = first * width + i;
+  return elements;
 }
 
 }  // namespace
@@ -163,60 +213,161 @@ void norm_backward(const ModelShape& s, std::span<const float> gain, std::span<c
   }
 }
 
-void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c) {
-  const int n = s.tokens(), h = s.hidden, f = s.ffn, qkv = s.qkv_width(), fc1 = s.fc1_width();
+int layer_rows(const ModelShape& s, const TensorParallel* tp) {
+  return tp && tp->sequence_parallel() ? s.tokens() / tp->size() : s.tokens();
+}
+
+namespace {
+
+/// The whole rows a column-split map reads: this rank's rows gathered from every rank under sequence
+/// parallelism, else `rows` itself.
+std::vector<float> whole_rows(TensorParallel* tp, std::span<const float> rows, std::size_t whole) {
+  if (!tp || !tp->sequence_parallel()) return {rows.begin(), rows.end()};
+  std::vector<float> all(whole);
+  tp->all_gather(rows, all);
+  return all;
+}
+
+/// A row-split map's output: the ranks' partial sums added up (this rank's rows of them under
+/// sequence parallelism), then its bias, then the residual.
+void finish_row_split(TensorParallel* tp, std::vector<float>& partial, const std::vector<float>& bias,
+                      std::span<const float> residual, std::span<float> out) {
+  if (tp && tp->sequence_parallel())
+    tp->reduce_scatter(partial, out);
+  else if (tp)
+    tp->all_reduce(partial), std::copy(partial.begin(), partial.end(), out.begin());
+  else
+    std::copy(partial.begin(), partial.end(), out.begin());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] += residual[i] + (bias.empty() ? 0.0f : bias[i % bias.size()]);
+}
+
+/// The gradient of a column-split map's input: the ranks' partial sums added up (this rank's rows
+/// under sequence parallelism).
+std::vector<float> sum_input_gradient(TensorParallel* tp, std::vector<float>& partial, std::size_t rows_size) {
+  if (!tp) return std::move(partial);
+  if (!tp->sequence_parallel()) {
+    tp->all_reduce(partial);
+    return std::move(partial);
+  }
+  std::vector<float> mine(rows_size);
+  tp->reduce_scatter(partial, mine);
+  return mine;
+}
+
+}  // namespace
+
+void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c,
+                   TensorParallel* tp) {
+  const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
+  const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
+  const Part part(s, ranks_of(tp));
   c.input.assign(x.begin(), x.end());
-  c.ln1.resize(std::size_t(n) * h), c.mean1.resize(mean_count(s)), c.rstd1.resize(std::size_t(n));
-  norm_forward(s, w.ln1_gain, w.ln1_bias, x, c.ln1, c.mean1, c.rstd1, n);
-  c.qkv.resize(std::size_t(n) * qkv);
-  linear(c.ln1, w.qkv_weight, w.qkv_bias, c.qkv, n, h, qkv);
-  rotate_qk(s, c.qkv, false);
-  c.probs.resize(std::size_t(s.batch) * s.heads * s.seq * s.seq), c.attention.resize(std::size_t(n) * h);
-  attention_forward(c.qkv, c.attention, c.probs, s.batch, s.seq, h, s.heads, s.kv_heads);
-  c.middle.resize(std::size_t(n) * h);
-  linear(c.attention, w.proj_weight, w.proj_bias, c.middle, n, h, h);
-  for (std::size_t i = 0; i < c.middle.size(); ++i) c.middle[i] += x[i];  // residual
-  c.ln2.resize(std::size_t(n) * h), c.mean2.resize(mean_count(s)), c.rstd2.resize(std::size_t(n));
-  norm_forward(s, w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2, n);
-  c.fc1.resize(std::size_t(n) * fc1), c.gelu.resize(std::size_t(n) * f);
-  linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, fc1);
-  activation_forward(s, c.fc1, c.gelu);
-  linear(c.gelu, w.fc2_weight, w.fc2_bias, y, n, f, h);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] += c.middle[i];  // residual
+  std::vector<float> ln1(mine);
+  c.mean1.resize(mean_count(s, rows)), c.rstd1.resize(std::size_t(rows));
+  norm_forward(s, w.ln1_gain, w.ln1_bias, x, ln1, c.mean1, c.rstd1, rows);
+  c.ln1 = whole_rows(tp, ln1, whole);
+  c.qkv.resize(std::size_t(n) * part.qkv);
+  linear(c.ln1, w.qkv_weight, w.qkv_bias, c.qkv, n, h, part.qkv);
+  rotate_qk(s, part, c.qkv, false);
+  c.probs.resize(std::size_t(s.batch) * part.heads * s.seq * s.seq), c.attention.resize(std::size_t(n) * part.attention);
+  attention_forward(c.qkv, c.attention, c.probs, s.batch, s.seq, part.attention, part.heads, part.kv_heads);
+  std::vector<float> partial(whole);
+  linear(c.attention, w.proj_weight, {}, partial, n, part.attention, h);
+  c.middle.resize(mine);
+  finish_row_split(tp, partial, w.proj_bias, x, c.middle);
+  std::vector<float> ln2(mine);
+  c.mean2.resize(c.mean1.size()), c.rstd2.resize(std::size_t(rows));
+  norm_forward(s, w.ln2_gain, w.ln2_bias, c.middle, ln2, c.mean2, c.rstd2, rows);
+  c.ln2 = whole_rows(tp, ln2, whole);
+  c.fc1.resize(std::size_t(n) * part.fc1), c.gelu.resize(std::size_t(n) * part.ffn);
+  linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, part.fc1);
+  activation_forward(s, part, c.fc1, c.gelu);
+  linear(c.gelu, w.fc2_weight, {}, partial, n, part.ffn, h);
+  finish_row_split(tp, partial, w.fc2_bias, c.middle, y);
 }
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
-                    std::span<float> dx, Layer& g, DeferredWeightGrad* deferred) {
-  const int n = s.tokens(), h = s.hidden, f = s.ffn, qkv = s.qkv_width(), fc1 = s.fc1_width();
+                    std::span<float> dx, Layer& g, DeferredWeightGrad* deferred, TensorParallel* tp) {
+  const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
+  const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
+  const Part part(s, ranks_of(tp));
   const auto keep = [deferred](std::vector<float> DeferredWeightGrad::*field) {
     return deferred ? &(deferred->*field) : nullptr;
   };
-  std::vector<float> dgelu(std::size_t(n) * f, 0.0f), dfc1(std::size_t(n) * fc1, 0.0f);
-  linear_backward(c.gelu, w.fc2_weight, dy, dgelu, g.fc2_weight, g.fc2_bias, n, f, h, keep(&DeferredWeightGrad::fc2_dy));
-  activation_backward(s, c.fc1, dgelu, dfc1);
-  std::vector<float> dln2(std::size_t(n) * h, 0.0f);
-  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2, g.fc1_weight, g.fc1_bias, n, h, fc1,
+  // A row-split map reads the whole output gradient: its rows are the same on every rank (and its
+  // bias gradient, from all of them, is whole).
+  const std::vector<float> dy_whole = whole_rows(tp, dy, whole);
+  std::vector<float> dgelu(std::size_t(n) * part.ffn, 0.0f), dfc1(std::size_t(n) * part.fc1, 0.0f);
+  linear_backward(c.gelu, w.fc2_weight, dy_whole, dgelu, g.fc2_weight, g.fc2_bias, n, part.ffn, h,
+                  keep(&DeferredWeightGrad::fc2_dy));
+  activation_backward(s, part, c.fc1, dgelu, dfc1);
+  std::vector<float> dln2_partial(whole, 0.0f);
+  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2_partial, g.fc1_weight, g.fc1_bias, n, h, part.fc1,
                   keep(&DeferredWeightGrad::fc1_dy));
+  // Each rank's FFN slice contributes to the norm's output gradient.
+  const std::vector<float> dln2 = sum_input_gradient(tp, dln2_partial, mine);
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
-  norm_backward(s, w.ln2_gain, c.middle, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, n);
-  std::vector<float> dattention(std::size_t(n) * h, 0.0f), dqkv(std::size_t(n) * qkv, 0.0f);
-  linear_backward(c.attention, w.proj_weight, dmiddle, dattention, g.proj_weight, g.proj_bias, n, h, h,
-                  keep(&DeferredWeightGrad::proj_dy));
-  attention_backward(c.qkv, c.probs, dattention, dqkv, s.batch, s.seq, h, s.heads, s.kv_heads);
-  rotate_qk(s, dqkv, true);  // dqkv is fresh: rotating it in place is the backward's +=
-  std::vector<float> dln1(std::size_t(n) * h, 0.0f);
-  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1, g.qkv_weight, g.qkv_bias, n, h, qkv,
+  norm_backward(s, w.ln2_gain, c.middle, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, rows);
+  const std::vector<float> dmiddle_whole = whole_rows(tp, dmiddle, whole);
+  std::vector<float> dattention(std::size_t(n) * part.attention, 0.0f), dqkv(std::size_t(n) * part.qkv, 0.0f);
+  linear_backward(c.attention, w.proj_weight, dmiddle_whole, dattention, g.proj_weight, g.proj_bias, n, part.attention,
+                  h, keep(&DeferredWeightGrad::proj_dy));
+  attention_backward(c.qkv, c.probs, dattention, dqkv, s.batch, s.seq, part.attention, part.heads, part.kv_heads);
+  rotate_qk(s, part, dqkv, true);  // dqkv is fresh: rotating it in place is the backward's +=
+  std::vector<float> dln1_partial(whole, 0.0f);
+  linear_backward(c.ln1, w.qkv_weight, dqkv, dln1_partial, g.qkv_weight, g.qkv_bias, n, h, part.qkv,
                   keep(&DeferredWeightGrad::qkv_dy));
+  const std::vector<float> dln1 = sum_input_gradient(tp, dln1_partial, mine);  // likewise each rank's heads
   std::copy(dmiddle.begin(), dmiddle.end(), dx.begin());  // through the first residual
-  norm_backward(s, w.ln1_gain, c.input, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, n);
+  norm_backward(s, w.ln1_gain, c.input, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, rows);
 }
 
-void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g) {
-  const int n = s.tokens(), h = s.hidden, f = s.ffn;
-  linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, f, h);
-  linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, s.fc1_width());
-  linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, h, h);
-  linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, s.qkv_width());
+void sum_partial_gradients(Layer& g, TensorParallel& tp) {
+  for (std::vector<float>* t : {&g.ln1_gain, &g.ln1_bias, &g.ln2_gain, &g.ln2_bias})
+    if (!t->empty()) tp.all_reduce(*t);
+}
+
+void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g, int ranks) {
+  const int n = s.tokens(), h = s.hidden;
+  const Part part(s, ranks);
+  linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, part.ffn, h);
+  linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, part.fc1);
+  linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, part.attention, h);
+  linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, part.qkv);
+}
+
+std::vector<std::vector<std::size_t>> split_elements(const ModelShape& s, int rank, int ranks) {
+  const std::size_t h = std::size_t(s.hidden), n_qkv = std::size_t(s.qkv_width()), n_fc1 = std::size_t(s.fc1_width());
+  const std::vector<std::size_t> qkv = qkv_columns(s, rank, ranks), fc1 = fc1_columns(s, rank, ranks);
+  const Part part(s, ranks);
+  const bool gpt = s.family == LayerFamily::Gpt;  // Llama's biases are empty: nothing to split
+  // Layer::tensors() order: ln1 gain, bias; qkv weight, bias; proj weight, bias; ln2 gain, bias; fc1
+  // weight, bias; fc2 weight, bias.
+  return {{},
+          {},
+          column_elements(h, n_qkv, qkv),
+          gpt ? qkv : std::vector<std::size_t>{},
+          row_elements(std::size_t(rank) * std::size_t(part.attention), std::size_t(part.attention), h),
+          {},
+          {},
+          {},
+          column_elements(h, n_fc1, fc1),
+          gpt ? fc1 : std::vector<std::size_t>{},
+          row_elements(std::size_t(rank) * std::size_t(part.ffn), std::size_t(part.ffn), h),
+          {}};
+}
+
+Layer split_layer(const ModelShape& s, const Layer& whole, int rank, int ranks) {
+  if (ranks == 1) return whole;
+  const std::vector<std::vector<std::size_t>> elements = split_elements(s, rank, ranks);
+  Layer part;
+  const auto from = whole.tensors();
+  const auto to = part.tensors();
+  for (std::size_t t = 0; t < from.size(); ++t) {
+    if (elements[t].empty()) *to[t] = *from[t];  // whole on every rank
+    for (const std::size_t e : elements[t]) to[t]->push_back((*from[t])[e]);
+  }
+  return part;
 }
 
 Model make_model(const ModelShape& s, std::uint64_t seed) {

@@ -57,10 +57,47 @@ struct LayerCache {
 };
 
 Layer make_layer(const ModelShape& shape, std::uint64_t seed, int index);
+
+/// A layer split over a tensor-parallel group as Megatron splits it: the QKV map and the MLP's first
+/// map by output columns (each rank its query and key/value heads, its slice of the FFN), the
+/// attention projection and the MLP's second map by input rows. The row-split maps' partial outputs,
+/// and the input gradients of the column-split ones, are summed over the group; the norms and the
+/// row-split maps' biases stay whole on every rank.
+///
+/// With sequence parallelism the layer's input and output, and its norms, are split by rows (each
+/// rank n / size tokens): the norms' outputs are all-gathered before the column-split maps and the
+/// row-split maps' outputs reduce-scattered, in place of the all-reduces; the norms' parameter
+/// gradients are then partial sums over each rank's rows, until sum_partial_gradients.
+class TensorParallel {
+ public:
+  virtual ~TensorParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual bool sequence_parallel() const = 0;
+  /// Each call returns once every rank has contributed. Sums x over the group, in place:
+  virtual void all_reduce(std::span<float> x) = 0;
+  /// whole (size × part.size()) = every rank's part, in rank order:
+  virtual void all_gather(std::span<const float> part, std::span<float> whole) = 0;
+  /// part = block rank() of `whole` summed over the group:
+  virtual void reduce_scatter(std::span<const float> whole, std::span<float> part) = 0;
+};
+
+/// Rows of a layer's input and output on one rank: n, or n / size under sequence parallelism.
+int layer_rows(const ModelShape& shape, const TensorParallel* tp);
+/// Under sequence parallelism, sums over the group the gradients each rank holds a partial sum of
+/// (the norms' gains and biases, over its rows): once per step, before they are read.
+void sum_partial_gradients(Layer& grad, TensorParallel& tp);
+
+/// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads and ffn divisible by ranks).
+Layer split_layer(const ModelShape& shape, const Layer& whole, int rank, int ranks);
+/// For each tensor of Layer::tensors() (its order), which elements of the whole tensor rank `rank` of
+/// `ranks` holds, in the order its part holds them; empty where it holds the whole tensor.
+std::vector<std::vector<std::size_t>> split_elements(const ModelShape& shape, int rank, int ranks);
 /// Zero-filled, the shapes of make_layer's: a gradient accumulator.
 Layer zero_layer(const ModelShape& shape);
+/// With `tp`, `w` is this rank's part of the layer (split_layer) and x and y have layer_rows rows.
 void layer_forward(const ModelShape& shape, const Layer& w, std::span<const float> x, std::span<float> y,
-                   LayerCache& cache);
+                   LayerCache& cache, TensorParallel* tp = nullptr);
 /// What a layer's weight-gradient pass needs when it runs apart from the input-gradient pass (a W op
 /// split off B): the input and output gradient of each of the four linear maps.
 struct DeferredWeightGrad {
@@ -71,10 +108,10 @@ struct DeferredWeightGrad {
 /// weight and bias gradients are left for layer_weight_backward (the norms' parameters, which come
 /// out of the same kernel as dx, are still added here).
 void layer_backward(const ModelShape& shape, const Layer& w, const LayerCache& cache, std::span<const float> dy,
-                    std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr);
-/// The weight gradients layer_backward deferred.
+                    std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr, TensorParallel* tp = nullptr);
+/// The weight gradients layer_backward deferred; `ranks`: the tensor-parallel group's size.
 void layer_weight_backward(const ModelShape& shape, const LayerCache& cache, const DeferredWeightGrad& deferred,
-                           Layer& grad);
+                           Layer& grad, int ranks = 1);
 
 /// The whole model on one device: the reference a pipeline must reproduce.
 struct Model {

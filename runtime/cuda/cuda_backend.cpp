@@ -66,7 +66,8 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed, const BackendOptions& o)
       : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden),
-        host_(make_rank_model(shape, layout, rank, seed)), share_(bind_device(o)), model_(host_, o.dtype) {
+        host_(make_rank_model(shape, layout, {.device = rank, .tp_rank = 0, .tp = 1, .owned = {}}, seed)),
+        share_(bind_device(o)), model_(host_, o.dtype) {
     // Freed blocks stay in the pool for the next step instead of going back to the driver.
     cudaMemPool_t pool = nullptr;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, o.device));
@@ -137,6 +138,7 @@ class CudaBackend final : public Backend {
                        dtype(), stream());
   }
 
+  std::size_t layer_activation_count() const override { return activation_size(); }
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CudaLayerActivations>();
     forward(model_.layers.at(layer), x, *cache);
@@ -255,6 +257,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- per iteration ----
+  std::vector<Buffer> parameter_buffers(bool gradients) override { return model_.buffers(gradients); }
   void optimizer_step(const OptimizerSettings& settings, int step) override {
     model_.optimizer_step(settings, step, stream());
   }

@@ -51,6 +51,12 @@ void DeviceModel::for_each(F&& f) {
   for (DeviceParam* p : {&embedding, &head, &final_gain, &final_bias}) f(*p);
 }
 
+std::vector<Buffer> DeviceModel::buffers(bool gradients) {
+  std::vector<Buffer> all;
+  for_each([&](DeviceParam& p) { all.push_back({(gradients ? p.grad : p.weight).get(), p.count(), DType::F32}); });
+  return all;
+}
+
 void DeviceModel::optimizer_step(const OptimizerSettings& o, int step, cudaStream_t stream) {
   for_each([&](DeviceParam& p) {
     if (p.count() == 0) return;

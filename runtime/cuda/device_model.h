@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -46,6 +47,8 @@ class DeviceModel {
 
   /// Update `step` (1 on the first) of the fp32 weights, gradients zeroed, bf16 copies refreshed.
   void optimizer_step(const OptimizerSettings& settings, int step, cudaStream_t stream);
+  /// The fp32 weights (or gradients) of every tensor, in RankParams' order (Backend::parameter_buffers).
+  std::vector<Buffer> buffers(bool gradients);
   /// Copies the gradients into `host`'s (synchronous), for the gradient check.
   void download_grads(RankModel& host);
   std::size_t parameter_count() const;

@@ -312,10 +312,19 @@ ExitStatus run_run(const RunFlags& o) {
   if (runtime::launched_by_mpi()) {
     std::optional<Plan> plan;
     const runtime::MpiRun run = runtime::run_mpi(
-        [&](int ranks) -> Result<runtime::Job> {
+        [&](int processes) -> Result<runtime::Job> {
+          // One process per rank: pipeline devices × tensor-parallel × data-parallel ranks.
+          const int per_device = config.value().parallel.tp * config.value().parallel.dp;
+          if (processes % per_device != 0)
+            return Error{fmt::format("this MPI job has {} processes, not a multiple of parallel.tp × parallel.dp = {}: give "
+                                     "mpirun -np {} for {} pipeline devices",
+                                     processes, per_device, per_device * config.value().parallel.pp,
+                                     config.value().parallel.pp)};
+          const int ranks = processes / per_device;
           if (o.ranks != 0 && o.ranks != ranks)
-            return Error{fmt::format("--ranks {}: this MPI job has {} processes; give mpirun -np {} or drop --ranks",
-                                     o.ranks, ranks, o.ranks)};
+            return Error{fmt::format("--ranks {}: this MPI job has {} processes, {} pipeline devices; give mpirun -np {} or "
+                                     "drop --ranks",
+                                     o.ranks, processes, ranks, o.ranks * per_device)};
           Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file, options);
           if (!p.ok()) return p.error();
           if (Status s = check_fault(options.fault, p.value(), o.inject_fault); !s.ok()) return s.error();
@@ -323,7 +332,7 @@ ExitStatus run_run(const RunFlags& o) {
           return job_of(*plan);
         },
         options);
-    if (run.rank != 0) return run.result.ok() ? ExitStatus::Success : ExitStatus::Failure;
+    if (run.rank != 0) return run.result.ok() || run.failed_alike ? ExitStatus::Success : ExitStatus::Failure;
     if (!run.result.ok()) return fail(run.result.error().message);
     return report(o, *plan, run.result.value(),
                   options.backend == runtime::BackendKind::Cuda ? fmt::format("cuda {}, nccl, {} processes", o.dtype, run.size)
@@ -335,7 +344,7 @@ ExitStatus run_run(const RunFlags& o) {
   if (Status s = check_fault(options.fault, plan.value(), o.inject_fault); !s.ok()) return fail(s.error().message);
   Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan.value()), options);
   if (!run.ok()) return fail(run.error().message);
-  const int ranks = plan.value().layout.devices;
+  const int ranks = job_of(plan.value()).ranks();
   return report(o, plan.value(), run.value(),
                 options.backend == runtime::BackendKind::Cuda
                     ? fmt::format("cuda {}, {} threads on {} GPU(s)", o.dtype, ranks, std::min(ranks, runtime::cuda::device_count()))
@@ -348,7 +357,7 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   auto o = std::make_shared<RunFlags>();
   add_selection_options(rn, o->config, o->schedule, o->vocab, o->overrides);
   add_format_option(rn, o->format, {"text", "json"});
-  rn.add_option("--ranks", o->ranks, "pipeline devices, one rank each (default: parallel.pp; under MPI: -np)")
+  rn.add_option("--ranks", o->ranks, "pipeline devices, each parallel.tp × parallel.dp ranks (default: parallel.pp; under MPI: -np / (tp × dp))")
       ->check(whole_from(1, 64));
   rn.add_option("--schedule-file", o->schedule_file,
                 "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")

@@ -67,6 +67,28 @@ TEST_CASE("the pruned search keeps exactly the exhaustive search's top K") {
   }
 }
 
+TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the candidates with that value") {
+  const Config config = small_config("tiny");
+  const TuneResult all = tune_or_fail(config, {.gpus = 8, .top = 1'000'000, .prune = false});
+  for (const std::string fix : {"pp=2", "parallel.pp=2", "mbs=1", "schedule=zb-v", "recompute=full", "zero_stage=3"}) {
+    CAPTURE(fix);
+    Result<Pin> pin = parse_pin(fix);
+    REQUIRE(pin.ok());
+    std::vector<std::pair<std::string, TimeNs>> expected, got;
+    for (const TuneRow& row : all.rows)
+      if (knob_value(row.config, pin.value().knob) == pin.value().value && expected.size() < 5)
+        expected.emplace_back(row.changes, row.report.metrics.iteration_ns);
+    const TuneResult pinned = tune_or_fail(config, {.gpus = 8, .top = 5, .pins = {pin.value()}});
+    for (const TuneRow& row : pinned.rows) got.emplace_back(row.changes, row.report.metrics.iteration_ns);
+    CHECK(got == expected);
+    CHECK(expected.size() == 5);
+  }
+  // A number as the user may write it is compared as a number.
+  REQUIRE(parse_pin("parallel.pp=02").ok());
+  CHECK(parse_pin("parallel.pp=02").value().value == "2");
+  CHECK(parse_pin("parallel.pp=02").value().knob == Knob::Pp);
+}
+
 TEST_CASE("the search's result does not depend on its batches or its threads' timing") {
   const Config config = small_config("tiny");
   const TuneResult first = tune_or_fail(config, {.gpus = 8, .top = 7, .batch = 1});

@@ -176,7 +176,7 @@ void settle_smallest_peak(const Config& config, const std::vector<Candidate>& sp
 /// Why nothing fits: the candidate with the smallest peak memory (simulated; a bound only where
 /// every candidate that could have beaten it was refused), its device, and the cap.
 Error nothing_fits(const Config& config, const std::vector<Candidate>& space, const std::vector<Evaluation>& evaluations,
-                   int gpus) {
+                   int gpus, bool pinned) {
   std::optional<std::size_t> smallest;
   for (std::size_t i = 0; i < space.size(); ++i) {
     const Outcome o = evaluations[i].outcome;
@@ -195,12 +195,13 @@ Error nothing_fits(const Config& config, const std::vector<Candidate>& space, co
   const double least_gib = std::ceil(double(least) / double(1 << 30) * 100) / 100;  // rounded up: it then fits
   return Error{fmt::format(
       "{}: nothing fits in {:.2f} GiB per device (hardware.memory_gib, or --memory-gib{}): the smallest peak memory of "
-      "any candidate is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}",
+      "any candidate is {}{}{}, on device {}, for {}; raise --memory-gib to at least {:.2f} or give more --gpus than {}{}",
       config.source, double(memory_capacity_bytes(config.hardware)) / double(1 << 30),
       config.hardware.reserved_gib > 0 ? fmt::format(", less hardware.reserved_gib {:.2f}", config.hardware.reserved_gib)
                                        : "",
       bound ? "at least " : "", memory_text(least), bound ? " (a bound; not simulated)" : "", device,
-      describe_candidate(space[*smallest]), least_gib + config.hardware.reserved_gib, gpus)};
+      describe_candidate(space[*smallest]), least_gib + config.hardware.reserved_gib, gpus,
+      pinned ? ", or drop a --fix" : "")};
 }
 
 }  // namespace
@@ -210,7 +211,7 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
   const ParallelConfig& given = config.parallel;
   const int gpus = search.gpus > 0 ? search.gpus : given.pp * given.tp * given.dp * given.cp;
   if (search.top == 0) return Error{"--top: keep at least 1 row"};
-  const std::vector<Candidate> space = tune_space(config, gpus);
+  std::vector<Candidate> space = tune_space(config, gpus);
   if (space.empty())
     return Error{fmt::format(
         "{}: nothing to search on {} GPUs: pp x tp x dp must make {} with dp dividing the global batch ({} sequences), "
@@ -219,6 +220,10 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
         config.source, gpus, gpus, std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp,
         config.model.heads, config.hardware.gpus_per_node, config.model.layers,
         config.costs ? fmt::format(" (explicit costs: pp {} and tp {}, the config's)", given.pp, given.tp) : "")};
+  if (Result<std::vector<Candidate>> pinned = pin_space(config, std::move(space), search.pins, gpus); pinned.ok())
+    space = std::move(pinned).value();
+  else
+    return pinned.error();
   std::vector<Evaluation> evaluations(space.size());
   {
     ProgressBar progress(space.size(), search.progress);
@@ -238,11 +243,11 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
       case Outcome::Pending: break;  // not reached: every candidate is decided above
     }
     if (e.report && e.report->metrics.fits_in_memory)
-      result.rows.push_back({i, describe_changes(config, space[i]), std::move(*e.report)});
+      result.rows.push_back({i, describe_changes(config, space[i]), apply_candidate(config, space[i]), std::move(*e.report)});
   }
   if (result.rows.empty()) {
     settle_smallest_peak(config, space, search, evaluations);
-    return nothing_fits(config, space, evaluations, gpus);
+    return nothing_fits(config, space, evaluations, gpus, !search.pins.empty());
   }
   std::sort(result.rows.begin(), result.rows.end(), [](const TuneRow& a, const TuneRow& b) {
     const TimeNs ta = a.report.metrics.iteration_ns, tb = b.report.metrics.iteration_ns;

@@ -10,6 +10,7 @@
 #include "config.h"
 #include "report.h"
 #include "status.h"
+#include "tune_knobs.h"
 #include "units.h"
 
 namespace pipesim {
@@ -69,11 +70,14 @@ struct TuneSearch {
   /// on whole batches, so what is pruned never depends on thread timing.
   std::size_t batch = 128;
   bool progress = false;  ///< draw the progress bar on stderr
+  /// `--fix`: only candidates with these values are searched (yours is simulated all the same).
+  std::vector<Pin> pins = {};
 };
 
 struct TuneRow {
   std::size_t candidate = 0;  ///< index in tune_space's order
   std::string changes;
+  Config config;  ///< what the row ran: the config with the candidate applied, as --write-config writes it
   RunReport report;
 };
 

@@ -1,0 +1,99 @@
+#include "config_writer.h"
+
+namespace pipesim {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json model_json(const ModelConfig& m) {
+  return {{"layers", m.layers},
+          {"hidden", m.hidden},
+          {"heads", m.heads},
+          {"kv_heads", m.key_value_heads()},
+          {"ffn_hidden", m.ffn_hidden},
+          {"seq_len", m.seq_len},
+          {"vocab", m.vocab},
+          {"micro_batch_size", m.micro_batch_size},
+          {"mlp", m.mlp == MlpKind::SwiGlu ? "swiglu" : "gelu"},
+          {"tied_embeddings", m.tied_embeddings}};
+}
+
+json parallel_json(const ParallelConfig& p) {
+  return {{"pp", p.pp},          {"tp", p.tp},         {"dp", p.dp}, {"cp", p.cp}, {"microbatches", p.microbatches},
+          {"chunks", p.chunks}, {"sequence_parallel", p.sequence_parallel}};
+}
+
+json schedule_json(const ScheduleConfig& s) {
+  return {{"name", s.name},
+          {"vocab", s.vocab},
+          {"layers_per_stage", s.layers_per_stage.empty() ? json("auto") : json(s.layers_per_stage)}};
+}
+
+/// Every number, not only those that differ from the preset: the preset names where they came from.
+json hardware_json(const HardwareConfig& h) {
+  json out;
+  if (hardware_preset(h.preset)) out["preset"] = h.preset;
+  out.update(json{{"peak_tflops", h.peak_tflops},
+                  {"compute_efficiency", h.compute_efficiency},
+                  {"attention_efficiency", h.attention_efficiency},
+                  {"hbm_gbps", h.hbm_gbps},
+                  {"hbm_efficiency", h.hbm_efficiency},
+                  {"intra_node_gbps", h.intra_node_gbps},
+                  {"intra_node_latency_us", h.intra_node_latency_us},
+                  {"inter_node_gbps", h.inter_node_gbps},
+                  {"inter_node_latency_us", h.inter_node_latency_us},
+                  {"gpus_per_node", h.gpus_per_node},
+                  {"memory_gib", h.memory_gib},
+                  {"reserved_gib", h.reserved_gib},
+                  {"kernel_launch_us", h.kernel_launch_us}});
+  return out;
+}
+
+json precision_json(const PrecisionConfig& p) {
+  return {{"param_bytes", p.param_bytes},
+          {"grad_bytes", p.grad_bytes},
+          {"optimizer_bytes", p.optimizer_bytes},
+          {"activation_bytes", p.activation_bytes},
+          {"flash_attention", p.flash_attention}};
+}
+
+json training_json(const TrainingConfig& t) {
+  return {{"recompute_granularity", recompute_name(t.recompute_granularity)},
+          {"recompute_method", t.recompute_method == RecomputeMethod::Block ? "block" : "uniform"},
+          {"recompute_num_layers", t.recompute_num_layers},
+          {"zero_stage", t.zero_stage},
+          {"overlap_grad_reduce", t.overlap_grad_reduce},
+          {"overlap_param_gather", t.overlap_param_gather},
+          {"tp_comm_overlap", t.tp_comm_overlap}};
+}
+
+json costs_json(const ExplicitCosts& c) {
+  json out{{"forward_ms", c.forward_ms}, {"backward_ms", c.backward_ms}, {"weight_ms", c.weight_ms},
+           {"p2p_ms", c.p2p_ms}};
+  if (c.activation_bytes) out["activation_bytes"] = *c.activation_bytes;  // absent: the analytic model
+  out.update(json{{"optimizer_ms", c.optimizer_ms},
+                  {"dp_allreduce_ms", c.dp_allreduce_ms},
+                  {"output_forward_ms", c.output_forward_ms},
+                  {"output_backward_ms", c.output_backward_ms},
+                  {"input_forward_ms", c.input_forward_ms},
+                  {"input_backward_ms", c.input_backward_ms},
+                  {"allreduce_ms", c.allreduce_ms},
+                  {"output_activation_bytes", c.output_activation_bytes}});
+  return out;
+}
+
+}  // namespace
+
+json config_json(const Config& config, const std::string& description) {
+  json out{{"description", description},
+           {"model", model_json(config.model)},
+           {"parallel", parallel_json(config.parallel)},
+           {"schedule", schedule_json(config.schedule)},
+           {"hardware", hardware_json(config.hardware)},
+           {"precision", precision_json(config.precision)},
+           {"training", training_json(config.training)}};
+  if (config.costs) out["costs"] = costs_json(*config.costs);
+  return out;
+}
+
+}  // namespace pipesim

@@ -1,0 +1,49 @@
+#pragma once
+/// The knobs tune searches, by the names the command line gives them: the columns of tune's table and
+/// what `--fix key=value` pins (docs/tune.md).
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+#include "status.h"
+
+namespace pipesim {
+
+struct Candidate;
+
+enum class Knob { Pp, Tp, Dp, Microbatches, MicroBatchSize, Chunks, Schedule, Vocab, Recompute, ZeroStage };
+
+/// The knob's column name in tune's table, which --fix also takes (with the config's dotted key).
+std::string_view knob_name(Knob knob);
+
+/// The chunks per device `config` runs: its schedule's fixed count, or parallel.chunks for a schedule
+/// that takes it (a config may say chunks 2 and run 1F1B, which has one).
+int chunks_run(const Config& config);
+
+/// The knob's value in `config` as text, as --fix compares it: a number in decimal, or a name.
+/// `chunks` is chunks_run;
+/// `recompute` is the granularity alone (method and layers are the config's, not searched).
+std::string knob_value(const Config& config, Knob knob);
+
+/// The knobs a row shows besides compare's schedule and vocab columns, in table order, and their cells
+/// for `config`. Full recomputation shows its method and layer count too: "full/uniform/1".
+std::vector<Knob> shown_knobs();
+std::vector<std::string> knob_cells(const Config& config);
+
+/// One `--fix key=value`, checked against the knob names only: whether the search can take the
+/// value is pin_space's to say.
+struct Pin {
+  Knob knob = Knob::Pp;
+  std::string value;  ///< as knob_value writes it (a number without sign or leading zeros)
+  std::string given;  ///< the option as the user wrote it, for messages
+};
+/// Errors name the flag, the key and every key --fix accepts.
+Result<Pin> parse_pin(const std::string& fix);
+
+/// The candidates that have every pin's value. Errors: a knob pinned twice, a value no candidate of
+/// the space has (listing those it has), and pins that no candidate has all of.
+Result<std::vector<Candidate>> pin_space(const Config& config, std::vector<Candidate> space,
+                                         const std::vector<Pin>& pins, int gpus);
+
+}  // namespace pipesim

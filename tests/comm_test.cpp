@@ -4,6 +4,7 @@
 // thread-safe: the ranks record what they saw, and the checks run after they join.)
 #include <catch2/catch.hpp>
 
+#include <latch>
 #include <thread>
 
 #include "inprocess_comm.h"
@@ -164,7 +165,8 @@ TEST_CASE("a collective whose blocks do not tile the buffer is refused") {
 
 TEST_CASE("subgroups reduce among their members only, and an abort reaches every rank of the world") {
   World world(4);
-  const auto seen = on_ranks(world, [](Transport& comm) {
+  std::latch subgroups_done(4);  // rank 3 aborts only once every rank is through with its subgroup
+  const auto seen = on_ranks(world, [&](Transport& comm) {
     // Ranks {0, 2} and {1, 3}: the data-parallel groups of two devices with two replicas, say.
     const int parity = comm.rank() % 2;
     std::unique_ptr<Transport> group = comm.subgroup({parity, parity + 2});
@@ -178,7 +180,8 @@ TEST_CASE("subgroups reduce among their members only, and an abort reaches every
     // Rank 3 aborts through its subgroup; the others wait in a world collective it never joins.
     std::string error;
     std::vector<float> never{0};
-    if (comm.rank() == 3) group->abort("rank 3 gave up");
+    subgroups_done.count_down();
+    if (comm.rank() == 3) subgroups_done.wait(), group->abort("rank 3 gave up");
     else try {
         wait(comm, *comm.lane(1).all_reduce(host_buffer(std::span(never)), ReduceOp::Sum));
       } catch (const CommError& e) {

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <utility>
 
 #include "cpu/hash.h"
 #include "measure.h"
@@ -29,29 +30,44 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 /// the group (they run the same ops).
 class TensorParallelGroup final : public cpu::TensorParallel {
  public:
-  TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s)
-      : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s) {}
+  TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device)
+      : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device) {}
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   bool sequence_parallel() const override { return sequence_parallel_; }
   void all_reduce(std::span<float> x) override {
-    wait(group_->lane(0).all_reduce(host_buffer(x), ReduceOp::Sum), "a tensor-parallel all-reduce");
+    run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(host_buffer(x), ReduceOp::Sum); });
   }
   void all_gather(std::span<const float> part, std::span<float> whole) override {
-    wait(group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)), "a tensor-parallel all-gather");
+    run(Kind::AllGather, [&] { return group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)); });
   }
   void reduce_scatter(std::span<const float> whole, std::span<float> part) override {
-    wait(group_->lane(0).reduce_scatter(host_buffer(whole), host_buffer(part), ReduceOp::Sum),
-         "a tensor-parallel reduce-scatter");
+    run(Kind::ReduceScatter,
+        [&] { return group_->lane(0).reduce_scatter(host_buffer(whole), host_buffer(part), ReduceOp::Sum); });
   }
 
+  /// A step begins at `epoch`: the collectives recorded from now on are its.
+  void begin_step(Clock::time_point epoch) { epoch_ = epoch, collectives_.clear(); }
+  std::vector<InnerCollective> take_collectives() { return std::exchange(collectives_, {}); }
+
  private:
-  void wait(std::unique_ptr<Request> request, const char* what) {
-    wait_for(*group_, std::move(request), timeout_s_, what);
+  using Kind = InnerCollective::Kind;
+  /// Issues a collective, waits for it, and records when it ran (the trace shows it).
+  template <class Issue>
+  void run(Kind kind, Issue&& issue) {
+    const TimeNs start = since_epoch();
+    wait_for(*group_, issue(), timeout_s_, fmt::format("a tensor-parallel {}", inner_collective_name(kind)));
+    collectives_.push_back({.device = device_, .start = start, .end = since_epoch(), .kind = kind});
+  }
+  TimeNs since_epoch() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch_).count();
   }
   std::unique_ptr<Transport> group_;
   bool sequence_parallel_;
   double timeout_s_;
+  int device_;
+  Clock::time_point epoch_ = Clock::now();
+  std::vector<InnerCollective> collectives_;  ///< this step's, in the order they ran
 };
 
 /// The transports of one rank: the world; its pipeline (the ranks of its replica and tensor-parallel
@@ -73,7 +89,7 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
   if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica));
   if (job.tp > 1)
     groups.tensor = std::make_unique<TensorParallelGroup>(world.subgroup(job.group_of(rank, &RankPlace::tp_rank)),
-                                                          job.sequence_parallel, timeout_s);
+                                                          job.sequence_parallel, timeout_s, job.place(rank).device);
   return groups;
 }
 
@@ -108,6 +124,7 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
       std::vector<float> token{1.0f};
       all_reduce(token, ReduceOp::Sum, "the start-of-step barrier");
       const Clock::time_point epoch = Clock::now();
+      if (groups.tensor) groups.tensor->begin_step(epoch);
       walker.run_step(step, epoch, interpreter, recorder);
       const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch).count();
       // Every tensor-parallel rank computes the same loss: one of them counts it.
@@ -126,6 +143,7 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
       if (groups.world.rank() == 0 && options.on_step) options.on_step(step, loss[0], TimeNs(time[0]));
     }
     recorder.move_into(result);
+    if (groups.tensor) result.tensor_parallel = groups.tensor->take_collectives();
     gather_measurements(comm, job.graph, options.timeout_s, interpreter.buffers().peak(), interpreter.buffers().peak_op(),
                         backend.static_bytes(), result);
     return result;
@@ -142,6 +160,15 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
 }
 
 }  // namespace
+
+std::string_view inner_collective_name(InnerCollective::Kind kind) {
+  switch (kind) {
+    case InnerCollective::Kind::AllReduce: return "all-reduce";
+    case InnerCollective::Kind::AllGather: return "all-gather";
+    case InnerCollective::Kind::ReduceScatter: return "reduce-scatter";
+  }
+  return "?";
+}
 
 bool CheckResult::passed() const {
   const bool loss_ok = std::abs(loss - reference_loss) <= loss_tolerance * std::abs(reference_loss);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend.h"
@@ -62,7 +63,18 @@ struct CheckResult {
   bool passed() const;
 };
 
-/// What a run measured; complete on rank 0 (other ranks hold their own part).
+/// A collective a compute op ran inside it: tensor parallelism's, which the graph does not carry as
+/// ops of their own (the simulator charges them inside F, B and R).
+struct InnerCollective {
+  enum class Kind : std::uint8_t { AllReduce, AllGather, ReduceScatter };
+  int device = 0;
+  TimeNs start = 0, end = 0;  ///< ns since the step began, as the timeline's
+  Kind kind = Kind::AllReduce;
+};
+std::string_view inner_collective_name(InnerCollective::Kind kind);
+
+/// What a run measured; complete on rank 0 (other ranks hold their own part). Its ranks are the
+/// pipeline devices of the first replica and tensor-parallel rank 0.
 struct RunResult {
   std::vector<double> losses;           ///< per step: mean loss over every token of the iteration
   std::vector<TimeNs> step_ns;          ///< per step: wall time of the slowest rank
@@ -72,6 +84,7 @@ struct RunResult {
   std::vector<Bytes> peak_activation_bytes;  ///< per rank, the last step
   std::vector<TaskId> peak_op;
   std::vector<Bytes> static_bytes;      ///< per rank: weights, gradients and optimizer state
+  std::vector<InnerCollective> tensor_parallel;  ///< the last step's tensor-parallel collectives, every rank's
   std::optional<CheckResult> check;
 };
 

@@ -104,15 +104,28 @@ void gather_measurements(Transport& comm, const TaskGraph& graph, double timeout
   std::vector<double> record;
   if (rank != 0) {
     pack(rank, record, false);
-    wait_for(comm, comm.control().send(host_buffer(std::span(record)), 0), timeout_s,
-             "rank 0 to take this rank's measurements");
+    // Then its tensor-parallel collectives, whose number rank 0 cannot know: a count first.
+    std::vector<double> count{double(result.tensor_parallel.size())}, collectives;
+    for (const InnerCollective& c : result.tensor_parallel)
+      collectives.insert(collectives.end(), {double(c.start), double(c.end), double(int(c.kind))});
+    for (std::vector<double>* message : {&record, &count, &collectives})
+      wait_for(comm, comm.control().send(host_buffer(std::span(*message)), 0), timeout_s,
+               "rank 0 to take this rank's measurements");
     return;
   }
   for (int r = 1; r < ranks; ++r) {
     std::vector<double> theirs;
     pack(r, theirs, false);  // sizes the record
-    wait_for(comm, comm.control().recv(host_buffer(std::span(theirs)), r), timeout_s, fmt::format("rank {}'s measurements", r));
+    const std::string what = fmt::format("rank {}'s measurements", r);
+    wait_for(comm, comm.control().recv(host_buffer(std::span(theirs)), r), timeout_s, what);
     pack(r, theirs, true);
+    std::vector<double> count{0};
+    wait_for(comm, comm.control().recv(host_buffer(std::span(count)), r), timeout_s, what);
+    std::vector<double> collectives(3 * std::size_t(count[0]));
+    wait_for(comm, comm.control().recv(host_buffer(std::span(collectives)), r), timeout_s, what);
+    for (std::size_t i = 0; i < collectives.size(); i += 3)
+      result.tensor_parallel.push_back({.device = r, .start = TimeNs(collectives[i]), .end = TimeNs(collectives[i + 1]),
+                                        .kind = InnerCollective::Kind(int(collectives[i + 2]))});
   }
 }
 

@@ -54,8 +54,9 @@ class GradientCheck {
   double loss_ = 0;
 };
 
-/// Rank 0 collects every rank's op figures, activation peak and static memory of the last step
-/// (other ranks send theirs); `peak` and `static_bytes` are this rank's.
+/// Rank 0 collects every rank's op figures, activation peak, static memory and tensor-parallel
+/// collectives of the last step (other ranks send theirs); `peak`, `static_bytes` and, on entry,
+/// result.tensor_parallel are this rank's.
 void gather_measurements(Transport& comm, const TaskGraph& graph, double timeout_s, Bytes peak, TaskId peak_op,
                          Bytes static_bytes, RunResult& result);
 

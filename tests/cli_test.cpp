@@ -333,6 +333,24 @@ TEST_CASE("run writes a measured trace and a profile that simulate takes as its 
   CHECK_THAT(bad.text, Catch::Contains("bad.json: costs.forward_ms: expected a number"));
 }
 
+TEST_CASE("a tensor- and data-parallel run's trace shows its collectives: DP_ALLREDUCE ops, and the layers' TP ones") {
+  const auto dir = scratch_dir();
+  const std::string trace = (dir / "tp-dp.json").string();
+  std::filesystem::remove(trace);
+  const Output out = run("run " + config("tiny.json") + " --set parallel.tp=2 --set parallel.dp=2 --set parallel.pp=2 "
+                         "--set parallel.microbatches=4 --check --trace " + trace);
+  REQUIRE(out.exit_code == 0);
+  CHECK_THAT(out.text, Catch::Contains("measured (cpu, 8 threads) costs"));
+  int data_parallel = 0, tensor_parallel = 0;
+  const json events = json::parse(std::ifstream(trace))["traceEvents"];
+  for (const json& e : events) {
+    data_parallel += e.value("name", "") == "DP_ALLREDUCE";
+    tensor_parallel += e.value("cat", "") == "tensor-parallel";
+  }
+  CHECK(data_parallel == 2);  // one per pipeline device: the gradients, all-reduced once a step
+  CHECK(tensor_parallel > 0);
+}
+
 TEST_CASE("the simulate command run suggests for its profile is the model that was measured; another is refused") {
   const auto dir = scratch_dir();
   const std::string profile = (dir / "p.json").string();

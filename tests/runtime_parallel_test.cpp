@@ -147,3 +147,26 @@ TEST_CASE("a split layer is the whole layer: its parts' elements tile every spli
       CHECK(std::all_of(covered[t].begin(), covered[t].end(), [](int c) { return c == 1; }));
   }
 }
+
+TEST_CASE("a measured step records every tensor-parallel collective its layers run, for the trace") {
+  // tiny.json's 8 GPT layers over pp = 2, m = 4 microbatches, tp = 2.
+  const int layers = 8, m = 4;
+  const auto collectives = [&](const std::string& sequence_parallel) {
+    const Plan plan = plan_for(tiny_config({"parallel.tp=2", "parallel.pp=2", "parallel.microbatches=4",
+                                            "parallel.sequence_parallel=" + sequence_parallel}),
+                               "1f1b", "baseline");
+    return checked_run(plan).tensor_parallel;
+  };
+  // Without sequence parallelism a layer all-reduces twice forward (attention and MLP outputs) and
+  // twice backward (their input gradients).
+  const std::vector<runtime::InnerCollective> whole = collectives("false");
+  CHECK(whole.size() == std::size_t(4 * layers * m));
+  CHECK(std::all_of(whole.begin(), whole.end(), [](const auto& c) { return c.kind == runtime::InnerCollective::Kind::AllReduce; }));
+  // With it, each of those becomes an all-gather and a reduce-scatter (8 a layer and microbatch);
+  // the last stage gathers its output for the head and the first its input gradient for the
+  // embedding (once a microbatch each); and each layer's four norm-parameter gradients are summed
+  // once a step.
+  const std::vector<runtime::InnerCollective> split = collectives("true");
+  CHECK(split.size() == std::size_t(8 * layers * m + 2 * m + 4 * layers));
+  for (const runtime::InnerCollective& c : split) CHECK(c.end >= c.start);
+}

@@ -258,7 +258,12 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
   const json profile = measured_profile(plan, r);
   if (!o.trace.empty()) {
     const std::string title = fmt::format("{} {} {} (measured, {})", o.config, measured.schedule, measured.vocab, backend);
-    if (Status s = write_chrome_trace_file(o.trace, plan.graph, r.timeline, r.static_bytes, title, r.live_after);
+    std::vector<InnerSlice> tensor_parallel;
+    for (const runtime::InnerCollective& c : r.tensor_parallel)
+      tensor_parallel.push_back({.device = c.device, .start = c.start, .end = c.end,
+                                 .name = runtime::inner_collective_name(c.kind)});
+    if (Status s = write_chrome_trace_file(o.trace, plan.graph, r.timeline, r.static_bytes, title, r.live_after,
+                                           tensor_parallel);
         !s.ok())
       return fail(s.error().message);
   }

@@ -83,7 +83,8 @@ std::size_t tid(const TaskGraph& graph, std::size_t stream) {
 }  // namespace
 
 Status write_chrome_trace(const TaskGraph& graph, const Timeline& timeline, const std::vector<Bytes>& static_bytes,
-                          const std::string& title, std::span<const Bytes> live_after, const TraceSink& sink) {
+                          const std::string& title, std::span<const Bytes> live_after, const TraceSink& sink,
+                          std::span<const InnerSlice> inner) {
   TraceText out(sink);
   out.append(R"({},"title":{}}},"displayTimeUnit":"ms","traceEvents":[)", kTraceGenerator,
              json_text(nlohmann::json(title)));
@@ -113,6 +114,19 @@ Status write_chrome_trace(const TaskGraph& graph, const Timeline& timeline, cons
                 tid(graph, graph.stream_of(r)), us(timeline.start[std::size_t(t.partner)]));
     }
   }
+  // Inner slices on a row after the device's streams.
+  const auto inner_row = [&graph](int d) { return graph.first_stream(d + 1) - graph.first_stream(d); };
+  std::vector<bool> named(std::size_t(graph.devices()), false);
+  for (const InnerSlice& slice : inner) {
+    if (!out.ok()) break;
+    if (!named[std::size_t(slice.device)]) {
+      named[std::size_t(slice.device)] = true;
+      out.event(R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"tensor-parallel collectives, inside compute ops"}}}})",
+                slice.device, inner_row(slice.device));
+    }
+    out.event(R"({{"ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},"name":"TP {}","cat":"tensor-parallel"}})",
+              slice.device, inner_row(slice.device), us(slice.start), us(slice.end - slice.start), slice.name);
+  }
   // Memory counter: static + live activations, stepping at each allocation and release (modelled) or
   // at each op's end (measured).
   for (int d = 0; d < graph.devices() && out.ok(); ++d) {
@@ -139,12 +153,12 @@ Status write_chrome_trace(const TaskGraph& graph, const Timeline& timeline, cons
 
 Status write_chrome_trace_file(const std::string& path, const TaskGraph& graph, const Timeline& timeline,
                                const std::vector<Bytes>& static_bytes, const std::string& title,
-                               std::span<const Bytes> live_after) {
+                               std::span<const Bytes> live_after, std::span<const InnerSlice> inner) {
   Result<OutputFile> file = OutputFile::create(path, kTraceGenerator);
   if (!file.ok()) return file.error();
   OutputFile& f = file.value();
   if (Status s = write_chrome_trace(graph, timeline, static_bytes, title, live_after,
-                                    [&f](std::string_view piece) { return f.write(piece); });
+                                    [&f](std::string_view piece) { return f.write(piece); }, inner);
       !s.ok())
     return s;
   return f.commit();

@@ -310,6 +310,19 @@ TEST_CASE("run reports each rank's measured memory beside the simulator's, Adam'
   }
   const Output text = run("run " + config("tiny.json"));
   CHECK_THAT(text.text, Catch::Contains("memory per rank, measured vs the simulator's model of this run (MiB):"));
+  // Two replicas under ZeRO 1 keep half of Adam's moments each: 12 bytes a parameter, in both.
+  const auto static_bytes = [](const std::string& zero) {
+    const json r = json::parse(run("run " + config("tiny.json") + " --set parallel.dp=2 --set parallel.pp=2 "
+                                   "--set parallel.microbatches=4 --set training.zero_stage=" + zero + " --format json")
+                                   .text);
+    return std::pair{r["devices"][0]["static_memory_bytes"].get<double>(),
+                     r["simulated_memory"][0]["static_bytes"].get<double>()};
+  };
+  const auto [whole, whole_simulated] = static_bytes("0");
+  const auto [sharded, sharded_simulated] = static_bytes("1");
+  CHECK(whole == whole_simulated);
+  CHECK(sharded == sharded_simulated);
+  CHECK(sharded * 16 == whole * 12);
 }
 
 TEST_CASE("run writes a measured trace and a profile that simulate takes as its costs") {

@@ -137,15 +137,20 @@ std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile)
 /// The simulator's memory for this run: the plan remade with the precision the runtime keeps -- fp32
 /// weights and gradients, Adam's two fp32 moments (none with SGD), fp32 activations (bf16 in a bf16 GPU
 /// run, whose GEMM weights also have a bf16 copy: 2 more bytes a parameter, a slight overcount), the
-/// attention scores kept on the CPU, not by the CUDA backend's fused kernels. Empty for a schedule
-/// file's run (the plan is not the config's) or where the simulator refuses the config.
+/// attention scores kept on the CPU, not by the CUDA backend's fused kernels. Under tensor
+/// parallelism the runtime keeps the embedding and the LM head (or the vocabulary shard) whole on every
+/// tensor-parallel rank, where the simulator splits them as Megatron does: its static bytes are then
+/// the higher. Empty for a schedule file's run (the plan is not the config's) or where the simulator
+/// refuses the config.
 std::optional<RunReport> simulated_memory(const RunFlags& o, const Plan& plan) {
   if (!o.schedule_file.empty()) return std::nullopt;
   Config c = plan.config;
   const bool bf16 = o.dtype == "bf16";
   c.precision = {.param_bytes = bf16 ? 6.0 : 4.0, .grad_bytes = 4, .optimizer_bytes = o.optimizer == "sgd" ? 0.0 : 8.0,
                  .activation_bytes = bf16 ? 2.0 : 4.0, .flash_attention = o.backend == "cuda"};
-  c.training.zero_stage = 0;  // one replica: nothing to shard
+  // The runtime shards the optimizer's state over the replicas (ZeRO 1); under ZeRO 2 it holds the
+  // gradients whole until its one reduce-scatter after the last backward.
+  c.training.zero_stage = std::min(c.training.zero_stage, 1);
   Result<SimulatedRun> sim = simulate_config(c);
   if (!sim.ok()) return std::nullopt;
   return std::move(sim.value().report);

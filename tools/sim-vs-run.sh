@@ -10,7 +10,9 @@
 # not mistaken for error.
 #
 # Usage: tools/sim-vs-run.sh [--ranks N] [--rounds R] [--config FILE] [--schedules a,b,..] [--vocabs x,y,..]
-#                            [--mpirun 'COMMAND'] [-- extra `pipesim run` options, e.g. --backend cuda --dtype bf16]
+#                            [--mpirun 'COMMAND'] [--set KEY=VALUE ...]
+#                            [-- extra `pipesim run` options, e.g. --backend cuda --dtype bf16]
+# --set: the model and layout of every run and prediction (e.g. --set parallel.tp=2), in place of the default's widening.
 # --mpirun: one process per rank, launched by COMMAND (e.g. 'mpirun --allow-run-as-root --oversubscribe';
 # add --ranks-share-gpu after -- for NCCL ranks sharing one GPU) instead of threads in one process.
 # Defaults: configs/tiny.json widened to ops of milliseconds (hidden 128, FFN 512, seq 64), ranks = cores
@@ -25,6 +27,7 @@ mpirun=
 config=configs/tiny.json
 schedules=1f1b,interleaved-1f1b,v-half,zb-v,zb-h1
 vocabs=baseline,vocab-1
+sets=()
 while (($#)); do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
@@ -33,14 +36,16 @@ while (($#)); do
     --schedules) schedules=$2; shift 2 ;;
     --vocabs) vocabs=$2; shift 2 ;;
     --mpirun) mpirun=$2; shift 2 ;;
+    --set) sets+=(--set "$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "sim-vs-run: unknown option $1 (see the usage at the top of $0)" >&2; exit 1 ;;
   esac
 done
 pipesim=build/tools/pipesim
 [[ -x $pipesim ]] || tools/setup.sh
-model=()
-[[ $config == configs/tiny.json ]] &&
+# The model both the runs and the predictions take: --set's, or tiny.json widened.
+model=("${sets[@]}")
+[[ $config == configs/tiny.json && ${#sets[@]} == 0 ]] &&
   model=(--set model.hidden=128 --set model.ffn_hidden=512 --set model.seq_len=64 --set parallel.microbatches=8)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

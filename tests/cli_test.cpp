@@ -339,6 +339,7 @@ TEST_CASE("run writes a measured trace and a profile that simulate takes as its 
   const Output sim = run("simulate " + config("tiny.json") + " --schedule zb-h1 --profile " + profile + " --format json");
   REQUIRE(sim.exit_code == 0);
   CHECK(json::parse(sim.text)["cost_source"] == "explicit");
+  CHECK(json::parse(sim.text)["mfu"].is_null());  // measured times: no MFU, as run reports it
   // A profile that is not one is refused with the file named.
   std::ofstream(dir / "bad.json") << R"({"costs": {"forward_ms": "fast"}})";
   const Output bad = run("simulate " + config("tiny.json") + " --profile " + (dir / "bad.json").string(), true);
@@ -382,6 +383,10 @@ TEST_CASE("the simulate command run suggests for its profile is the model that w
   CHECK(other.text == "pipesim: error: " + profile + ": measured with model.hidden = 48, but this config has 32"  // tiny.json's
                           "; simulate the model the profile measured (the same --set flags as the run: `pipesim run "
                           "--profile` prints the command)\n");
+  // Nor another tensor-parallel split: its layers' ops carry other collectives.
+  const Output split = run_stderr(expected.substr(std::string("pipesim ").size()) + " --set parallel.tp=2");
+  CHECK(split.exit_code == 1);
+  CHECK_THAT(split.text, Catch::Contains(": measured with parallel.tp = 1, but this config has 2"));
   std::filesystem::remove_all(dir);
 }
 

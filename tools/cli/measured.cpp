@@ -146,6 +146,7 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
             {"ffn_hidden", c.model.ffn_hidden}, {"seq_len", c.model.seq_len}, {"vocab", c.model.vocab},
             {"micro_batch_size", c.model.micro_batch_size}}},
           {"pp", plan.layout.devices},
+          {"tp", c.parallel.tp},  // the layers' ops include their tensor-parallel collectives
           {"costs",
            {{"forward_ms", per_device(t.forward)},
             {"backward_ms", per_device(t.backward)},
@@ -179,9 +180,10 @@ Status check_measured_shape(const json& profile, const Config& config, const std
       if (const auto measured = model->find(name);
           measured != model->end() && !(measured->is_number_integer() && measured->get<long long>() == here))
         return mismatch(fmt::format("model.{}", name), *measured, here);
-  if (const auto pp = profile.find("pp");
-      pp != profile.end() && !(pp->is_number_integer() && pp->get<long long>() == config.parallel.pp))
-    return mismatch("parallel.pp", *pp, config.parallel.pp);
+  for (const auto& [name, here] : {std::pair{"pp", config.parallel.pp}, {"tp", config.parallel.tp}})
+    if (const auto measured = profile.find(name);
+        measured != profile.end() && !(measured->is_number_integer() && measured->get<long long>() == here))
+      return mismatch(fmt::format("parallel.{}", name), *measured, here);
   return Status::Ok();
 }
 

@@ -86,6 +86,7 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   run.timeline = std::move(timeline).value();
   const RunMetrics metrics = compute_metrics(run.plan.config, run.plan.graph, run.timeline, run.plan.static_bytes);
   run.report = make_report(run.plan, std::string(costs->source()), metrics);
+  if (timing) run.report.mfu_defined = false;  // measured op times, not the hardware's FLOP rate: no MFU
   return run;
 }
 

@@ -94,7 +94,7 @@ void OpInterpreter::forward(const Task& t) {
   if (t.stage == last_stage_) {
     cache.head = backend_.final_norm(backend_.sequence_whole(std::move(x)));
     if (stage.has_head)  // baseline: the whole LM head and the loss here
-      vocab_layer([&] { loss_part_ += backend_.head_forward(*cache.head, mb, 1.0f / float(microbatches_ * replicas_)); });
+      vocab_layer([&] { loss_part_ += backend_.head_forward(*cache.head, mb, microbatch_weight()); });
     else  // vocabulary-parallel: X goes to every device (the broadcast on the output lane)
       buffers_.put({Buf::VocabX, -1, mb}, backend_.final_output(*cache.head));
   } else if (on_this_rank(t.stage + 1)) {  // a local hand-off: no transfer in the graph

@@ -37,6 +37,9 @@ class OpInterpreter final : public OpRunner {
   /// dloss/dlogit scale: the loss is the mean over every token of the iteration, of every replica
   /// (whose gradients the data-parallel collectives then sum).
   float token_weight() const { return 1.0f / float(n_ * microbatches_ * replicas_); }
+  /// A microbatch's share of that loss (the baseline head scales its mean by it).
+  float microbatch_weight() const { return 1.0f / float(microbatches_ * replicas_); }
+  /// A whole activation, n × h: what the vocabulary passes and their collectives move.
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
   bool on_this_rank(int stage) const { return layout_.stages[std::size_t(stage)].device == rank_; }
   /// Runs `work` between two marks, a part of the op the profile reports apart.

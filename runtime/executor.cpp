@@ -93,6 +93,17 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
   return groups;
 }
 
+/// How errors name a rank: its number, and where it sits when there is more than a pipeline.
+std::string rank_label(const Job& job, int rank) {
+  if (job.ranks() == job.layout.devices) return fmt::format("rank {}", rank);
+  const RankPlace p = job.place(rank);
+  return fmt::format("rank {} (device {}, replica {}, tp rank {})", rank, p.device, p.replica, p.tp_rank);
+}
+
+StreamWalker::Names walker_names(const Job& job, int rank) {
+  return {.self = rank_label(job, rank), .peer = job.ranks() == job.layout.devices ? "rank" : "device"};
+}
+
 /// One rank's run: each step's batches, the walk over its ops, the loss and step time agreed by every
 /// rank; then the check and the measurements (rank 0 of each pipeline gathers its pipeline's).
 Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job, const RunOptions& options) {
@@ -100,7 +111,7 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   const int rank = comm.rank();
   const RankPlace place = job.place(groups.world.rank());
   OpInterpreter interpreter(job, place, comm, groups.data.get(), backend, options.optimizer);
-  StreamWalker walker(job.graph, rank, comm, backend, options);
+  StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {
     wait_for(groups.world, groups.world.control().all_reduce(host_buffer(values), op), options.timeout_s, what);
@@ -153,7 +164,7 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
     groups.world.abort(e.what());
     return Error{e.what()};
   } catch (const std::exception& e) {  // e.g. out of memory: still end every rank, never hang them
-    const std::string why = fmt::format("rank {} failed: {}", groups.world.rank(), e.what());
+    const std::string why = fmt::format("{} failed: {}", rank_label(job, groups.world.rank()), e.what());
     groups.world.abort(why);
     return Error{why};
   }

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <thread>
+#include <utility>
 
 namespace pipesim::runtime {
 namespace {
@@ -27,8 +28,9 @@ class HostClock final : public DeviceClock {
 
 }  // namespace
 
-StreamWalker::StreamWalker(const TaskGraph& graph, int rank, Transport& comm, Backend& backend, const RunOptions& options)
-    : graph_(graph), rank_(rank), comm_(comm), backend_(backend), options_(options), done_(graph.size()) {
+StreamWalker::StreamWalker(const TaskGraph& graph, int rank, Names names, Transport& comm, Backend& backend,
+                           const RunOptions& options)
+    : graph_(graph), rank_(rank), names_(std::move(names)), comm_(comm), backend_(backend), options_(options), done_(graph.size()) {
   for (std::size_t s = graph_.first_stream(rank_); s < graph_.first_stream(rank_ + 1); ++s)
     if (!graph_.stream(s).empty() || s == graph_.first_stream(rank_)) streams_.push_back(s);
   for (const Task& t : graph_.tasks()) own_tasks_ += t.device == rank_;
@@ -44,7 +46,7 @@ void StreamWalker::run_step(int step, Clock::time_point epoch, OpRunner& runner,
     walk();
   } catch (const CommError&) {
     // Another rank ended the run; say where this one stood.
-    throw CommError(fmt::format("rank {} stopped waiting on {}", rank_, waiting_on()));
+    throw CommError(fmt::format("{} stopped waiting on {}", names_.self, waiting_on()));
   } catch (const RankFailure& e) {
     // This rank failed: end the run before `in_flight_` frees the buffers it lent to transfers and
     // collectives, which the other ranks may read until they see the abort.
@@ -60,7 +62,7 @@ void StreamWalker::run_step(int step, Clock::time_point epoch, OpRunner& runner,
 }
 
 std::string StreamWalker::failure(const std::exception& e) const {
-  return fmt::format("rank {} failed: {}", rank_, e.what());
+  return fmt::format("{} failed: {}", names_.self, e.what());
 }
 
 // The compute stream runs on a thread of its own while this one drives the communication streams,
@@ -86,7 +88,7 @@ void StreamWalker::walk() {
       } catch (const RankFailure&) {
         throw;
       } catch (const std::exception& e) {  // a missing buffer, a size mismatch, a CUDA or NCCL error
-        throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(ops[cursor_[i]]), e.what()));
+        throw RankFailure(fmt::format("{} failed at {}: {}", names_.self, graph_.describe(ops[cursor_[i]]), e.what()));
       }
     }
     if (progressed || computed_ != seen_computed || compute_busy_) {
@@ -131,7 +133,7 @@ void StreamWalker::run_compute_stream(const std::stop_token& stop) {
       } catch (const RankFailure&) {
         throw;
       } catch (const std::exception& e) {  // a missing buffer, a CUDA or cuBLAS error, out of memory
-        throw RankFailure(fmt::format("rank {} failed at {}: {}", rank_, graph_.describe(id), e.what()));
+        throw RankFailure(fmt::format("{} failed at {}: {}", names_.self, graph_.describe(id), e.what()));
       }
       compute_busy_ = false;
       complete(id, end, vocab_ns);
@@ -185,10 +187,10 @@ void StreamWalker::inject_fault(TaskId id, const std::stop_token& stop) {
     std::fflush(nullptr);
     std::raise(SIGKILL);
   }
-  if (!fault->hang) throw RankFailure(fmt::format("rank {} failed at {}: injected fault", rank_, graph_.describe(id)));
+  if (!fault->hang) throw RankFailure(fmt::format("{} failed at {}: injected fault", names_.self, graph_.describe(id)));
   // A hung rank answers nothing until the run is ended around it.
   while (!comm_.aborted() && !stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  throw RankFailure(fmt::format("rank {} hung at {} (injected fault)", rank_, graph_.describe(id)));
+  throw RankFailure(fmt::format("{} hung at {} (injected fault)", names_.self, graph_.describe(id)));
 }
 
 std::string StreamWalker::waiting_on() const {
@@ -203,7 +205,7 @@ std::string StreamWalker::waiting_on() const {
     if (i == 0)
       waiting.push_back(fmt::format("its own {} (started, not finished)", graph_.describe(id)));
     else if (t.kind == OpKind::Send || t.kind == OpKind::Recv)
-      waiting.push_back(fmt::format("{} (rank {})", graph_.describe(id), t.peer));
+      waiting.push_back(fmt::format("{} ({} {})", graph_.describe(id), names_.peer, t.peer));
     else
       waiting.push_back(graph_.describe(id));
   }
@@ -211,7 +213,7 @@ std::string StreamWalker::waiting_on() const {
 }
 
 void StreamWalker::timed_out() const {
-  throw RankFailure(fmt::format("rank {}: no progress for {:g} s; waiting on {}", rank_, options_.timeout_s, waiting_on()));
+  throw RankFailure(fmt::format("{}: no progress for {:g} s; waiting on {}", names_.self, options_.timeout_s, waiting_on()));
 }
 
 }  // namespace pipesim::runtime

@@ -67,7 +67,16 @@ class OpObserver {
 
 class StreamWalker {
  public:
-  StreamWalker(const TaskGraph& graph, int rank, Transport& comm, Backend& backend, const RunOptions& options);
+  /// How errors name this rank and the peers it waits on: "rank 1" and "rank"; with tensor and data
+  /// parallelism "rank 5 (device 1, replica 0, tp rank 1)" and "device" (a peer is named by the device
+  /// whose ops it runs).
+  struct Names {
+    std::string self;
+    std::string peer = "rank";
+  };
+  /// Walks device `rank`'s ops.
+  StreamWalker(const TaskGraph& graph, int rank, Names names, Transport& comm, Backend& backend,
+               const RunOptions& options);
 
   /// Runs every op of this rank for step `step`, times measured from `epoch`. Throws RankFailure
   /// (this rank failed or hung; the run is aborted) or CommError (another rank ended the run).
@@ -91,6 +100,7 @@ class StreamWalker {
 
   const TaskGraph& graph_;
   const int rank_;
+  const Names names_;
   Transport& comm_;
   Backend& backend_;
   const RunOptions& options_;

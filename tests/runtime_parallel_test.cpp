@@ -170,3 +170,13 @@ TEST_CASE("a measured step records every tensor-parallel collective its layers r
   CHECK(split.size() == std::size_t(8 * layers * m + 2 * m + 4 * layers));
   for (const runtime::InnerCollective& c : split) CHECK(c.end >= c.start);
 }
+
+TEST_CASE("with replicas and tensor-parallel ranks, an error names the rank and where it sits") {
+  const Plan plan = plan_for(tiny_config({"parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4"}), "1f1b", "baseline");
+  runtime::RunOptions o = options(1, 10);
+  o.fault = runtime::InjectedFault{.rank = 1, .kind = OpKind::B, .microbatch = 1};  // device 1, in both replicas
+  const Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
+  REQUIRE(!run.ok());
+  CHECK_THAT(run.error().message, Catch::Contains("(device 1, replica "));
+  CHECK_THAT(run.error().message, Catch::Contains(", tp rank 0) failed at B(d1,s1,m1): injected fault"));
+}

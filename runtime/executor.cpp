@@ -224,6 +224,12 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                              "recomputes attention scores, which the runtime keeps; use \"full\" or \"none\", or set "
                              "precision.flash_attention to true (then selective recomputation has no R op)",
                              c.source)};
+  // Tied weights on the first and last stage would need their gradients summed across the pipeline,
+  // which the graph has no op for; run as untied they would be another model.
+  if (c.model.tied_embeddings)
+    return Error{fmt::format("{}: model.tied_embeddings: the runtime runs an untied embedding and LM head; set "
+                             "model.tied_embeddings to false",
+                             c.source)};
   const bool llama = c.model.mlp == MlpKind::SwiGlu, grouped = c.model.key_value_heads() != c.model.heads;
   if (options.backend == BackendKind::Cuda && (llama || grouped))
     return Error{fmt::format("{}: model: the CUDA backend runs GPT layers with multi-head attention only; run Llama-family "

@@ -349,10 +349,10 @@ TEST_CASE("run writes a measured trace and a profile that simulate takes as its 
 
 TEST_CASE("a tensor- and data-parallel run's trace shows its collectives: DP_ALLREDUCE ops, and the layers' TP ones") {
   const auto dir = scratch_dir();
-  const std::string trace = (dir / "tp-dp.json").string();
-  std::filesystem::remove(trace);
+  const std::string trace = (dir / "tp-dp.json").string(), profile = (dir / "tp-dp-profile.json").string();
+  std::filesystem::remove(trace), std::filesystem::remove(profile);
   const Output out = run("run " + config("tiny.json") + " --set parallel.tp=2 --set parallel.dp=2 --set parallel.pp=2 "
-                         "--set parallel.microbatches=4 --check --trace " + trace);
+                         "--set parallel.microbatches=4 --check --trace " + trace + " --profile " + profile);
   REQUIRE(out.exit_code == 0);
   CHECK_THAT(out.text, Catch::Contains("measured (cpu, 8 threads) costs"));
   int data_parallel = 0, tensor_parallel = 0;
@@ -363,6 +363,8 @@ TEST_CASE("a tensor- and data-parallel run's trace shows its collectives: DP_ALL
   }
   CHECK(data_parallel == 2);  // one per pipeline device: the gradients, all-reduced once a step
   CHECK(tensor_parallel > 0);
+  // The profile carries the measured all-reduce as the data-parallel cost a simulation charges.
+  CHECK(json::parse(std::ifstream(profile))["costs"]["dp_allreduce_ms"].get<double>() > 0);
 }
 
 TEST_CASE("the simulate command run suggests for its profile is the model that was measured; another is refused") {

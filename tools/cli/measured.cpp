@@ -80,6 +80,9 @@ struct MeasuredTimes {
   std::vector<std::vector<double>> forward, backward, weight;
   std::vector<double> sends, collectives, optimizer;
   std::vector<double> out_f, out_b, in_f, in_b;  ///< LM head (output) and embedding (input) layers, whole
+  /// Per device: its data-parallel collectives together (the all-reduce, or ZeRO's reduce-scatter
+  /// and all-gather), what costs.dp_allreduce_ms means.
+  std::vector<double> data_parallel;
 };
 
 MeasuredTimes measured_times(const Plan& plan, const runtime::RunResult& r) {
@@ -115,9 +118,12 @@ MeasuredTimes measured_times(const Plan& plan, const runtime::RunResult& r) {
       case OpKind::Broadcast:
       case OpKind::Reduce: t.collectives.push_back(ms(id)); break;
       case OpKind::Optimizer: t.optimizer.push_back(ms(id)); break;
-      case OpKind::Recv:         // its time is the wait for the SEND, not a cost of its own
-      case OpKind::DpAllReduce:  // the runtime runs one pipeline replica
-      case OpKind::R:            // a costs block refuses recomputation (docs/config.md)
+      case OpKind::DpAllReduce:
+        t.data_parallel.resize(std::size_t(devices), 0.0);
+        t.data_parallel[std::size_t(task.device)] += ms(id);
+        break;
+      case OpKind::Recv:  // its time is the wait for the SEND, not a cost of its own
+      case OpKind::R:     // a costs block refuses recomputation (docs/config.md)
         break;
     }
   }
@@ -157,7 +163,8 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
             {"output_backward_ms", mean(t.out_b)},
             {"input_forward_ms", mean(t.in_f)},
             {"input_backward_ms", mean(t.in_b)},
-            {"allreduce_ms", fastest(t.collectives)}}}};
+            {"allreduce_ms", fastest(t.collectives)},
+            {"dp_allreduce_ms", fastest(t.data_parallel)}}}};
 }
 
 namespace {

@@ -220,12 +220,27 @@ int layer_rows(const ModelShape& s, const TensorParallel* tp) {
 namespace {
 
 /// The whole rows a column-split map reads: this rank's rows gathered from every rank under sequence
-/// parallelism, else `rows` itself.
-std::vector<float> whole_rows(TensorParallel* tp, std::span<const float> rows, std::size_t whole) {
-  if (!tp || !tp->sequence_parallel()) return {rows.begin(), rows.end()};
+/// parallelism, else `rows` itself (moved, not copied).
+std::vector<float> whole_rows(TensorParallel* tp, std::vector<float> rows, std::size_t whole) {
+  if (!tp || !tp->sequence_parallel()) return rows;
   std::vector<float> all(whole);
   tp->all_gather(rows, all);
   return all;
+}
+
+/// The same of rows the caller keeps: a view of them, or of `gathered`, which it fills.
+std::span<const float> whole_rows(TensorParallel* tp, std::span<const float> rows, std::vector<float>& gathered,
+                                  std::size_t whole) {
+  if (!tp || !tp->sequence_parallel()) return rows;
+  gathered.resize(whole);
+  tp->all_gather(rows, gathered);
+  return gathered;
+}
+
+/// Where a row-split map writes its output: into `out` when it is whole on one rank, else into
+/// `partial` (n × h), for finish_row_split to sum over the ranks.
+std::span<float> row_split_output(const TensorParallel* tp, std::vector<float>& partial, std::span<float> out) {
+  return tp ? std::span<float>(partial) : out;
 }
 
 /// A row-split map's output: the ranks' partial sums added up (this rank's rows of them under
@@ -236,8 +251,6 @@ void finish_row_split(TensorParallel* tp, std::vector<float>& partial, const std
     tp->reduce_scatter(partial, out);
   else if (tp)
     tp->all_reduce(partial), std::copy(partial.begin(), partial.end(), out.begin());
-  else
-    std::copy(partial.begin(), partial.end(), out.begin());
   for (std::size_t i = 0; i < out.size(); ++i) out[i] += residual[i] + (bias.empty() ? 0.0f : bias[i % bias.size()]);
 }
 
@@ -265,24 +278,24 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
   std::vector<float> ln1(mine);
   c.mean1.resize(mean_count(s, rows)), c.rstd1.resize(std::size_t(rows));
   norm_forward(s, w.ln1_gain, w.ln1_bias, x, ln1, c.mean1, c.rstd1, rows);
-  c.ln1 = whole_rows(tp, ln1, whole);
+  c.ln1 = whole_rows(tp, std::move(ln1), whole);
   c.qkv.resize(std::size_t(n) * part.qkv);
   linear(c.ln1, w.qkv_weight, w.qkv_bias, c.qkv, n, h, part.qkv);
   rotate_qk(s, part, c.qkv, false);
   c.probs.resize(std::size_t(s.batch) * part.heads * s.seq * s.seq), c.attention.resize(std::size_t(n) * part.attention);
   attention_forward(c.qkv, c.attention, c.probs, s.batch, s.seq, part.attention, part.heads, part.kv_heads);
-  std::vector<float> partial(whole);
-  linear(c.attention, w.proj_weight, {}, partial, n, part.attention, h);
+  std::vector<float> partial(tp ? whole : 0);
   c.middle.resize(mine);
+  linear(c.attention, w.proj_weight, {}, row_split_output(tp, partial, c.middle), n, part.attention, h);
   finish_row_split(tp, partial, w.proj_bias, x, c.middle);
   std::vector<float> ln2(mine);
   c.mean2.resize(c.mean1.size()), c.rstd2.resize(std::size_t(rows));
   norm_forward(s, w.ln2_gain, w.ln2_bias, c.middle, ln2, c.mean2, c.rstd2, rows);
-  c.ln2 = whole_rows(tp, ln2, whole);
+  c.ln2 = whole_rows(tp, std::move(ln2), whole);
   c.fc1.resize(std::size_t(n) * part.fc1), c.gelu.resize(std::size_t(n) * part.ffn);
   linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, part.fc1);
   activation_forward(s, part, c.fc1, c.gelu);
-  linear(c.gelu, w.fc2_weight, {}, partial, n, part.ffn, h);
+  linear(c.gelu, w.fc2_weight, {}, row_split_output(tp, partial, y), n, part.ffn, h);
   finish_row_split(tp, partial, w.fc2_bias, c.middle, y);
 }
 
@@ -296,7 +309,8 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   };
   // A row-split map reads the whole output gradient: its rows are the same on every rank (and its
   // bias gradient, from all of them, is whole).
-  const std::vector<float> dy_whole = whole_rows(tp, dy, whole);
+  std::vector<float> gathered;
+  const std::span<const float> dy_whole = whole_rows(tp, dy, gathered, whole);
   std::vector<float> dgelu(std::size_t(n) * part.ffn, 0.0f), dfc1(std::size_t(n) * part.fc1, 0.0f);
   linear_backward(c.gelu, w.fc2_weight, dy_whole, dgelu, g.fc2_weight, g.fc2_bias, n, part.ffn, h,
                   keep(&DeferredWeightGrad::fc2_dy));
@@ -308,7 +322,8 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   const std::vector<float> dln2 = sum_input_gradient(tp, dln2_partial, mine);
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
   norm_backward(s, w.ln2_gain, c.middle, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, rows);
-  const std::vector<float> dmiddle_whole = whole_rows(tp, dmiddle, whole);
+  std::vector<float> dmiddle_gathered;
+  const std::span<const float> dmiddle_whole = whole_rows(tp, dmiddle, dmiddle_gathered, whole);
   std::vector<float> dattention(std::size_t(n) * part.attention, 0.0f), dqkv(std::size_t(n) * part.qkv, 0.0f);
   linear_backward(c.attention, w.proj_weight, dmiddle_whole, dattention, g.proj_weight, g.proj_bias, n, part.attention,
                   h, keep(&DeferredWeightGrad::proj_dy));

@@ -268,7 +268,6 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
     throw OpError("a data-parallel collective of one stage's weights (overlapped reduction or ZeRO-3): not executed");
   Communicator& lane = data_->lane(t.lane);
   const std::size_t replicas = std::size_t(data_->size());
-  data_parallel_kind_ = group.data;
   data_parallel_.clear();
   std::vector<std::unique_ptr<Request>> parts;
   for (const Buffer& b : backend_.parameter_buffers(group.data != CollectiveData::Parameters)) {
@@ -296,10 +295,10 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
   f.request = std::make_unique<AllOf>(std::move(parts));
 }
 
-void OpInterpreter::finish_data_parallel() {
+void OpInterpreter::finish_data_parallel(const CollectiveGroup& group) {
   for (PaddedTransfer& x : data_parallel_) {
     Tensor whole(x.tensor.data, x.tensor.count, x.tensor.dtype, nullptr);
-    if (data_parallel_kind_ == CollectiveData::GradientShards)  // this replica's part, summed over all
+    if (group.data == CollectiveData::GradientShards)  // this replica's part, summed over all
       backend_.copy(x.out, 0, whole, owned_.begin(x.tensor.count), owned_.end(x.tensor.count) - owned_.begin(x.tensor.count));
     else  // every replica's updated part
       backend_.copy(x.out, 0, whole, 0, x.tensor.count);
@@ -312,7 +311,7 @@ bool OpInterpreter::advance(InFlight& f) {
   const Task& t = graph_.task(f.id);
   if (t.group < 0) return true;  // SEND, RECV
   if (t.kind == OpKind::DpAllReduce) {
-    finish_data_parallel();
+    finish_data_parallel(graph_.group_of(f.id));
     return true;
   }
   const CollectiveGroup& group = graph_.group_of(f.id);

@@ -67,7 +67,7 @@ class OpInterpreter final : public OpRunner {
   /// replica gets the part it owns), or its updated weights all-gathered.
   void start_data_parallel(InFlight& f, const CollectiveGroup& group);
   /// Puts what a reduce-scatter or an all-gather brought into the backend's tensors.
-  void finish_data_parallel();
+  void finish_data_parallel(const CollectiveGroup& group);
   /// Barrier C0 after each round: M -> (S, z) -> (Algorithm 2) dX.
   bool barrier0_round(InFlight& f, const CollectiveGroup& group);
   Communicator& lane(TaskId id) { return comm_.lane(graph_.task(id).lane); }
@@ -95,7 +95,6 @@ class OpInterpreter final : public OpRunner {
     Tensor in, out;
   };
   std::vector<PaddedTransfer> data_parallel_;
-  CollectiveData data_parallel_kind_ = CollectiveData::Gradients;
   std::atomic<double> loss_part_ = 0;  ///< the head runs on either thread
   bool capture_gradients_ = false;
   std::optional<std::vector<HostGradient>> gradients_;

@@ -68,6 +68,9 @@ struct HardwareConfig {
   /// fragmentation. Taken off memory_gib before a config is said to fit.
   double reserved_gib = 0;
   double kernel_launch_us = 0;     ///< fixed overhead added to every kernel of a compute op
+  /// Streaming multiprocessors: a GEMM with fewer 128×128 output tiles than this, or ragged edges,
+  /// runs below compute_efficiency (tile_fill in cost_model.h). 0: GEMM efficiency ignores shape.
+  int sms = 0;
 };
 
 /// Activation recomputation, as Megatron-LM's --recompute-granularity names it.

@@ -22,11 +22,62 @@ struct StageKernels {
 
 /// A GEMM of an M×K by a K×N operand: its FLOPs, and each operand read and the result written once.
 Kernel gemm(double m, double n, double k, double a_bytes, double b_bytes, double c_bytes) {
-  return {2 * m * n * k, m * k * a_bytes + k * n * b_bytes + m * n * c_bytes, false};
+  return {2 * m * n * k, m * k * a_bytes + k * n * b_bytes + m * n * c_bytes, false, m, n};
 }
+/// A memory-bound kernel (norms, activation functions, casts, gathers): bytes moved, no GEMM FLOPs.
+Kernel streaming(double bytes) { return {0, bytes, false, 0, 0}; }
+/// A GEMM batched over heads and sequences: enough tiles to fill the SMs, so its fill is taken as 1.
+Kernel batched_gemm(double flops, double bytes) { return {flops, bytes, false, 0, 0}; }
+/// Fused (flash) causal attention: its matrix FLOPs, run at attention_efficiency.
+Kernel fused_attention(double flops, double bytes) { return {flops, bytes, true, 0, 0}; }
 
 /// Tokens of one microbatch on one context-parallel rank.
 double rank_tokens(const Config& c) { return double(c.model.micro_batch_size) * c.model.seq_len / c.parallel.cp; }
+
+void append(std::vector<Kernel>& to, const std::vector<Kernel>& kernels) { to.insert(to.end(), kernels.begin(), kernels.end()); }
+
+/// Core attention's shape on one tensor- and context-parallel rank: its queries' tokens against
+/// every key of the sequence, over heads/t heads.
+struct AttentionShape {
+  double tokens, keys, width, kv_width, heads, act;  // width: hidden/t; act: bytes an element
+  double products() const { return 2 * tokens * keys * width; }  // FLOPs of QKᵀ (or of P·V), unmasked
+  double scores() const { return tokens * keys * heads; }        // elements of the score matrix
+};
+
+AttentionShape attention_shape(const Config& c) {
+  const ModelConfig& m = c.model;
+  const double t = c.parallel.tp, g = double(m.key_value_heads()) / m.heads;
+  return {rank_tokens(c), double(m.seq_len), m.hidden / t, g * m.hidden / t, m.heads / t, c.precision.activation_bytes};
+}
+
+/// Flash attention: one fused causal kernel, half of the unmasked products forward and 2.5× that
+/// backward (five matrix products to two); Q, K, V, O (and dO, dQ, dK, dV) read or written once.
+/// Without it, as Megatron-LM ran GPT before flash attention: QKᵀ and P·V as batched GEMMs over the
+/// whole score matrix (masked, not skipped), and the fused scale-mask-softmax and the attention
+/// dropout (a 1-byte mask) each reading and writing that matrix through HBM.
+std::vector<Kernel> core_attention_forward(const Config& c) {
+  const AttentionShape a = attention_shape(c);
+  const double qkvo = a.tokens * (2 * a.width + 2 * a.kv_width) * a.act;
+  if (c.precision.flash_attention) return {fused_attention(a.products(), qkvo)};
+  const double score_bytes = a.scores() * a.act;
+  const Kernel product = batched_gemm(a.products(), qkvo / 2 + score_bytes);
+  return {product,                                   // S = QKᵀ
+          streaming(2 * score_bytes),                // P = softmax(mask(S))
+          streaming(2 * score_bytes + a.scores()),   // dropout(P) and its mask
+          product};                                  // O = P·V
+}
+
+std::vector<Kernel> core_attention_backward(const Config& c) {
+  const AttentionShape a = attention_shape(c);
+  const double qkvo = a.tokens * (2 * a.width + 2 * a.kv_width) * a.act;
+  if (c.precision.flash_attention) return {fused_attention(2.5 * a.products(), 2 * qkvo)};
+  const double score_bytes = a.scores() * a.act;
+  const Kernel product = batched_gemm(a.products(), qkvo / 2 + score_bytes);
+  return {product, product,                                        // dP = dO·Vᵀ, dV = Pᵀ·dO
+          streaming(2 * score_bytes + a.scores()),                 // dropout's backward, through its mask
+          streaming(3 * score_bytes),                              // softmax's backward: P, dP in, dS out
+          product, product};                                       // dQ = dS·K, dK = dSᵀ·Q
+}
 
 /// One decoder layer as a framework runs it (docs/cost-model.md): four GEMMs (QKV, projection, MLP up
 /// — gate and up together for SwiGLU — and down) in each of F (Y = XWᵀ), B (dX = dY·W) and W
@@ -48,11 +99,8 @@ void add_layer(const Config& c, StageKernels& out) {
     out.backward.push_back(gemm(tokens, l.in, l.out, act, p.param_bytes, act));
     out.weight.push_back(gemm(l.out, l.in, tokens, act, act, 2 * p.grad_bytes));  // read-modify-write
   }
-  // Causal attention computes half of the 4bs²h score FLOPs; its backward 2.5× the forward's (five
-  // matrix products to two). Bytes: Q, K, V, O (and dO, dQ, dK, dV) once each.
-  const double scores = 2 * tokens * m.seq_len * h / t, qkvo = tokens * (2 + 2 * g) * h / t * act;
-  out.forward.push_back({scores, qkvo, true});
-  out.backward.push_back({2.5 * scores, 2 * qkvo, true});
+  append(out.forward, core_attention_forward(c));
+  append(out.backward, core_attention_backward(c));
   // Memory-bound, in elements per token: F: two norms (read, write) and the activation function
   // (GELU one fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f). B: the
   // norms' backward (read input and gradient, write gradient), the residual gradients' sums,
@@ -60,10 +108,10 @@ void add_layer(const Config& c, StageKernels& out) {
   // SiLU's backward, the gate and up gradients copied into one). The norms and residuals work on
   // every token of every tensor-parallel rank unless sequence parallelism splits them.
   const double norms = c.parallel.sequence_parallel ? t : 1;
-  out.forward.push_back({0, tokens * (4 * h / norms + (swiglu ? 5 : 2) * f / t) * act, false});
-  out.backward.push_back({0, tokens * (16 * h / norms + (swiglu ? 13 : 3) * f / t) * act, false});
+  out.forward.push_back(streaming(tokens * (4 * h / norms + (swiglu ? 5 : 2) * f / t) * act));
+  out.backward.push_back(streaming(tokens * (16 * h / norms + (swiglu ? 13 : 3) * f / t) * act));
   if (!swiglu)  // GPT's biases: their gradients read each linear's output gradient
-    out.weight.push_back({0, tokens * (h * (1 + 2 * g) + 2 * h + f) / t * act, false});
+    out.weight.push_back(streaming(tokens * (h * (1 + 2 * g) + 2 * h + f) / t * act));
 }
 
 /// The LM head with a PyTorch-style cross-entropy: logits in bf16, cast to fp32, log-softmax (read
@@ -75,8 +123,8 @@ void add_head(const Config& c, StageKernels& out) {
   const double tokens = rank_tokens(c), h = m.hidden, rows = double(m.vocab) / c.parallel.tp;
   const double act = p.activation_bytes;
   out.forward.push_back(gemm(tokens, rows, h, act, p.param_bytes, act));
-  out.forward.push_back({0, 18 * tokens * rows, false});
-  out.backward.push_back({0, 22 * tokens * rows, false});
+  out.forward.push_back(streaming(18 * tokens * rows));
+  out.backward.push_back(streaming(22 * tokens * rows));
   out.backward.push_back(gemm(tokens, h, rows, act, p.param_bytes, act));
   out.weight.push_back(gemm(rows, h, tokens, act, act, 2 * p.grad_bytes));
 }
@@ -88,9 +136,9 @@ void add_embedding(const Config& c, StageKernels& out) {
   const ModelConfig& m = c.model;
   const PrecisionConfig& p = c.precision;
   const double elements = rank_tokens(c) * m.hidden / c.parallel.tp;
-  out.forward.push_back({0, 2 * elements * p.param_bytes, false});
-  out.weight.push_back({0, elements * (p.activation_bytes + p.grad_bytes), false});
-  out.weight.push_back({0, elements * (p.grad_bytes + 4 * p.grad_bytes), false});
+  out.forward.push_back(streaming(2 * elements * p.param_bytes));
+  out.weight.push_back(streaming(elements * (p.activation_bytes + p.grad_bytes)));
+  out.weight.push_back(streaming(elements * (p.grad_bytes + 4 * p.grad_bytes)));
   if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
 }
 
@@ -136,13 +184,10 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   if (recomputed > 0) {
     StageKernels layer;
     add_layer(c, layer);
-    for (int l = 0; l < recomputed; ++l) kernels.recompute.insert(kernels.recompute.end(), layer.forward.begin(), layer.forward.end());
+    for (int l = 0; l < recomputed; ++l) append(kernels.recompute, layer.forward);
     kernels.tp_allreduces_recompute = 2 * recomputed;
   } else if (c.training.recompute_granularity == Recompute::Selective && !c.precision.flash_attention) {
-    StageKernels layer;
-    add_layer(c, layer);
-    const auto attention = std::find_if(layer.forward.begin(), layer.forward.end(), [](const Kernel& k) { return k.attention; });
-    kernels.recompute.assign(std::size_t(stage.layers), *attention);
+    for (int l = 0; l < stage.layers; ++l) append(kernels.recompute, core_attention_forward(c));
   }
   if (stage.has_head) add_head(c, kernels);
   if (stage.has_embedding) add_embedding(c, kernels);
@@ -501,8 +546,20 @@ std::vector<OpWork> analytic_op_work(const Config& config) {
           {"input_forward", embedding.forward}, {"input_backward", embedding.weight}};
 }
 
+// cuBLAS runs a GEMM as output tiles, one per SM at a time; 128×128 is its common bf16 tile on A100
+// and H100. Past one wave the tail is balanced (stream-K, split-K), which the H100 measurements in
+// docs/data show: over their shapes (all at least one wave) a per-wave model explains nothing.
+// Split-K below one wave is not modelled, so the fill there is a lower bound (docs/cost-model.md).
+double tile_fill(const Kernel& kernel, int sms) {
+  if (kernel.rows <= 0 || kernel.cols <= 0 || sms <= 0) return 1;
+  constexpr double kTile = 128;
+  const double tiles = std::ceil(kernel.rows / kTile) * std::ceil(kernel.cols / kTile);
+  return kernel.rows * kernel.cols / (kTile * kTile * std::max(tiles, double(sms)));
+}
+
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
-  const double efficiency = kernel.attention ? h.attention_efficiency : h.compute_efficiency;
+  const double efficiency =
+      kernel.attention ? h.attention_efficiency : h.compute_efficiency * tile_fill(kernel, h.sms);
   return std::max(kernel.flops / (h.peak_tflops * 1e12 * efficiency), kernel.bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency)) +
          h.kernel_launch_us * 1e-6;
 }

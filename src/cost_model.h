@@ -107,7 +107,11 @@ struct Kernel {
   double flops = 0;
   double bytes = 0;
   bool attention = false;
+  double rows = 0, cols = 0;  ///< a GEMM's output shape, for its tile fill (0: not a GEMM)
 };
+/// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
+/// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.
+double tile_fill(const Kernel& kernel, int sms);
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& hardware);
 
 /// One op's kernels, for calibration.

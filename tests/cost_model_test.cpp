@@ -27,14 +27,25 @@ TEST_CASE("a transformer layer is the sum of its kernels' roofline times, each w
     return std::max(flops / (hw.peak_tflops * 1e12 * efficiency), bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency)) +
            hw.kernel_launch_us * 1e-6;
   };
+  // A GEMM's output runs as 128×128 tiles on the H100's 132 SMs: with fewer tiles than SMs the rest idle.
+  REQUIRE(hw.sms == 132);
+  const auto fill = [](double rows, double cols) {
+    const double tiles = std::ceil(rows / 128) * std::ceil(cols / 128);
+    return rows * cols / (128.0 * 128 * std::max(tiles, 132.0));
+  };
+  const auto gemm = [&](double rows, double cols, double k, double bytes) {
+    return kernel(2 * rows * cols * k, bytes, hw.compute_efficiency * fill(rows, cols));
+  };
   // GPT's four linears (out, in): QKV, projection, MLP up and down; bf16 operands, fp32 gradients.
   const std::pair<double, double> linears[] = {{3 * h, h}, {h, h}, {f, h}, {h, f}};
   double forward = 0, backward = 0, weight = 0;
   for (const auto& [n_out, n_in] : linears) {
-    forward += kernel(2 * T * n_out * n_in, 2 * (T * n_in + n_in * n_out + T * n_out), hw.compute_efficiency);
-    backward += kernel(2 * T * n_out * n_in, 2 * (T * n_out + n_out * n_in + T * n_in), hw.compute_efficiency);
-    weight += kernel(2 * T * n_out * n_in, 2 * T * n_out + 2 * T * n_in + 8 * n_out * n_in, hw.compute_efficiency);
+    forward += gemm(T, n_out, n_in, 2 * (T * n_in + n_in * n_out + T * n_out));
+    backward += gemm(T, n_in, n_out, 2 * (T * n_out + n_out * n_in + T * n_in));
+    weight += gemm(n_out, n_in, T, 2 * T * n_out + 2 * T * n_in + 8 * n_out * n_in);
   }
+  // The projection's gradient (1024 × 1024 = 64 tiles) fills under half the SMs.
+  CHECK(fill(h, h) == Approx(64.0 / 132));
   // Causal attention: half of 4bs²h forward, 2.5× that backward; Q, K, V, O read or written once.
   forward += kernel(2 * T * s * h, 4 * T * h * 2, hw.attention_efficiency);
   backward += kernel(2.5 * 2 * T * s * h, 8 * T * h * 2, hw.attention_efficiency);
@@ -46,6 +57,52 @@ TEST_CASE("a transformer layer is the sum of its kernels' roofline times, each w
   CHECK(model->stage(1).forward == Approx(forward * 1e9).margin(2));
   CHECK(model->stage(1).backward == Approx(backward * 1e9).margin(2));
   CHECK(model->stage(1).weight == Approx(weight * 1e9).margin(2));
+}
+
+TEST_CASE("a GEMM runs whole 128x128 output tiles on the SMs: ragged edges and a part wave cost time") {
+  const auto gemm = [](double rows, double cols) { return Kernel{2 * rows * cols * 4096, 0, false, rows, cols}; };
+  CHECK(tile_fill(gemm(2048, 3072), 132) == 1);                                 // 384 whole tiles: three waves
+  CHECK(tile_fill(gemm(2048, 1000), 132) == Approx(2048.0 * 1000 / (16384 * 132)));  // 16 × 8 tiles, the last column ragged
+  CHECK(tile_fill(gemm(4096, 1000), 132) == Approx(1000.0 / 1024));                 // 256 tiles: only the edge costs
+  CHECK(tile_fill(gemm(2048, 1000), 0) == 1);                                    // sms 0: shape does not matter
+  CHECK(tile_fill(Kernel{0, 1e9, false, 0, 0}, 132) == 1);                       // not a GEMM
+  // Through a config: at tp 8 a 2048-wide model's GEMMs split into part waves; more tokens a
+  // microbatch fill them, so a layer's time per token falls with the micro-batch size.
+  const auto per_token = [](int micro_batch_size) {
+    const Config c = parse_or_fail(fmt::format(R"json({{
+      "model": {{"layers": 2, "hidden": 2048, "heads": 16, "ffn_hidden": 8192, "seq_len": 1024, "vocab": 32000,
+                 "micro_batch_size": {}}},
+      "parallel": {{"pp": 2, "tp": 8, "microbatches": 4}}, "hardware": {{"preset": "h100-sxm"}}}})json",
+                                               micro_batch_size));
+    const Plan plan = plan_or_fail(c);
+    return double(make_cost_model(plan.config, plan.layout)->stage(1).forward) / micro_batch_size;
+  };
+  CHECK(per_token(4) < 0.8 * per_token(1));
+}
+
+TEST_CASE("without flash attention, the score matrix goes through HBM: two batched GEMMs, softmax and dropout") {
+  const Plan flash = plan_or_fail(parse_or_fail(kThreeStages));
+  const Plan unfused = plan_or_fail(parse_or_fail(kThreeStages, {"precision.flash_attention=false"}));
+  const HardwareConfig& hw = flash.config.hardware;
+  const double T = 2048, s = 2048, h = 1024, a = 16;  // tokens (b = 1), keys, hidden, heads
+  const auto kernel = [&](double flops, double bytes, double efficiency) {
+    return std::max(flops / (hw.peak_tflops * 1e12 * efficiency), bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency));
+  };
+  const double products = 2 * T * s * h, qkvo = 4 * T * h * 2;  // QKᵀ unmasked; Q, K, V, O in bf16
+  const double scores = T * s * a, score_bytes = 2 * scores;
+  const double product = kernel(products, qkvo / 2 + score_bytes, hw.compute_efficiency);
+  const double forward = 2 * product + kernel(0, 2 * score_bytes, 1) + kernel(0, 2 * score_bytes + scores, 1);
+  const double backward = 4 * product + kernel(0, 2 * score_bytes + scores, 1) + kernel(0, 3 * score_bytes, 1);
+  // Flash attention's one kernel: half the products (causal) forward, 2.5× that backward.
+  const double flash_forward = kernel(products, qkvo, hw.attention_efficiency);
+  const double flash_backward = kernel(2.5 * products, 2 * qkvo, hw.attention_efficiency);
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  CHECK(double(time(unfused).forward - time(flash).forward) == Approx((forward - flash_forward) * 1e9).margin(4));
+  CHECK(double(time(unfused).backward - time(flash).backward) == Approx((backward - flash_backward) * 1e9).margin(4));
+  // Selective recomputation runs the score part again before the backward.
+  const Plan selective = plan_or_fail(parse_or_fail(
+      kThreeStages, {"precision.flash_attention=false", "training.recompute_granularity=selective"}));
+  CHECK(double(time(selective).backward - time(unfused).backward) == Approx(forward * 1e9).margin(4));
 }
 
 TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {

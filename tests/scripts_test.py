@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The shipped scripts end with a clear message, not a traceback, on the mistakes a newcomer makes.
 
-usage: scripts_test.py SOURCE_ROOT
+usage: scripts_test.py SOURCE_ROOT PIPESIM
 """
 import subprocess
 import sys
 
-root = sys.argv[1]
+root, pipesim = sys.argv[1], sys.argv[2]
 failures = 0
 
 
@@ -22,4 +22,27 @@ def expect(args, status, words):
 expect(["tools/speed.sh", "/nonexistent/pipesim", "1"], 1, ["/nonexistent/pipesim is not an executable pipesim"])
 expect(["tools/speed.sh", "/nonexistent/pipesim", "1", "old/pipesim"], 1, ["is not an executable pipesim"])
 expect(["tools/speed.sh", "/bin/true", "x"], 1, ["RUNS must be a whole number"])
+expect(["tools/published-runs.py", "--pipesim", "/nonexistent/pipesim"], 1,
+       ["/nonexistent/pipesim is not a pipesim executable"])
+expect(["tools/published-runs.py", "--pipesim", pipesim, "--only", "no such run"], 1, ["no run in", "no such run"])
+
+
+def published_runs_table():
+    """The published-runs table for two rows: each row's error is its predicted over published rate."""
+    global failures
+    run = subprocess.run(["tools/published-runs.py", "--pipesim", pipesim, "--only", "GPT 175B"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| GPT 175B")]
+    ok = run.returncode == 0 and len(rows) == 2 and "Mean |error|" in run.stdout
+    for cells in rows:
+        published, predicted = (float(cell.replace(",", "")) for cell in cells[4:6])
+        error = float(cells[6].strip().rstrip("%")) / 100
+        ok = ok and abs(predicted / published - 1 - error) < 0.01
+    # Korthikanti et al. 2022, Table 5: 18.13 s for 64 x 2048 tokens on 64 GPUs.
+    ok = ok and abs(float(rows[0][4].replace(",", "")) - 64 * 2048 / 18.13 / 64) < 1
+    print(f"{'ok  ' if ok else 'FAIL'} tools/published-runs.py --only 'GPT 175B': exit {run.returncode}")
+    failures += not ok
+
+
+published_runs_table()
 sys.exit(1 if failures else 0)

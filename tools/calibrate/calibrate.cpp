@@ -95,7 +95,7 @@ Result<std::vector<Sample>> shape_samples(const json& profile, const std::string
     for (const Result<double>* r : {&flops, &bytes, &ms})
       if (!r->ok()) return r->error();
     const std::string name = op.contains("name") && op["name"].is_string() ? op["name"].get<std::string>() : fmt::format("ops[{}]", i);
-    samples.push_back({fmt::format("{} {}", path, name), {name, {{flops.value(), bytes.value(), false}}}, ms.value() / 1e3,
+    samples.push_back({fmt::format("{} {}", path, name), {name, {{flops.value(), bytes.value(), false, 0, 0}}}, ms.value() / 1e3,
                        "op"});
   }
   return samples;

@@ -191,6 +191,7 @@ HardwareConfig read_hardware(const json* object) {
   h.memory_gib = r.number("memory_gib", h.memory_gib, 0, 1e300, true);
   h.reserved_gib = r.number("reserved_gib", std::min(h.reserved_gib, h.memory_gib), 0, h.memory_gib);
   h.kernel_launch_us = r.number("kernel_launch_us", h.kernel_launch_us, 0);
+  h.sms = r.integer("sms", h.sms, 0);
   r.reject_unknown();
   return h;
 }

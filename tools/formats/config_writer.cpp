@@ -45,7 +45,8 @@ json hardware_json(const HardwareConfig& h) {
                   {"gpus_per_node", h.gpus_per_node},
                   {"memory_gib", h.memory_gib},
                   {"reserved_gib", h.reserved_gib},
-                  {"kernel_launch_us", h.kernel_launch_us}});
+                  {"kernel_launch_us", h.kernel_launch_us},
+                  {"sms", h.sms}});
   return out;
 }
 

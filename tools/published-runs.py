@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Predicted against published training throughput, for every run in docs/data/published-runs.json.
+
+Simulates each run with `pipesim simulate --format json` and prints a Markdown table (tokens/s per
+GPU, published and predicted, and the error), then the mean and worst error. Where a source gives
+TFLOP/s per GPU, both sides are converted with the FLOPs formula that source counts with, so the
+error is the error in iteration time either way. Progress goes to stderr.
+
+usage: tools/published-runs.py [--pipesim PATH] [--only TEXT]
+"""
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs" / "data" / "published-runs.json"
+
+
+def fail(message):
+    print(f"published-runs.py: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def model_of(config_path, overrides):
+    """The config's model and parallel fields after the run's --set overrides (plain dotted keys)."""
+    config = json.loads((ROOT / config_path).read_text())
+    for item in overrides:
+        key, value = item.split("=", 1)
+        section, field = key.split(".", 1)
+        try:
+            config.setdefault(section, {})[field] = json.loads(value)
+        except json.JSONDecodeError:  # a bare word, as --set takes it
+            config.setdefault(section, {})[field] = value
+    return config["model"], config["parallel"]
+
+
+def flops_per_token(formula, model):
+    """FLOPs one token costs under the formula a source counts its TFLOP/s with."""
+    s, l, h, V = model["seq_len"], model["layers"], model["hidden"], model["vocab"]
+    if formula == "megatron_recompute":  # 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per iteration, / (B s)
+        return 96 * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    if formula == "six_n_causal":
+        kv = model.get("kv_heads", model["heads"]) / model["heads"]
+        f = model["ffn_hidden"]
+        mlp = 3 if model.get("mlp") == "swiglu" else 2
+        params = l * (h * h * (2 + 2 * kv) + mlp * h * f) + 2 * V * h
+        return 6 * params + 6 * l * s * h
+    fail(f"{DATA}: unknown flops formula '{formula}'")
+
+
+def published_tokens_per_gpu(run, model):
+    """The source's figure as tokens/s per GPU."""
+    if "iteration_s" in run:
+        return run["tokens_per_iteration"] / run["iteration_s"] / run["gpus"]
+    return run["tflops_per_gpu"] * 1e12 / flops_per_token(run["flops"], model)
+
+
+def rate(tokens_per_s):
+    """Three significant figures at least: 1T-parameter runs do about 20 tokens/s per GPU."""
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.1f}"
+
+
+def simulate(pipesim, run):
+    command = [pipesim, "simulate", str(ROOT / run["config"]), "--format", "json"]
+    for item in run["set"]:
+        command += ["--set", item]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        fail(f"{run['name']}: {' '.join(command)} failed:\n{done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def check_layout(run, model, parallel, result):
+    """The row's GPUs and batch must be what the config simulates: a typo here would be silent."""
+    gpus = result["pp"] * result["tp"] * result["dp"] * parallel.get("cp", 1)
+    tokens = result["dp"] * result["microbatches"] * model["micro_batch_size"] * model["seq_len"]
+    if gpus != run["gpus"] or tokens != run["tokens_per_iteration"]:
+        fail(f"{DATA}: run '{run['name']}': the config simulates {gpus} GPUs and {tokens} tokens an iteration, "
+             f"the row says {run['gpus']} and {run['tokens_per_iteration']}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipesim", default=str(ROOT / "build" / "tools" / "pipesim"))
+    parser.add_argument("--only", default="", help="only the runs whose name contains this text")
+    args = parser.parse_args()
+    if not pathlib.Path(args.pipesim).is_file():
+        fail(f"{args.pipesim} is not a pipesim executable; build it (README) or give --pipesim PATH")
+    data = json.loads(DATA.read_text())
+    runs = [run for run in data["runs"] if args.only in run["name"]]
+    if not runs:
+        fail(f"no run in {DATA} has '{args.only}' in its name")
+
+    print("| run | source | GPUs | tp·pp·dp·cp | published tokens/s/GPU | predicted | error | peak GiB (fits) |")
+    print("|---|---|---:|---|---:|---:|---:|---|")
+    errors = []
+    for i, run in enumerate(runs, 1):
+        print(f"published-runs.py: [{i}/{len(runs)}] {run['name']}", file=sys.stderr, flush=True)
+        model, parallel = model_of(run["config"], run["set"])
+        result = simulate(args.pipesim, run)
+        check_layout(run, model, parallel, result)
+        published = published_tokens_per_gpu(run, model)
+        predicted = result["tokens_per_s"] / run["gpus"]
+        error = predicted / published - 1
+        errors.append((abs(error), run["name"]))
+        layout = f"{result['tp']}·{result['pp']}·{result['dp']}·{parallel.get('cp', 1)}"
+        peak = result["peak_memory_bytes"] / 2**30
+        fits = "fits" if result["fits_in_memory"] else "does not fit"
+        print(f"| {run['name']} | {run['source']} | {run['gpus']} | {layout} | {rate(published)} | {rate(predicted)} "
+              f"| {error:+.1%} | {peak:.1f} ({fits}) |")
+    mean = sum(e for e, _ in errors) / len(errors)
+    worst, name = max(errors)
+    print(f"\nMean |error| {mean:.1%} over {len(errors)} runs; worst {worst:.1%} ({name}).")
+
+
+if __name__ == "__main__":
+    main()

@@ -103,8 +103,10 @@ TEST_CASE("memory below 1 GiB (or MiB) keeps three significant digits; from 1 up
   std::vector<std::string> cells;
   for (std::size_t at = 0, end; (end = line.find_first_of(",\n", at)) != std::string::npos; at = end + 1)
     cells.push_back(line.substr(at, end - at));
-  REQUIRE(cells.size() == 11);
+  REQUIRE(cells.size() == 12);
   CHECK(cells[7] == pipesim::memory_cell(gib));
+  // The headroom: what the peak leaves of the memory less the reserved memory, in the same format.
+  CHECK(cells[11] == pipesim::memory_cell(row["headroom_bytes"].get<double>() / double(1 << 30)));
   CHECK(std::stod(cells[7]) == Approx(gib).epsilon(0.005));
 }
 
@@ -117,12 +119,12 @@ TEST_CASE("sweep prints one row per grid point, grid columns first, failed point
     lines.push_back(csv.text.substr(at, end - at));
   REQUIRE(lines.size() == 1 + 3 * 2);
   CHECK(lines[0] == "parallel.pp,schedule.name,config,schedule,vocab,iter_ms,tokens_per_s,mfu_pct,bubble_pct,"
-                    "peak_mem_gib,speedup,mem_vs_first,fits,error");
+                    "peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,error");
   CHECK_THAT(lines[1], Catch::StartsWith("2,1f1b," + config("tiny.json") + ",1f1b,vocab-1,"));
   CHECK_THAT(lines[2], Catch::StartsWith("2,gpipe,"));
   CHECK_THAT(lines[4], Catch::StartsWith("4,gpipe,"));
-  CHECK_THAT(lines[4], Catch::EndsWith(",yes,"));  // no error
-  CHECK(lines[5] == "0,1f1b,,,,,,,,,,,,\"" + config("tiny.json") + ": parallel.pp (from --set): must be at least 1, got 0\"");
+  CHECK_THAT(lines[4], Catch::Matches(R"(.*,yes,\d+\.\d+,)"));  // fits, its headroom, no error
+  CHECK(lines[5] == "0,1f1b,,,,,,,,,,,,,\"" + config("tiny.json") + ": parallel.pp (from --set): must be at least 1, got 0\"");
 
   const Output j = run("sweep " + config("tiny.json") + " --grid parallel.pp=4,0 --format json");
   REQUIRE(j.exit_code == 0);

@@ -78,8 +78,9 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
 
   const Output csv = run("tune " + config("default.json") + " --top 3 --format csv");
   REQUIRE(csv.exit_code == 0);
-  CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,m,mbs,chunks,recompute,zero,iter_ms,"
-                                         "tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,changes\n"));
+  CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,"
+                                         "tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,"
+                                         "changes\n"));
   CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);  // the header, yours, the top 3
   CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
 }
@@ -103,8 +104,8 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
   const Output text = run("tune " + config("default.json") + " --top 3");
   REQUIRE(text.exit_code == 0);
   CHECK(text.text.find("\n   -  " + config("default.json") + "  1f1b ") != std::string::npos);  // yours has no rank
-  CHECK(text.text.find("   yes  yours\n") != std::string::npos);  // the first row, right under the header
-  CHECK(text.text.find("   yes  yours\n") < text.text.find("   yes  pp "));
+  CHECK(text.text.find("  yours\n") != std::string::npos);  // the first row, right under the header
+  CHECK(text.text.find("  yours\n") < text.text.find("  pp 8→"));
   CHECK_THAT(text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of yours (the config as given); mem_vs_first = "
                                         "peak memory ÷ its peak memory\n"));
 
@@ -135,7 +136,7 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
   // Standard error through a pipe: notes only, never a bar. cli_terminal_test draws it on a terminal.
   for (const char* format : {"text", "json", "csv"}) {
-    const Output piped = run_stderr("tune " + config("default.json") + " --gpus 16 --format " + format);
+    const Output piped = run_stderr("tune " + config("tiny.json") + " --format " + format);  // the bar starts drawn
     CHECK(piped.exit_code == 0);
     CHECK(piped.text.find('\r') == std::string::npos);
   }
@@ -150,14 +151,17 @@ TEST_CASE("tune says what would fit when nothing does") {
   CHECK_THAT(out.text, Catch::Contains(" GiB, on device "));
   CHECK_THAT(out.text, Catch::Contains("; raise --memory-gib to at least "));
   CHECK_THAT(out.text, Catch::EndsWith(" or give more --gpus than 8\n"));
-  CHECK(run_stderr("tune " + config("default.json") + " --gpus 64 --memory-gib 10").exit_code == 0);
+  // More GPUs make room (one schedule is enough to show it, and keeps the search short).
+  CHECK(run_stderr("tune " + config("default.json") + " --gpus 64 --memory-gib 10 --fix schedule=1f1b").exit_code == 0);
 }
 
-TEST_CASE("tune shows each row's rank, pp, tp, dp, microbatches, micro-batch size, chunks, recomputation and ZeRO") {
+TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-batch size, chunks, recomputation "
+          "and ZeRO") {
   const json shipped = file_json(config("default.json"));
   const int pp = field(shipped, "parallel", "pp", 1), tp = field(shipped, "parallel", "tp", 1),
-            dp = field(shipped, "parallel", "dp", 1), m = field(shipped, "parallel", "microbatches", 1),
-            mbs = field(shipped, "model", "micro_batch_size", 1);
+            dp = field(shipped, "parallel", "dp", 1), cp = field(shipped, "parallel", "cp", 1),
+            m = field(shipped, "parallel", "microbatches", 1), mbs = field(shipped, "model", "micro_batch_size", 1);
+  const bool sp = shipped["parallel"].value("sequence_parallel", true);
   // At 24 GiB the fastest rows recompute (docs/tune.md): both kinds of recompute cell are shown.
   const std::string args = config("default.json") + " --top 6 --memory-gib 24";
   const json r = tune_json(args);
@@ -166,6 +170,8 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, microbatches, micro-batch siz
   CHECK(yours["pp"] == pp);
   CHECK(yours["tp"] == tp);
   CHECK(yours["dp"] == dp);
+  CHECK(yours["cp"] == cp);
+  CHECK(yours["sequence_parallel"] == sp);
   CHECK(yours["microbatches"] == m);
   CHECK(yours["micro_batch_size"] == mbs);
   // The config says chunks 2 and runs 1F1B: the chunks shown are the schedule's own.
@@ -182,13 +188,21 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, microbatches, micro-batch siz
     INFO(changes);
     CHECK(row["rank"] == i + 1);
     // Every row runs the config's GPUs and global batch.
-    CHECK(row["pp"].get<int>() * row["tp"].get<int>() * row["dp"].get<int>() == pp * tp * dp);
+    CHECK(row["pp"].get<int>() * row["tp"].get<int>() * row["dp"].get<int>() * row["cp"].get<int>() ==
+          pp * tp * dp * cp);
     CHECK(row["microbatches"].get<int>() * row["micro_batch_size"].get<int>() * row["dp"].get<int>() == m * mbs * dp);
+    CHECK((changes.find("cp ") != std::string::npos) == (row["cp"] != cp));
+    CHECK((changes.find("sp o") != std::string::npos) == (row["sequence_parallel"] != sp));
     const bool full = changes.find("recompute full") != std::string::npos;
     recomputes = recomputes || full;
     CHECK(row["recompute_granularity"] == (full ? "full" : "none"));
     CHECK(row.contains("recompute_method") == full);
-    if (full) CHECK((row["recompute_method"] == "uniform" && row["recompute_num_layers"] == 1));  // what tune tries
+    if (full) {  // what tune tries: uniform groups of one layer, or the first half of each virtual stage's layers
+      const int layers = file_json(config("hf/llama-3-8b.json"))["num_hidden_layers"];  // default.json's hf_config
+      const int half = layers / (row["pp"].get<int>() * row["chunks"].get<int>()) / 2;
+      CHECK(((row["recompute_method"] == "uniform" && row["recompute_num_layers"] == 1) ||
+             (row["recompute_method"] == "block" && row["recompute_num_layers"] == half)));
+    }
     const std::size_t zero = changes.find("zero 0→");
     CHECK(row["zero_stage"] == (zero == std::string::npos ? 0 : changes[zero + std::string("zero 0→").size()] - '0'));
   }
@@ -200,18 +214,19 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, microbatches, micro-batch siz
   std::istringstream lines(csv.text);
   std::string line;
   std::getline(lines, line);
-  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,mfu_pct,"
-                "bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,changes");
+  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,mfu_pct,"
+                "bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,changes");
   for (int k = -1; k < 6 && std::getline(lines, line); ++k) {
     const json& row = k < 0 ? yours : r["results"][std::size_t(k)];
-    std::vector<std::string> cells;  // the first twelve: none of them holds a comma
-    for (std::size_t at = 0; cells.size() < 12; at = line.find(',', at) + 1)
+    std::vector<std::string> cells;  // the first fourteen: none of them holds a comma
+    for (std::size_t at = 0; cells.size() < 14; at = line.find(',', at) + 1)
       cells.push_back(line.substr(at, line.find(',', at) - at));
     std::string recompute = row["recompute_granularity"];
     if (row.contains("recompute_method"))
       recompute += "/" + row["recompute_method"].get<std::string>() + "/" + row["recompute_num_layers"].dump();
     CHECK(cells == std::vector<std::string>{k < 0 ? "-" : std::to_string(k + 1), row["config"], row["schedule"],
                                             row["vocab"], row["pp"].dump(), row["tp"].dump(), row["dp"].dump(),
+                                            row["cp"].dump(), row["sequence_parallel"] == true ? "on" : "off",
                                             row["microbatches"].dump(), row["micro_batch_size"].dump(),
                                             row["chunks"].dump(), recompute, row["zero_stage"].dump()});
   }
@@ -269,7 +284,8 @@ TEST_CASE("tune --fix refuses an unknown key, a value the search never takes, a 
   const int gpus = field(shipped, "parallel", "pp", 1) * field(shipped, "parallel", "tp", 1) *
                    field(shipped, "parallel", "dp", 1);
   const std::string keys =
-      "pp (parallel.pp), tp (parallel.tp), dp (parallel.dp), m (microbatches, parallel.microbatches), mbs "
+      "pp (parallel.pp), tp (parallel.tp), dp (parallel.dp), cp (parallel.cp), sp (sequence_parallel, "
+      "parallel.sequence_parallel), m (microbatches, parallel.microbatches), mbs "
       "(micro_batch_size, model.micro_batch_size), chunks (parallel.chunks), schedule (schedule.name), vocab "
       "(schedule.vocab), recompute (recompute_granularity, training.recompute_granularity), zero (zero_stage, "
       "training.zero_stage)";

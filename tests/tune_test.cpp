@@ -160,13 +160,13 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
 
 TEST_CASE("changes name what differs from the config") {
   const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
-  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, "", {}, Recompute::None, 0};
+  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, "", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
   CHECK(describe_changes(config, c) ==
         "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
   c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute",
-       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6", {}, Recompute::None, 0};
+       {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
   CHECK(describe_changes(config, c) == "vocab redistribute, 1 layer s7→s6");
-  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, "", {}, Recompute::None, 0};
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, "", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
   CHECK(describe_changes(config, c) == "none");  // 1f1b runs one chunk whatever parallel.chunks says
 }
 
@@ -177,7 +177,7 @@ TEST_CASE("every candidate keeps the global batch, and the space holds each redi
   const std::vector<Candidate> space = tune_space(config, 64);
   for (const Candidate& c : space) {
     CHECK(std::int64_t(c.parallel.microbatches) * c.micro_batch_size * c.parallel.dp == global);
-    CHECK(c.parallel.pp * c.parallel.tp * c.parallel.dp == 64);
+    CHECK(c.parallel.pp * c.parallel.tp * c.parallel.dp * c.parallel.cp == 64);
     CHECK(c.parallel.tp <= config.hardware.gpus_per_node);
     CHECK(config.model.heads % c.parallel.tp == 0);
   }
@@ -185,7 +185,8 @@ TEST_CASE("every candidate keeps the global batch, and the space holds each redi
   std::vector<Candidate> splits;
   std::copy_if(space.begin(), space.end(), std::back_inserter(splits), [](const Candidate& c) {
     return c.schedule == "1f1b" && c.vocab == "redistribute" && c.parallel.pp == 8 && c.parallel.tp == 8 &&
-           c.micro_batch_size == 1 && c.recompute == Recompute::None && c.zero_stage == 0;
+           c.parallel.sequence_parallel && c.micro_batch_size == 1 && c.recompute == Recompute::None &&
+           c.zero_stage == 0;
   });
   REQUIRE(splits.size() >= 2);
   CHECK(splits[0].layers_per_stage.empty());
@@ -248,10 +249,11 @@ TEST_CASE("when nothing fits, tune names the smallest peak memory, its device, i
     const Candidate c = tune_space(config, 4)[least->candidate];
     CHECK_THAT(result.error().message,
                Catch::Contains(fmt::format("the smallest peak memory of any candidate is {:.2f} MiB, on device {}, for "
-                                           "{} / {}, pp {} tp {} dp {}, m {} x {}",
+                                           "{} / {}, pp {} tp {} dp {}{}, m {} x {}",
                                            double(peak) / double(1 << 20), device->rank, c.schedule, c.vocab,
-                                           c.parallel.pp, c.parallel.tp, c.parallel.dp, c.parallel.microbatches,
-                                           c.micro_batch_size)));
+                                           c.parallel.pp, c.parallel.tp, c.parallel.dp,
+                                           c.parallel.tp == 1 ? "" : c.parallel.sequence_parallel ? ", sp on" : ", sp off",
+                                           c.parallel.microbatches, c.micro_batch_size)));
   }
 }
 

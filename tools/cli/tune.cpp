@@ -25,7 +25,7 @@ struct TuneOptions {
   std::vector<std::string> overrides;
   std::vector<std::string> fixes;  ///< --fix key=value
   double memory_gib = 0;           ///< 0: the config's hardware.memory_gib
-  int gpus = 0;                    ///< 0: the config's pp x tp x dp
+  int gpus = 0;                    ///< 0: the config's pp x tp x dp x cp
   int top = 10;
   Format format = Format::Text;
   std::string write_config;  ///< empty: nothing written
@@ -85,7 +85,8 @@ std::vector<std::string> yours_cells(const Config& config, const TuneResult& r) 
 void add_knobs(nlohmann::ordered_json& row, const Config& config) {
   const ParallelConfig& p = config.parallel;
   const TrainingConfig& t = config.training;
-  row["pp"] = p.pp, row["tp"] = p.tp, row["dp"] = p.dp, row["microbatches"] = p.microbatches;
+  row["pp"] = p.pp, row["tp"] = p.tp, row["dp"] = p.dp, row["cp"] = p.cp;
+  row["sequence_parallel"] = p.sequence_parallel, row["microbatches"] = p.microbatches;
   row["micro_batch_size"] = config.model.micro_batch_size;
   row["chunks"] = chunks_run(config);
   row["recompute_granularity"] = recompute_name(t.recompute_granularity);
@@ -202,12 +203,12 @@ void define_tune(CLI::App& tn, ExitStatus& status) {
   tn.add_option("config", o->config, "JSON config file")->required()->check(kNonEmpty);
   tn.add_option("--set", o->overrides, "override a config field: key.path=value (repeatable)");
   tn.add_option("--fix", o->fixes,
-                "search only candidates with this value: key=value, key a column (pp, tp, dp, m, mbs, chunks, "
-                "schedule, vocab, recompute, zero) or its config key (parallel.pp, training.zero_stage, ...) "
+                "search only candidates with this value: key=value, key a column (pp, tp, dp, cp, sp, m, mbs, "
+                "chunks, schedule, vocab, recompute, zero) or its config key (parallel.pp, training.zero_stage, ...) "
                 "(repeatable)");
   tn.add_option("--memory-gib", o->memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
       ->check(finite_in(0, 1e9));
-  tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp (default: the config's pp x tp x dp)")
+  tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp x cp (default: the config's pp x tp x dp x cp)")
       ->check(whole_from(1, 1 << 24));
   tn.add_option("--top", o->top, "rows to print, fastest first (default 10)")->check(whole_from(1, 1000000));
   add_format_option(tn, o->format, {"text", "csv", "json", "markdown"});

@@ -235,8 +235,9 @@ std::string reference_line(const std::string& reference, Format format) {
 }
 
 std::vector<Column> comparison_columns() {
-  return {{"config", true}, {"schedule", true}, {"vocab", true}, {"iter_ms"}, {"tokens_per_s"}, {"mfu_pct"},
-          {"bubble_pct"}, {"peak_mem_gib"}, {"speedup"}, {"mem_vs_first"}, {"fits"}};
+  return {{"config", true}, {"schedule", true}, {"vocab", true}, {"iter_ms"},  {"tokens_per_s"},
+          {"mfu_pct"},          {"bubble_pct"},     {"peak_mem_gib"},  {"speedup"}, {"mem_vs_first"},
+          {"fits"},             {"headroom_gib"}};
 }
 
 std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& reference) {
@@ -245,7 +246,8 @@ std::vector<std::string> comparison_cells(const RunReport& r, const RunReport& r
           mfu_cell(r, 2), fmt::format("{:.2f}", 100 * m.bubble_fraction),
           memory_cell(gib(max_peak(r))),
           fmt::format("{:.3f}", speedup(r, reference)),
-          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(reference))), m.fits_in_memory ? "yes" : "NO"};
+          fmt::format("{:.3f}", double(max_peak(r)) / double(max_peak(reference))), m.fits_in_memory ? "yes" : "NO",
+          memory_cell(gib(m.headroom_bytes))};
 }
 
 }  // namespace pipesim

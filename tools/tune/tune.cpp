@@ -58,11 +58,16 @@ class FastestK {
 
 std::string describe_candidate(const Candidate& c) {
   const ScheduleInfo* schedule = find_schedule(c.schedule);
-  return fmt::format("{} / {}, pp {} tp {} dp {}, m {} x {}{}{}{}{}", c.schedule, c.vocab, c.parallel.pp,
-                     c.parallel.tp, c.parallel.dp, c.parallel.microbatches, c.micro_batch_size,
+  TrainingConfig recompute;
+  recompute.recompute_granularity = c.recompute;
+  recompute.recompute_method = c.recompute_method, recompute.recompute_num_layers = c.recompute_num_layers;
+  return fmt::format("{} / {}, pp {} tp {} dp {}{}{}, m {} x {}{}{}{}{}", c.schedule, c.vocab, c.parallel.pp,
+                     c.parallel.tp, c.parallel.dp, c.parallel.cp > 1 ? fmt::format(" cp {}", c.parallel.cp) : "",
+                     c.parallel.tp > 1 ? (c.parallel.sequence_parallel ? ", sp on" : ", sp off") : "",
+                     c.parallel.microbatches, c.micro_batch_size,
                      schedule && schedule->chunks == 0 ? fmt::format(", chunks {}", c.parallel.chunks) : "",
                      c.split_change.empty() ? "" : ", " + c.split_change,
-                     c.recompute == Recompute::None ? "" : fmt::format(", recompute {}", recompute_name(c.recompute)),
+                     c.recompute == Recompute::None ? "" : ", recompute " + recompute_text(recompute),
                      c.zero_stage == 0 ? "" : fmt::format(", zero {}", c.zero_stage));
 }
 
@@ -214,7 +219,7 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
   std::vector<Candidate> space = tune_space(config, gpus);
   if (space.empty())
     return Error{fmt::format(
-        "{}: nothing to search on {} GPUs: pp x tp x dp must make {} with dp dividing the global batch ({} sequences), "
+        "{}: nothing to search on {} GPUs: pp x tp x dp x cp must make {} with dp dividing the global batch ({} sequences), "
         "tp dividing the {} heads and at most hardware.gpus_per_node ({}), and pp at most the {} layers{}; choose "
         "another --gpus",
         config.source, gpus, gpus, std::int64_t(given.microbatches) * config.model.micro_batch_size * given.dp,

@@ -30,15 +30,17 @@ struct Candidate {
   /// With "auto": the split it comes to, balanced once for the whole search. The planner would balance
   /// it again for every candidate, and at thousands of layers balancing takes longer than the rest.
   std::vector<int> auto_split;
-  /// Recomputation and ZeRO's stage: what trades memory for time besides the layout.
+  /// Recomputation and ZeRO's stage: what trades memory for time besides the layout (with cp and
+  /// sequence parallelism, in `parallel`). Method and layer count matter for full recomputation only.
   Recompute recompute = Recompute::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  int recompute_num_layers = 1;
   int zero_stage = 0;
 };
 
 /// Every candidate for `config` on `gpus` GPUs, in the stable order that breaks ties. The config's
-/// own pp, tp, dp, microbatches, chunks, split, recomputation and ZeRO stage are among them whenever
-/// pp × tp × dp × cp = gpus (cp and sequence parallelism stay the config's). Recomputation is tried
-/// off and full (uniform, one layer a group), and ZeRO at stages 0, 1 and 3 where dp > 1.
+/// own pp, tp, dp, cp, sequence parallelism, microbatches, chunks, split, recomputation and ZeRO stage
+/// are among them whenever pp × tp × dp × cp = gpus. docs/tune.md lists what else is tried.
 std::vector<Candidate> tune_space(const Config& config, int gpus);
 
 /// `config` with the candidate's fields ("auto" as the split it comes to: the same plan).

@@ -23,11 +23,13 @@ struct KnobInfo {
   std::vector<std::string> names;
 };
 
-const std::array<KnobInfo, 10>& knob_table() {
-  static const std::array<KnobInfo, 10> table{{
+const std::array<KnobInfo, 12>& knob_table() {
+  static const std::array<KnobInfo, 12> table{{
       {Knob::Pp, true, {"pp", "parallel.pp"}},
       {Knob::Tp, true, {"tp", "parallel.tp"}},
       {Knob::Dp, true, {"dp", "parallel.dp"}},
+      {Knob::Cp, true, {"cp", "parallel.cp"}},
+      {Knob::SequenceParallel, false, {"sp", "sequence_parallel", "parallel.sequence_parallel"}},
       {Knob::Microbatches, true, {"m", "microbatches", "parallel.microbatches"}},
       {Knob::MicroBatchSize, true, {"mbs", "micro_batch_size", "model.micro_batch_size"}},
       {Knob::Chunks, true, {"chunks", "parallel.chunks"}},
@@ -83,6 +85,8 @@ std::string knob_value(const Config& config, Knob knob) {
     case Knob::Pp: return std::to_string(p.pp);
     case Knob::Tp: return std::to_string(p.tp);
     case Knob::Dp: return std::to_string(p.dp);
+    case Knob::Cp: return std::to_string(p.cp);
+    case Knob::SequenceParallel: return p.sequence_parallel ? "on" : "off";
     case Knob::Microbatches: return std::to_string(p.microbatches);
     case Knob::MicroBatchSize: return std::to_string(config.model.micro_batch_size);
     case Knob::Chunks: return std::to_string(chunks_run(config));
@@ -94,21 +98,24 @@ std::string knob_value(const Config& config, Knob knob) {
   return "?";
 }
 
+std::string recompute_text(const TrainingConfig& t) {
+  std::string text(recompute_name(t.recompute_granularity));
+  // Method and layer count decide what full recomputation costs; the other granularities have none.
+  if (t.recompute_granularity == Recompute::Full)
+    text += fmt::format("/{}/{}", t.recompute_method == RecomputeMethod::Block ? "block" : "uniform",
+                        t.recompute_num_layers);
+  return text;
+}
+
 std::vector<Knob> shown_knobs() {
-  return {Knob::Pp, Knob::Tp, Knob::Dp, Knob::Microbatches, Knob::MicroBatchSize, Knob::Chunks, Knob::Recompute,
-          Knob::ZeroStage};
+  return {Knob::Pp,     Knob::Tp,        Knob::Dp,        Knob::Cp, Knob::SequenceParallel, Knob::Microbatches,
+          Knob::MicroBatchSize, Knob::Chunks, Knob::Recompute, Knob::ZeroStage};
 }
 
 std::vector<std::string> knob_cells(const Config& config) {
   std::vector<std::string> cells;
-  const TrainingConfig& t = config.training;
-  for (const Knob knob : shown_knobs()) {
-    cells.push_back(knob_value(config, knob));
-    // Method and layer count decide what full recomputation costs; the other granularities have none.
-    if (knob == Knob::Recompute && t.recompute_granularity == Recompute::Full)
-      cells.back() += fmt::format("/{}/{}", t.recompute_method == RecomputeMethod::Block ? "block" : "uniform",
-                                  t.recompute_num_layers);
-  }
+  for (const Knob knob : shown_knobs())
+    cells.push_back(knob == Knob::Recompute ? recompute_text(config.training) : knob_value(config, knob));
   return cells;
 }
 
@@ -122,6 +129,9 @@ Result<Pin> parse_pin(const std::string& fix) {
   for (const KnobInfo& k : knob_table()) {
     names.insert(names.end(), k.names.begin(), k.names.end());
     if (std::find(k.names.begin(), k.names.end(), key) == k.names.end()) continue;
+    // Sequence parallelism is on or off in the table; the config's true and false mean the same.
+    if (k.knob == Knob::SequenceParallel && (value == "true" || value == "false"))
+      return Pin{k.knob, value == "true" ? "on" : "off", fix};
     if (!k.numeric) return Pin{k.knob, value, fix};
     long long number = 0;
     const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);

@@ -12,7 +12,9 @@ namespace pipesim {
 
 struct Candidate;
 
-enum class Knob { Pp, Tp, Dp, Microbatches, MicroBatchSize, Chunks, Schedule, Vocab, Recompute, ZeroStage };
+enum class Knob {
+  Pp, Tp, Dp, Cp, SequenceParallel, Microbatches, MicroBatchSize, Chunks, Schedule, Vocab, Recompute, ZeroStage
+};
 
 /// The knob's column name in tune's table, which --fix also takes (with the config's dotted key).
 std::string_view knob_name(Knob knob);
@@ -23,8 +25,11 @@ int chunks_run(const Config& config);
 
 /// The knob's value in `config` as text, as --fix compares it: a number in decimal, or a name.
 /// `chunks` is chunks_run;
-/// `recompute` is the granularity alone (method and layers are the config's, not searched).
+/// `sp` is "on" or "off"; `recompute` is the granularity alone (--fix pins that; the cell shows more).
 std::string knob_value(const Config& config, Knob knob);
+
+/// Recomputation as tune shows it: "none", "selective", or "full/uniform/1" (granularity, method, layers).
+std::string recompute_text(const TrainingConfig& training);
 
 /// The knobs a row shows besides compare's schedule and vocab columns, in table order, and their cells
 /// for `config`. Full recomputation shows its method and layer count too: "full/uniform/1".

@@ -35,39 +35,97 @@ struct Shape {
   int micro_batch_size;
 };
 
-/// (pp, tp, dp) with pp × tp × dp = gpus, tp dividing the heads and staying inside a node (the
-/// config's own tp is always tried), pp at most the layers; and for each, every microbatch count m
-/// that splits dp's share of the global batch (microbatches × micro_batch_size × dp, in sequences)
-/// into microbatches of a whole number of sequences, smallest micro_batch_size first. Explicit costs
-/// are times of the config's pp, tp and micro-batch, which they do not scale with: those stay fixed.
+/// The config's value first, then the others it may take, once each.
+template <typename T>
+std::vector<T> with_first(T own, std::vector<T> options) {
+  std::erase(options, own);
+  options.insert(options.begin(), own);
+  return options;
+}
+
+/// Context-parallel sizes: the config's, 1, and every divisor of the GPUs that leaves each rank at
+/// least kContextTokens of the sequence (and s divisible by 2·cp, as the load-balanced split needs).
+/// Shorter shares are not tried: their K/V ring exchange outlasts the attention that should hide it,
+/// and the activations are small already (docs/tune.md).
+constexpr int kContextTokens = 4096;
+std::vector<int> context_sizes(const Config& config, int gpus) {
+  std::vector<int> sizes;
+  if (config.costs) return {config.parallel.cp};  // explicit costs are times at the config's cp
+  const int s = config.model.seq_len;
+  for (int cp : divisors(gpus))
+    if (cp == 1 || (s % (2 * cp) == 0 && s / cp >= kContextTokens)) sizes.push_back(cp);
+  return with_first(config.parallel.cp, sizes);
+}
+
+/// (pp, tp, dp, cp) with pp × tp × dp × cp = gpus, tp dividing the heads and staying inside a node
+/// (the config's own tp is always tried), pp at most the layers; sequence parallelism on and off
+/// where tp > 1; and for each, every microbatch count m that splits dp's share of the global batch
+/// (microbatches × micro_batch_size × dp, in sequences) into microbatches of a whole number of
+/// sequences, smallest micro_batch_size first. Explicit costs are times of the config's pp, tp, cp and
+/// micro-batch, which they do not scale with: those stay fixed.
 std::vector<Shape> shapes(const Config& config, int gpus) {
   const ParallelConfig& given = config.parallel;
   const int given_batch = config.model.micro_batch_size;
   const std::int64_t global = std::int64_t(given.microbatches) * given_batch * given.dp;
   const bool fixed = config.costs.has_value();
   std::vector<Shape> out;
-  if (gpus % given.cp != 0) return out;
-  const int replicas = gpus / given.cp;  // context parallelism stays the config's
-  for (int tp : divisors(config.model.heads)) {
-    if ((tp > config.hardware.gpus_per_node && tp != given.tp) || replicas % tp != 0 || (fixed && tp != given.tp)) continue;
-    for (int dp : divisors(replicas / tp)) {
-      const int pp = replicas / tp / dp;
-      if (global % dp != 0 || global / dp > INT_MAX || pp > config.model.layers || pp > limits::kPp ||
-          (fixed && pp != given.pp))
+  for (int cp : context_sizes(config, gpus)) {
+    if (gpus % cp != 0) continue;
+    const int replicas = gpus / cp;
+    for (int tp : divisors(config.model.heads)) {
+      if ((tp > config.hardware.gpus_per_node && tp != given.tp) || replicas % tp != 0 || (fixed && tp != given.tp))
         continue;
-      const auto sequences = int(global / dp);  // per replica
-      for (int micro_batch_size : divisors(sequences)) {
-        if (fixed && micro_batch_size != given_batch) continue;
-        const int m = sequences / micro_batch_size;
-        const std::int64_t tokens = std::int64_t(micro_batch_size) * config.model.seq_len;
-        if (m > limits::kMicrobatches || tokens > limits::kTokensPerMicrobatch) continue;
-        ParallelConfig parallel = given;  // cp and sequence parallelism as given
-        parallel.pp = pp, parallel.tp = tp, parallel.dp = dp, parallel.microbatches = m, parallel.chunks = 1;
-        out.push_back({parallel, micro_batch_size});
+      // Sequence parallelism changes nothing at tp 1: the config's setting stays.
+      const std::vector<bool> sequence_parallel =
+          tp > 1 && !fixed ? with_first(given.sequence_parallel, std::vector{true, false})
+                           : std::vector{given.sequence_parallel};
+      for (int dp : divisors(replicas / tp)) {
+        const int pp = replicas / tp / dp;
+        if (global % dp != 0 || global / dp > INT_MAX || pp > config.model.layers || pp > limits::kPp ||
+            (fixed && pp != given.pp))
+          continue;
+        const auto sequences = int(global / dp);  // per replica
+        for (int micro_batch_size : divisors(sequences)) {
+          if (fixed && micro_batch_size != given_batch) continue;
+          const int m = sequences / micro_batch_size;
+          const std::int64_t tokens = std::int64_t(micro_batch_size) * config.model.seq_len;
+          if (m > limits::kMicrobatches || tokens > limits::kTokensPerMicrobatch) continue;
+          for (const bool sp : sequence_parallel) {
+            ParallelConfig parallel = given;
+            parallel.pp = pp, parallel.tp = tp, parallel.dp = dp, parallel.cp = cp, parallel.microbatches = m;
+            parallel.chunks = 1, parallel.sequence_parallel = sp;
+            out.push_back({parallel, micro_batch_size});
+          }
+        }
       }
     }
   }
   return out;
+}
+
+/// One recomputation setting: Megatron-LM's granularity, method and layer count.
+struct RecomputeChoice {
+  Recompute granularity = Recompute::None;
+  RecomputeMethod method = RecomputeMethod::Uniform;
+  int layers = 1;
+  bool operator==(const RecomputeChoice&) const = default;
+};
+
+/// The config's recomputation, none, full (uniform, one layer a group), full of half of each virtual
+/// stage's layers (block), and, without flash attention, selective (with it, selective is none).
+/// A costs block refuses recomputation: it keeps the config's.
+std::vector<RecomputeChoice> recompute_choices(const Config& config, int stages) {
+  const TrainingConfig& t = config.training;
+  const RecomputeChoice own = t.recompute_granularity == Recompute::Full
+                                  ? RecomputeChoice{Recompute::Full, t.recompute_method, t.recompute_num_layers}
+                                  : RecomputeChoice{t.recompute_granularity, RecomputeMethod::Uniform, 1};
+  if (config.costs) return {own};
+  std::vector<RecomputeChoice> choices{{Recompute::None, RecomputeMethod::Uniform, 1},
+                                       {Recompute::Full, RecomputeMethod::Uniform, 1}};
+  if (const int half = config.model.layers / stages / 2; half >= 1)
+    choices.push_back({Recompute::Full, RecomputeMethod::Block, half});
+  if (!config.precision.flash_attention) choices.push_back({Recompute::Selective, RecomputeMethod::Uniform, 1});
+  return with_first(own, choices);
 }
 
 /// The chunk counts a schedule runs at `pp`: its fixed count, or for a schedule that takes
@@ -147,27 +205,18 @@ std::vector<Split> layer_splits(const Config& config, const Config& candidate, P
 }  // namespace
 
 std::vector<Candidate> tune_space(const Config& config, int gpus) {
-  // What trades memory for time besides the layout: recomputation (not with explicit costs, which
-  // refuse it) and, with replicas to shard over, ZeRO's stage. The config's own settings first.
-  const auto with_first = [](auto own, std::vector<decltype(own)> options) {
-    std::erase(options, own);
-    options.insert(options.begin(), own);
-    return options;
-  };
-  const std::vector<Recompute> recomputes =
-      config.costs ? std::vector{config.training.recompute_granularity}
-                   : with_first(config.training.recompute_granularity, std::vector{Recompute::None, Recompute::Full});
   // Every shape, schedule, chunk count and recomputation (which changes a layer's cost, and so the
   // balanced split), then the candidates of each: one per vocabulary mode, and redistribute's splits,
-  // balanced first for all of them at once; then each at every ZeRO stage.
+  // balanced first for all of them at once; then each at every ZeRO stage (with replicas to shard
+  // over). The config's own settings first.
   std::vector<Candidate> groups;
   std::set<BalancedSplits::Key> wanted;
   for (const Shape& shape : shapes(config, gpus))
     for (const ScheduleInfo& schedule : schedules())
       for (int chunks : chunk_counts(schedule, config, shape.parallel.pp))
-        for (const Recompute recompute : recomputes) {
-          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {}, recompute,
-                      config.training.zero_stage};
+        for (const RecomputeChoice& recompute : recompute_choices(config, shape.parallel.pp * chunks)) {
+          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {},
+                      recompute.granularity, recompute.method, recompute.layers, config.training.zero_stage};
           c.parallel.chunks = chunks;
           wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
           groups.push_back(std::move(c));
@@ -208,10 +257,9 @@ Config apply_candidate(const Config& config, const Candidate& candidate) {
   c.schedule.name = candidate.schedule;
   c.schedule.vocab = candidate.vocab;
   c.schedule.layers_per_stage = candidate.layers_per_stage.empty() ? candidate.auto_split : candidate.layers_per_stage;
-  if (candidate.recompute != c.training.recompute_granularity) {
-    c.training.recompute_granularity = candidate.recompute;
-    c.training.recompute_method = RecomputeMethod::Uniform, c.training.recompute_num_layers = 1;
-  }
+  c.training.recompute_granularity = candidate.recompute;
+  if (candidate.recompute == Recompute::Full)
+    c.training.recompute_method = candidate.recompute_method, c.training.recompute_num_layers = candidate.recompute_num_layers;
   c.training.zero_stage = candidate.zero_stage;
   // Gathering ahead needs a sharded optimizer: on a candidate without one, nothing is gathered.
   if (candidate.zero_stage == 0) c.training.overlap_param_gather = false;
@@ -228,6 +276,8 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   number("pp", from.pp, to.pp);
   number("tp", from.tp, to.tp);
   number("dp", from.dp, to.dp);
+  number("cp", from.cp, to.cp);
+  if (from.sequence_parallel != to.sequence_parallel) parts.push_back(to.sequence_parallel ? "sp on" : "sp off");
   number("m", from.microbatches, to.microbatches);
   number("mbs", config.model.micro_batch_size, candidate.micro_batch_size);
   // Other schedules run a fixed chunk count, whatever parallel.chunks says.
@@ -236,8 +286,9 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   if (candidate.schedule != config.schedule.name) parts.push_back("schedule " + candidate.schedule);
   if (candidate.vocab != config.schedule.vocab) parts.push_back("vocab " + candidate.vocab);
   if (!candidate.split_change.empty()) parts.push_back(candidate.split_change);
-  if (candidate.recompute != config.training.recompute_granularity)
-    parts.push_back(fmt::format("recompute {}", recompute_name(candidate.recompute)));
+  if (const std::string recompute = recompute_text(apply_candidate(config, candidate).training);
+      recompute != recompute_text(config.training))
+    parts.push_back("recompute " + recompute);
   number("zero", config.training.zero_stage, candidate.zero_stage);
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
 }

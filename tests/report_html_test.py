@@ -3,8 +3,9 @@
 HTML standard does): every element closed in order, nothing fetched from a network, compare's table and
 each run's pictures in place; and the pictures `simulate` writes as files parsed as XML.
 
-With --browser, also loads the page in headless Chromium (Debian's `chromium`) and takes a screenshot;
-exits 77 (SKIP) where Chromium is not installed.
+With --browser, loads the page in headless Chromium (Debian's `chromium`) instead: a screenshot, the
+pictures in its DOM, and the table sorted by clicks on a header; exits 77 (SKIP) where Chromium is not
+installed. $PIPESIM_SCREENSHOT, when set, names a file to keep the screenshot in.
 
 usage: report_html_test.py [--browser]   ($PIPESIM: the binary; $PIPESIM_SOURCE: the source root)
 """
@@ -26,6 +27,25 @@ def check(ok, what):
     global failures
     print(f"{'ok  ' if ok else 'FAIL'} {what}")
     failures += not ok
+
+
+# Clicks the comparison table's iter_ms header twice and writes the column after each click.
+CLICKS = """<!DOCTYPE html><html><body><iframe id="page" src="PAGE"></iframe><script>
+document.getElementById('page').onload = function () {
+  var table = this.contentDocument.querySelector('table.sortable');
+  var column = function () {
+    return Array.prototype.map.call(table.tBodies[0].rows, function (row) { return row.cells[3].textContent; }).join(' ');
+  };
+  var header = table.tHead.rows[0].cells[3], seen = [column()];
+  header.click(); seen.push(column());
+  header.click(); seen.push(column());
+  var out = document.createElement('pre');
+  out.id = 'sorted';
+  out.textContent = seen.join('\\n');
+  document.body.appendChild(out);
+};
+</script></body></html>
+"""
 
 
 class Page(html.parser.HTMLParser):
@@ -123,7 +143,7 @@ def browser(page_path, folder):
     if not chromium:
         print("SKIP: no chromium on PATH (Debian: apt-get install chromium)")
         return 77
-    screenshot = os.path.join(folder, "report.png")
+    screenshot = os.environ.get("PIPESIM_SCREENSHOT") or os.path.join(folder, "report.png")
     common = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900"]
     shot = subprocess.run([chromium, *common, f"--screenshot={screenshot}", "file://" + page_path],
                           capture_output=True, text=True, timeout=120)
@@ -132,6 +152,17 @@ def browser(page_path, folder):
     dom = subprocess.run([chromium, *common, "--dump-dom", "file://" + page_path], capture_output=True, text=True,
                          timeout=120)
     check(dom.stdout.count("<svg") == 9 and 'class="sortable"' in dom.stdout, "chromium's DOM has the pictures")
+    # A click on iter_ms's header sorts the rows by it, a second click reverses them: a page that holds
+    # the report in a frame clicks and writes down the column each time.
+    wrapper = os.path.join(folder, "click.html")
+    with open(wrapper, "w", encoding="utf-8") as out:
+        out.write(CLICKS.replace("PAGE", os.path.basename(page_path)))
+    clicked = subprocess.run([chromium, *common, "--allow-file-access-from-files", "--virtual-time-budget=5000",
+                              "--dump-dom", "file://" + wrapper], capture_output=True, text=True, timeout=120)
+    columns = clicked.stdout.split('<pre id="sorted">')[-1].split("</pre>")[0].split("\n")
+    orders = [[float(cell) for cell in column.split()] for column in columns if column.strip()]
+    check(len(orders) == 3 and len(orders[0]) == 4 and orders[1] == sorted(orders[0])
+          and orders[2] == sorted(orders[0], reverse=True), f"a click sorts by iter_ms, a second reverses: {orders}")
     shutil.rmtree(folder)
     return 1 if failures else 0
 

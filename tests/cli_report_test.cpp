@@ -329,6 +329,13 @@ TEST_CASE("report refuses a file it did not write, bad names and tune options wi
   CHECK(misspelt.text ==
         "pipesim: error: --schedules: unknown name '1f1x'; did you mean '1f1b'? `pipesim list` shows them all\n");
   CHECK(!std::filesystem::exists(dir / "x.html"));
+  // A config that does not load fails as compare fails on it, and nothing is written.
+  const std::string missing = (dir / "missing.json").string();
+  const Output unloaded = run_stderr("report " + missing + " -o " + (dir / "x.html").string());
+  CHECK(unloaded.exit_code == 1);
+  CHECK(unloaded.text == run_stderr("compare " + missing).text);
+  CHECK(unloaded.text.find(missing) != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "x.html"));
   const Output top = run_stderr("report " + tiny + " --top 3 -o " + (dir / "x.html").string());
   CHECK(top.exit_code == 1);
   CHECK(top.text == "pipesim: error: --top requires --tune (see pipesim --help)\n");

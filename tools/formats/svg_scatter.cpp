@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace pipesim {
 
@@ -27,7 +28,23 @@ std::string svg_scatter(const std::vector<ScatterPoint>& points, double cap_gib,
   std::vector<const ScatterPoint*> order;
   for (const ScatterPoint& p : points) order.push_back(&p);
   std::stable_partition(order.begin(), order.end(), [](const ScatterPoint* p) { return !p->highlighted; });
-  for (const ScatterPoint* p : order) {
+  // A label that would overlap one already drawn is left out (the point's tooltip still names it):
+  // the user's own first, then in the given order (tune's rank), so the best-placed are named.
+  std::vector<std::pair<double, double>> labelled;
+  const auto free_for_label = [&labelled](double x, double y) {
+    for (const auto& [lx, ly] : labelled)
+      if (std::abs(lx - x) < 16 && std::abs(ly - y) < 11) return false;
+    return true;
+  };
+  std::vector<bool> named(order.size(), false);
+  for (std::size_t pass = 0; pass < 2; ++pass)
+    for (std::size_t i = 0; i < order.size(); ++i)
+      if (order[i]->highlighted == (pass == 0)) {
+        const double x = px(order[i]->memory_gib), y = py(order[i]->tokens_per_s);
+        if (order[i]->highlighted || free_for_label(x, y)) named[i] = true, labelled.push_back({x, y});
+      }
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const ScatterPoint* p = order[i];
     const double x = px(p->memory_gib), y = py(p->tokens_per_s);
     const std::string tip = fmt::format("{}: {:.0f} tokens/s, {:.2f} GiB", xml_escaped(p->detail), p->tokens_per_s,
                                         p->memory_gib);
@@ -37,8 +54,10 @@ std::string svg_scatter(const std::vector<ScatterPoint>& points, double cap_gib,
     else
       out += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="4.5" fill="#4e79a7" fill-opacity="0.8" stroke="#234"><title>{}</title></circle>)",
                          x, y, tip);
-    out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="10" fill="#333">{}</text>)", x + 7, y - 5,
-                       xml_escaped(p->label)) + "\n";
+    if (named[i])
+      out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="10" fill="#333">{}</text>)", x + 7, y - 5,
+                         xml_escaped(p->label));
+    out += "\n";
   }
   return out + "</svg>\n";
 }

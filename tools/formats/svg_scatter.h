@@ -12,7 +12,7 @@ namespace pipesim {
 struct ScatterPoint {
   double memory_gib = 0;    ///< the configuration's largest device peak
   double tokens_per_s = 0;
-  std::string label;        ///< drawn next to the point ("1", "yours")
+  std::string label;        ///< drawn next to the point ("1", "yours") unless it would overlap another label
   std::string detail;       ///< its tooltip: what the configuration is
   bool highlighted = false; ///< the user's own configuration: drawn apart from the rest
 };

@@ -11,7 +11,8 @@ constexpr std::string_view kStyle = R"css(
 body { font-family: sans-serif; margin: 1.5em; color: #222; background: white; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 table { border-collapse: collapse; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; white-space: nowrap; }
+div.wide { overflow-x: auto; max-width: 100%; }
 td.number { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f0f0f0; cursor: pointer; user-select: none; white-space: nowrap; }
 th[aria-sort=ascending]::after { content: " \25B2"; }
@@ -49,7 +50,8 @@ document.querySelectorAll('table.sortable th').forEach(function (th) {
 
 /// A table's rows; `links[i]`, when given, makes row i's first cell a link to that anchor.
 std::string table(const HtmlTable& t, const std::vector<std::string>& links) {
-  std::string out = "<table class=\"sortable\">\n<thead><tr>";
+  // One line per row, however long tune's `changes` are: a wide table scrolls in its own box.
+  std::string out = "<div class=\"wide\">\n<table class=\"sortable\">\n<thead><tr>";
   for (const Column& c : t.columns) out += "<th>" + xml_escaped(c.name) + "</th>";
   out += "</tr></thead>\n<tbody>\n";
   for (std::size_t i = 0; i < t.rows.size(); ++i) {
@@ -63,7 +65,7 @@ std::string table(const HtmlTable& t, const std::vector<std::string>& links) {
     }
     out += "</tr>\n";
   }
-  out += "</tbody>\n</table>\n";
+  out += "</tbody>\n</table>\n</div>\n";
   if (!t.reference.empty())
     out += "<p class=\"note\">speedup = tokens/s ÷ those of " + xml_escaped(t.reference) +
            "; mem_vs_first = peak memory ÷ its peak memory. Click a column's header to sort by it.</p>\n";

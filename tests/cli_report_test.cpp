@@ -349,3 +349,20 @@ TEST_CASE("report refuses a file it did not write, bad names and tune options wi
   CHECK(names == std::vector<std::string>{"notes.html", "r.html"});
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("report escapes what it quotes: a config's path is text on the page, never markup") {
+  const auto dir = scratch_dir() / "escapes";
+  std::filesystem::create_directories(dir);
+  // <, & and " are markup in HTML; \xff is not UTF-8, which the page holds as U+FFFD.
+  const std::string config = (dir / "a<b&c\"\xff.json").string(), page = (dir / "page.html").string();
+  std::filesystem::copy_file(::config("tiny.json"), config);
+  REQUIRE(run("report '" + config + "' --schedules 1f1b --vocab baseline -o " + page).exit_code == 0);
+  const std::string html = read_file(page);
+  const std::string escaped = "a&lt;b&amp;c&quot;\xEF\xBF\xBD.json";
+  CHECK(html.find("<title>pipesim report: " + (dir / escaped).string() + "</title>") != std::string::npos);
+  CHECK(html.find(escaped + ": 1f1b / baseline</summary>") != std::string::npos);
+  CHECK(html.find(escaped + ": 1f1b / baseline — iteration ") != std::string::npos);  // in the pictures too
+  CHECK(html.find("a<b") == std::string::npos);
+  CHECK(html.find('\xff') == std::string::npos);
+  std::filesystem::remove_all(dir);
+}

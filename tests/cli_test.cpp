@@ -577,10 +577,10 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
   std::ofstream(dir / "profile.json") << R"({"costs": {"forward_ms": 1, "backward_ms": 1}, "layers_per_stage": ["a", null]})";
   const std::string help = " (see pipesim --help)\n";
   const std::pair<std::string, std::string> cases[] = {
-      {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, calibrate, compare, tune, sweep, list, "
-                     "export, bench\n"},
+      {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, calibrate, compare, report, tune, sweep, "
+                     "list, export, bench\n"},
       {"simulat " + tiny, "unknown command 'simulat'; did you mean 'simulate'? Commands: simulate, run, calibrate, "
-                          "compare, tune, sweep, list, export, bench\n"},
+                          "compare, report, tune, sweep, list, export, bench\n"},
       {"simulate", "config is required" + help},
       {"simulate " + tiny + " --bogus", "The following argument was not expected: --bogus" + help},
       {"simulate " + tiny + " --schedule ''", "--schedule: an empty value; give one, or leave the option out" + help},

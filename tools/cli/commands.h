@@ -22,6 +22,7 @@ void define_simulate(CLI::App& command, ExitStatus& status);
 void define_run(CLI::App& command, ExitStatus& status);
 void define_calibrate(CLI::App& command, ExitStatus& status);
 void define_compare(CLI::App& command, ExitStatus& status);
+void define_report(CLI::App& command, ExitStatus& status);
 void define_tune(CLI::App& command, ExitStatus& status);
 void define_sweep(CLI::App& command, ExitStatus& status);
 void define_list(CLI::App& command, ExitStatus& status);

@@ -30,12 +30,14 @@ struct Command {
 constexpr const char* kSmallerPlan = "try fewer microbatches or pipeline stages";
 
 /// In the order `pipesim --help` lists them.
-constexpr std::array<Command, 9> kCommands{{
+constexpr std::array<Command, 10> kCommands{{
     {"simulate", "simulate one schedule on one config", pipesim::define_simulate, kSmallerPlan},
     {"run", "execute the schedule with real math on CPU threads or GPUs (or MPI processes: mpirun -np N pipesim run ...)",
      pipesim::define_run, kSmallerPlan},
     {"calibrate", "fit the hardware's efficiencies to measured op times", pipesim::define_calibrate, ""},
     {"compare", "simulate schedules x vocabulary modes side by side", pipesim::define_compare, kSmallerPlan},
+    {"report", "write compare's table, each run's timeline and memory (and with --tune, tune's answer) as one HTML page",
+     pipesim::define_report, kSmallerPlan},
     {"tune", "search schedule x vocabulary x (pp, tp, dp) x chunks x layer split for the fastest configs that fit",
      pipesim::define_tune, kSmallerPlan},
     {"sweep", "simulate every point of a grid of --set values, one row each", pipesim::define_sweep,

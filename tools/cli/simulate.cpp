@@ -1,4 +1,5 @@
-// `pipesim simulate`: one schedule on one config, with its trace, SVG timeline or measured profile.
+// `pipesim simulate`: one schedule on one config, with its trace, SVG timeline and memory plot, or
+// measured profile.
 #include <fmt/format.h>
 
 #include <optional>
@@ -10,6 +11,7 @@
 #include "measured.h"
 #include "options.h"
 #include "simulate_config.h"
+#include "svg_memory.h"
 #include "svg_timeline.h"
 
 namespace pipesim {
@@ -23,6 +25,7 @@ struct SimulateOptions {
   Format format = Format::Text;
   std::string trace;          ///< empty: no trace
   std::string svg;            ///< empty: no picture
+  std::string memory_svg;     ///< empty: no memory plot
   std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
   std::string profile;        ///< measured costs from `pipesim run --profile` to use instead of the config's
   bool replan = false;        ///< with a profile: plan with its costs too, not only time the config's plan
@@ -30,7 +33,7 @@ struct SimulateOptions {
 
 ExitStatus run_simulate(const SimulateOptions& o) {
   share_one_heap();
-  if (Status s = check_distinct_outputs({{"--trace", o.trace}, {"--svg", o.svg}}); !s.ok())
+  if (Status s = check_distinct_outputs({{"--trace", o.trace}, {"--svg", o.svg}, {"--memory-svg", o.memory_svg}}); !s.ok())
     return fail(s.error().message);
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
@@ -58,7 +61,16 @@ ExitStatus run_simulate(const SimulateOptions& o) {
   if (!o.svg.empty()) {
     const SimulatedRun& r = run.value();
     const std::string title = fmt::format("{}: {} / {}", o.config, r.report.schedule, r.report.vocab);
-    if (Status s = write_output_file(o.svg, svg_timeline(r.plan.graph, r.timeline, title), kSvgGenerator); !s.ok())
+    if (Status s = write_output_file(o.svg, svg_document(svg_timeline(r.plan.graph, r.timeline, title)), kSvgGenerator);
+        !s.ok())
+      return fail(s.error().message);
+  }
+  if (!o.memory_svg.empty()) {
+    const SimulatedRun& r = run.value();
+    const std::string title = fmt::format("{}: {} / {}", o.config, r.report.schedule, r.report.vocab);
+    const std::string plot =
+        svg_memory(r.plan.graph, r.timeline, r.plan.static_bytes, r.report.metrics.memory_capacity_bytes, title);
+    if (Status s = write_output_file(o.memory_svg, svg_document(plot), kSvgGenerator); !s.ok())
       return fail(s.error().message);
   }
   fmt::print("{}", format_run(run.value().report, o.format));
@@ -73,7 +85,11 @@ void define_simulate(CLI::App& sim, ExitStatus& status) {
   add_selection_options(sim, o->config, o->schedule, o->vocab, o->overrides);
   add_format_option(sim, o->format, {"text", "json"});
   sim.add_option("--trace", o->trace, "write a Chrome trace (open in ui.perfetto.dev)")->check(kNonEmpty);
-  sim.add_option("--svg", o->svg, "write an SVG timeline (compute and collectives per device)")->check(kNonEmpty);
+  sim.add_option("--svg", o->svg, "write an SVG timeline (compute and collectives per device, a time axis in ms)")
+      ->check(kNonEmpty);
+  sim.add_option("--memory-svg", o->memory_svg,
+                 "write an SVG plot of each device's memory over the iteration, with the capacity")
+      ->check(kNonEmpty);
   sim.add_option("--schedule-file", o->schedule_file,
                  "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
       ->excludes("--schedule")

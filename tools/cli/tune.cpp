@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +14,7 @@
 #include "options.h"
 #include "output_file.h"
 #include "tune.h"
+#include "tune_table.h"
 
 namespace pipesim {
 namespace {
@@ -34,51 +34,6 @@ struct TuneOptions {
 
 /// How a config tune wrote begins: a later --write-config may replace such a file, and no other.
 constexpr std::string_view kTuneConfigMarker = "{\n  \"description\": \"written by pipesim tune";
-
-/// The `changes` cell of the config as given: "yours", and why when it does not fit or cannot run.
-std::string yours_changes(const TuneResult& r) {
-  if (!r.yours) return "yours, which cannot run: " + r.yours_error;
-  const RunMetrics& m = r.yours->metrics;
-  if (m.fits_in_memory) return "yours";
-  const auto gib = [](Bytes b) { return double(b) / double(1ull << 30); };
-  return fmt::format("yours, which does not fit: {} GiB on its fullest device, over {:.2f} GiB",
-                     memory_cell(gib(max_peak(*r.yours))), gib(m.memory_capacity_bytes));
-}
-
-/// rank, compare's name columns (config, schedule, vocab), the knobs, compare's numbers, changes.
-std::vector<Column> tune_columns() {
-  std::vector<Column> columns = comparison_columns();
-  const auto after_names =
-      std::find_if(columns.begin(), columns.end(), [](const Column& c) { return c.name == "vocab"; }) + 1;
-  std::vector<Column> knobs;
-  for (const Knob knob : shown_knobs()) knobs.push_back({std::string(knob_name(knob)), knob == Knob::Recompute});
-  columns.insert(after_names, knobs.begin(), knobs.end());
-  columns.insert(columns.begin(), {"rank", false});
-  columns.push_back({"changes", true});
-  return columns;
-}
-
-/// One row in tune_columns' order, from compare's cells of the run.
-std::vector<std::string> tune_cells(const std::string& rank, std::vector<std::string> compared, const Config& config,
-                                    const std::string& changes) {
-  const std::vector<Column> columns = comparison_columns();
-  const auto after_names = std::find_if(columns.begin(), columns.end(), [](const Column& c) { return c.name == "vocab"; }) -
-                           columns.begin() + 1;
-  const std::vector<std::string> knobs = knob_cells(config);
-  compared.insert(compared.begin() + after_names, knobs.begin(), knobs.end());
-  compared.insert(compared.begin(), rank);
-  compared.push_back(changes);
-  return compared;
-}
-
-/// The config as given as a row of compare's cells: its run against itself, or only its names when it
-/// cannot run.
-std::vector<std::string> yours_cells(const Config& config, const TuneResult& r) {
-  if (r.yours) return comparison_cells(*r.yours, *r.yours);
-  std::vector<std::string> cells(comparison_columns().size(), "-");
-  cells[0] = config.source, cells[1] = config.schedule.name, cells[2] = config.schedule.vocab;
-  return cells;
-}
 
 /// The knobs of a row's config among its JSON fields (pp, tp, dp, chunks and microbatches are run_json's
 /// already, where it ran, and keep their place).
@@ -132,13 +87,8 @@ void print_json(const Config& config, const TuneResult& r, const RunReport& refe
 }
 
 void print_table(const Config& config, const TuneResult& r, const RunReport& reference, Format format) {
-  std::vector<std::vector<std::string>> cells{tune_cells("-", yours_cells(config, r), config, yours_changes(r))};
-  for (std::size_t i = 0; i < r.rows.size(); ++i) {
-    const TuneRow& row = r.rows[i];
-    cells.push_back(tune_cells(std::to_string(i + 1), comparison_cells(row.report, reference), row.config, row.changes));
-  }
-  const char* named = r.yours ? "yours (the config as given)" : "rank 1 (the fastest; yours cannot run)";
-  fmt::print("{}{}", format_table(tune_columns(), cells, format), reference_line(named, format));
+  fmt::print("{}{}", format_table(tune_columns(), tune_table_rows(config, r, reference), format),
+             reference_line(tune_reference_name(r), format));
 }
 
 /// --write-config: the row of --rank as a complete config, which `simulate` runs to the same numbers.
@@ -179,7 +129,7 @@ ExitStatus run_tune(const TuneOptions& o) {
                             r.rows.size() < std::size_t(o.top) ? " (all that fit)" : fmt::format(" (--top {})", o.top),
                             r.rows.size()));
   // The rows are measured against the config as given; against the fastest when it cannot run.
-  const RunReport& reference = r.yours ? *r.yours : r.rows.front().report;
+  const RunReport& reference = tune_reference(r);
   if (o.format == Format::Json)
     print_json(config.value(), r, reference);
   else

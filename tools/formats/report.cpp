@@ -212,9 +212,11 @@ std::string format_comparison(const std::vector<RunReport>& reports, Format form
   }
   std::vector<std::vector<std::string>> rows;
   for (const RunReport& r : reports) rows.push_back(comparison_cells(r, reference));
-  return format_table(comparison_columns(), rows, format) +
-         reference_line(fmt::format("row 1 ({}, {}, {})", reference.config, reference.schedule, reference.vocab),
-                        format);
+  return format_table(comparison_columns(), rows, format) + reference_line(comparison_reference(reference), format);
+}
+
+std::string comparison_reference(const RunReport& reference) {
+  return fmt::format("row 1 ({}, {}, {})", reference.config, reference.schedule, reference.vocab);
 }
 
 double speedup(const RunReport& r, const RunReport& reference) {

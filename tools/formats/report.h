@@ -54,6 +54,8 @@ double speedup(const RunReport& report, const RunReport& reference);
 /// A run's object in a comparison's JSON: run_json with its `speedup` against the reference and
 /// whether it is the `reference`.
 nlohmann::ordered_json comparison_json(const RunReport& report, const RunReport& reference, bool is_reference);
+/// compare's reference as the line under its table names it: "row 1 (c.json, 1f1b, baseline)".
+std::string comparison_reference(const RunReport& reference);
 /// The line under a comparison table (text, Markdown; empty for CSV and JSON) saying what speedup and
 /// mem_vs_first are measured against: `reference` names the row, e.g. "row 1 (c.json, 1f1b, baseline)".
 std::string reference_line(const std::string& reference, Format format);

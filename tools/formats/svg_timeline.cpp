@@ -3,12 +3,72 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <string_view>
+#include <vector>
 
 namespace pipesim {
 namespace {
 
-const char* colour(OpKind kind) {
+constexpr double kWidth = 1200, kLeft = 64, kRight = 16, kRow = 22, kCommRow = 8, kRowGap = 6, kTop = 40;
+/// An estimate of a label's width at font-size 10: sans-serif digits and capitals are about 6 px.
+constexpr double kCharPx = 6.2;
+
+/// The kinds the legend shows, in its order; every collective kind is one entry (communication).
+constexpr OpKind kLegendKinds[] = {OpKind::F, OpKind::B,  OpKind::W,  OpKind::R,         OpKind::S,
+                                   OpKind::T, OpKind::IF, OpKind::IB, OpKind::Optimizer, OpKind::AllReduce};
+
+bool is_collective(OpKind kind) { return stream_kind(kind) == Stream::Collective; }
+
+/// "F12" where it fits, "12" where only the number does, nothing where neither does.
+std::string label(const Task& t, double width) {
+  if (t.microbatch < 0) return "";
+  const std::string full = fmt::format("{}{}", op_kind_name(t.kind), t.microbatch);
+  if (width >= full.size() * kCharPx + 4) return full;
+  const std::string number = std::to_string(t.microbatch);
+  return width >= number.size() * kCharPx + 3 ? number : "";
+}
+
+std::string op_box(const TaskGraph& graph, const Timeline& timeline, TaskId id, double scale, double top, double height) {
+  const Task& t = graph.task(id);
+  const double start = double(timeline.start[std::size_t(id)]) * scale;
+  const double exact = double(timeline.end[std::size_t(id)] - timeline.start[std::size_t(id)]) * scale;
+  const double w = std::max(exact, is_collective(t.kind) ? kMinCollectivePx : 0.6);
+  // A white edge separates adjacent boxes; on a box a few px wide it would hide the colour.
+  const std::string_view edge = w >= 4 ? R"( stroke="white" stroke-width="0.5")" : "";
+  std::string out = fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"{}><title>{} {:.3f}–{:.3f} ms</title></rect>)",
+                                kLeft + start, top, w, height, op_colour(t.kind), edge, xml_escaped(graph.describe(id)),
+                                timeline.start[std::size_t(id)] / 1e6, timeline.end[std::size_t(id)] / 1e6);
+  if (stream_kind(t.kind) == Stream::Compute)
+    if (const std::string text = label(t, w); !text.empty())
+      out += fmt::format(R"(<text x="{:.2f}" y="{:.1f}" fill="white" font-size="10" text-anchor="middle">{}</text>)",
+                         kLeft + start + w / 2, top + height * 0.7, text);
+  return out + "\n";
+}
+
+/// The legend's entries for the kinds drawn, wrapped into lines across the picture; returns the
+/// elements and sets `lines`.
+std::string legend(const TaskGraph& graph, double y, int& lines) {
+  std::string out;
+  double x = kLeft;
+  lines = 1;
+  for (OpKind kind : kLegendKinds) {
+    const bool drawn = kind == OpKind::AllReduce
+                           ? graph.has(OpKind::AllReduce) || graph.has(OpKind::Broadcast) ||
+                                 graph.has(OpKind::Reduce) || graph.has(OpKind::DpAllReduce)
+                           : graph.has(kind);
+    if (!drawn) continue;
+    const std::string text = std::string(op_meaning(kind));
+    const double width = 16 + text.size() * 5.6 + 18;
+    if (x + width > kWidth - kRight && x > kLeft) x = kLeft, y += 16, ++lines;
+    out += fmt::format(R"(<rect x="{:.0f}" y="{:.0f}" width="11" height="11" fill="{}"/><text x="{:.0f}" y="{:.0f}">{}</text>)",
+                       x, y - 9, op_colour(kind), x + 15, y, xml_escaped(text)) + "\n";
+    x += width;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view op_colour(OpKind kind) {
   switch (kind) {
     case OpKind::F: return "#4e79a7";
     case OpKind::B: return "#59a14f";
@@ -19,98 +79,66 @@ const char* colour(OpKind kind) {
     case OpKind::IF: return "#b07aa1";
     case OpKind::IB: return "#ff9da7";
     case OpKind::Optimizer: return "#bab0ac";
-    default: return "#9c755f";  // communication
+    case OpKind::Send:
+    case OpKind::Recv:
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Reduce:
+    case OpKind::DpAllReduce: return "#9c755f";
   }
+  return "#000000";
 }
 
-/// The length of the UTF-8 sequence that `text` starts with (1 to 4), or 0 when it starts with none
-/// (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
-std::size_t utf8_length(std::string_view text) {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char lead = byte(0);
-  if (lead < 0x80) return 1;
-  std::size_t length = 0;
-  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3, low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4, low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
-  } else {
-    return 0;
+std::string_view op_meaning(OpKind kind) {
+  switch (kind) {
+    case OpKind::F: return "F forward";
+    case OpKind::B: return "B backward (input gradient only, where W is split off)";
+    case OpKind::W: return "W weight gradient";
+    case OpKind::R: return "R recomputed forward, before its B";
+    case OpKind::S: return "S vocabulary output pass: logits, max, sum of exp";
+    case OpKind::T: return "T vocabulary output pass: softmax gradient, dW";
+    case OpKind::IF: return "IF vocabulary input pass: embedding lookup";
+    case OpKind::IB: return "IB vocabulary input pass: embedding gradient";
+    case OpKind::Optimizer: return "optimizer step";
+    case OpKind::Send:
+    case OpKind::Recv:
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Reduce:
+    case OpKind::DpAllReduce: return "communication: collectives (thin rows), at least 2 px wide";
   }
-  if (text.size() < length || byte(1) < low || byte(1) > high) return 0;
-  for (std::size_t i = 2; i < length; ++i)
-    if (byte(i) < 0x80 || byte(i) > 0xBF) return 0;
-  return length;
+  return "";
 }
-
-/// The title is a user's path: escape what XML would read as markup, and put U+FFFD for what XML
-/// cannot hold (bytes that are not UTF-8, control characters), which would make the file unreadable.
-std::string xml_escaped(std::string_view text) {
-  std::string out;
-  while (!text.empty()) {
-    const std::size_t length = utf8_length(text);
-    const char c = text.front();
-    if (length == 0 || (length == 1 && static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r'))
-      out += "\xEF\xBF\xBD";  // U+FFFD
-    else if (c == '<')
-      out += "&lt;";
-    else if (c == '>')
-      out += "&gt;";
-    else if (c == '&')
-      out += "&amp;";
-    else
-      out.append(text.substr(0, length));
-    text.remove_prefix(std::max<std::size_t>(length, 1));
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string svg_timeline(const TaskGraph& graph, const Timeline& timeline, const std::string& title) {
-  constexpr double kWidth = 1200, kLeft = 60, kRow = 26, kCommRow = 8, kTop = 30;
   TimeNs end = 1;
   for (TimeNs t : timeline.end) end = std::max(end, t);
-  const double scale = (kWidth - kLeft - 10) / double(end);
-  const double height = kTop + graph.devices() * (kRow + kCommRow + 6) + 30;
-  std::string out = std::string(kSvgGenerator) + fmt::format(
-      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{:.0f}" font-family="sans-serif" font-size="10">)"
-      "\n<text x=\"{}\" y=\"16\" font-size=\"13\">{}</text>\n",
-      kWidth, height, kLeft, xml_escaped(title));
+  const double scale = (kWidth - kLeft - kRight) / double(end);
+  const double row_pitch = kRow + kCommRow + kRowGap;
+  const PlotArea rows{.left = kLeft, .top = kTop, .width = kWidth - kLeft - kRight, .height = graph.devices() * row_pitch};
+  int legend_lines = 0;
+  const std::string key = legend(graph, rows.bottom() + 48, legend_lines);
+  const double height = rows.bottom() + 48 + 16 * legend_lines;
+  const double iteration_ms = double(end) / 1e6;
+  std::string out = svg_open(kWidth, height) +
+                    fmt::format(R"(<text x="{}" y="18" font-size="13">{} — iteration {:.2f} ms</text>)", kLeft,
+                                xml_escaped(title), iteration_ms) + "\n";
+  out += bottom_axis(rows, iteration_ms, "time (ms)", 10);
   for (int d = 0; d < graph.devices(); ++d) {
-    const double y = kTop + d * (kRow + kCommRow + 6);
-    out += fmt::format("<text x=\"4\" y=\"{:.1f}\">device {}</text>\n", y + kRow * 0.65, d);
+    const double y = kTop + d * row_pitch + kRowGap / 2;
+    out += fmt::format(R"(<text x="4" y="{:.1f}">device {}</text>)", y + kRow * 0.7, d) + "\n";
     for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
       const Stream kind = graph.stream_kind_of(s);
       if (kind != Stream::Compute && kind != Stream::Collective) continue;
-      const double top = kind == Stream::Compute ? y : y + kRow + 2, h = kind == Stream::Compute ? kRow : kCommRow;
-      for (TaskId id : graph.stream(s)) {
-        const Task& t = graph.task(id);
-        const double x = kLeft + double(timeline.start[std::size_t(id)]) * scale;
-        const double w = std::max(0.5, double(timeline.end[std::size_t(id)] - timeline.start[std::size_t(id)]) * scale);
-        out += fmt::format(R"(<rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{:.1f}" fill="{}" stroke="white" stroke-width="0.5"><title>{}</title></rect>)",
-                           x, top, w, h, colour(t.kind), graph.describe(id));
-        if (kind == Stream::Compute && w > 14 && t.microbatch >= 0)
-          out += fmt::format(R"(<text x="{:.2f}" y="{:.1f}" fill="white" text-anchor="middle">{}{}</text>)", x + w / 2,
-                             top + kRow * 0.65, op_kind_name(t.kind), t.microbatch);
-        out += "\n";
-      }
+      const double top = kind == Stream::Compute ? y : y + kRow + 1, h = kind == Stream::Compute ? kRow : kCommRow - 1;
+      for (TaskId id : graph.stream(s)) out += op_box(graph, timeline, id, scale, top, h);
     }
   }
-  double x = kLeft;
-  for (OpKind kind : {OpKind::F, OpKind::B, OpKind::W, OpKind::R, OpKind::S, OpKind::T, OpKind::IF, OpKind::IB,
-                      OpKind::AllReduce}) {
-    if (kind == OpKind::R && !graph.has(OpKind::R)) continue;
-    out += fmt::format(R"(<rect x="{:.0f}" y="{:.0f}" width="10" height="10" fill="{}"/><text x="{:.0f}" y="{:.0f}">{}</text>)",
-                       x, height - 18, colour(kind), x + 13, height - 9,
-                       kind == OpKind::AllReduce ? "collectives (thin rows)" : std::string(op_kind_name(kind)));
-    out += "\n";
-    x += kind == OpKind::AllReduce ? 160 : 45;
-  }
-  return out + "</svg>\n";
+  // Where the iteration ends: every box lies left of it.
+  out += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{0:.1f}" y2="{2:.1f}" stroke="#c00" stroke-dasharray="4 3"/>)"
+                     R"(<text x="{0:.1f}" y="{3:.1f}" text-anchor="end" fill="#c00">iteration {4:.2f} ms</text>)",
+                     rows.right(), kTop - 4, rows.bottom(), kTop - 8, iteration_ms) + "\n";
+  return out + key + "</svg>\n";
 }
 
 }  // namespace pipesim

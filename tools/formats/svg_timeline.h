@@ -1,17 +1,27 @@
 #pragma once
 /// A picture of a run: one row per device (its compute stream) and a thin row under it for its
-/// collectives, ops as coloured boxes labelled with their microbatch. SVG, so it shows in browsers
-/// and Markdown; small runs only (labels need room).
+/// collectives, ops as coloured boxes on a time axis in ms that ends at the iteration time. Made to
+/// read at real scale (8 devices × 32 microbatches and beyond): a box is labelled with its microbatch
+/// only where the label fits, a collective is drawn at least kMinCollectivePx wide however short it
+/// is, and the legend names every colour drawn, in words.
 #include <string>
+#include <string_view>
 
+#include "svg_parts.h"
 #include "task_graph.h"
 #include "timeline.h"
 
 namespace pipesim {
 
-/// How every SVG pipesim writes begins; a file that begins so may be replaced by a new timeline.
-constexpr std::string_view kSvgGenerator = "<!-- timeline written by pipesim -->\n";
+/// The narrowest a collective is drawn: a 0.1 ms all-reduce in a 2 s iteration would be a twentieth
+/// of a pixel, and the vocabulary passes' barriers are what a reader looks for.
+constexpr double kMinCollectivePx = 2;
 
+/// The <svg> element (for a page); svg_document makes it a file.
 std::string svg_timeline(const TaskGraph& graph, const Timeline& timeline, const std::string& title);
+
+/// The colour of an op's box, and what the legend says it is.
+std::string_view op_colour(OpKind kind);
+std::string_view op_meaning(OpKind kind);
 
 }  // namespace pipesim

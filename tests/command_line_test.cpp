@@ -38,6 +38,13 @@ TEST_CASE("Dispatch::ParseOnly checks a command line as the program does, and ru
   CHECK(std::filesystem::exists(trace));
   std::filesystem::remove(trace);
 
+  // Each command's options live as long as its callback: parsing alone must keep them (a sanitizer
+  // build reports it if not). A profile that is not there is found only by running.
+  const std::string missing = (scratch_dir() / "no-such-profile.json").string();
+  CHECK(command_line({"calibrate", missing, "--preset", "h100-sxm"}, Dispatch::ParseOnly) == 0);
+  CHECK(command_line({"calibrate", missing, "--preset", "h100-sxm"}, Dispatch::Run) == 1);
+  CHECK(command_line({"sweep", config("tiny.json"), "--grid", "parallel.pp=1,2"}, Dispatch::ParseOnly) == 0);
+
   for (const Dispatch dispatch : {Dispatch::ParseOnly, Dispatch::Run}) {
     CHECK(command_line({"simulate"}, dispatch) == 1);                                            // no config
     CHECK(command_line({"simulte", config("tiny.json")}, dispatch) == 1);                        // unknown command

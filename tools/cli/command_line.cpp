@@ -19,6 +19,9 @@
 namespace pipesim {
 namespace {
 
+/// Ends a parse under Dispatch::ParseOnly, where the command would start.
+struct ParsedOnly {};
+
 struct Command {
   const char* name;
   const char* help;
@@ -86,11 +89,10 @@ int run_command_line(int argc, char** argv, Dispatch dispatch) {
     return "pipesim: error: " + std::string(e.what()) + " (see pipesim --help)\n";
   });
   ExitStatus status = ExitStatus::Success;
-  for (const Command& command : kCommands) {
-    CLI::App& sub = *app.add_subcommand(command.name, command.help);
-    command.define(sub, status);
-    if (dispatch == Dispatch::ParseOnly) sub.callback([] {});  // the options are parsed and checked all the same
-  }
+  for (const Command& command : kCommands) command.define(*app.add_subcommand(command.name, command.help), status);
+  // CLI11 calls this once every option is parsed and checked, before the command's callback. (Replacing
+  // the commands' callbacks instead would free their options, which the callbacks own, mid-parse.)
+  if (dispatch == Dispatch::ParseOnly) app.parse_complete_callback([] { throw ParsedOnly{}; });
 
   const int failure = static_cast<int>(ExitStatus::Failure);
   if (fcntl(STDOUT_FILENO, F_GETFD) < 0) {  // closed: a file opened later would take its place
@@ -100,6 +102,8 @@ int run_command_line(int argc, char** argv, Dispatch dispatch) {
   if (unknown_command(argc, argv)) return failure;
   try {
     app.parse(argc, argv);
+  } catch (const ParsedOnly&) {
+    return finish_output(0);
   } catch (const CLI::ParseError& e) {
     // --help is a success once it is written; every usage error is status 1, as documented.
     return app.exit(e) == 0 ? finish_output(0) : failure;

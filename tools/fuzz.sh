@@ -56,13 +56,21 @@ compile() {  # OBJECT-FOLDER FILE...
 }
 compile "$out/obj" "${sources[@]}"
 [[ " ${targets[*]} " == *" cli "* ]] && compile "$out/obj-cli" "${cli_sources[@]}"
+# The objects of the files listed above, not every object in the folders: one left from a file that
+# moved between the lists would be linked twice.
+objects_of() {  # OBJECT-FOLDER FILE...
+  local dir=$1 file; shift
+  for file in "$@"; do echo "$dir/$(echo "$file" | tr / _).o"; done
+}
+mapfile -t base_objects < <(objects_of "$out/obj" "${sources[@]}")
+mapfile -t cli_objects < <(objects_of "$out/obj-cli" "${cli_sources[@]}")
 
 status=0
 for target in "${targets[@]}"; do
-  objects=("$out"/obj/*.o) extra=()
+  objects=("${base_objects[@]}") extra=()
   # The command line prints a line or a report per input: its output goes nowhere (libFuzzer's own,
   # and any sanitizer report, still reach the log).
-  [[ $target == cli ]] && objects+=("$out"/obj-cli/*.o -ldl -pthread) extra=(-close_fd_mask=3)
+  [[ $target == cli ]] && objects+=("${cli_objects[@]}" -ldl -pthread) extra=(-close_fd_mask=3)
   clang++ "${flags[@]}" "${cli_flags[@]}" -fsanitize=fuzzer "tests/fuzz/${target}_fuzz.cpp" "${objects[@]}" -lfmt \
     -o "$out/${target}_fuzz"
   mkdir -p "$out/corpus/$target"

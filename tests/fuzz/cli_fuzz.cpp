@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "command_line.h"
@@ -47,13 +49,22 @@ const std::vector<std::pair<std::string, std::string>>& fixtures() {
   return files;
 }
 
-/// A folder of this process's own, made the working folder, with the fixtures in it.
+const fs::path& folder() {
+  static const fs::path dir = fs::temp_directory_path() / ("pipesim-cli-fuzz-" + std::to_string(getpid()));
+  return dir;
+}
+
+/// The folder, made the working folder with the fixtures in it; removed when the fuzzer exits.
 bool enter_folder() {
   static const bool entered = [] {
-    const fs::path dir = fs::temp_directory_path() / ("pipesim-cli-fuzz-" + std::to_string(getpid()));
-    fs::create_directories(dir);
-    for (const auto& [name, text] : fixtures()) std::ofstream(dir / name, std::ios::binary | std::ios::trunc) << text;
-    fs::current_path(dir);
+    fs::create_directories(folder());
+    for (const auto& [name, text] : fixtures())
+      std::ofstream(folder() / name, std::ios::binary | std::ios::trunc) << text;
+    fs::current_path(folder());
+    std::atexit([] {
+      std::error_code ignored;
+      fs::remove_all(folder(), ignored);
+    });
     return true;
   }();
   return entered;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <thread>
 
@@ -68,6 +69,7 @@ MpiRun run_mpi(const std::function<Result<Job>(int ranks)>& job_for, const RunOp
       comm = make_transport(*api, job.value(), mine);
     } catch (const std::exception& e) {  // e.g. two ranks on one GPU: every rank must end
       api->abort(fmt::format("rank {}: {}", run.rank, e.what()).c_str());
+      std::abort();  // not reached (abort ends the job); never go on without a transport
     }
     if (Result<RunResult> result = run_rank(*comm, job.value(), mine); !result.ok())
       comm->abort(result.error().message);

@@ -120,8 +120,8 @@ def main():
     # 4 runs (2 schedules x 2 modes): a timeline and a memory plot each, and tune's scatter.
     check(page.counts.get("svg") == 9, f"9 pictures: {page.counts.get('svg')}")
     check(page.counts.get("details") == 4, "a section per run")
-    # Compare's table (4 rows of 11 cells), then tune's (yours and 3 ranks).
-    check(page.rows[:4] == [11] * 4, f"compare's table has 4 rows of 11 cells: {page.rows[:4]}")
+    # Compare's table (4 rows of 12 cells), then tune's (yours and 3 ranks).
+    check(page.rows[:4] == [12] * 4, f"compare's table has 4 rows of 12 cells: {page.rows[:4]}")
     check(len(page.rows) == 8 and len(set(page.rows[4:])) == 1, f"tune's table has 4 rows: {page.rows[4:]}")
 
     for option in ("--svg", "--memory-svg"):

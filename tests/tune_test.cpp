@@ -300,6 +300,24 @@ TEST_CASE("a malformed --grid is an error that names --grid and the fix") {
   CHECK(parse_grids({"parallel.pp=0,2"}, text, "c.json", {}).ok());
 }
 
+TEST_CASE("a sweep takes grids of up to a million points, the cap docs/tune.md gives, and names --grid past it") {
+  const std::string text = R"json({"model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100},
+                                   "parallel": {"pp": 2, "microbatches": 4}})json";
+  const auto values = [](int count) {  // 1,2,...,count
+    std::string list;
+    for (int i = 1; i <= count; ++i) list += (i > 1 ? "," : "") + std::to_string(i);
+    return list;
+  };
+  const std::string peak = "hardware.peak_tflops=" + values(1000), hbm = "hardware.hbm_gbps=" + values(1000);
+  const Result<std::vector<GridAxis>> cap = parse_grids({peak, hbm}, text, "c.json", {});
+  REQUIRE(cap.ok());
+  CHECK(point_count(cap.value()) == 1'000'000);
+  const Result<std::vector<GridAxis>> past =
+      parse_grids({peak, "hardware.hbm_gbps=" + values(1001)}, text, "c.json", {});
+  REQUIRE(!past.ok());
+  CHECK(past.error().message == "--grid: more than 1000000 points; sweep fewer values");
+}
+
 TEST_CASE("an auto split's candidate carries the split the planner would balance, so it plans the same") {
   const Config config = source_config("default.json");
   std::size_t automatic = 0;

@@ -16,8 +16,9 @@ struct PluginApi {
   void (*init)(int* rank, int* size);
   /// One duplicate of MPI_COMM_WORLD per lane.
   std::unique_ptr<Transport> (*make_transport)();
-  /// Prints "pipesim: error: `why`" and ends every rank of the job.
-  [[noreturn]] void (*abort)(const char* why);
+  /// Prints "pipesim: error: `why`" and ends every rank of the job; never returns. (Not [[noreturn]]:
+  /// the attribute applies to functions, not to pointers to them, and clang refuses it here.)
+  void (*abort)(const char* why);
   void (*finalize)();
 };
 constexpr int kPluginVersion = 2;  ///< 2: Transport gained subgroup, all_gather and reduce_scatter

@@ -106,6 +106,17 @@ std::vector<std::vector<std::string>> csv_rows(const std::string& csv) {
   return rows;
 }
 
+/// `args` writing to `path`, a file of the user's holding `content`: refused with exit 1, and the file kept.
+void check_refuses_user_file(const std::string& args, const std::string& path, const std::string& content) {
+  std::ofstream(path) << content;
+  const Output refused = run_stderr(args);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.text == "pipesim: error: " + path +
+                            ": exists and was not written by pipesim; refusing to overwrite it (choose another path "
+                            "or remove the file)\n");
+  CHECK(read_file(path) == content);
+}
+
 }  // namespace
 
 TEST_CASE("the timeline has a time axis in ms that ends at the iteration time, on a white background") {
@@ -231,13 +242,7 @@ TEST_CASE("--svg and --memory-svg are two files, and replace only pipesim's own"
   CHECK(twice.exit_code == 1);
   CHECK(twice.text == "pipesim: error: --memory-svg " + same + ": the same file as --svg " + same +
                           "; give each output a file of its own\n");
-  std::ofstream(user) << "<svg/>";
-  const Output refused = run_stderr("simulate " + config("tiny.json") + " --memory-svg " + user);
-  CHECK(refused.exit_code == 1);
-  CHECK(refused.text == "pipesim: error: " + user +
-                            ": exists and was not written by pipesim; refusing to overwrite it (choose another path "
-                            "or remove the file)\n");
-  CHECK(read_file(user) == "<svg/>");
+  check_refuses_user_file("simulate " + config("tiny.json") + " --memory-svg " + user, user, "<svg/>");
   std::filesystem::remove_all(dir);
 }
 
@@ -311,13 +316,7 @@ TEST_CASE("report refuses a file it did not write, bad names and tune options wi
   const auto dir = scratch_dir() / "refusals";
   std::filesystem::create_directories(dir);
   const std::string tiny = config("tiny.json"), mine = (dir / "notes.html").string(), page = (dir / "r.html").string();
-  std::ofstream(mine) << "<p>my notes</p>";
-  const Output refused = run_stderr("report " + tiny + " -o " + mine);
-  CHECK(refused.exit_code == 1);
-  CHECK(refused.text == "pipesim: error: " + mine +
-                            ": exists and was not written by pipesim; refusing to overwrite it (choose another path "
-                            "or remove the file)\n");
-  CHECK(read_file(mine) == "<p>my notes</p>");
+  check_refuses_user_file("report " + tiny + " -o " + mine, mine, "<p>my notes</p>");
   // Its own report is replaced.
   std::filesystem::remove(page);
   REQUIRE(run("report " + tiny + " --schedules 1f1b --vocab baseline -o " + page).exit_code == 0);

@@ -20,6 +20,8 @@ namespace {
 Config small_config(const std::string& name) {
   // No reserved memory: the caps the tests set are what the tensors may use.
   if (name == "tiny") return shipped_config("tiny.json", {"hardware.reserved_gib=0"});
+  // Long enough a sequence that tune tries context parallelism (each rank keeps 4096 tokens or more).
+  if (name == "long") return shipped_config("tiny.json", {"hardware.reserved_gib=0", "model.seq_len=8192"});
   return parse_or_fail(explicit_json(4, 8, 2, 1.0, 2.0, "1f1b", 1e6), {"hardware.memory_gib=1", "hardware.reserved_gib=0"});
 }
 
@@ -103,12 +105,16 @@ TEST_CASE("the search's result does not depend on its batches or its threads' ti
 }
 
 TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration time") {
-  const std::string name = GENERATE("tiny", "explicit");
+  const std::string name = GENERATE("tiny", "explicit", "long");
   const int gpus = GENERATE(4, 8);
   CAPTURE(name, gpus);
   const Config config = small_config(name);
   const std::vector<Candidate> space = tune_space(config, gpus);
   REQUIRE(space.size() > 40);
+  // Context and sequence parallelism are among the knobs the bounds must hold for.
+  const auto has = [&](auto predicate) { return std::any_of(space.begin(), space.end(), predicate); };
+  CHECK(has([](const Candidate& c) { return c.parallel.cp == 2; }) == (name == "long"));
+  CHECK(has([](const Candidate& c) { return c.parallel.tp > 1 && !c.parallel.sequence_parallel; }) == (name != "explicit"));
   std::size_t simulated = 0;
   for (const Candidate& candidate : space) {
     const Config c = apply_candidate(config, candidate);

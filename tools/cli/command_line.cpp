@@ -41,7 +41,9 @@ constexpr std::array<Command, 10> kCommands{{
     {"compare", "simulate schedules x vocabulary modes side by side", define_compare, kSmallerPlan},
     {"report", "write compare's table, each run's timeline and memory (and with --tune, tune's answer) as one HTML page",
      define_report, kSmallerPlan},
-    {"tune", "search schedule x vocabulary x (pp, tp, dp) x chunks x layer split for the fastest configs that fit",
+    {"tune",
+     "search schedule x vocabulary x (pp, tp, dp, cp) x chunks x layer split x recomputation x ZeRO for the fastest "
+     "configs that fit",
      define_tune, kSmallerPlan},
     {"sweep", "simulate every point of a grid of --set values, one row each", define_sweep,
      "sweep fewer points, or fewer microbatches or pipeline stages"},

@@ -1,7 +1,7 @@
 #pragma once
 /// `pipesim tune`: the fastest configurations that fit in memory, searched over schedule ×
-/// vocabulary mode × (pp, tp, dp) × microbatches × chunks × layer split at a fixed GPU count and
-/// global batch (docs/tune.md). Library code: it returns errors and prints nothing but the progress bar.
+/// vocabulary mode × (pp, tp, dp, cp) × sequence parallelism × microbatches × chunks × layer split ×
+/// recomputation × ZeRO stage at a fixed GPU count and global batch (docs/tune.md). Library code: it returns errors and prints nothing but the progress bar.
 #include <cstddef>
 #include <optional>
 #include <string>

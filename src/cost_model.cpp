@@ -42,6 +42,11 @@ struct AttentionShape {
   double tokens, keys, width, kv_width, heads, act;  // width: hidden/t; act: bytes an element
   double products() const { return 2 * tokens * keys * width; }  // FLOPs of QKᵀ (or of P·V), unmasked
   double scores() const { return tokens * keys * heads; }        // elements of the score matrix
+  double score_bytes() const { return scores() * act; }
+  double qkvo_bytes() const { return tokens * (2 * width + 2 * kv_width) * act; }  // Q, K, V and O once each
+  /// One unfused product over the score matrix (QKᵀ, P·V or a gradient's): two of the four
+  /// Q/K/V/O-sized operands and the matrix itself.
+  Kernel score_product() const { return batched_gemm(products(), qkvo_bytes() / 2 + score_bytes()); }
 };
 
 AttentionShape attention_shape(const Config& c) {
@@ -57,26 +62,21 @@ AttentionShape attention_shape(const Config& c) {
 /// dropout (a 1-byte mask) each reading and writing that matrix through HBM.
 std::vector<Kernel> core_attention_forward(const Config& c) {
   const AttentionShape a = attention_shape(c);
-  const double qkvo = a.tokens * (2 * a.width + 2 * a.kv_width) * a.act;
-  if (c.precision.flash_attention) return {fused_attention(a.products(), qkvo)};
-  const double score_bytes = a.scores() * a.act;
-  const Kernel product = batched_gemm(a.products(), qkvo / 2 + score_bytes);
-  return {product,                                   // S = QKᵀ
-          streaming(2 * score_bytes),                // P = softmax(mask(S))
-          streaming(2 * score_bytes + a.scores()),   // dropout(P) and its mask
-          product};                                  // O = P·V
+  if (c.precision.flash_attention) return {fused_attention(a.products(), a.qkvo_bytes())};
+  return {a.score_product(),                                  // S = QKᵀ
+          streaming(2 * a.score_bytes()),                     // P = softmax(mask(S))
+          streaming(2 * a.score_bytes() + a.scores()),        // dropout(P) and its mask
+          a.score_product()};                                 // O = P·V
 }
 
 std::vector<Kernel> core_attention_backward(const Config& c) {
   const AttentionShape a = attention_shape(c);
-  const double qkvo = a.tokens * (2 * a.width + 2 * a.kv_width) * a.act;
-  if (c.precision.flash_attention) return {fused_attention(2.5 * a.products(), 2 * qkvo)};
-  const double score_bytes = a.scores() * a.act;
-  const Kernel product = batched_gemm(a.products(), qkvo / 2 + score_bytes);
-  return {product, product,                                        // dP = dO·Vᵀ, dV = Pᵀ·dO
-          streaming(2 * score_bytes + a.scores()),                 // dropout's backward, through its mask
-          streaming(3 * score_bytes),                              // softmax's backward: P, dP in, dS out
-          product, product};                                       // dQ = dS·K, dK = dSᵀ·Q
+  if (c.precision.flash_attention) return {fused_attention(2.5 * a.products(), 2 * a.qkvo_bytes())};
+  const Kernel product = a.score_product();
+  return {product, product,                                   // dP = dO·Vᵀ, dV = Pᵀ·dO
+          streaming(2 * a.score_bytes() + a.scores()),        // dropout's backward, through its mask
+          streaming(3 * a.score_bytes()),                     // softmax's backward: P, dP in, dS out
+          product, product};                                  // dQ = dS·K, dK = dSᵀ·Q
 }
 
 /// One decoder layer as a framework runs it (docs/cost-model.md): four GEMMs (QKV, projection, MLP up

@@ -162,11 +162,11 @@ Bytes boundary_bytes(const Config& config) {
                             config.precision.activation_bytes / (p.sequence_parallel ? p.tp : 1));
 }
 
-DataParallelWork data_parallel_work(const Config& config) {
+DataParallelWork data_parallel_work(const Config& config, const Layout& layout) {
   const TrainingConfig& t = config.training;
   return {.dp = config.parallel.dp, .zero_stage = t.zero_stage, .grad_bytes = config.precision.grad_bytes,
-          .param_bytes = config.precision.param_bytes, .overlap_grad_reduce = t.overlap_grad_reduce,
-          .overlap_param_gather = t.overlap_param_gather};
+          .param_bytes = config.precision.param_bytes, .shard_params = vocab_shard_params(config, layout),
+          .overlap_grad_reduce = t.overlap_grad_reduce, .overlap_param_gather = t.overlap_param_gather};
 }
 
 ScheduleContext schedule_context(const Config& config, const Layout& layout, const CostModel& costs) {
@@ -214,7 +214,7 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   DeviceOrders orders = std::move(generated).value();
   const auto build = [&](const DeviceOrders& final_orders) {
     return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, boundary,
-                    data_parallel_work(config), custom ? custom->comms : DeviceComms{});
+                    data_parallel_work(config, plan.layout), custom ? custom->comms : DeviceComms{});
   };
   if (vocab->placement == VocabPlacement::Interlaced && runs_interlaced_1f1b(plan.schedule, custom, context)) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order

@@ -54,8 +54,9 @@ Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom =
 
 /// What one activation (or its gradient) crossing a stage boundary holds, per tensor-parallel rank.
 Bytes boundary_bytes(const Config& config);
-/// What assemble needs of the data-parallel side: the replicas, ZeRO's stage, the overlaps.
-DataParallelWork data_parallel_work(const Config& config);
+/// What assemble needs of the data-parallel side: the replicas, ZeRO's stage, the overlaps, and the
+/// vocabulary shards the layout puts on every device.
+DataParallelWork data_parallel_work(const Config& config, const Layout& layout);
 
 /// What make_plan gives the schedule's generator for `config` laid out as `layout`: stage times and
 /// work, the transfer between devices 0 and 1, and the vocabulary passes' delay.

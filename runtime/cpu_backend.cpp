@@ -145,7 +145,7 @@ class CpuBackend final : public Backend {
   double head_forward(Activations& base, int mb, float scale) override {
     CpuHeadActivations& cache = head_cache(base);
     std::vector<float> logits(std::size_t(n_) * std::size_t(shape_.vocab), 0.0f);
-    cpu::matmul_bt(cache.normed, model_.params.head, logits, n_, h_, shape_.vocab);
+    cpu::matmul_bt(cache.normed, head_weights(), logits, n_, h_, shape_.vocab);
     cache.dlogits.resize(logits.size());
     const double loss = cpu::cross_entropy(logits, targets(mb), cache.dlogits, n_, shape_.vocab);
     for (float& g : cache.dlogits) g *= scale;
@@ -154,8 +154,8 @@ class CpuBackend final : public Backend {
   Tensor head_backward(Activations& base) override {
     CpuHeadActivations& cache = head_cache(base);
     Tensor dnormed = activation();
-    cpu::matmul_at(cache.dlogits, cache.normed, model_.grads.head, n_, shape_.vocab, h_);
-    cpu::matmul(cache.dlogits, model_.params.head, f32(dnormed), n_, shape_.vocab, h_, true);
+    cpu::matmul_at(cache.dlogits, cache.normed, head_gradients(), n_, shape_.vocab, h_);
+    cpu::matmul(cache.dlogits, head_weights(), f32(dnormed), n_, shape_.vocab, h_, true);
     return dnormed;
   }
 
@@ -164,12 +164,12 @@ class CpuBackend final : public Backend {
     OutputShard out{.logits = allocate(n * std::size_t(model_.shard.rows), DType::F32), .local = allocate(3 * n, DType::F32),
                     .terms = {}};
     const std::span<float> l = f32(out.local);
-    cpu::output_logits(f32(x), model_.params.head, targets(mb), model_.shard, n_, h_, f32(out.logits), l.subspan(0, n),
+    cpu::output_logits(f32(x), head_weights(), targets(mb), model_.shard, n_, h_, f32(out.logits), l.subspan(0, n),
                        l.subspan(n, n), l.subspan(2 * n, n));
     if (algorithm2) {
       out.terms = allocate(2 * activation_size(), DType::F32);
       const std::span<float> a = f32(out.terms);
-      cpu::output_input_grad_terms(f32(out.logits), l.subspan(0, n), l.subspan(n, n), model_.params.head, targets(mb),
+      cpu::output_input_grad_terms(f32(out.logits), l.subspan(0, n), l.subspan(n, n), head_weights(), targets(mb),
                                    model_.shard, n_, h_, a.subspan(0, activation_size()), a.subspan(activation_size()));
     }
     return out;
@@ -202,7 +202,7 @@ class CpuBackend final : public Backend {
     const std::span<const float> s = f32(stats);
     Tensor dx = input_grad ? activation() : Tensor();
     cpu::output_backward(f32(logits), s.subspan(0, std::size_t(n_)), s.subspan(std::size_t(n_)), targets(mb), model_.shard,
-                         g, f32(x), model_.params.head, n_, h_, model_.grads.head,
+                         g, f32(x), head_weights(), n_, h_, head_gradients(),
                          input_grad ? f32(dx) : std::span<float>());
     return dx;
   }
@@ -224,6 +224,9 @@ class CpuBackend final : public Backend {
   Bytes static_bytes() const override { return Bytes(model_.state_bytes()); }
 
  private:
+  /// The LM head's weights and their gradient: the embedding's, when tied on this rank.
+  std::vector<float>& head_weights() { return model_.tied ? model_.params.embedding : model_.params.head; }
+  std::vector<float>& head_gradients() { return model_.tied ? model_.grads.embedding : model_.grads.head; }
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
   /// A whole activation: n × h.
   Tensor activation() { return allocate(activation_size(), DType::F32); }

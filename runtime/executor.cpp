@@ -188,7 +188,7 @@ bool CheckResult::passed() const {
 
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
-Status check_runnable(const Config& c, const RunOptions& options) {
+Status check_runnable(const Config& c, const Layout& layout, const RunOptions& options) {
   if (c.parallel.tp > 1 && options.backend == BackendKind::Cuda)
     return Error{fmt::format("{}: parallel.tp: the CUDA backend runs each stage on one GPU; set parallel.tp to 1, or "
                              "run tensor parallelism with --backend cpu",
@@ -207,14 +207,6 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     return Error{fmt::format("{}: parallel.dp: the CUDA backend runs one pipeline replica; set parallel.dp to 1, or run "
                              "the replicas with --backend cpu",
                              c.source)};
-  if (c.parallel.dp > 1 && c.training.zero_stage == 3)
-    return Error{fmt::format("{}: training.zero_stage: the runtime shards optimizer state (ZeRO 1) but gathers no "
-                             "parameters per stage (ZeRO 3); set training.zero_stage to 1 or 2",
-                             c.source)};
-  if (c.parallel.dp > 1 && (c.training.overlap_grad_reduce || c.training.overlap_param_gather))
-    return Error{fmt::format("{}: training.{}: the runtime reduces gradients and gathers weights once per step, not per "
-                             "stage; set it to false",
-                             c.source, c.training.overlap_grad_reduce ? "overlap_grad_reduce" : "overlap_param_gather")};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
   // Selective recomputation rebuilds attention scores, which fused attention never keeps (the graph
@@ -224,11 +216,19 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                              "recomputes attention scores, which the runtime keeps; use \"full\" or \"none\", or set "
                              "precision.flash_attention to true (then selective recomputation has no R op)",
                              c.source)};
-  // Tied weights on the first and last stage would need their gradients summed across the pipeline,
-  // which the graph has no op for; run as untied they would be another model.
-  if (c.model.tied_embeddings)
-    return Error{fmt::format("{}: model.tied_embeddings: the runtime runs an untied embedding and LM head; set "
+  // Tied weights on two devices would need their gradients summed across the pipeline, which the
+  // graph has no op for; run as untied they would be another model.
+  const int first_device = layout.stages.front().device, last_device = layout.stages.back().device;
+  if (c.model.tied_embeddings && layout.vocab == VocabPlacement::OnStages && first_device != last_device)
+    return Error{fmt::format("{}: model.tied_embeddings: the embedding (device {}) and the LM head (device {}) would "
+                             "share a matrix across devices, which the runtime does not sum gradients over; run a "
+                             "vocabulary-parallel mode (--vocab vocab-1), where each device holds both uses of its "
+                             "shard, or a V-shape schedule (zb-v, v-half), which puts both on device 0, or set "
                              "model.tied_embeddings to false",
+                             c.source, first_device, last_device)};
+  if (c.model.tied_embeddings && options.backend == BackendKind::Cuda)
+    return Error{fmt::format("{}: model.tied_embeddings: the CUDA backend runs an untied embedding and LM head; run "
+                             "tied embeddings with --backend cpu, or set model.tied_embeddings to false",
                              c.source)};
   const bool llama = c.model.mlp == MlpKind::SwiGlu, grouped = c.model.key_value_heads() != c.model.heads;
   if (options.backend == BackendKind::Cuda && (llama || grouped))

@@ -4,6 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "partition.h"
+
 namespace pipesim::runtime {
 namespace {
 
@@ -29,9 +33,46 @@ OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& 
       data_(data), replicas_(job.dp),
       owned_(job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
-      split_weight_(graph_.has(OpKind::W)), training_(job.training) {}
+      split_weight_(graph_.has(OpKind::W)), training_(job.training), tensor_stages_(tensor_stages(layout_, rank_)),
+      own_gradient_ops_(std::size_t(layout_.stage_count()), false), own_weight_ops_(own_gradient_ops_) {
+  for (TaskId id = 0; id < TaskId(graph_.size()); ++id) {
+    const Task& t = graph_.task(id);
+    if (t.kind != OpKind::DpAllReduce || t.device != rank_ || t.stage < 0) continue;
+    (graph_.group_of(id).data == CollectiveData::Parameters ? own_weight_ops_ : own_gradient_ops_)[std::size_t(t.stage)] = true;
+  }
+}
+
+bool OpInterpreter::moved_by(std::size_t index, int stage, bool weights) const {
+  const int of = tensor_stages_.at(index);
+  if (stage >= 0) return of == stage;
+  return of < 0 || !(weights ? own_weight_ops_ : own_gradient_ops_)[std::size_t(of)];
+}
+
+void OpInterpreter::drop_unowned_weights(bool gathered_per_stage) {
+  std::vector<Buffer> weights = backend_.parameter_buffers(false);
+  std::vector<std::pair<DType, Tensor>> zeros;  // one per dtype, as long as the largest part to drop
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const Buffer& b = weights[i];
+    if (gathered_per_stage && (tensor_stages_.at(i) < 0 || !own_weight_ops_[std::size_t(tensor_stages_[i])])) continue;
+    const std::size_t first = owned_.begin(b.count), last = owned_.end(b.count);
+    const std::size_t dropped = std::max(first, b.count - last);
+    if (dropped == 0) continue;
+    auto z = std::find_if(zeros.begin(), zeros.end(), [&](const auto& x) { return x.first == b.dtype; });
+    if (z == zeros.end() || z->second.count() < dropped) {
+      if (z != zeros.end()) zeros.erase(z);
+      z = zeros.emplace(zeros.end(), b.dtype, backend_.allocate(dropped, b.dtype));
+    }
+    Tensor whole(b.data, b.count, b.dtype, nullptr);  // a view: the backend keeps the tensor
+    backend_.copy(z->second, 0, whole, 0, first);
+    backend_.copy(z->second, 0, whole, last, b.count - last);
+  }
+  backend_.synchronize();
+}
 
 void OpInterpreter::begin_step(std::span<const Batch> batches, bool capture_gradients) {
+  // Where each stage gathers its weights before its first F (ZeRO 3, overlapped gathers), a replica
+  // starts from its own part of them.
+  if (owned_.count > 1 && !std::exchange(weights_dropped_, true)) drop_unowned_weights(true);
   backend_.set_batches(batches);
   loss_part_ = 0;
   capture_gradients_ = capture_gradients;
@@ -192,6 +233,7 @@ void OpInterpreter::output_backward(int mb) {
 void OpInterpreter::optimizer() {
   if (capture_gradients_) gradients_ = backend_.gradients();
   backend_.optimizer_step(optimizer_, ++updates_);
+  if (owned_.count > 1) drop_unowned_weights(false);  // the other parts are gathered before they are read
 }
 
 void OpInterpreter::start(InFlight& f) {
@@ -264,14 +306,18 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
   if (!data_ || group.ranks != data_->size())
     throw OpError(fmt::format("the graph's data-parallel collective spans {} replicas; this run has {}", group.ranks,
                               data_ ? data_->size() : 1));
-  if (t.stage >= 0)  // check_runnable refuses the configs that make them
-    throw OpError("a data-parallel collective of one stage's weights (overlapped reduction or ZeRO-3): not executed");
   Communicator& lane = data_->lane(t.lane);
   const std::size_t replicas = std::size_t(data_->size());
+  const bool weights = group.data == CollectiveData::Parameters;
   data_parallel_.clear();
   std::vector<std::unique_ptr<Request>> parts;
-  for (const Buffer& b : backend_.parameter_buffers(group.data != CollectiveData::Parameters)) {
-    if (b.count == 0) continue;
+  const std::vector<Buffer> tensors = backend_.parameter_buffers(!weights);
+  if (tensors.size() != tensor_stages_.size())
+    throw OpError(fmt::format("the backend holds {} tensors; this rank's part of the model has {}", tensors.size(),
+                              tensor_stages_.size()));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Buffer& b = tensors[i];
+    if (b.count == 0 || !moved_by(i, t.stage, weights)) continue;
     if (group.data == CollectiveData::Gradients) {  // in place, whole
       parts.push_back(lane.all_reduce(b, ReduceOp::Sum));
       continue;

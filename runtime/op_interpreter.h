@@ -60,6 +60,14 @@ class OpInterpreter final : public OpRunner {
   /// T: the softmax gradient of this shard, dW (+ this shard's dX for Algorithm 1).
   void output_backward(int mb);
   void optimizer();
+  /// Under ZeRO, what a replica holds of a weight between the collectives that gather it: its own
+  /// part. The rest is zeroed, so that a gather the graph lacks, or that comes too late, fails the
+  /// check rather than passing on the weights of an earlier step. `gathered_per_stage`: only the
+  /// tensors of stages whose weights have their own gathers.
+  void drop_unowned_weights(bool gathered_per_stage);
+  /// Whether tensor `index` of parameter_buffers is one a DP_ALLREDUCE of stage `stage` moves
+  /// (task_graph.h: -1 takes what no per-stage op of its kind takes).
+  bool moved_by(std::size_t index, int stage, bool weights) const;
 
   // ---- communication ops ----
   void start_collective(InFlight& f, const CollectiveGroup& group);
@@ -86,6 +94,11 @@ class OpInterpreter final : public OpRunner {
   const int last_device_, last_stage_;
   const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
   const TrainingConfig training_;  ///< which layers recompute (recomputed_layers)
+  /// The virtual stage of each tensor of the backend's parameter_buffers, and the stages whose
+  /// gradients, and whose weights, have DP_ALLREDUCE ops of their own on this device.
+  const std::vector<int> tensor_stages_;
+  std::vector<bool> own_gradient_ops_, own_weight_ops_;
+  bool weights_dropped_ = false;  ///< before the first step, by drop_unowned_weights
 
   BufferStore buffers_;
   /// The DP_ALLREDUCE in flight (one at a time: they share a lane): per tensor, the padded buffers

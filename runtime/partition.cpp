@@ -14,6 +14,24 @@ std::vector<std::vector<float>*> tensors_of(RankParams& p) {
   return all;
 }
 
+std::vector<int> tensor_stages(const Layout& layout, int device) {
+  std::map<int, int> stage_of_layer;  // by global layer index, as RankParams::layers is ordered
+  int embedding = -1, head = -1;
+  for (int s = 0; s < layout.stage_count(); ++s) {
+    const VirtualStage& stage = layout.stages[std::size_t(s)];
+    if (stage.device != device) continue;
+    for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l) stage_of_layer[l] = s;
+    if (stage.has_embedding) embedding = s;
+    if (stage.has_head) head = s;
+  }
+  const std::size_t per_layer = cpu::Layer{}.tensors().size();
+  std::vector<int> stages;
+  for (const auto& [layer, stage] : stage_of_layer) stages.insert(stages.end(), per_layer, stage);
+  const int last = layout.stage_count() - 1;
+  for (const int stage : {embedding, head, last, last}) stages.push_back(stage);  // embedding, head, final norm
+  return stages;
+}
+
 std::size_t RankParams::count() const {
   std::size_t count = embedding.size() + head.size() + final_gain.size() + final_bias.size();
   for (const auto& [index, layer] : layers)
@@ -39,13 +57,14 @@ cpu::ModelShape model_shape(const Config& c) {
   return {.layers = c.model.layers, .hidden = c.model.hidden, .heads = c.model.heads, .ffn = c.model.ffn_hidden,
           .vocab = c.model.vocab, .batch = c.model.micro_batch_size, .seq = c.model.seq_len,
           .kv_heads = c.model.key_value_heads(),
-          .family = c.model.mlp == MlpKind::SwiGlu ? cpu::LayerFamily::Llama : cpu::LayerFamily::Gpt};
+          .family = c.model.mlp == MlpKind::SwiGlu ? cpu::LayerFamily::Llama : cpu::LayerFamily::Gpt,
+          .tied_embeddings = c.model.tied_embeddings};
 }
 
 RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
   const int rank = part.device;
   RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
-              .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
+              .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;
@@ -63,6 +82,10 @@ RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, co
     m.params.embedding = cpu::embedding_rows(shape, seed, m.shard.first, m.shard.rows);
     m.params.head = cpu::head_rows(shape, seed, m.shard.first, m.shard.rows);
   }
+  // Tied, with both on this rank (a vocabulary shard, or the first and last stage on one device): one
+  // matrix, the embedding's, which the head reads and adds its gradient to.
+  m.tied = shape.tied_embeddings && !m.params.embedding.empty() && !m.params.head.empty();
+  if (m.tied) m.params.head.clear();
   if (layout.stages.back().device == rank) {
     m.params.final_gain.assign(std::size_t(shape.hidden), 1.0f);
     if (shape.family == cpu::LayerFamily::Gpt) m.params.final_bias.assign(std::size_t(shape.hidden), 0.0f);  // RMSNorm has none

@@ -30,6 +30,9 @@ struct RankModel {
   cpu::VocabShard shard;  ///< rows of `embedding`/`head` (the whole vocabulary in baseline)
   OwnedPart owned;        ///< what this rank's optimizer updates (and keeps moments of)
   int tp_rank = 0, tp = 1;  ///< its part of each layer (cpu::split_layer); the rest is whole on every rank
+  /// Tied embeddings, both on this rank: the LM head is `embedding` (and its gradient the
+  /// embedding's), and `head` holds nothing.
+  bool tied = false;
   RankParams params, grads;
   /// Adam's first and second moments of the owned part of each tensor, made (zeros) by its first step.
   RankParams moment1, moment2;
@@ -45,6 +48,11 @@ struct RankModel {
 /// Every tensor of a rank's parameters (or of its gradients), in one fixed order: what a
 /// data-parallel collective moves, tensor by tensor.
 std::vector<std::vector<float>*> tensors_of(RankParams& p);
+
+/// The virtual stage of each of tensors_of's tensors on pipeline device `device`, in its order: a
+/// layer's stage; the embedding's and the LM head's where a stage holds them whole (baseline), -1 for
+/// their vocabulary shards; the final norm's, the last stage.
+std::vector<int> tensor_stages(const Layout& layout, int device);
 
 cpu::ModelShape model_shape(const Config& config);
 /// Where a rank's part of the model comes from: its pipeline device, its tensor-parallel rank, and

@@ -247,7 +247,10 @@ std::vector<StageSteps> stage_steps(const std::vector<ComputeStep>& order) {
 /// backward under overlap_grad_reduce. Under ZeRO 1 and 2 the updated weights are all-gathered after
 /// the optimizer step, or under overlap_param_gather before each stage's first F (the next step's,
 /// steady state). ZeRO 3 gathers each stage's weights before its first F and again before its first
-/// backward, and reduce-scatters its gradients after its last.
+/// backward, and reduce-scatters its gradients after its last. A device's vocabulary shards belong to
+/// no stage: where stages have their own collectives, the shards' gradients are reduced after the
+/// device's last compute op and their weights gathered after the optimizer step, by the op of stage
+/// -1, which covers whatever no per-stage op of its kind covers (task_graph.h).
 class DataParallelOps {
  public:
   DataParallelOps(TaskGraphBuilder& builder, const Layout& layout, const std::vector<StageWork>& work,
@@ -279,8 +282,10 @@ class DataParallelOps {
           const TaskId last = t.weight.at(s.stage, last_mb) != kNoTask ? t.weight.at(s.stage, last_mb) : t.backward.at(s.stage, last_mb);
           reduced.push_back(after(collective(d, gradients, grads(s.stage), s.stage), last));
         }
+        if (dp_.shard_params > 0)
+          reduced.push_back(after(collective(d, gradients, dp_.shard_params * dp_.grad_bytes), last_compute[std::size_t(d)]));
       } else if (dp_.dp > 1) {
-        double all = 0;
+        double all = dp_.shard_params * dp_.grad_bytes;
         for (const StageSteps& s : steps) all += grads(s.stage);
         reduced.push_back(after(collective(d, gradients, all), last_compute[std::size_t(d)]));
       }
@@ -288,9 +293,11 @@ class DataParallelOps {
       after(step, last_compute[std::size_t(d)]);
       for (const TaskId r : reduced) builder_.depend(step, r);
       if (sharded && !gather_before_forward) {
-        double all = 0;
+        double all = dp_.shard_params * dp_.param_bytes;
         for (const StageSteps& s : steps) all += params(s.stage);
         after(collective(d, CollectiveData::Parameters, all), step);
+      } else if (gather_before_forward && dp_.shard_params > 0) {
+        after(collective(d, CollectiveData::Parameters, dp_.shard_params * dp_.param_bytes), step);
       }
     }
   }

@@ -23,6 +23,7 @@ struct DataParallelWork {
   int dp = 1;
   int zero_stage = 0;
   double grad_bytes = 4, param_bytes = 2;  ///< per parameter, as the collectives carry them
+  double shard_params = 0;  ///< parameters a device holds outside its stages: its vocabulary shards
   bool overlap_grad_reduce = false, overlap_param_gather = false;
 };
 

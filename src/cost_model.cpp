@@ -206,18 +206,20 @@ double seconds(const std::vector<Kernel>& kernels, const HardwareConfig& h) {
   return s;
 }
 
-/// Parameters of the vocabulary shards each device holds when the vocabulary is split over devices.
-double vocab_shard_params(const Config& c, const Layout& layout) {
-  if (layout.vocab == VocabPlacement::OnStages) return 0;
-  return 2.0 * layout.padded_vocab / layout.devices * c.model.hidden / c.parallel.tp;  // embedding + head rows
-}
-
 double stage_params(const Config& c, const VirtualStage& stage) {
   const ModelConfig& m = c.model;
   double params = stage.layers * layer_params(m);
   if (stage.has_embedding) params += vocab_params(m);
   if (stage.has_head) params += vocab_params(m) + 2.0 * m.hidden;
   return params / c.parallel.tp;
+}
+
+/// Tied embeddings with the first and the last stage on one device: the one matrix that
+/// stage_params counts twice, once for the embedding and once for the LM head.
+double tied_copy_params(const Config& c, const Layout& layout, int device) {
+  const bool both = layout.stages.front().has_embedding && layout.stages.back().has_head &&
+                    layout.stages.front().device == device && layout.stages.back().device == device;
+  return c.model.tied_embeddings && both ? vocab_params(c.model) / c.parallel.tp : 0;
 }
 
 /// Explicit costs are given for an even share (layers/pp) of the model; a stage scales by its layers.
@@ -270,7 +272,7 @@ class AnalyticCostModel final : public CostModel {
     return ns_from_s(s);
   }
   TimeNs optimizer(int device) const override {
-    double params = vocab_shard_params(c_, layout_);
+    double params = vocab_shard_params(c_, layout_) - tied_copy_params(c_, layout_, device);
     for (const VirtualStage& stage : layout_.stages)
       if (stage.device == device) params += stage_params(c_, stage);
     const PrecisionConfig& p = c_.precision;
@@ -457,6 +459,12 @@ VocabWork vocab_work(const Config& config, const Layout& layout) {
   return w;
 }
 
+double vocab_shard_params(const Config& c, const Layout& layout) {
+  if (layout.vocab == VocabPlacement::OnStages) return 0;
+  // Rows of the embedding and of the LM head; tied, one matrix serves both.
+  return (c.model.tied_embeddings ? 1.0 : 2.0) * layout.padded_vocab / layout.devices * c.model.hidden / c.parallel.tp;
+}
+
 std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layout) {
   const auto devices = static_cast<std::size_t>(layout.devices);
   std::vector<double> params(devices, vocab_shard_params(config, layout)), largest_stage(devices, 0.0);
@@ -468,6 +476,7 @@ std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layou
   const int zero = config.training.zero_stage, dp = config.parallel.dp;
   std::vector<Bytes> bytes;
   for (std::size_t d = 0; d < devices; ++d) {
+    params[d] -= tied_copy_params(config, layout, int(d));
     double held = params[d] * bytes_per_param(config.precision, zero, dp);
     // ZeRO-3 gathers a chunk's weights before its F and B and frees them after: the chunk in use and
     // the next one, fetched ahead, are whole.

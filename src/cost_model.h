@@ -59,6 +59,10 @@ VocabWork vocab_work(const Config& config, const Layout& layout);
 /// Relative cost of one layer, the embedding and the head (forward + backward), for "auto" splits.
 StageWeights stage_weights(const Config& config);
 
+/// Parameters of the vocabulary shards each device holds when the vocabulary is split over devices
+/// (per tensor-parallel rank; one matrix for both uses when the embeddings are tied); 0 when it is not.
+double vocab_shard_params(const Config& config, const Layout& layout);
+
 /// Parameters + gradients + optimizer states held by each device, in bytes.
 std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layout);
 

@@ -106,7 +106,10 @@ struct Task {
   std::uint8_t lane = 0;         ///< collectives: which collective stream, 0 .. kCollectiveLanes - 1
   std::int8_t chunk = -1;        ///< model chunk on the device (limits::kChunks); -1 for per-device ops
   std::int32_t device = 0;
-  std::int32_t stage = -1;       ///< virtual stage; -1 for per-device ops (a DP_ALLREDUCE of all its stages)
+  /// Virtual stage; -1 for per-device ops. A DP_ALLREDUCE of stage s moves that stage's tensors; one
+  /// of -1 moves every tensor of its device that no per-stage DP_ALLREDUCE of its kind (gradients or
+  /// weights) moves: all of them, or where stages have their own, the vocabulary shards.
+  std::int32_t stage = -1;
   std::int32_t microbatch = -1;  ///< -1 for per-iteration ops
   std::int32_t peer = -1;        ///< SEND/RECV: the device at the other end
   TaskId partner = kNoTask;      ///< SEND/RECV: the matched op on the peer

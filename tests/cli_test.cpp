@@ -396,15 +396,11 @@ TEST_CASE("the simulate command run suggests for its profile is the model that w
 
 TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
   const std::pair<std::string, std::string> cases[] = {
-      {"tiny.json --set parallel.dp=2 --set training.zero_stage=3",
-       "training.zero_stage: the runtime shards optimizer state (ZeRO 1) but gathers no parameters per stage"},
-      {"tiny.json --set parallel.dp=2 --set training.overlap_grad_reduce=true",
-       "training.overlap_grad_reduce: the runtime reduces gradients and gathers weights once per step"},
       {"llama-tiny.json --set parallel.tp=4",
        "model.kv_heads: 2 does not split over parallel.tp = 4 ranks; make it a multiple of 4"},
       {"default.json", "model: the CPU runtime would need about"},
-      {"llama-tiny.json --set model.tied_embeddings=true",
-       "model.tied_embeddings: the runtime runs an untied embedding and LM head; set model.tied_embeddings to false"},
+      {"llama-tiny.json --vocab baseline --set model.tied_embeddings=true",
+       "model.tied_embeddings: the embedding (device 0) and the LM head (device 3) would share a matrix across devices"},
       {"tiny.json --set training.recompute_granularity=selective --set precision.flash_attention=false",
        "training.recompute_granularity: selective recomputation without flash attention recomputes attention scores"},
       {"llama-tiny.json --set model.hidden=36", "model.hidden: rotary embeddings turn pairs of a head's 9 dimensions; "

@@ -49,6 +49,40 @@ TEST_CASE("data-parallel replicas, their gradients all-reduced or under ZeRO red
       }
 }
 
+TEST_CASE("ZeRO 3 and the overlapped reductions and gathers run per stage, and train like one device over steps") {
+  // Between the collectives that gather them, a replica holds only its part of each weight (the rest
+  // is zeroed), so a missing or late gather fails the check, and later steps' losses show it.
+  const auto losses_of = [](const std::string& schedule, const std::string& vocab, std::vector<std::string> settings) {
+    settings.insert(settings.end(), {"parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4"});
+    const Plan plan = plan_for(tiny_config(settings), schedule, vocab);
+    const runtime::RunResult run = checked_run(plan, 3);
+    INFO(schedule << " / " << vocab << ": gradient error " << run.check->max_grad_rel_err << " in "
+                  << run.check->worst_tensor);
+    CHECK(run.check->passed());
+    return std::pair{plan.graph, run.losses};
+  };
+  for (const std::string schedule : {"1f1b", "interleaved-1f1b", "zb-v"})
+    for (const std::string vocab : {"baseline", "vocab-1"}) {
+      const std::vector<double> reference = losses_of(schedule, vocab, {}).second;
+      for (const std::vector<std::string>& settings :
+           {std::vector<std::string>{"training.zero_stage=3"},
+            {"training.zero_stage=1", "training.overlap_param_gather=true", "training.overlap_grad_reduce=true"},
+            {"training.zero_stage=2", "training.overlap_grad_reduce=true"},
+            {"training.zero_stage=0", "training.overlap_grad_reduce=true"}}) {
+        INFO(schedule << " / " << vocab << " with " << settings.front() << ", " << settings.size() - 1 << " more");
+        const auto [graph, losses] = losses_of(schedule, vocab, settings);
+        // The graph's per-stage collectives, and in the vocabulary-parallel mode the shards' own.
+        int per_stage = 0, per_device = 0;
+        for (const Task& t : graph.tasks())
+          if (t.kind == OpKind::DpAllReduce) ++(t.stage >= 0 ? per_stage : per_device);
+        CHECK(per_stage > 0);
+        if (vocab == "vocab-1") CHECK(per_device > 0);
+        for (std::size_t step = 0; step < losses.size(); ++step)
+          CHECK(losses[step] == Approx(reference[step]).epsilon(1e-5));
+      }
+    }
+}
+
 TEST_CASE("the reference of a data-parallel check is the whole global batch, not one replica's") {
   // Two replicas of 4 microbatches and one pipeline of 8 see the same 8 microbatches: the same loss.
   const runtime::RunResult two = checked_run(plan_for(

@@ -204,6 +204,75 @@ TEST_CASE("ZeRO's collectives: a reduce-scatter per device, the weights gathered
   CHECK(reduce_early.metrics.iteration_ns <= plain.metrics.iteration_ns);
 }
 
+TEST_CASE("the data-parallel collectives carry a device's vocabulary shards, per device or after its stages") {
+  // Per device and direction (gradients, weights), the bytes the collectives move, and how many.
+  struct Moved {
+    double bytes = 0;
+    int ops = 0, shard_ops = 0;
+  };
+  const auto moved = [](const Simulated& s, int device, bool weights) {
+    Moved m;
+    for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id) {
+      const Task& t = s.plan.graph.task(id);
+      if (t.kind != OpKind::DpAllReduce || t.device != device) continue;
+      if ((s.plan.graph.group_of(id).data == CollectiveData::Parameters) != weights) continue;
+      m.bytes += s.plan.graph.work_of(t).bytes, ++m.ops;
+      if (t.stage < 0) ++m.shard_ops;
+    }
+    return m;
+  };
+  for (const std::string vocab : {"baseline", "vocab-1"}) {
+    const std::vector<std::string> common = {"parallel.dp=2", "schedule.vocab=\"" + vocab + "\"", "model.layers=6",
+                                             "parallel.chunks=2", "schedule.name=\"interleaved-1f1b\""};
+    std::vector<std::string> per_stage = common;
+    per_stage.insert(per_stage.end(), {"training.zero_stage=1", "training.overlap_grad_reduce=true",
+                                       "training.overlap_param_gather=true"});
+    std::vector<std::string> per_device = common;
+    per_device.push_back("training.zero_stage=1");
+    const Simulated whole = simulate_or_fail(parse_or_fail(kGpt, per_device));
+    const Simulated split = simulate_or_fail(parse_or_fail(kGpt, per_stage));
+    // The vocabulary-parallel modes put 2·V'/p·h parameters on every device, in no stage (V' the
+    // vocabulary padded to a multiple of the p = 3 devices): 4 bytes each as fp32 gradients, 2 as
+    // bf16 weights.
+    const double shard = vocab == "baseline" ? 0 : 2.0 * (32001.0 / 3) * 1024;
+    for (int d = 0; d < 3; ++d)
+      for (const bool weights : {false, true}) {
+        INFO(vocab << ", device " << d << (weights ? ", weights" : ", gradients"));
+        const Moved once = moved(whole, d, weights), staged = moved(split, d, weights);
+        CHECK(once.ops == 1);
+        CHECK(staged.bytes == Approx(once.bytes));  // the same tensors, in more collectives
+        CHECK(staged.ops == 2 + (shard > 0 ? 1 : 0));  // two chunks, and the shards' own
+        CHECK(staged.shard_ops == (shard > 0 ? 1 : 0));
+        if (shard > 0) {
+          double stages = 0;
+          for (const VirtualStage& v : split.plan.layout.stages)
+            if (v.device == d) stages += v.layers * layer_params(split.plan.config.model);
+          CHECK(once.bytes == Approx((stages + shard) * (weights ? 2 : 4)));
+        }
+      }
+  }
+}
+
+TEST_CASE("tied embeddings: a device holding both uses holds one matrix, two devices a copy each") {
+  // V·h parameters saved where one device holds both uses: a shard of V'/p rows (V' = 32001, the
+  // vocabulary padded to the p = 3 devices), or in V placement the whole matrix on device 0.
+  const double h = 1024, per_parameter = bytes_per_param(parse_or_fail(kGpt).precision, 0, 1);
+  for (const auto& [schedule, vocab] : {std::pair{"1f1b", "vocab-1"}, {"zb-v", "baseline"}, {"1f1b", "baseline"}}) {
+    const auto held = [&](bool tied) {
+      return plan_or_fail(parse_or_fail(kGpt, {"model.layers=6", fmt::format("schedule.name=\"{}\"", schedule),
+                                               fmt::format("schedule.vocab=\"{}\"", vocab),
+                                               fmt::format("model.tied_embeddings={}", tied)}))
+          .static_bytes;
+    };
+    const std::vector<Bytes> untied = held(false), tied = held(true);
+    for (int d = 0; d < 3; ++d) {
+      INFO(schedule << " / " << vocab << ", device " << d);
+      const double rows = vocab == std::string("vocab-1") ? 32001.0 / 3 : schedule == std::string("zb-v") && d == 0 ? 32000 : 0;
+      CHECK(double(untied[std::size_t(d)] - tied[std::size_t(d)]) == Approx(rows * h * per_parameter));
+    }
+  }
+}
+
 TEST_CASE("reserved memory comes off the device before a config fits; the rest is the headroom") {
   const Simulated s = simulate_or_fail(parse_or_fail(kGpt, {"hardware.memory_gib=80", "hardware.reserved_gib=5"}));
   CHECK(s.metrics.memory_capacity_bytes == Bytes(75) << 30);

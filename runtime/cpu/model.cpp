@@ -400,6 +400,7 @@ std::vector<float> embedding_rows(const ModelShape& s, std::uint64_t seed, int f
 }
 
 std::vector<float> head_rows(const ModelShape& s, std::uint64_t seed, int first, int rows) {
+  if (s.tied_embeddings) return embedding_rows(s, seed, first, rows);
   return normal_tensor(std::size_t(rows) * s.hidden, seed, 1, 0.02f, std::size_t(first) * s.hidden);
 }
 

@@ -24,6 +24,9 @@ struct ModelShape {
   int kv_heads = 0;
   LayerFamily family = LayerFamily::Gpt;
   float rope_theta = 10000;  ///< RoPE's base (Llama only); needs an even head width
+  /// The LM head is the embedding's transpose (one V × h matrix): make_model's head is then a copy
+  /// of its embedding, and a rank that holds both holds it once.
+  bool tied_embeddings = false;
   int tokens() const { return batch * seq; }
   int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int head_width() const { return hidden / heads; }
@@ -118,7 +121,7 @@ struct Model {
   std::vector<float> embedding;  ///< vocab × hidden
   std::vector<Layer> layers;
   std::vector<float> final_gain, final_bias;  ///< the final norm (final_bias empty for Llama)
-  std::vector<float> head;       ///< vocab × hidden (untied)
+  std::vector<float> head;       ///< vocab × hidden; tied, the embedding's numbers
 };
 Model make_model(const ModelShape& shape, std::uint64_t seed);
 /// Rows [first, first + rows) of make_model's embedding and LM head: one device's vocabulary shard.

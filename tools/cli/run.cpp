@@ -108,7 +108,7 @@ Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule
   if (!custom.ok()) return custom.error();
   Result<Plan> plan = make_plan(config, custom.value() ? &*custom.value() : nullptr);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
-  if (Status s = runtime::check_runnable(plan.value().config, options); !s.ok()) return s.error();
+  if (Status s = runtime::check_runnable(plan.value().config, plan.value().layout, options); !s.ok()) return s.error();
   return plan;
 }
 
@@ -149,7 +149,8 @@ std::optional<RunReport> simulated_memory(const RunFlags& o, const Plan& plan) {
   c.precision = {.param_bytes = bf16 ? 6.0 : 4.0, .grad_bytes = 4, .optimizer_bytes = o.optimizer == "sgd" ? 0.0 : 8.0,
                  .activation_bytes = bf16 ? 2.0 : 4.0, .flash_attention = o.backend == "cuda"};
   // The runtime shards the optimizer's state over the replicas (ZeRO 1); under ZeRO 2 it holds the
-  // gradients whole until its one reduce-scatter after the last backward.
+  // gradients whole until their reduce-scatter, and under ZeRO 3 it gathers weights into full-size
+  // buffers it keeps.
   c.training.zero_stage = std::min(c.training.zero_stage, 1);
   Result<SimulatedRun> sim = simulate_config(c);
   if (!sim.ok()) return std::nullopt;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "assemble.h"
+#include "model_math.h"
 #include "spellcheck.h"
 #include "validate.h"
 #include "vocab_passes.h"
@@ -164,8 +165,11 @@ Bytes boundary_bytes(const Config& config) {
 
 DataParallelWork data_parallel_work(const Config& config, const Layout& layout) {
   const TrainingConfig& t = config.training;
+  const bool tied_apart = config.model.tied_embeddings && layout.vocab == VocabPlacement::OnStages &&
+                          layout.stages.front().device != layout.stages.back().device;
   return {.dp = config.parallel.dp, .zero_stage = t.zero_stage, .grad_bytes = config.precision.grad_bytes,
           .param_bytes = config.precision.param_bytes, .shard_params = vocab_shard_params(config, layout),
+          .tied_params = tied_apart ? vocab_params(config.model) / config.parallel.tp : 0,
           .overlap_grad_reduce = t.overlap_grad_reduce, .overlap_param_gather = t.overlap_param_gather};
 }
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -71,25 +72,32 @@ class TensorParallelGroup final : public cpu::TensorParallel {
 };
 
 /// The transports of one rank: the world; its pipeline (the ranks of its replica and tensor-parallel
-/// rank, by device), which the graph's ops use; its data- and tensor-parallel groups when it has them.
+/// rank, by device), which the graph's ops use; its data- and tensor-parallel groups when it has them;
+/// the pair of its pipeline's devices that sum a tied embedding's gradient, when it is one of them.
 struct RankGroups {
   Transport& world;
-  std::unique_ptr<Transport> own_pipeline, data;
+  std::unique_ptr<Transport> own_pipeline, data, tied;
   std::unique_ptr<TensorParallelGroup> tensor;
   Transport& pipeline() { return own_pipeline ? *own_pipeline : world; }
 };
 
-/// Every rank makes its groups in the same order (pipeline, data, tensor), each waiting only for
-/// its members, so that no two ranks wait on each other's next group.
+/// Every rank makes its groups in the same order (pipeline, data, tensor, tied), each waiting only
+/// for its members, so that no two ranks wait on each other's next group.
 RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
-  RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tensor = nullptr};
-  if (job.ranks() == job.layout.devices) return groups;  // the pipeline is the world
+  RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tied = nullptr, .tensor = nullptr};
   const int rank = world.rank();
-  groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device));
-  if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica));
-  if (job.tp > 1)
-    groups.tensor = std::make_unique<TensorParallelGroup>(world.subgroup(job.group_of(rank, &RankPlace::tp_rank)),
-                                                          job.sequence_parallel, timeout_s, job.place(rank).device);
+  if (job.ranks() != job.layout.devices) {  // otherwise the pipeline is the world
+    groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device));
+    if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica));
+    if (job.tp > 1)
+      groups.tensor = std::make_unique<TensorParallelGroup>(world.subgroup(job.group_of(rank, &RankPlace::tp_rank)),
+                                                            job.sequence_parallel, timeout_s, job.place(rank).device);
+  }
+  const auto& groups_of_graph = job.graph.groups();
+  const bool tie = std::any_of(groups_of_graph.begin(), groups_of_graph.end(),
+                               [](const CollectiveGroup& g) { return g.data == CollectiveData::TiedEmbedding; });
+  const int first = job.layout.stages.front().device, last = job.layout.stages.back().device, device = job.place(rank).device;
+  if (tie && (device == first || device == last)) groups.tied = groups.pipeline().subgroup({first, last});
   return groups;
 }
 
@@ -110,7 +118,7 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   Transport& comm = groups.pipeline();
   const int rank = comm.rank();
   const RankPlace place = job.place(groups.world.rank());
-  OpInterpreter interpreter(job, place, comm, groups.data.get(), backend, options.optimizer);
+  OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), backend, options.optimizer);
   StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {
@@ -188,7 +196,7 @@ bool CheckResult::passed() const {
 
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
-Status check_runnable(const Config& c, const Layout& layout, const RunOptions& options) {
+Status check_runnable(const Config& c, const RunOptions& options) {
   if (c.parallel.tp > 1 && options.backend == BackendKind::Cuda)
     return Error{fmt::format("{}: parallel.tp: the CUDA backend runs each stage on one GPU; set parallel.tp to 1, or "
                              "run tensor parallelism with --backend cpu",
@@ -216,16 +224,6 @@ Status check_runnable(const Config& c, const Layout& layout, const RunOptions& o
                              "recomputes attention scores, which the runtime keeps; use \"full\" or \"none\", or set "
                              "precision.flash_attention to true (then selective recomputation has no R op)",
                              c.source)};
-  // Tied weights on two devices would need their gradients summed across the pipeline, which the
-  // graph has no op for; run as untied they would be another model.
-  const int first_device = layout.stages.front().device, last_device = layout.stages.back().device;
-  if (c.model.tied_embeddings && layout.vocab == VocabPlacement::OnStages && first_device != last_device)
-    return Error{fmt::format("{}: model.tied_embeddings: the embedding (device {}) and the LM head (device {}) would "
-                             "share a matrix across devices, which the runtime does not sum gradients over; run a "
-                             "vocabulary-parallel mode (--vocab vocab-1), where each device holds both uses of its "
-                             "shard, or a V-shape schedule (zb-v, v-half), which puts both on device 0, or set "
-                             "model.tied_embeddings to false",
-                             c.source, first_device, last_device)};
   if (c.model.tied_embeddings && options.backend == BackendKind::Cuda)
     return Error{fmt::format("{}: model.tied_embeddings: the CUDA backend runs an untied embedding and LM head; run "
                              "tied embeddings with --backend cpu, or set model.tied_embeddings to false",

@@ -91,11 +91,11 @@ struct RunResult {
 /// Physical memory of this machine.
 Bytes machine_memory_bytes();
 
-/// Whether this runtime can execute a job of this config, laid out as `layout`, with these options
-/// (tensor and data parallelism on the CPU backend only, no context parallelism, tied embeddings only
-/// where one device holds both uses, a model whose CPU math -- the CPU backend, or --check's
-/// reference -- fits in this machine's memory); the error names the config field to change.
-Status check_runnable(const Config& config, const Layout& layout, const RunOptions& options);
+/// Whether this runtime can execute a job of this config with these options (tensor and data
+/// parallelism and tied embeddings on the CPU backend only, no context parallelism, a model whose CPU
+/// math -- the CPU backend, or --check's reference -- fits in this machine's memory); the error names
+/// the config field to change.
+Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present;

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <utility>
 
 #include "partition.h"
 
@@ -45,10 +44,10 @@ GradientCheck::GradientCheck(const cpu::ModelShape& shape, std::uint64_t seed, s
     for (float& v : t) v *= scale;
   };
   rescale(grad_.embedding), rescale(grad_.head), rescale(grad_.final_gain), rescale(grad_.final_bias);
-  // Tied, the one matrix's gradient is both uses' sum, which the ranks report as the embedding's
-  // wherever they hold the two together.
+  // Tied, the one matrix's gradient is both uses' sum: what a rank holding both reports as the
+  // embedding's, and two devices holding a copy each report as theirs.
   if (shape.tied_embeddings)
-    for (std::size_t i = 0; i < grad_.embedding.size(); ++i) grad_.embedding[i] += std::exchange(grad_.head[i], 0.0f);
+    for (std::size_t i = 0; i < grad_.embedding.size(); ++i) grad_.head[i] = grad_.embedding[i] += grad_.head[i];
   for (cpu::Layer& l : grad_.layers)
     for (std::vector<float>* t : l.tensors()) rescale(*t);
   loss_ /= double(batches.size());

@@ -27,10 +27,10 @@ class AllOf final : public Request {
 }  // namespace
 
 OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data,
-                             Backend& backend, const OptimizerSettings& optimizer)
+                             Transport* tied, Backend& backend, const OptimizerSettings& optimizer)
     : graph_(job.graph), layout_(job.layout), rank_(place.device), comm_(comm), backend_(backend),
       optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
-      data_(data), replicas_(job.dp),
+      data_(data), tied_(tied), replicas_(job.dp),
       owned_(job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)), training_(job.training), tensor_stages_(tensor_stages(layout_, rank_)),
@@ -295,6 +295,13 @@ void OpInterpreter::start_collective(InFlight& f, const CollectiveGroup& group) 
       f.data = buffers_.take({Buf::VocabDxPart, -1, mb});
       f.request = comm.all_reduce(f.data.view(), group.op);
       return;
+    case CollectiveData::TiedEmbedding: {  // the embedding's gradient here, the LM head's there: summed
+      if (!tied_) throw OpError("a tied embedding's all-reduce on a device that holds neither of its uses");
+      const std::vector<Buffer> gradients = backend_.parameter_buffers(true);
+      const std::size_t from_end = rank_ == layout_.stages.front().device ? kEmbeddingFromEnd : kHeadFromEnd;
+      f.request = tied_->lane(graph_.task(f.id).lane).all_reduce(gradients.at(gradients.size() - from_end), group.op);
+      return;
+    }
     case CollectiveData::Gradients:
     case CollectiveData::GradientShards:
     case CollectiveData::Parameters: throw OpError("a data-parallel collective on a pipeline lane");
@@ -372,6 +379,7 @@ bool OpInterpreter::advance(InFlight& f) {
     case CollectiveData::SoftmaxStats: return barrier0_round(f, group);
     case CollectiveData::OutputX:
     case CollectiveData::InputGrad:
+    case CollectiveData::TiedEmbedding:
     case CollectiveData::Gradients:
     case CollectiveData::GradientShards:
     case CollectiveData::Parameters: return true;

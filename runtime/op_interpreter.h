@@ -16,9 +16,10 @@ namespace pipesim::runtime {
 class OpInterpreter final : public OpRunner {
  public:
   /// `comm` joins the rank's pipeline (its rank there is place.device); `data` its data-parallel
-  /// group, when the job has replicas.
-  OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data, Backend& backend,
-                const OptimizerSettings& optimizer);
+  /// group, when the job has replicas; `tied` the first and the last stage's devices of its pipeline,
+  /// when the graph sums a tied embedding's gradient between them and this rank is one of the two.
+  OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data, Transport* tied,
+                Backend& backend, const OptimizerSettings& optimizer);
 
   void compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>& vocab_parts) override;
   void start(InFlight& f) override;
@@ -89,6 +90,7 @@ class OpInterpreter final : public OpRunner {
   int updates_ = 0;  ///< optimizer steps taken
   const int microbatches_, n_, h_;
   Transport* const data_;     ///< the data-parallel group; null with one replica
+  Transport* const tied_;     ///< the first and last stage's devices, for a tied embedding; or null
   const int replicas_;
   const OwnedPart owned_;     ///< what this replica's optimizer updates (ZeRO); all of every tensor otherwise
   const int last_device_, last_stage_;

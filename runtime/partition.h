@@ -48,6 +48,9 @@ struct RankModel {
 /// Every tensor of a rank's parameters (or of its gradients), in one fixed order: what a
 /// data-parallel collective moves, tensor by tensor.
 std::vector<std::vector<float>*> tensors_of(RankParams& p);
+/// Where tensors_of puts the embedding and the LM head: after every layer's tensors, fourth and third
+/// from the end (the final norm's gain and bias last).
+constexpr std::size_t kEmbeddingFromEnd = 4, kHeadFromEnd = 3;
 
 /// The virtual stage of each of tensors_of's tensors on pipeline device `device`, in its order: a
 /// layer's stage; the embedding's and the LM head's where a stage holds them whole (baseline), -1 for

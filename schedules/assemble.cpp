@@ -250,7 +250,9 @@ std::vector<StageSteps> stage_steps(const std::vector<ComputeStep>& order) {
 /// backward, and reduce-scatters its gradients after its last. A device's vocabulary shards belong to
 /// no stage: where stages have their own collectives, the shards' gradients are reduced after the
 /// device's last compute op and their weights gathered after the optimizer step, by the op of stage
-/// -1, which covers whatever no per-stage op of its kind covers (task_graph.h).
+/// -1, which covers whatever no per-stage op of its kind covers (task_graph.h). A tied embedding on
+/// two devices has its gradient summed between them first: after each one's last compute op, before
+/// the collectives and the optimizer step that read it (Megatron's embedding group).
 class DataParallelOps {
  public:
   DataParallelOps(TaskGraphBuilder& builder, const Layout& layout, const std::vector<StageWork>& work,
@@ -259,7 +261,17 @@ class DataParallelOps {
 
   void add(const DeviceOrders& orders, const Transfers& t, const std::vector<TaskId>& last_compute) const {
     const int last_mb = t.forward.microbatches() - 1;
+    const std::vector<TaskId> tie = tie_ops(last_compute);
+    const int first_stage = 0, last_stage = layout_.stage_count() - 1;
     for (int d = 0; d < layout_.devices; ++d) {
+      // What reads the tied gradient waits for its sum: the collective of the stage that holds it,
+      // or of every stage.
+      const auto tied_first = [&](TaskId op, int stage = -1) {
+        const bool holds = stage < 0 || (stage == first_stage && layout_.stages.front().device == d) ||
+                           (stage == last_stage && layout_.stages.back().device == d);
+        if (holds && tie[std::size_t(d)] != kNoTask) builder_.depend(op, tie[std::size_t(d)]);
+        return op;
+      };
       std::vector<StageSteps> steps = stage_steps(orders[std::size_t(d)]);
       const auto by = [&](std::size_t StageSteps::*position) {
         std::sort(steps.begin(), steps.end(), [&](const StageSteps& a, const StageSteps& b) { return a.*position < b.*position; });
@@ -280,16 +292,16 @@ class DataParallelOps {
       if (dp_.dp > 1 && (dp_.overlap_grad_reduce || dp_.zero_stage == 3)) {
         for (const StageSteps& s : by(&StageSteps::last_backward)) {
           const TaskId last = t.weight.at(s.stage, last_mb) != kNoTask ? t.weight.at(s.stage, last_mb) : t.backward.at(s.stage, last_mb);
-          reduced.push_back(after(collective(d, gradients, grads(s.stage), s.stage), last));
+          reduced.push_back(tied_first(after(collective(d, gradients, grads(s.stage), s.stage), last), s.stage));
         }
         if (dp_.shard_params > 0)
           reduced.push_back(after(collective(d, gradients, dp_.shard_params * dp_.grad_bytes), last_compute[std::size_t(d)]));
       } else if (dp_.dp > 1) {
         double all = dp_.shard_params * dp_.grad_bytes;
         for (const StageSteps& s : steps) all += grads(s.stage);
-        reduced.push_back(after(collective(d, gradients, all), last_compute[std::size_t(d)]));
+        reduced.push_back(tied_first(after(collective(d, gradients, all), last_compute[std::size_t(d)])));
       }
-      const TaskId step = builder_.add({.kind = OpKind::Optimizer, .device = d});
+      const TaskId step = tied_first(builder_.add({.kind = OpKind::Optimizer, .device = d}));
       after(step, last_compute[std::size_t(d)]);
       for (const TaskId r : reduced) builder_.depend(step, r);
       if (sharded && !gather_before_forward) {
@@ -303,6 +315,20 @@ class DataParallelOps {
   }
 
  private:
+  /// Per device, its member of the tied gradient's all-reduce, or kNoTask.
+  std::vector<TaskId> tie_ops(const std::vector<TaskId>& last_compute) const {
+    std::vector<TaskId> tie(std::size_t(layout_.devices), kNoTask);
+    if (dp_.tied_params <= 0) return tie;
+    const WorkId work = builder_.work({.bytes = dp_.tied_params * dp_.grad_bytes});
+    std::vector<TaskId> members;
+    for (const int d : {layout_.stages.front().device, layout_.stages.back().device}) {
+      tie[std::size_t(d)] = builder_.add({.kind = OpKind::AllReduce, .lane = std::uint8_t(vocab_lane::kTiedEmbedding),
+                                          .device = d, .work = work});
+      members.push_back(after(tie[std::size_t(d)], last_compute[std::size_t(d)]));
+    }
+    builder_.add_group({.members = std::move(members), .ranks = 2, .data = CollectiveData::TiedEmbedding, .op = ReduceOp::Sum});
+    return tie;
+  }
   double grads(int stage) const { return work_[std::size_t(stage)].params * dp_.grad_bytes; }
   double params(int stage) const { return work_[std::size_t(stage)].params * dp_.param_bytes; }
   /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of every stage on device d.

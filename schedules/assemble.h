@@ -24,6 +24,9 @@ struct DataParallelWork {
   int zero_stage = 0;
   double grad_bytes = 4, param_bytes = 2;  ///< per parameter, as the collectives carry them
   double shard_params = 0;  ///< parameters a device holds outside its stages: its vocabulary shards
+  /// A tied embedding whose two uses sit on two devices (the first stage's and the last's), each
+  /// holding a copy: its parameters, whose gradient the two devices sum before either reads it.
+  double tied_params = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false;
 };
 

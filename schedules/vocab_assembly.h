@@ -7,7 +7,8 @@
 ///   lane 3  ALLREDUCE C0: max, sum-exp, target logit (+ dX, Algorithm 2)  (after S on each device)
 ///   lane 4  ALLREDUCE C1: dX (Algorithm 1 and interlaced)                  (after T on each device)
 ///   lane 5  BROADCAST the first stage's input gradient dY                  (after the first B)
-/// Lane 0 is the data-parallel all-reduce.
+/// Lane 0 is the data-parallel all-reduce. Where the vocabulary stays on stages, lane 1 carries the
+/// all-reduce of a tied embedding's gradient between the first and the last stage's devices.
 #include <functional>
 #include <vector>
 
@@ -20,7 +21,7 @@ namespace pipesim {
 /// The collective lanes, named for the executors that give each collective its meaning.
 namespace vocab_lane {
 constexpr int kDataParallel = 0, kInputReduce = 1, kOutputBroadcast = 2, kBarrier0 = 3, kBarrier1 = 4,
-              kGradBroadcast = 5;
+              kGradBroadcast = 5, kTiedEmbedding = 1;
 }  // namespace vocab_lane
 
 class VocabPasses {

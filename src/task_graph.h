@@ -129,6 +129,7 @@ enum class CollectiveData : std::uint8_t {
   SoftmaxStats,    ///< ALLREDUCE, barrier C0: M, then S and z (+ dX with Algorithm 2)
   OutputGrad,      ///< ALLREDUCE, barrier C1: Σ dX_i (Algorithm 1, interlaced)
   InputGrad,       ///< BROADCAST: the first stage's input gradient dY to every device
+  TiedEmbedding,   ///< ALLREDUCE: a tied embedding's gradient, summed between the first stage's device and the last's
 };
 
 enum class ReduceOp : std::uint8_t {

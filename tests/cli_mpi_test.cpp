@@ -64,6 +64,23 @@ TEST_CASE("mpirun -np 8 runs tensor- and data-parallel ranks inside a 2-stage pi
   CHECK_THAT(wrong.text, Catch::Contains("not a multiple of parallel.tp × parallel.dp = 4: give mpirun -np 8"));
 }
 
+TEST_CASE("mpirun: a tied embedding on the first and last stage's processes, ZeRO 3 per stage, matches the reference") {
+  // Each pipeline's first and last process sum their copies' gradients over a group of the two;
+  // the replicas gather and reduce-scatter each stage's weights.
+  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
+  REQUIRE(mpirun);
+  const Output out = run_command(std::string(mpirun) + " -np 8 " + std::getenv("PIPESIM") + " run " +
+                                 config("llama-tiny.json") + " --vocab baseline --set model.tied_embeddings=true" +
+                                 " --set parallel.dp=2 --set parallel.microbatches=4 --set training.zero_stage=3" +
+                                 " --check --format json");
+  INFO(out.text);
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["runtime"] == "mpi, 8 processes");
+  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+}
+
 int main(int argc, char** argv) {
   const char* mpirun = std::getenv("PIPESIM_MPIRUN");
   if (!mpirun || !*mpirun) {

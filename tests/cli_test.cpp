@@ -399,8 +399,6 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
       {"llama-tiny.json --set parallel.tp=4",
        "model.kv_heads: 2 does not split over parallel.tp = 4 ranks; make it a multiple of 4"},
       {"default.json", "model: the CPU runtime would need about"},
-      {"llama-tiny.json --vocab baseline --set model.tied_embeddings=true",
-       "model.tied_embeddings: the embedding (device 0) and the LM head (device 3) would share a matrix across devices"},
       {"tiny.json --set training.recompute_granularity=selective --set precision.flash_attention=false",
        "training.recompute_granularity: selective recomputation without flash attention recomputes attention scores"},
       {"llama-tiny.json --set model.hidden=36", "model.hidden: rotary embeddings turn pairs of a head's 9 dimensions; "

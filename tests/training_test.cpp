@@ -273,6 +273,34 @@ TEST_CASE("tied embeddings: a device holding both uses holds one matrix, two dev
   }
 }
 
+TEST_CASE("tied embeddings on two devices: their gradients summed, V·h of fp32, before either device's optimizer") {
+  const auto simulated = [](const std::string& schedule, bool tied) {
+    return simulate_or_fail(parse_or_fail(kGpt, {"model.layers=6", fmt::format("schedule.name=\"{}\"", schedule),
+                                                 fmt::format("model.tied_embeddings={}", tied)}));
+  };
+  const Simulated apart = simulated("1f1b", true);
+  std::vector<int> devices;
+  for (TaskId id = 0; id < TaskId(apart.plan.graph.size()); ++id) {
+    const Task& t = apart.plan.graph.task(id);
+    if (t.group < 0 || apart.plan.graph.group_of(id).data != CollectiveData::TiedEmbedding) continue;
+    devices.push_back(t.device);
+    CHECK(t.kind == OpKind::AllReduce);
+    CHECK(apart.plan.graph.group_of(id).ranks == 2);
+    CHECK(apart.plan.graph.work_of(t).bytes == 32000.0 * 1024 * 4);
+    // The optimizer step of its device waits for it.
+    for (TaskId other = 0; other < TaskId(apart.plan.graph.size()); ++other)
+      if (apart.plan.graph.task(other).kind == OpKind::Optimizer && apart.plan.graph.task(other).device == t.device) {
+        const auto deps = apart.plan.graph.deps(other);
+        CHECK(std::find(deps.begin(), deps.end(), id) != deps.end());
+        CHECK(apart.timeline.start[std::size_t(other)] >= apart.timeline.end[std::size_t(id)]);
+      }
+  }
+  CHECK(devices == std::vector<int>{0, 2});
+  CHECK(apart.metrics.iteration_ns > simulated("1f1b", false).metrics.iteration_ns);
+  // V placement holds both uses on device 0: nothing to sum.
+  CHECK_FALSE(simulated("zb-v", true).plan.graph.has(OpKind::AllReduce));
+}
+
 TEST_CASE("reserved memory comes off the device before a config fits; the rest is the headroom") {
   const Simulated s = simulate_or_fail(parse_or_fail(kGpt, {"hardware.memory_gib=80", "hardware.reserved_gib=5"}));
   CHECK(s.metrics.memory_capacity_bytes == Bytes(75) << 30);

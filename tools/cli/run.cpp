@@ -108,7 +108,7 @@ Result<Plan> runnable_plan(Config config, int ranks, const std::string& schedule
   if (!custom.ok()) return custom.error();
   Result<Plan> plan = make_plan(config, custom.value() ? &*custom.value() : nullptr);
   if (!plan.ok()) return Error{fmt::format("{}: {}", config.source, plan.error().message)};
-  if (Status s = runtime::check_runnable(plan.value().config, plan.value().layout, options); !s.ok()) return s.error();
+  if (Status s = runtime::check_runnable(plan.value().config, options); !s.ok()) return s.error();
   return plan;
 }
 

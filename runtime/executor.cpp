@@ -230,12 +230,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     return Error{fmt::format("{}: model.tied_embeddings: the runtime runs an untied embedding and LM head; set "
                              "model.tied_embeddings to false",
                              c.source)};
-  const bool llama = c.model.mlp == MlpKind::SwiGlu, grouped = c.model.key_value_heads() != c.model.heads;
-  if (options.backend == BackendKind::Cuda && (llama || grouped))
-    return Error{fmt::format("{}: model: the CUDA backend runs GPT layers with multi-head attention only; run Llama-family "
-                             "layers (model.mlp \"swiglu\") or grouped-query attention (model.kv_heads < model.heads) "
-                             "with --backend cpu, or set model.mlp to \"gelu\" and model.kv_heads to {}",
-                             c.source, c.model.heads)};
+  const bool llama = c.model.mlp == MlpKind::SwiGlu;
   if (llama && (c.model.hidden / c.model.heads) % 2 != 0)
     return Error{fmt::format("{}: model.hidden: rotary embeddings turn pairs of a head's {} dimensions; make "
                              "model.hidden / model.heads even",

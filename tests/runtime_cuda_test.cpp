@@ -1,10 +1,12 @@
 // The CUDA backend executes the same task graphs as the CPU backend and matches the single-device
 // CPU reference: every schedule × vocabulary mode in fp32 (TF32 off) to the CPU's bounds, and in
-// bf16 within 1e-2 on the loss. Needs a GPU: without one it exits 77, which Meson reports as SKIP.
+// bf16 within 1e-2 on the loss; the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention)
+// likewise. Needs a GPU: without one it exits 77, which Meson reports as SKIP.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
 
 #include "cuda/cuda_backend.h"
 #include "helpers.h"
@@ -16,20 +18,36 @@ using namespace pipesim;
 
 namespace {
 
-Plan tiny_plan(const std::string& schedule, const std::string& vocab) {
-  Config config = testing::shipped_config("tiny.json");
+Plan shipped_plan(const std::string& file, const std::string& schedule, const std::string& vocab) {
+  Config config = testing::shipped_config(file);
   config.schedule.name = schedule, config.schedule.vocab = vocab;
   return testing::plan_or_fail(config);
 }
 
-runtime::CheckResult checked_run(const std::string& schedule, const std::string& vocab, runtime::DType dtype) {
+Plan tiny_plan(const std::string& schedule, const std::string& vocab) {
+  return shipped_plan("tiny.json", schedule, vocab);
+}
+
+runtime::CheckResult checked_run(const std::string& schedule, const std::string& vocab, runtime::DType dtype,
+                                 const std::string& file = "tiny.json") {
   runtime::RunOptions o;
   o.backend = runtime::BackendKind::Cuda, o.dtype = dtype, o.check = true, o.timeout_s = 60;
-  const Plan plan = tiny_plan(schedule, vocab);
+  const Plan plan = shipped_plan(file, schedule, vocab);
   Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
-  INFO(schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
+  INFO(file << ": " << schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
   REQUIRE(run.ok());
   return *run.value().check;
+}
+
+/// The CPU tests' bounds (tests/runtime_test.cpp): the loss within 1e-5 relative, every gradient
+/// within 1e-4, and a loss near log(V), so a wrong loss cannot pass by being small.
+void check_fp32_bounds(const runtime::CheckResult& check, int vocab) {
+  INFO("loss " << check.loss << " reference " << check.reference_loss << ", gradient error " << check.max_grad_rel_err
+               << " in " << check.worst_tensor);
+  CHECK(std::abs(check.loss - check.reference_loss) <= 1e-5 * std::abs(check.reference_loss));
+  CHECK(check.max_grad_rel_err <= 1e-4);
+  CHECK(check.passed());
+  CHECK(check.reference_loss == Approx(std::log(double(vocab))).epsilon(0.05));
 }
 
 }  // namespace
@@ -47,6 +65,27 @@ TEST_CASE("fp32 on the GPU matches the CPU reference for every schedule and voca
 TEST_CASE("bf16 on the GPU keeps the loss within 1e-2 of the fp32 reference") {
   for (const std::string vocab : {"baseline", "vocab-1", "vocab-2"}) {
     const runtime::CheckResult check = checked_run("1f1b", vocab, runtime::DType::BF16);
+    INFO(vocab << ": loss " << check.loss << " reference " << check.reference_loss);
+    CHECK(check.passed());
+  }
+}
+
+TEST_CASE("a Llama-family model (RMSNorm, RoPE, SwiGLU, grouped-query attention) in fp32 on the GPU matches the "
+          "CPU reference") {
+  const Config config = testing::shipped_config("llama-tiny.json");
+  REQUIRE(config.model.mlp == MlpKind::SwiGlu);
+  REQUIRE(config.model.key_value_heads() < config.model.heads);
+  // One schedule per kind of walk: plain 1F1B, chunks on a loop, B and W split, V placement with W split.
+  for (const std::string schedule : {"1f1b", "interleaved-1f1b", "zb-h1", "zb-v"})
+    for (const std::string& vocab : vocab_mode_names()) {
+      INFO(schedule << " / " << vocab);
+      check_fp32_bounds(checked_run(schedule, vocab, runtime::DType::F32, "llama-tiny.json"), config.model.vocab);
+    }
+}
+
+TEST_CASE("a Llama-family model in bf16 (cuDNN's grouped-query attention) keeps the loss within 1e-2") {
+  for (const std::string vocab : {"baseline", "vocab-1"}) {
+    const runtime::CheckResult check = checked_run("1f1b", vocab, runtime::DType::BF16, "llama-tiny.json");
     INFO(vocab << ": loss " << check.loss << " reference " << check.reference_loss);
     CHECK(check.passed());
   }

@@ -1,5 +1,7 @@
-// The CUDA backend: each op's math as cuBLASLt GEMMs and the kernels of cuda/kernels.h on this rank's
-// GPU, in fp32 (TF32 off: the correctness check) or bf16 with fp32 accumulation.
+// The CUDA backend: each op's math as cuBLASLt GEMMs and the kernels of cuda/kernels.h (and, for
+// the Llama family, cuda/llama_kernels.h) on this rank's GPU, in fp32 (TF32 off: the correctness
+// check) or bf16 with fp32 accumulation. The layer's math and tensor layouts are cpu::layer_forward's
+// and cpu::layer_backward's step for step, so that an fp32 run reproduces the CPU's numbers.
 //
 // Streams: every host thread that calls the backend gets a stream of its own (the rank's compute
 // thread and its communication thread), created in the rank's share of the GPU's SMs. Every op ends
@@ -22,6 +24,7 @@
 #include "cuda/event_clock.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/llama_kernels.h"
 #include "cuda/reduce.h"
 #include "cuda/sm_share.h"
 #include "cuda/thread_stream.h"
@@ -34,7 +37,9 @@ namespace {
 constexpr std::size_t kGemmWorkspace = std::size_t(32) << 20;
 
 /// What a layer keeps from F to B (and W): the inputs of every kernel's backward, and for a W split
-/// off B the output gradients of the four linear maps.
+/// off B the output gradients of the four linear maps. As in cpu::LayerCache, for Llama ln1/ln2 are
+/// RMSNorm outputs (mean1/mean2 stay empty), qkv is after the rotary embedding, fc1 is the fused
+/// [gate | up] and gelu holds silu(gate)·up.
 struct CudaLayerActivations final : Activations {
   Tensor input, ln1, mean1, rstd1, qkv, attention, lse, middle, ln2, mean2, rstd2, fc1, gelu;
   struct Deferred {
@@ -50,7 +55,8 @@ struct CudaLayerActivations final : Activations {
   }
 };
 
-/// The final LayerNorm's input and output, and the baseline LM head's logit gradients (last stage).
+/// The final norm's input and output (mean empty for RMSNorm), and the baseline LM head's logit
+/// gradients (last stage).
 struct CudaHeadActivations final : Activations {
   Tensor input, mean, rstd, normed, dlogits;
   Bytes bytes() const override {
@@ -151,21 +157,16 @@ class CudaBackend final : public Backend {
     DeviceLayer& w = model_.layers.at(layer);
     const CudaLayerActivations& c = layer_cache(base);
     const CudaLayerActivations::Deferred& d = c.deferred;
-    const int f = shape_.ffn;
-    linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, f, h_);
-    linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, f);
+    linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, shape_.ffn, h_);
+    linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, shape_.fc1_width());
     linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, h_, h_);
-    linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
+    linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, shape_.qkv_width());
   }
 
   std::unique_ptr<Activations> final_norm(Tensor x) override {
     auto cache = std::make_unique<CudaHeadActivations>();
     cache->input = std::move(x);
-    cache->normed = uninitialized(activation_size(), dtype());
-    cache->mean = uninitialized(std::size_t(n_), DType::F32);
-    cache->rstd = uninitialized(std::size_t(n_), DType::F32);
-    layernorm_forward(cache->input.data(), model_.final_gain.weight.get(), model_.final_bias.weight.get(),
-                      cache->normed.data(), f32(cache->mean), f32(cache->rstd), n_, h_, dtype(), stream());
+    norm_forward(model_.final_gain, model_.final_bias, cache->input, cache->normed, cache->mean, cache->rstd);
     return cache;
   }
   Tensor final_output(const Activations& base) override {
@@ -177,9 +178,7 @@ class CudaBackend final : public Backend {
   Tensor final_norm_backward(Activations& base, const Tensor& dnormed) override {
     CudaHeadActivations& cache = head_cache(base);
     Tensor dy = activation();
-    layernorm_backward(cache.input.data(), model_.final_gain.weight.get(), f32(cache.mean), f32(cache.rstd),
-                       dnormed.data(), dy.data(), model_.final_gain.grad.get(), model_.final_bias.grad.get(), n_, h_,
-                       dtype(), stream());
+    norm_backward(model_.final_gain, model_.final_bias, cache.input, cache.mean, cache.rstd, dnormed, dy);
     return dy;
   }
 
@@ -305,19 +304,61 @@ class CudaBackend final : public Backend {
   }
 
   /// cuBLASLt's GELU epilogues evaluate the tanh approximation their own way; fp32 runs, which the
-  /// check compares with the CPU, keep GELU in the kernels that share the CPU's formula.
-  bool fused_gelu() const { return dtype() == DType::BF16; }
+  /// check compares with the CPU, keep GELU in the kernels that share the CPU's formula. Llama's
+  /// SwiGLU has no epilogue.
+  bool fused_gelu() const { return dtype() == DType::BF16 && !llama(); }
+  bool llama() const { return shape_.family == cpu::LayerFamily::Llama; }
+  /// Key/value heads: heads, or fewer under grouped-query attention.
+  int kv_heads() const { return shape_.key_value_heads(); }
+
+  /// The family's norm over the n rows of x (cpu::norm_forward): LayerNorm, keeping mean and rstd, for
+  /// GPT; RMSNorm, gain only and keeping rstd (mean stays empty), for Llama.
+  void norm_forward(const DeviceParam& gain, const DeviceParam& bias, const Tensor& x, Tensor& y, Tensor& mean,
+                    Tensor& rstd) {
+    y = uninitialized(activation_size(), dtype());
+    rstd = uninitialized(std::size_t(n_), DType::F32);
+    switch (shape_.family) {
+      case cpu::LayerFamily::Gpt:
+        mean = uninitialized(std::size_t(n_), DType::F32);
+        return layernorm_forward(x.data(), gain.weight.get(), bias.weight.get(), y.data(), f32(mean), f32(rstd), n_,
+                                 h_, dtype(), stream());
+      case cpu::LayerFamily::Llama:
+        return rmsnorm_forward(x.data(), gain.weight.get(), y.data(), f32(rstd), n_, h_, dtype(), stream());
+    }
+  }
+  /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate.
+  void norm_backward(DeviceParam& gain, DeviceParam& bias, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& dy, Tensor& dx) {
+    switch (shape_.family) {
+      case cpu::LayerFamily::Gpt:
+        return layernorm_backward(x.data(), gain.weight.get(), f32(mean), f32(rstd), dy.data(), dx.data(),
+                                  gain.grad.get(), bias.grad.get(), n_, h_, dtype(), stream());
+      case cpu::LayerFamily::Llama:
+        return rmsnorm_backward(x.data(), gain.weight.get(), f32(rstd), dy.data(), dx.data(), gain.grad.get(), n_, h_,
+                                dtype(), stream());
+    }
+  }
+  /// Llama's rotary embedding of the q and k heads of a fused QKV (n × qkv_width), in place, as
+  /// cpu::rotate_qk: forward on the projection's output, backward on its gradient. GPT has none.
+  void rotate_qk(Tensor& qkv, bool backward) {
+    if (!llama()) return;
+    const auto rope = backward ? rope_backward : rope_forward;
+    rope(qkv.data(), n_, shape_.seq, shape_.qkv_width(), shape_.heads + kv_heads(), shape_.head_width(),
+         shape_.rope_theta, dtype(), stream());
+  }
 
   /// y = x·W + b (+ residual), keeping x (the layer's cache holds it) and returning y: one GEMM with
   /// the bias and the residual in its epilogue where cuBLASLt has one, else the GEMM and two kernels.
+  /// An empty b (Llama's layers have no biases) adds nothing.
   Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
                 const Tensor* residual = nullptr) {
     Tensor y = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
-    if (linear_bias(gemm(), x.data(), w.compute(dtype()), b.weight.get(), residual ? residual->data() : nullptr,
-                    y.data(), n_, in, out, dtype(), stream()))
+    const bool has_bias = b.count() > 0;
+    if (has_bias && linear_bias(gemm(), x.data(), w.compute(dtype()), b.weight.get(),
+                                residual ? residual->data() : nullptr, y.data(), n_, in, out, dtype(), stream()))
       return y;
     matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
-    bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
+    if (has_bias) bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
     if (residual) add(y.data(), residual->data(), y.data(), y.count(), dtype(), stream());
     return y;
   }
@@ -326,6 +367,10 @@ class CudaBackend final : public Backend {
   /// vector that is then added: cuBLASLt overwrites a bias gradient, and gradients accumulate over
   /// microbatches.
   void linear_weight_grad(const Tensor& x, const Tensor& dy, DeviceParam& w, DeviceParam& b, int in, int out) {
+    if (b.count() == 0) {  // no bias (Llama): the weight gradient alone
+      matmul_at(gemm(), x.data(), dy.data(), w.grad.get(), n_, in, out, {dtype(), DType::F32}, true, stream());
+      return;
+    }
     Tensor db = uninitialized(std::size_t(out), DType::F32);
     if (matmul_at_bgrad(gemm(), x.data(), dy.data(), w.grad.get(), f32(db), n_, in, out, {dtype(), DType::F32}, true,
                         stream())) {
@@ -343,90 +388,120 @@ class CudaBackend final : public Backend {
     matmul_bt(gemm(), dy.data(), w.compute(dtype()), dx.data(), n_, out, in, {dtype(), dtype()}, false, stream());
   }
 
+  /// Causal attention of c.qkv into c.attention, keeping the logsumexp in c.lse. bf16 runs use the
+  /// tensor cores: cuDNN, else cuBLASLt (multi-head attention only), else the flash kernels, which
+  /// also stay the fp32 (checked) path. All three keep the same logsumexp, so any forward pairs with
+  /// any backward.
+  void attention_forward_pass(CudaLayerActivations& c) {
+    const int heads = shape_.heads, kv = kv_heads(), d = shape_.head_width();
+    c.attention = activation();
+    c.lse = scratch(std::size_t(shape_.batch) * std::size_t(heads) * std::size_t(shape_.seq), DType::F32);
+    if (dtype() == DType::BF16) {
+      if (use_cudnn_attention() && attention_forward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch,
+                                                           shape_.seq, heads, kv, d, stream()))
+        return;
+      if (kv == heads)
+        return attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
+                                      h_, heads, stream());
+    }
+    attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, heads, dtype(),
+                      stream(), kv);
+  }
+  /// dqkv (fresh zeros, n × qkv_width) = the gradient of attention_forward_pass: cuDNN writes it,
+  /// the others add to it, the same on zeros.
+  void attention_backward_pass(const CudaLayerActivations& c, const Tensor& dattention, Tensor& dqkv) {
+    const int heads = shape_.heads, kv = kv_heads(), d = shape_.head_width();
+    if (dtype() == DType::BF16) {
+      if (use_cudnn_attention() && attention_backward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse),
+                                                            dattention.data(), dqkv.data(), shape_.batch, shape_.seq,
+                                                            heads, kv, d, stream()))
+        return;
+      if (kv == heads)
+        return attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(),
+                                       dqkv.data(), shape_.batch, shape_.seq, h_, heads, stream());
+    }
+    attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
+                       shape_.seq, h_, heads, dtype(), stream(), kv);
+  }
+
   void forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
     const int f = shape_.ffn;
     c.input = std::move(x);
-    c.ln1 = uninitialized(activation_size(), dtype());
-    c.mean1 = uninitialized(std::size_t(n_), DType::F32), c.rstd1 = uninitialized(std::size_t(n_), DType::F32);
-    layernorm_forward(c.input.data(), w.ln1_gain.weight.get(), w.ln1_bias.weight.get(), c.ln1.data(), f32(c.mean1),
-                      f32(c.rstd1), n_, h_, dtype(), stream());
-    c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, 3 * h_);
-    c.attention = activation();
-    c.lse = scratch(std::size_t(shape_.batch) * std::size_t(shape_.heads) * std::size_t(shape_.seq), DType::F32);
-    if (dtype() == DType::BF16) {  // tensor cores: cuDNN, else cuBLASLt; the fp32 kernels stay the checked path
-      if (!use_cudnn_attention() ||
-          !attention_forward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
-                                   shape_.heads, shape_.heads, h_ / shape_.heads, stream()))
-        attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_,
-                               shape_.heads, stream());
-    } else
-      attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, shape_.heads,
-                        dtype(), stream());
+    norm_forward(w.ln1_gain, w.ln1_bias, c.input, c.ln1, c.mean1, c.rstd1);
+    c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, shape_.qkv_width());
+    rotate_qk(c.qkv, false);  // the cache keeps the rotated q and k, which attention reads
+    attention_forward_pass(c);
     c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_, &c.input);  // with the residual
-    c.ln2 = uninitialized(activation_size(), dtype());
-    c.mean2 = uninitialized(std::size_t(n_), DType::F32), c.rstd2 = uninitialized(std::size_t(n_), DType::F32);
-    layernorm_forward(c.middle.data(), w.ln2_gain.weight.get(), w.ln2_bias.weight.get(), c.ln2.data(), f32(c.mean2),
-                      f32(c.rstd2), n_, h_, dtype(), stream());
-    // fc1 keeps its pre-activation (c.fc1) for GELU's backward.
+    norm_forward(w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2);
+    // fc1 keeps its pre-activation (c.fc1) for the activation's backward.
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    c.fc1 = uninitialized(nf, dtype()), c.gelu = uninitialized(nf, dtype());
-    if (!fused_gelu() || !linear_bias_gelu(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()), w.fc1_bias.weight.get(),
-                                           c.fc1.data(), c.gelu.data(), n_, h_, f, dtype(), stream())) {
-      matmul(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()), c.fc1.data(), n_, h_, f, {dtype(), dtype()}, false,
-             stream());
-      bias_add(c.fc1.data(), w.fc1_bias.weight.get(), n_, f, dtype(), stream());
-      gelu_forward(c.fc1.data(), c.gelu.data(), nf, dtype(), stream());
+    c.gelu = uninitialized(nf, dtype());
+    if (llama()) {
+      c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, shape_.fc1_width());  // [gate | up], n × 2f
+      swiglu_forward(c.fc1.data(), c.gelu.data(), n_, f, dtype(), stream());
+    } else {
+      c.fc1 = uninitialized(nf, dtype());
+      if (!fused_gelu() || !linear_bias_gelu(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()),
+                                             w.fc1_bias.weight.get(), c.fc1.data(), c.gelu.data(), n_, h_, f, dtype(),
+                                             stream())) {
+        matmul(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()), c.fc1.data(), n_, h_, f, {dtype(), dtype()}, false,
+               stream());
+        bias_add(c.fc1.data(), w.fc1_bias.weight.get(), n_, f, dtype(), stream());
+        gelu_forward(c.fc1.data(), c.gelu.data(), nf, dtype(), stream());
+      }
     }
     x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_, &c.middle);  // with the residual
+  }
+
+  /// The MLP activation's input gradient dfc1 (n × fc1 width) from fc2's output gradient dy: GELU's
+  /// backward, fused into fc2's input-gradient GEMM where cuBLASLt can, or SwiGLU's.
+  Tensor activation_backward(DeviceLayer& w, const CudaLayerActivations& c, const Tensor& dy) {
+    const int f = shape_.ffn;
+    const std::size_t nf = std::size_t(n_) * std::size_t(f);
+    Tensor dfc1 = uninitialized(std::size_t(n_) * std::size_t(shape_.fc1_width()), dtype());
+    if (fused_gelu() && matmul_bt_dgelu(gemm(), dy.data(), w.fc2_weight.compute(dtype()), c.fc1.data(), dfc1.data(), n_,
+                                        h_, f, dtype(), stream()))
+      return dfc1;
+    Tensor dgelu = uninitialized(nf, dtype());
+    matmul_bt(gemm(), dy.data(), w.fc2_weight.compute(dtype()), dgelu.data(), n_, h_, f, {dtype(), dtype()}, false,
+              stream());
+    CUDA_CHECK(cudaMemsetAsync(dfc1.data(), 0, dfc1.bytes(), stream()));  // both backwards add
+    if (llama())
+      swiglu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), n_, f, dtype(), stream());
+    else
+      gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
+    return dfc1;
   }
 
   /// With `defer` (a W pass split off), the four output gradients move into c.deferred instead of
   /// feeding weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is
   /// copied.
   void backward(DeviceLayer& w, CudaLayerActivations& c, Tensor& dy, bool defer) {
-    const int f = shape_.ffn;
-    const std::size_t nf = std::size_t(n_) * std::size_t(f);
+    const int f = shape_.ffn, qkv_width = shape_.qkv_width();
     CudaLayerActivations::Deferred* keep = defer ? &c.deferred : nullptr;
     Tensor dmiddle = uninitialized(activation_size(), dtype());  // through the second residual
     copy(dy, 0, dmiddle, 0, dy.count());
-    // fc2, and GELU's backward: fused into fc2's input-gradient GEMM where cuBLASLt can.
     if (!defer) linear_weight_grad(c.gelu, dy, w.fc2_weight, w.fc2_bias, f, h_);
-    Tensor dfc1 = uninitialized(nf, dtype());
-    if (!fused_gelu() || !matmul_bt_dgelu(gemm(), dy.data(), w.fc2_weight.compute(dtype()), c.fc1.data(), dfc1.data(),
-                                          n_, h_, f, dtype(), stream())) {
-      Tensor dgelu = uninitialized(nf, dtype());
-      matmul_bt(gemm(), dy.data(), w.fc2_weight.compute(dtype()), dgelu.data(), n_, h_, f, {dtype(), dtype()}, false,
-                stream());
-      CUDA_CHECK(cudaMemsetAsync(dfc1.data(), 0, dfc1.bytes(), stream()));  // gelu_backward adds
-      gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
-    }
+    Tensor dfc1 = activation_backward(w, c, dy);
     if (defer) keep->fc2_dy = std::move(dy);
     Tensor dln2 = uninitialized(activation_size(), dtype());
-    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, f, defer);
+    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, shape_.fc1_width(), defer);
     if (defer) keep->fc1_dy = std::move(dfc1);
-    layernorm_backward(c.middle.data(), w.ln2_gain.weight.get(), f32(c.mean2), f32(c.rstd2), dln2.data(), dmiddle.data(),
-                       w.ln2_gain.grad.get(), w.ln2_bias.grad.get(), n_, h_, dtype(), stream());
-    Tensor dattention = uninitialized(activation_size(), dtype()), dqkv = scratch(3 * activation_size(), dtype());
+    norm_backward(w.ln2_gain, w.ln2_bias, c.middle, c.mean2, c.rstd2, dln2, dmiddle);
+    Tensor dattention = uninitialized(activation_size(), dtype());
+    Tensor dqkv = scratch(std::size_t(n_) * std::size_t(qkv_width), dtype());
     linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, defer);
     if (defer) {
       keep->proj_dy = uninitialized(dmiddle.count(), dtype());
       copy(dmiddle, 0, keep->proj_dy, 0, dmiddle.count());
     }
-    if (dtype() == DType::BF16) {  // cuDNN writes dqkv (=): the same here, dqkv being fresh zeros
-      if (!use_cudnn_attention() ||
-          !attention_backward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(),
-                                    shape_.batch, shape_.seq, shape_.heads, shape_.heads, h_ / shape_.heads, stream()))
-        attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(),
-                                shape_.batch, shape_.seq, h_, shape_.heads, stream());
-    } else
-      attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
-                         shape_.seq, h_, shape_.heads, dtype(), stream());
+    attention_backward_pass(c, dattention, dqkv);
+    rotate_qk(dqkv, true);  // back to the projection's output: what qkv's weight gradient reads
     Tensor dln1 = uninitialized(activation_size(), dtype());
-    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, 3 * h_, defer);
+    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, qkv_width, defer);
     if (defer) keep->qkv_dy = std::move(dqkv);
-    // dx: through the first residual, plus the first LayerNorm's backward.
-    layernorm_backward(c.input.data(), w.ln1_gain.weight.get(), f32(c.mean1), f32(c.rstd1), dln1.data(), dmiddle.data(),
-                       w.ln1_gain.grad.get(), w.ln1_bias.grad.get(), n_, h_, dtype(), stream());
+    // dx: through the first residual, plus the first norm's backward.
+    norm_backward(w.ln1_gain, w.ln1_bias, c.input, c.mean1, c.rstd1, dln1, dmiddle);
     dy = std::move(dmiddle);
   }
 

@@ -160,6 +160,10 @@ class Backend : public Allocator {
   /// Update `step` (1 on the first) of every weight this rank owns (under ZeRO, its part of each
   /// tensor), then zeroes the gradients.
   virtual void optimizer_step(const OptimizerSettings& settings, int step) = 0;
+  /// The weights were written through parameter_buffers (a data-parallel gather of the replicas'
+  /// updated parts): whatever the backend derives from them, such as the CUDA backend's bf16 GEMM
+  /// copies, is made again. Nothing to do for a backend that computes on the weights themselves.
+  virtual void weights_written() {}
   /// The gradients this rank holds (under ZeRO, of the part it owns), on the host (for the gradient check).
   virtual std::vector<HostGradient> gradients() = 0;
   /// Bytes of this rank's weights, gradients and optimizer state.

@@ -31,21 +31,24 @@ Status check_backend(const RunOptions& options) {
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, cpu::TensorParallel* tp) {
   const cpu::ModelShape& shape = job.shape;
   const RankPlace place = job.place(rank);
+  // Under ZeRO 1 and 2 each replica's optimizer updates its block of every tensor (partition.h).
+  const OwnedPart owned = job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{};
   if (options.backend == BackendKind::Cpu)
     return make_cpu_backend(shape, job.layout,
-                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp,
-                             .owned = job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}},
+                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned},
                             options.seed, tp);
-  // The CUDA backend runs one pipeline replica without tensor parallelism (check_runnable): rank is device.
+  // The CUDA backend runs without tensor parallelism (check_runnable): a rank is a pipeline device of
+  // one replica.
   if (options.device >= 0)  // one process per GPU (MPI)
-    return cuda::make_backend(shape, job.layout, rank, options.seed,
-                              {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1, .index_on_device = 0});
+    return cuda::make_backend(shape, job.layout, place.device, options.seed,
+                              {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1,
+                               .index_on_device = 0, .owned = owned});
   // Ranks of one process go round-robin over the GPUs; those that share one split its SMs equally.
-  const int gpus = cuda::device_count(), ranks = job.layout.devices;
+  const int gpus = cuda::device_count(), ranks = job.ranks();
   const cuda::BackendOptions gpu{.device = rank % gpus, .dtype = options.dtype,
                                  .ranks_on_device = ranks / gpus + (rank % gpus < ranks % gpus ? 1 : 0),
-                                 .index_on_device = rank / gpus};
-  return cuda::make_backend(shape, job.layout, rank, options.seed, gpu);
+                                 .index_on_device = rank / gpus, .owned = owned};
+  return cuda::make_backend(shape, job.layout, place.device, options.seed, gpu);
 }
 
 }  // namespace pipesim::runtime

@@ -85,11 +85,12 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
   RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tensor = nullptr};
   if (job.ranks() == job.layout.devices) return groups;  // the pipeline is the world
   const int rank = world.rank();
-  groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device));
-  if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica));
+  groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device), GroupUse::Pipeline);
+  if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica), GroupUse::Collectives);
   if (job.tp > 1)
-    groups.tensor = std::make_unique<TensorParallelGroup>(world.subgroup(job.group_of(rank, &RankPlace::tp_rank)),
-                                                          job.sequence_parallel, timeout_s, job.place(rank).device);
+    groups.tensor = std::make_unique<TensorParallelGroup>(
+        world.subgroup(job.group_of(rank, &RankPlace::tp_rank), GroupUse::Collectives), job.sequence_parallel,
+        timeout_s, job.place(rank).device);
   return groups;
 }
 
@@ -203,10 +204,6 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     if (size % c.parallel.tp != 0)
       return Error{fmt::format("{}: {}: {} does not split over parallel.tp = {} ranks; make it a multiple of {}",
                                c.source, field, size, c.parallel.tp, c.parallel.tp)};
-  if (c.parallel.dp > 1 && options.backend == BackendKind::Cuda)
-    return Error{fmt::format("{}: parallel.dp: the CUDA backend runs one pipeline replica; set parallel.dp to 1, or run "
-                             "the replicas with --backend cpu",
-                             c.source)};
   if (c.parallel.dp > 1 && c.training.zero_stage == 3)
     return Error{fmt::format("{}: training.zero_stage: the runtime shards optimizer state (ZeRO 1) but gathers no "
                              "parameters per stage (ZeRO 3); set training.zero_stage to 1 or 2",

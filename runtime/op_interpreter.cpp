@@ -303,6 +303,7 @@ void OpInterpreter::finish_data_parallel(const CollectiveGroup& group) {
     else  // every replica's updated part
       backend_.copy(x.out, 0, whole, 0, x.tensor.count);
   }
+  if (group.data == CollectiveData::Parameters) backend_.weights_written();
   backend_.synchronize();
   data_parallel_.clear();
 }

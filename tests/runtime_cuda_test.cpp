@@ -1,7 +1,9 @@
 // The CUDA backend executes the same task graphs as the CPU backend and matches the single-device
 // CPU reference: every schedule × vocabulary mode in fp32 (TF32 off) to the CPU's bounds, and in
 // bf16 within 1e-2 on the loss; the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention)
-// likewise. Needs a GPU: without one it exits 77, which Meson reports as SKIP.
+// likewise; and data-parallel replicas on one GPU (in-process, device memory), their gradients
+// all-reduced or under ZeRO reduce-scattered. Needs a GPU: without one it exits 77, which Meson
+// reports as SKIP.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -89,6 +91,52 @@ TEST_CASE("a Llama-family model in bf16 (cuDNN's grouped-query attention) keeps 
     INFO(vocab << ": loss " << check.loss << " reference " << check.reference_loss);
     CHECK(check.passed());
   }
+}
+
+TEST_CASE("data-parallel replicas on the GPU, gradients all-reduced or under ZeRO reduce-scattered, train like one "
+          "device") {
+  // dp = 2 × pp = 2: four ranks sharing the GPU, each replica on half of the global batch.
+  for (const std::string zero : {"0", "1"})
+    for (const std::string schedule : {"1f1b", "zb-h1"})
+      for (const std::string vocab : {"baseline", "vocab-1"}) {
+        Config config = testing::shipped_config("tiny.json", {"parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4",
+                                                              "training.zero_stage=" + zero});
+        config.schedule.name = schedule, config.schedule.vocab = vocab;
+        const Plan plan = testing::plan_or_fail(config);
+        REQUIRE(plan.graph.has(OpKind::DpAllReduce));
+        runtime::RunOptions o;
+        o.backend = runtime::BackendKind::Cuda, o.check = true, o.timeout_s = 60;
+        Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
+        INFO("ZeRO " << zero << ", " << schedule << " / " << vocab << (run.ok() ? "" : ": " + run.error().message));
+        REQUIRE(run.ok());
+        check_fp32_bounds(*run.value().check, config.model.vocab);
+      }
+}
+
+TEST_CASE("ZeRO-1 on the GPU keeps Adam's moments of half of every tensor at dp = 2, and its replicas train as "
+          "ZeRO-0's do") {
+  const auto run = [](const std::string& zero, runtime::DType dtype) {
+    Config config = testing::shipped_config("tiny.json", {"parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4",
+                                                          "training.zero_stage=" + zero});
+    const Plan plan = testing::plan_or_fail(config);
+    runtime::RunOptions o;
+    o.backend = runtime::BackendKind::Cuda, o.dtype = dtype, o.steps = 3, o.timeout_s = 60;
+    Result<runtime::RunResult> result = runtime::run_in_process(job_of(plan), o);
+    INFO("ZeRO " << zero << (result.ok() ? "" : ": " + result.error().message));
+    REQUIRE(result.ok());
+    return std::move(result).value();
+  };
+  const runtime::RunResult whole = run("0", runtime::DType::F32), sharded = run("1", runtime::DType::F32);
+  // fp32 weights and gradients (8 bytes a parameter) plus two moments (8 more), of which ZeRO-1
+  // keeps half at dp = 2 (tiny.json's tensors have even sizes): 3/4 of ZeRO-0's bytes.
+  for (std::size_t d = 0; d < whole.static_bytes.size(); ++d) CHECK(sharded.static_bytes[d] * 4 == whole.static_bytes[d] * 3);
+  for (std::size_t step = 0; step < 3; ++step) CHECK(sharded.losses[step] == Approx(whole.losses[step]).epsilon(1e-5));
+  CHECK(sharded.losses[2] < sharded.losses[0]);
+  // bf16: the gathered weights' bf16 copies are refreshed (weights_written), so the replicas'
+  // later steps still follow ZeRO-0's.
+  const runtime::RunResult whole16 = run("0", runtime::DType::BF16), sharded16 = run("1", runtime::DType::BF16);
+  for (std::size_t step = 0; step < 3; ++step) CHECK(sharded16.losses[step] == Approx(whole16.losses[step]).epsilon(1e-2));
+  CHECK(sharded16.losses[2] < sharded16.losses[0]);
 }
 
 TEST_CASE("op times are the GPU's: each rank's compute ops follow each other within the step") {

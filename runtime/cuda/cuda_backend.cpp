@@ -70,9 +70,10 @@ const CudaHeadActivations& head_cache(const Activations& cache) { return static_
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed, const BackendOptions& o)
+  CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device, std::uint64_t seed,
+              const BackendOptions& o)
       : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden),
-        host_(make_rank_model(shape, layout, {.device = rank, .tp_rank = 0, .tp = 1, .owned = {}}, seed)),
+        host_(make_rank_model(shape, layout, {.device = pipeline_device, .tp_rank = 0, .tp = 1, .owned = o.owned}, seed)),
         share_(bind_device(o)), model_(host_, o.dtype) {
     // Freed blocks stay in the pool for the next step instead of going back to the driver.
     cudaMemPool_t pool = nullptr;
@@ -260,6 +261,7 @@ class CudaBackend final : public Backend {
   void optimizer_step(const OptimizerSettings& settings, int step) override {
     model_.optimizer_step(settings, step, stream());
   }
+  void weights_written() override { model_.refresh_compute_copies(stream()); }
   std::vector<HostGradient> gradients() override {
     model_.download_grads(host_);
     return host_gradients(host_);
@@ -570,9 +572,9 @@ std::string unavailable_reason() {
   return "";
 }
 
-std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed,
-                                      const BackendOptions& options) {
-  return std::make_unique<CudaBackend>(shape, layout, rank, seed, options);
+std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device,
+                                      std::uint64_t seed, const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(shape, layout, pipeline_device, seed, options);
 }
 
 }  // namespace pipesim::runtime::cuda

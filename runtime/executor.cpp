@@ -27,8 +27,9 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 
 /// A tensor-parallel group as a layer's math sees it: blocking collectives on the group's first lane, held
 /// to the run's timeout. Only the rank's compute thread calls it, in the same order on every rank of
-/// the group (they run the same ops).
-class TensorParallelGroup final : public cpu::TensorParallel {
+/// the group (they run the same ops). The CPU's layers pass host spans, the CUDA backend's its device
+/// buffers (TensorParallelBuffers); the lane's memory is the backend's either way.
+class TensorParallelGroup final : public cpu::TensorParallel, public TensorParallelBuffers {
  public:
   TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device)
       : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device) {}
@@ -37,6 +38,9 @@ class TensorParallelGroup final : public cpu::TensorParallel {
   bool sequence_parallel() const override { return sequence_parallel_; }
   void all_reduce(std::span<float> x) override {
     run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(host_buffer(x), ReduceOp::Sum); });
+  }
+  void all_reduce(Buffer data) override {
+    run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(data, ReduceOp::Sum); });
   }
   void all_gather(std::span<const float> part, std::span<float> whole) override {
     run(Kind::AllGather, [&] { return group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)); });
@@ -190,9 +194,10 @@ bool CheckResult::passed() const {
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
 Status check_runnable(const Config& c, const RunOptions& options) {
-  if (c.parallel.tp > 1 && options.backend == BackendKind::Cuda)
-    return Error{fmt::format("{}: parallel.tp: the CUDA backend runs each stage on one GPU; set parallel.tp to 1, or "
-                             "run tensor parallelism with --backend cpu",
+  if (c.parallel.tp > 1 && c.parallel.sequence_parallel && options.backend == BackendKind::Cuda)
+    return Error{fmt::format("{}: parallel.sequence_parallel: the CUDA backend splits each layer over parallel.tp ranks "
+                             "but not its tokens; set parallel.sequence_parallel to false, or run sequence parallelism "
+                             "with --backend cpu",
                              c.source)};
   if (c.parallel.tp > 1 && c.parallel.sequence_parallel && (c.model.micro_batch_size * c.model.seq_len) % c.parallel.tp)
     return Error{fmt::format("{}: parallel.sequence_parallel: a microbatch's {} tokens do not split over parallel.tp = {} "
@@ -273,7 +278,8 @@ Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& op
   }
   std::unique_ptr<Backend> backend;
   try {
-    backend = backend_for ? backend_for(comm.rank()) : make_backend(options, job, comm.rank(), groups->tensor.get());
+    backend = backend_for ? backend_for(comm.rank())
+                          : make_backend(options, job, comm.rank(), groups->tensor.get(), groups->tensor.get());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),
                                         options.backend == BackendKind::Cuda ? "CUDA" : "CPU", e.what());

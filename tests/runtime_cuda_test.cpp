@@ -139,6 +139,33 @@ TEST_CASE("ZeRO-1 on the GPU keeps Adam's moments of half of every tensor at dp 
   CHECK(sharded16.losses[2] < sharded16.losses[0]);
 }
 
+TEST_CASE("tensor-parallel ranks on the GPU, each its heads and FFN slice, train like one device") {
+  // tp = 2 × pp = 2 (and × dp = 2 under ZeRO 1): the ranks share the GPU; the CUDA backend splits
+  // layers without sequence parallelism.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"tiny.json", {"parallel.tp=2", "parallel.pp=2"}},
+      {"llama-tiny.json", {"parallel.tp=2", "parallel.pp=2"}},
+      {"tiny.json", {"parallel.tp=2", "parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4",
+                     "training.zero_stage=1"}}};
+  for (const auto& [file, set] : runs)
+    for (const std::string schedule : {"1f1b", "zb-h1"})
+      for (const std::string vocab : {"baseline", "vocab-1"}) {
+        std::vector<std::string> overrides = set;
+        overrides.push_back("parallel.sequence_parallel=false");
+        Config config = testing::shipped_config(file, overrides);
+        config.schedule.name = schedule, config.schedule.vocab = vocab;
+        const Plan plan = testing::plan_or_fail(config);
+        runtime::RunOptions o;
+        o.backend = runtime::BackendKind::Cuda, o.check = true, o.timeout_s = 60;
+        Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
+        INFO(file << " " << fmt::format("{}", fmt::join(set, " ")) << ", " << schedule << " / " << vocab
+                  << (run.ok() ? "" : ": " + run.error().message));
+        REQUIRE(run.ok());
+        check_fp32_bounds(*run.value().check, config.model.vocab);
+        CHECK_FALSE(run.value().tensor_parallel.empty());  // the layers' all-reduces ran, and were recorded
+      }
+}
+
 TEST_CASE("op times are the GPU's: each rank's compute ops follow each other within the step") {
   runtime::RunOptions o;
   o.backend = runtime::BackendKind::Cuda, o.dtype = runtime::DType::BF16, o.steps = 2, o.timeout_s = 60;

@@ -64,6 +64,20 @@ struct CudaHeadActivations final : Activations {
   }
 };
 
+/// The widths of this rank's part of a layer (cpu/model.cpp's Part): split over the tensor-parallel
+/// group as Megatron splits it (its query and key/value heads, its slice of the FFN), the whole layer
+/// without tensor parallelism.
+struct LayerPart {
+  int heads, kv_heads;
+  int attention;  ///< the attention output's width: heads · head width
+  int qkv, ffn, fc1;
+  LayerPart(const cpu::ModelShape& s, int ranks)
+      : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
+        qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
+};
+
+int group_size(const BackendOptions& o) { return o.tensor_parallel ? o.tensor_parallel->size() : 1; }
+
 CudaLayerActivations& layer_cache(Activations& cache) { return static_cast<CudaLayerActivations&>(cache); }
 CudaHeadActivations& head_cache(Activations& cache) { return static_cast<CudaHeadActivations&>(cache); }
 const CudaHeadActivations& head_cache(const Activations& cache) { return static_cast<const CudaHeadActivations&>(cache); }
@@ -72,8 +86,11 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device, std::uint64_t seed,
               const BackendOptions& o)
-      : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden),
-        host_(make_rank_model(shape, layout, {.device = pipeline_device, .tp_rank = 0, .tp = 1, .owned = o.owned}, seed)),
+      : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden), tp_(o.tensor_parallel),
+        part_(shape, group_size(o)),
+        host_(make_rank_model(shape, layout,
+                              {.device = pipeline_device, .tp_rank = o.tp_rank, .tp = group_size(o), .owned = o.owned},
+                              seed)),
         share_(bind_device(o)), model_(host_, o.dtype) {
     // Freed blocks stay in the pool for the next step instead of going back to the driver.
     cudaMemPool_t pool = nullptr;
@@ -158,10 +175,10 @@ class CudaBackend final : public Backend {
     DeviceLayer& w = model_.layers.at(layer);
     const CudaLayerActivations& c = layer_cache(base);
     const CudaLayerActivations::Deferred& d = c.deferred;
-    linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, shape_.ffn, h_);
-    linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, shape_.fc1_width());
-    linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, h_, h_);
-    linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, shape_.qkv_width());
+    linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, part_.ffn, h_);
+    linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, part_.fc1);
+    linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, part_.attention, h_);
+    linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, part_.qkv);
   }
 
   std::unique_ptr<Activations> final_norm(Tensor x) override {
@@ -310,8 +327,6 @@ class CudaBackend final : public Backend {
   /// SwiGLU has no epilogue.
   bool fused_gelu() const { return dtype() == DType::BF16 && !llama(); }
   bool llama() const { return shape_.family == cpu::LayerFamily::Llama; }
-  /// Key/value heads: heads, or fewer under grouped-query attention.
-  int kv_heads() const { return shape_.key_value_heads(); }
 
   /// The family's norm over the n rows of x (cpu::norm_forward): LayerNorm, keeping mean and rstd, for
   /// GPT; RMSNorm, gain only and keeping rstd (mean stays empty), for Llama.
@@ -340,13 +355,35 @@ class CudaBackend final : public Backend {
                                 dtype(), stream());
     }
   }
-  /// Llama's rotary embedding of the q and k heads of a fused QKV (n × qkv_width), in place, as
-  /// cpu::rotate_qk: forward on the projection's output, backward on its gradient. GPT has none.
+  /// Llama's rotary embedding of the q and k heads of this rank's fused QKV (n × part qkv: its query
+  /// heads, then its key and value heads), in place, as cpu::rotate_qk: forward on the projection's
+  /// output, backward on its gradient. GPT has none.
   void rotate_qk(Tensor& qkv, bool backward) {
     if (!llama()) return;
     const auto rope = backward ? rope_backward : rope_forward;
-    rope(qkv.data(), n_, shape_.seq, shape_.qkv_width(), shape_.heads + kv_heads(), shape_.head_width(),
-         shape_.rope_theta, dtype(), stream());
+    rope(qkv.data(), n_, shape_.seq, part_.qkv, part_.heads + part_.kv_heads, shape_.head_width(), shape_.rope_theta,
+         dtype(), stream());
+  }
+  /// Sums t over the tensor-parallel group, in place; nothing without one. The stream's work on t
+  /// finishes first: the communicator reads it from its own stream (NCCL) or thread. When the call
+  /// returns the sum is in place, so what this stream launches next reads it.
+  void sum_over_group(Tensor& t) {
+    if (!tp_) return;
+    synchronize();
+    tp_->all_reduce(t.view());
+  }
+  /// A row-split map (proj, fc2): x (n × in, this rank's part) times its rows of W, summed over the
+  /// group, then the bias (whole on every rank) and the residual, as cpu::finish_row_split adds
+  /// them; without tensor parallelism linear() with the residual (one fused GEMM where it can).
+  Tensor row_split(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                   const Tensor& residual) {
+    if (!tp_) return linear(x, w, b, in, out, &residual);
+    Tensor y = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
+    matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
+    sum_over_group(y);
+    if (b.count() > 0) bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
+    add(y.data(), residual.data(), y.data(), y.count(), dtype(), stream());
+    return y;
   }
 
   /// y = x·W + b (+ residual), keeping x (the layer's cache holds it) and returning y: one GEMM with
@@ -394,9 +431,10 @@ class CudaBackend final : public Backend {
   /// tensor cores: cuDNN, else cuBLASLt (multi-head attention only), else the flash kernels, which
   /// also stay the fp32 (checked) path. All three keep the same logsumexp, so any forward pairs with
   /// any backward.
+  /// This rank's heads: attention of its query heads (width part_.attention) over its key/value heads.
   void attention_forward_pass(CudaLayerActivations& c) {
-    const int heads = shape_.heads, kv = kv_heads(), d = shape_.head_width();
-    c.attention = activation();
+    const int heads = part_.heads, kv = part_.kv_heads, d = shape_.head_width(), width = part_.attention;
+    c.attention = scratch(std::size_t(n_) * std::size_t(width), dtype());
     c.lse = scratch(std::size_t(shape_.batch) * std::size_t(heads) * std::size_t(shape_.seq), DType::F32);
     if (dtype() == DType::BF16) {
       if (use_cudnn_attention() && attention_forward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch,
@@ -404,15 +442,15 @@ class CudaBackend final : public Backend {
         return;
       if (kv == heads)
         return attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
-                                      h_, heads, stream());
+                                      width, heads, stream());
     }
-    attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, h_, heads, dtype(),
+    attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, width, heads, dtype(),
                       stream(), kv);
   }
   /// dqkv (fresh zeros, n × qkv_width) = the gradient of attention_forward_pass: cuDNN writes it,
   /// the others add to it, the same on zeros.
   void attention_backward_pass(const CudaLayerActivations& c, const Tensor& dattention, Tensor& dqkv) {
-    const int heads = shape_.heads, kv = kv_heads(), d = shape_.head_width();
+    const int heads = part_.heads, kv = part_.kv_heads, d = shape_.head_width(), width = part_.attention;
     if (dtype() == DType::BF16) {
       if (use_cudnn_attention() && attention_backward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse),
                                                             dattention.data(), dqkv.data(), shape_.batch, shape_.seq,
@@ -420,26 +458,28 @@ class CudaBackend final : public Backend {
         return;
       if (kv == heads)
         return attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(),
-                                       dqkv.data(), shape_.batch, shape_.seq, h_, heads, stream());
+                                       dqkv.data(), shape_.batch, shape_.seq, width, heads, stream());
     }
     attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
-                       shape_.seq, h_, heads, dtype(), stream(), kv);
+                       shape_.seq, width, heads, dtype(), stream(), kv);
   }
 
+  /// Under tensor parallelism the QKV map and fc1 are split by output columns (this rank's heads and
+  /// FFN slice; their biases too), proj and fc2 by input rows (row_split sums them over the group).
   void forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
-    const int f = shape_.ffn;
+    const int f = part_.ffn;
     c.input = std::move(x);
     norm_forward(w.ln1_gain, w.ln1_bias, c.input, c.ln1, c.mean1, c.rstd1);
-    c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, shape_.qkv_width());
+    c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, part_.qkv);
     rotate_qk(c.qkv, false);  // the cache keeps the rotated q and k, which attention reads
     attention_forward_pass(c);
-    c.middle = linear(c.attention, w.proj_weight, w.proj_bias, h_, h_, &c.input);  // with the residual
+    c.middle = row_split(c.attention, w.proj_weight, w.proj_bias, part_.attention, h_, c.input);  // + residual
     norm_forward(w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2);
     // fc1 keeps its pre-activation (c.fc1) for the activation's backward.
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
     c.gelu = uninitialized(nf, dtype());
     if (llama()) {
-      c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, shape_.fc1_width());  // [gate | up], n × 2f
+      c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, part_.fc1);  // [gate | up], n × 2f
       swiglu_forward(c.fc1.data(), c.gelu.data(), n_, f, dtype(), stream());
     } else {
       c.fc1 = uninitialized(nf, dtype());
@@ -452,15 +492,15 @@ class CudaBackend final : public Backend {
         gelu_forward(c.fc1.data(), c.gelu.data(), nf, dtype(), stream());
       }
     }
-    x = linear(c.gelu, w.fc2_weight, w.fc2_bias, f, h_, &c.middle);  // with the residual
+    x = row_split(c.gelu, w.fc2_weight, w.fc2_bias, f, h_, c.middle);  // with the residual
   }
 
   /// The MLP activation's input gradient dfc1 (n × fc1 width) from fc2's output gradient dy: GELU's
   /// backward, fused into fc2's input-gradient GEMM where cuBLASLt can, or SwiGLU's.
   Tensor activation_backward(DeviceLayer& w, const CudaLayerActivations& c, const Tensor& dy) {
-    const int f = shape_.ffn;
+    const int f = part_.ffn;
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    Tensor dfc1 = uninitialized(std::size_t(n_) * std::size_t(shape_.fc1_width()), dtype());
+    Tensor dfc1 = uninitialized(std::size_t(n_) * std::size_t(part_.fc1), dtype());
     if (fused_gelu() && matmul_bt_dgelu(gemm(), dy.data(), w.fc2_weight.compute(dtype()), c.fc1.data(), dfc1.data(), n_,
                                         h_, f, dtype(), stream()))
       return dfc1;
@@ -477,9 +517,10 @@ class CudaBackend final : public Backend {
 
   /// With `defer` (a W pass split off), the four output gradients move into c.deferred instead of
   /// feeding weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is
-  /// copied.
+  /// copied. Under tensor parallelism the column-split maps' input gradients (dln2, dln1) are this rank's
+  /// partial sums, summed over the group before the norms' backward; dy is whole on every rank.
   void backward(DeviceLayer& w, CudaLayerActivations& c, Tensor& dy, bool defer) {
-    const int f = shape_.ffn, qkv_width = shape_.qkv_width();
+    const int f = part_.ffn;
     CudaLayerActivations::Deferred* keep = defer ? &c.deferred : nullptr;
     Tensor dmiddle = uninitialized(activation_size(), dtype());  // through the second residual
     copy(dy, 0, dmiddle, 0, dy.count());
@@ -487,12 +528,13 @@ class CudaBackend final : public Backend {
     Tensor dfc1 = activation_backward(w, c, dy);
     if (defer) keep->fc2_dy = std::move(dy);
     Tensor dln2 = uninitialized(activation_size(), dtype());
-    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, shape_.fc1_width(), defer);
+    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, part_.fc1, defer);
     if (defer) keep->fc1_dy = std::move(dfc1);
+    sum_over_group(dln2);  // each rank's FFN slice contributes
     norm_backward(w.ln2_gain, w.ln2_bias, c.middle, c.mean2, c.rstd2, dln2, dmiddle);
-    Tensor dattention = uninitialized(activation_size(), dtype());
-    Tensor dqkv = scratch(std::size_t(n_) * std::size_t(qkv_width), dtype());
-    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, h_, h_, defer);
+    Tensor dattention = uninitialized(std::size_t(n_) * std::size_t(part_.attention), dtype());
+    Tensor dqkv = scratch(std::size_t(n_) * std::size_t(part_.qkv), dtype());
+    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, part_.attention, h_, defer);
     if (defer) {
       keep->proj_dy = uninitialized(dmiddle.count(), dtype());
       copy(dmiddle, 0, keep->proj_dy, 0, dmiddle.count());
@@ -500,8 +542,9 @@ class CudaBackend final : public Backend {
     attention_backward_pass(c, dattention, dqkv);
     rotate_qk(dqkv, true);  // back to the projection's output: what qkv's weight gradient reads
     Tensor dln1 = uninitialized(activation_size(), dtype());
-    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, qkv_width, defer);
+    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, part_.qkv, defer);
     if (defer) keep->qkv_dy = std::move(dqkv);
+    sum_over_group(dln1);  // likewise each rank's heads
     // dx: through the first residual, plus the first norm's backward.
     norm_backward(w.ln1_gain, w.ln1_bias, c.input, c.mean1, c.rstd1, dln1, dmiddle);
     dy = std::move(dmiddle);
@@ -544,6 +587,8 @@ class CudaBackend final : public Backend {
   cpu::ModelShape shape_;
   BackendOptions options_;
   int n_, h_;
+  TensorParallelBuffers* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
+  LayerPart part_;             ///< the widths of its part of each layer
   RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check
   SmShare share_;
   DeviceModel model_;

@@ -28,6 +28,11 @@ struct BackendOptions {
   /// What this rank's optimizer updates and keeps Adam's moments of: all of every tensor, or under
   /// ZeRO 1 and 2 its data-parallel replica's block of each.
   OwnedPart owned;
+  /// Its tensor-parallel rank and group (null without tensor parallelism, then the layers are
+  /// whole): the rank holds cpu::split_layer's part of each layer, as the CPU's does, and sums the
+  /// row-split maps' outputs and the column-split maps' input gradients over the group.
+  int tp_rank = 0;
+  TensorParallelBuffers* tensor_parallel = nullptr;
 };
 
 /// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers):

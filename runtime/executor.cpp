@@ -42,6 +42,12 @@ class TensorParallelGroup final : public cpu::TensorParallel, public TensorParal
   void all_reduce(Buffer data) override {
     run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(data, ReduceOp::Sum); });
   }
+  void all_gather(Buffer part, Buffer whole) override {
+    run(Kind::AllGather, [&] { return group_->lane(0).all_gather(part, whole); });
+  }
+  void reduce_scatter(Buffer whole, Buffer part) override {
+    run(Kind::ReduceScatter, [&] { return group_->lane(0).reduce_scatter(whole, part, ReduceOp::Sum); });
+  }
   void all_gather(std::span<const float> part, std::span<float> whole) override {
     run(Kind::AllGather, [&] { return group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)); });
   }
@@ -194,11 +200,6 @@ bool CheckResult::passed() const {
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
 Status check_runnable(const Config& c, const RunOptions& options) {
-  if (c.parallel.tp > 1 && c.parallel.sequence_parallel && options.backend == BackendKind::Cuda)
-    return Error{fmt::format("{}: parallel.sequence_parallel: the CUDA backend splits each layer over parallel.tp ranks "
-                             "but not its tokens; set parallel.sequence_parallel to false, or run sequence parallelism "
-                             "with --backend cpu",
-                             c.source)};
   if (c.parallel.tp > 1 && c.parallel.sequence_parallel && (c.model.micro_batch_size * c.model.seq_len) % c.parallel.tp)
     return Error{fmt::format("{}: parallel.sequence_parallel: a microbatch's {} tokens do not split over parallel.tp = {} "
                              "ranks; make model.micro_batch_size × model.seq_len a multiple of {}, or set "

@@ -91,10 +91,9 @@ struct RunResult {
 /// Physical memory of this machine.
 Bytes machine_memory_bytes();
 
-/// Whether this runtime can execute a job of this config with these options (sequence parallelism
-/// on the CPU backend only, ZeRO 1 or 2, no context parallelism, a model whose CPU math
-/// -- the CPU backend, or --check's reference -- fits in this machine's memory); the error names the
-/// config field to change.
+/// Whether this runtime can execute a job of this config with these options (ZeRO 1 or 2, no context
+/// parallelism, a model whose CPU math -- the CPU backend, or --check's reference -- fits in this
+/// machine's memory); the error names the config field to change.
 Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);

@@ -2,7 +2,7 @@
 # The NCCL path on one GPU: `mpirun -np N pipesim run --backend cuda --ranks-share-gpu`, one process
 # per rank sharing the GPU, NCCL over sockets. Every schedule × vocabulary mode with --check on 4
 # ranks, every schedule on 2, data-parallel replicas (dp = 2 × pp = 2 on 4 ranks, ZeRO 0 and 1),
-# tensor-parallel ranks (tp = 2 × pp = 2) and the Llama-family config (llama-tiny.json), then faults: a rank that hangs at an op, one that hangs before it creates
+# tensor-parallel ranks (tp = 2 × pp = 2, sequence-parallel or not) and the Llama-family config (llama-tiny.json), then faults: a rank that hangs at an op, one that hangs before it creates
 # its NCCL communicators, and one killed mid-run or before them must each end every rank within the
 # timeout, with an error naming the rank. Exits 77 (SKIP) without a CUDA device, mpirun or a CUDA build.
 # Environment (tests/meson.build): PIPESIM, PIPESIM_SOURCE, PIPESIM_MPIRUN, PIPESIM_CUDA_BUILT;
@@ -74,10 +74,12 @@ for zero in 0 1; do
       --vocab vocab-1 --check --timeout 60 --format json
   done
 done
-# Two tensor-parallel ranks per device (without sequence parallelism, which the CUDA backend refuses).
-tp="--set parallel.tp=2 --set parallel.pp=2 --set parallel.sequence_parallel=false"
-# shellcheck disable=SC2086  # $tp is several options
-launch "np4-tp2-1f1b" 300 4 $tp --schedule 1f1b --vocab vocab-1 --check --timeout 60 --format json
+# Two tensor-parallel ranks per device, with and without sequence parallelism.
+for sp in true false; do
+  # shellcheck disable=SC2086  # several options
+  launch "np4-tp2-sp-$sp-1f1b" 300 4 --set parallel.tp=2 --set parallel.pp=2 --set "parallel.sequence_parallel=$sp" \
+    --schedule 1f1b --vocab vocab-1 --check --timeout 60 --format json
+done
 for vocab in $vocabs; do
   run_config=$llama_config launch "np4-llama-1f1b-$vocab" 300 4 --schedule 1f1b --vocab "$vocab" --check \
     --timeout 60 --format json

@@ -139,20 +139,20 @@ TEST_CASE("ZeRO-1 on the GPU keeps Adam's moments of half of every tensor at dp 
   CHECK(sharded16.losses[2] < sharded16.losses[0]);
 }
 
-TEST_CASE("tensor-parallel ranks on the GPU, each its heads and FFN slice, train like one device") {
-  // tp = 2 × pp = 2 (and × dp = 2 under ZeRO 1): the ranks share the GPU; the CUDA backend splits
-  // layers without sequence parallelism.
+TEST_CASE("tensor-parallel ranks on the GPU, each its heads and FFN slice, with and without sequence parallelism, "
+          "train like one device") {
+  // tp = 2 × pp = 2 (and × dp = 2 under ZeRO 1): the ranks share the GPU.
   const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
-      {"tiny.json", {"parallel.tp=2", "parallel.pp=2"}},
-      {"llama-tiny.json", {"parallel.tp=2", "parallel.pp=2"}},
+      {"tiny.json", {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=false"}},
+      {"tiny.json", {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"}},
+      {"llama-tiny.json", {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=false"}},
+      {"llama-tiny.json", {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"}},
       {"tiny.json", {"parallel.tp=2", "parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4",
-                     "training.zero_stage=1"}}};
+                     "training.zero_stage=1", "parallel.sequence_parallel=true"}}};
   for (const auto& [file, set] : runs)
     for (const std::string schedule : {"1f1b", "zb-h1"})
       for (const std::string vocab : {"baseline", "vocab-1"}) {
-        std::vector<std::string> overrides = set;
-        overrides.push_back("parallel.sequence_parallel=false");
-        Config config = testing::shipped_config(file, overrides);
+        Config config = testing::shipped_config(file, set);
         config.schedule.name = schedule, config.schedule.vocab = vocab;
         const Plan plan = testing::plan_or_fail(config);
         runtime::RunOptions o;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "cuda/check.h"
 #include "cuda/device_model.h"
@@ -162,13 +163,26 @@ class CudaBackend final : public Backend {
                        dtype(), stream());
   }
 
-  std::size_t layer_activation_count() const override { return activation_size(); }
+  std::size_t layer_activation_count() const override { return std::size_t(rows()) * std::size_t(h_); }
+  /// Under sequence parallelism this rank's rows of the embedding's output (cpu's CpuBackend does the
+  /// same on the host).
+  Tensor sequence_part(Tensor whole) override {
+    if (!sequence_parallel()) return whole;
+    Tensor part = uninitialized(layer_activation_count(), whole.dtype());
+    copy(whole, std::size_t(tp_->rank()) * part.count(), part, 0, part.count());
+    return part;
+  }
+  Tensor sequence_whole(Tensor part) override {
+    if (!sequence_parallel()) return part;
+    return gathered(part);
+  }
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CudaLayerActivations>();
     forward(model_.layers.at(layer), x, *cache);
     return cache;
   }
   void layer_backward(int layer, Activations& cache, Tensor& dy, bool defer_weights) override {
+    partial_gradients_ = partial_gradients_ || sequence_parallel();
     backward(model_.layers.at(layer), layer_cache(cache), dy, defer_weights);
   }
   void layer_weight(int layer, Activations& base) override {
@@ -184,7 +198,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Activations> final_norm(Tensor x) override {
     auto cache = std::make_unique<CudaHeadActivations>();
     cache->input = std::move(x);
-    norm_forward(model_.final_gain, model_.final_bias, cache->input, cache->normed, cache->mean, cache->rstd);
+    norm_forward(model_.final_gain, model_.final_bias, cache->input, cache->normed, cache->mean, cache->rstd, n_);
     return cache;
   }
   Tensor final_output(const Activations& base) override {
@@ -196,7 +210,7 @@ class CudaBackend final : public Backend {
   Tensor final_norm_backward(Activations& base, const Tensor& dnormed) override {
     CudaHeadActivations& cache = head_cache(base);
     Tensor dy = activation();
-    norm_backward(model_.final_gain, model_.final_bias, cache.input, cache.mean, cache.rstd, dnormed, dy);
+    norm_backward(model_.final_gain, model_.final_bias, cache.input, cache.mean, cache.rstd, dnormed, dy, n_);
     return dy;
   }
 
@@ -276,10 +290,12 @@ class CudaBackend final : public Backend {
   // ---- per iteration ----
   std::vector<Buffer> parameter_buffers(bool gradients) override { return model_.buffers(gradients); }
   void optimizer_step(const OptimizerSettings& settings, int step) override {
+    sum_partial_gradients();
     model_.optimizer_step(settings, step, stream());
   }
   void weights_written() override { model_.refresh_compute_copies(stream()); }
   std::vector<HostGradient> gradients() override {
+    sum_partial_gradients();
     model_.download_grads(host_);
     return host_gradients(host_);
   }
@@ -328,31 +344,33 @@ class CudaBackend final : public Backend {
   bool fused_gelu() const { return dtype() == DType::BF16 && !llama(); }
   bool llama() const { return shape_.family == cpu::LayerFamily::Llama; }
 
-  /// The family's norm over the n rows of x (cpu::norm_forward): LayerNorm, keeping mean and rstd, for
-  /// GPT; RMSNorm, gain only and keeping rstd (mean stays empty), for Llama.
+  /// The family's norm over `rows` rows of x (cpu::norm_forward): LayerNorm, keeping mean and rstd,
+  /// for GPT; RMSNorm, gain only and keeping rstd (mean stays empty), for Llama. A layer's norms run
+  /// on its rows() rows, the final norm on all n.
   void norm_forward(const DeviceParam& gain, const DeviceParam& bias, const Tensor& x, Tensor& y, Tensor& mean,
-                    Tensor& rstd) {
-    y = uninitialized(activation_size(), dtype());
-    rstd = uninitialized(std::size_t(n_), DType::F32);
+                    Tensor& rstd, int rows) {
+    y = uninitialized(std::size_t(rows) * std::size_t(h_), dtype());
+    rstd = uninitialized(std::size_t(rows), DType::F32);
     switch (shape_.family) {
       case cpu::LayerFamily::Gpt:
-        mean = uninitialized(std::size_t(n_), DType::F32);
-        return layernorm_forward(x.data(), gain.weight.get(), bias.weight.get(), y.data(), f32(mean), f32(rstd), n_,
+        mean = uninitialized(std::size_t(rows), DType::F32);
+        return layernorm_forward(x.data(), gain.weight.get(), bias.weight.get(), y.data(), f32(mean), f32(rstd), rows,
                                  h_, dtype(), stream());
       case cpu::LayerFamily::Llama:
-        return rmsnorm_forward(x.data(), gain.weight.get(), y.data(), f32(rstd), n_, h_, dtype(), stream());
+        return rmsnorm_forward(x.data(), gain.weight.get(), y.data(), f32(rstd), rows, h_, dtype(), stream());
     }
   }
-  /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate.
+  /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate: under
+  /// sequence parallelism partial sums over this rank's rows, until sum_partial_gradients.
   void norm_backward(DeviceParam& gain, DeviceParam& bias, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                     const Tensor& dy, Tensor& dx) {
+                     const Tensor& dy, Tensor& dx, int rows) {
     switch (shape_.family) {
       case cpu::LayerFamily::Gpt:
         return layernorm_backward(x.data(), gain.weight.get(), f32(mean), f32(rstd), dy.data(), dx.data(),
-                                  gain.grad.get(), bias.grad.get(), n_, h_, dtype(), stream());
+                                  gain.grad.get(), bias.grad.get(), rows, h_, dtype(), stream());
       case cpu::LayerFamily::Llama:
-        return rmsnorm_backward(x.data(), gain.weight.get(), f32(rstd), dy.data(), dx.data(), gain.grad.get(), n_, h_,
-                                dtype(), stream());
+        return rmsnorm_backward(x.data(), gain.weight.get(), f32(rstd), dy.data(), dx.data(), gain.grad.get(), rows,
+                                h_, dtype(), stream());
     }
   }
   /// Llama's rotary embedding of the q and k heads of this rank's fused QKV (n × part qkv: its query
@@ -364,24 +382,57 @@ class CudaBackend final : public Backend {
     rope(qkv.data(), n_, shape_.seq, part_.qkv, part_.heads + part_.kv_heads, shape_.head_width(), shape_.rope_theta,
          dtype(), stream());
   }
-  /// Sums t over the tensor-parallel group, in place; nothing without one. The stream's work on t
-  /// finishes first: the communicator reads it from its own stream (NCCL) or thread. When the call
-  /// returns the sum is in place, so what this stream launches next reads it.
-  void sum_over_group(Tensor& t) {
-    if (!tp_) return;
+  bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }
+  /// Rows of a layer's input and output on this rank (cpu::layer_rows): n, or n / tp under sequence
+  /// parallelism.
+  int rows() const { return sequence_parallel() ? n_ / tp_->size() : n_; }
+
+  // The tensor-parallel collectives. Each first lets this stream's work finish (the communicator
+  // reads and writes from its own stream, NCCL's, or thread) and returns with its result in place,
+  // so what this stream launches next reads it.
+
+  /// Every rank's rows (n × h) of a tensor this rank holds rows() rows of (sequence parallelism).
+  Tensor gathered(const Tensor& part) {
+    Tensor whole = uninitialized(activation_size(), part.dtype());
     synchronize();
-    tp_->all_reduce(t.view());
+    tp_->all_gather(part.view(), whole.view());
+    return whole;
+  }
+  /// The sum over the group of `partial` (n × h, each rank's partial sum): this rank's rows of it
+  /// under sequence parallelism, else all of it, in place; `partial` itself without tensor
+  /// parallelism.
+  Tensor summed(Tensor partial) {
+    if (!tp_) return partial;
+    if (!sequence_parallel()) {
+      synchronize();
+      tp_->all_reduce(partial.view());
+      return partial;
+    }
+    Tensor mine = uninitialized(layer_activation_count(), partial.dtype());
+    synchronize();
+    tp_->reduce_scatter(partial.view(), mine.view());
+    return mine;
+  }
+  /// Under sequence parallelism, once a step before the gradients are read: the norms' parameter
+  /// gradients, partial sums over each rank's rows, summed over the group (cpu::sum_partial_gradients).
+  void sum_partial_gradients() {
+    if (!std::exchange(partial_gradients_, false)) return;
+    synchronize();
+    for (auto& [index, layer] : model_.layers)
+      for (DeviceParam* p : {&layer.ln1_gain, &layer.ln1_bias, &layer.ln2_gain, &layer.ln2_bias})
+        if (p->count() > 0) tp_->all_reduce({p->grad.get(), p->count(), DType::F32});
   }
   /// A row-split map (proj, fc2): x (n × in, this rank's part) times its rows of W, summed over the
-  /// group, then the bias (whole on every rank) and the residual, as cpu::finish_row_split adds
-  /// them; without tensor parallelism linear() with the residual (one fused GEMM where it can).
+  /// group (this rank's rows of the sum under sequence parallelism), then the bias (whole on every
+  /// rank) and the residual (rows() rows), as cpu::finish_row_split adds them; without tensor
+  /// parallelism linear() with the residual (one fused GEMM where it can).
   Tensor row_split(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
                    const Tensor& residual) {
     if (!tp_) return linear(x, w, b, in, out, &residual);
-    Tensor y = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
-    matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
-    sum_over_group(y);
-    if (b.count() > 0) bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
+    Tensor partial = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
+    matmul(gemm(), x.data(), w.compute(dtype()), partial.data(), n_, in, out, {dtype(), dtype()}, false, stream());
+    Tensor y = summed(std::move(partial));
+    if (b.count() > 0) bias_add(y.data(), b.weight.get(), rows(), out, dtype(), stream());
     add(y.data(), residual.data(), y.data(), y.count(), dtype(), stream());
     return y;
   }
@@ -469,12 +520,14 @@ class CudaBackend final : public Backend {
   void forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
     const int f = part_.ffn;
     c.input = std::move(x);
-    norm_forward(w.ln1_gain, w.ln1_bias, c.input, c.ln1, c.mean1, c.rstd1);
+    norm_forward(w.ln1_gain, w.ln1_bias, c.input, c.ln1, c.mean1, c.rstd1, rows());
+    if (sequence_parallel()) c.ln1 = gathered(c.ln1);  // the column-split map reads every row
     c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, part_.qkv);
     rotate_qk(c.qkv, false);  // the cache keeps the rotated q and k, which attention reads
     attention_forward_pass(c);
     c.middle = row_split(c.attention, w.proj_weight, w.proj_bias, part_.attention, h_, c.input);  // + residual
-    norm_forward(w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2);
+    norm_forward(w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2, rows());
+    if (sequence_parallel()) c.ln2 = gathered(c.ln2);
     // fc1 keeps its pre-activation (c.fc1) for the activation's backward.
     const std::size_t nf = std::size_t(n_) * std::size_t(f);
     c.gelu = uninitialized(nf, dtype());
@@ -518,24 +571,31 @@ class CudaBackend final : public Backend {
   /// With `defer` (a W pass split off), the four output gradients move into c.deferred instead of
   /// feeding weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is
   /// copied. Under tensor parallelism the column-split maps' input gradients (dln2, dln1) are this rank's
-  /// partial sums, summed over the group before the norms' backward; dy is whole on every rank.
+  /// partial sums, summed over the group before the norms' backward (this rank's rows of the sums
+  /// under sequence parallelism, where dy and dx are its rows too).
   void backward(DeviceLayer& w, CudaLayerActivations& c, Tensor& dy, bool defer) {
     const int f = part_.ffn;
     CudaLayerActivations::Deferred* keep = defer ? &c.deferred : nullptr;
-    Tensor dmiddle = uninitialized(activation_size(), dtype());  // through the second residual
+    Tensor dmiddle = uninitialized(layer_activation_count(), dtype());  // through the second residual
     copy(dy, 0, dmiddle, 0, dy.count());
+    // A row-split map reads the whole output gradient: under sequence parallelism every rank's rows.
+    if (sequence_parallel()) dy = gathered(dy);
     if (!defer) linear_weight_grad(c.gelu, dy, w.fc2_weight, w.fc2_bias, f, h_);
     Tensor dfc1 = activation_backward(w, c, dy);
     if (defer) keep->fc2_dy = std::move(dy);
     Tensor dln2 = uninitialized(activation_size(), dtype());
     linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, part_.fc1, defer);
     if (defer) keep->fc1_dy = std::move(dfc1);
-    sum_over_group(dln2);  // each rank's FFN slice contributes
-    norm_backward(w.ln2_gain, w.ln2_bias, c.middle, c.mean2, c.rstd2, dln2, dmiddle);
+    dln2 = summed(std::move(dln2));  // each rank's FFN slice contributes
+    norm_backward(w.ln2_gain, w.ln2_bias, c.middle, c.mean2, c.rstd2, dln2, dmiddle, rows());
+    Tensor dmiddle_gathered = sequence_parallel() ? gathered(dmiddle) : Tensor();
+    const Tensor& dmiddle_whole = sequence_parallel() ? dmiddle_gathered : dmiddle;
     Tensor dattention = uninitialized(std::size_t(n_) * std::size_t(part_.attention), dtype());
     Tensor dqkv = scratch(std::size_t(n_) * std::size_t(part_.qkv), dtype());
-    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle, dattention, part_.attention, h_, defer);
-    if (defer) {
+    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle_whole, dattention, part_.attention, h_, defer);
+    if (defer && sequence_parallel()) {
+      keep->proj_dy = std::move(dmiddle_gathered);  // read for the last time above
+    } else if (defer) {
       keep->proj_dy = uninitialized(dmiddle.count(), dtype());
       copy(dmiddle, 0, keep->proj_dy, 0, dmiddle.count());
     }
@@ -544,11 +604,12 @@ class CudaBackend final : public Backend {
     Tensor dln1 = uninitialized(activation_size(), dtype());
     linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, part_.qkv, defer);
     if (defer) keep->qkv_dy = std::move(dqkv);
-    sum_over_group(dln1);  // likewise each rank's heads
+    dln1 = summed(std::move(dln1));  // likewise each rank's heads
     // dx: through the first residual, plus the first norm's backward.
-    norm_backward(w.ln1_gain, w.ln1_bias, c.input, c.mean1, c.rstd1, dln1, dmiddle);
+    norm_backward(w.ln1_gain, w.ln1_bias, c.input, c.mean1, c.rstd1, dln1, dmiddle, rows());
     dy = std::move(dmiddle);
   }
+
 
   /// Memory on this thread's stream, ordered before whatever it launches next: enough inside an op,
   /// which ends with a synchronisation before any other thread sees its tensors. For outputs that
@@ -589,6 +650,7 @@ class CudaBackend final : public Backend {
   int n_, h_;
   TensorParallelBuffers* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
   LayerPart part_;             ///< the widths of its part of each layer
+  bool partial_gradients_ = false;  ///< a backward under sequence parallelism since sum_partial_gradients
   RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check
   SmShare share_;
   DeviceModel model_;

@@ -1,9 +1,9 @@
 // The CUDA backend executes the same task graphs as the CPU backend and matches the single-device
 // CPU reference: every schedule × vocabulary mode in fp32 (TF32 off) to the CPU's bounds, and in
 // bf16 within 1e-2 on the loss; the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention)
-// likewise; and data-parallel replicas on one GPU (in-process, device memory), their gradients
-// all-reduced or under ZeRO reduce-scattered. Needs a GPU: without one it exits 77, which Meson
-// reports as SKIP.
+// likewise; data-parallel replicas on one GPU (in-process, device memory), their gradients
+// all-reduced or under ZeRO reduce-scattered; and tensor-parallel ranks, with and without sequence
+// parallelism. Needs a GPU: without one it exits 77, which Meson reports as SKIP.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <fmt/format.h>

@@ -63,6 +63,26 @@ struct OwnedPart {
   std::size_t end(std::size_t c) const { return std::min(c, std::size_t(index + 1) * block(c)); }
 };
 
+/// A tensor-parallel group's collectives on a backend's own buffers (the CUDA backend's device
+/// memory, in its activation type), for a rank that holds part of each layer: cpu::TensorParallel's
+/// contract on Buffers. Blocking (each returns when its result is in place), held to the run's
+/// timeout and recorded as cpu::TensorParallel's are; only the rank's compute thread calls them, in
+/// the same order on every rank of the group.
+class TensorParallelBuffers {
+ public:
+  virtual ~TensorParallelBuffers() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Whether layers' inputs and outputs, and their norms, are split by rows over the group.
+  virtual bool sequence_parallel() const = 0;
+  /// Sums `data` over the group, in place.
+  virtual void all_reduce(Buffer data) = 0;
+  /// whole (size() × part.count) = every rank's part, in rank order.
+  virtual void all_gather(Buffer part, Buffer whole) = 0;
+  /// part = block rank() of `whole` summed over the group.
+  virtual void reduce_scatter(Buffer whole, Buffer part) = 0;
+};
+
 /// What the S pass leaves for the barrier and the T pass.
 struct OutputShard {
   Tensor logits;  ///< n × shard rows
@@ -160,6 +180,10 @@ class Backend : public Allocator {
   /// Update `step` (1 on the first) of every weight this rank owns (under ZeRO, its part of each
   /// tensor), then zeroes the gradients.
   virtual void optimizer_step(const OptimizerSettings& settings, int step) = 0;
+  /// The weights were written through parameter_buffers (a data-parallel gather of the replicas'
+  /// updated parts): whatever the backend derives from them, such as the CUDA backend's bf16 GEMM
+  /// copies, is made again. Nothing to do for a backend that computes on the weights themselves.
+  virtual void weights_written() {}
   /// The gradients this rank holds (under ZeRO, of the part it owns), on the host (for the gradient check).
   virtual std::vector<HostGradient> gradients() = 0;
   /// Bytes of this rank's weights, gradients and optimizer state.

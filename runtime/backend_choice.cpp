@@ -28,24 +28,30 @@ Status check_backend(const RunOptions& options) {
   return Status::Ok();
 }
 
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, cpu::TensorParallel* tp) {
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, cpu::TensorParallel* tp,
+                                      TensorParallelBuffers* tp_buffers) {
   const cpu::ModelShape& shape = job.shape;
   const RankPlace place = job.place(rank);
+  // Under ZeRO 1 and 2 each replica's optimizer updates its block of every tensor (partition.h).
+  const OwnedPart owned = job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{};
   if (options.backend == BackendKind::Cpu)
     return make_cpu_backend(shape, job.layout,
-                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp,
-                             .owned = job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}},
+                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned},
                             options.seed, tp);
-  // The CUDA backend runs one pipeline replica without tensor parallelism (check_runnable): rank is device.
+  // On the GPU a rank holds its pipeline device's stages, its tensor-parallel part of each layer
+  // (without sequence parallelism: check_runnable) and, under ZeRO, updates its replica's block.
   if (options.device >= 0)  // one process per GPU (MPI)
-    return cuda::make_backend(shape, job.layout, rank, options.seed,
-                              {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1, .index_on_device = 0});
+    return cuda::make_backend(shape, job.layout, place.device, options.seed,
+                              {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1,
+                               .index_on_device = 0, .owned = owned, .tp_rank = place.tp_rank,
+                               .tensor_parallel = tp_buffers});
   // Ranks of one process go round-robin over the GPUs; those that share one split its SMs equally.
-  const int gpus = cuda::device_count(), ranks = job.layout.devices;
+  const int gpus = cuda::device_count(), ranks = job.ranks();
   const cuda::BackendOptions gpu{.device = rank % gpus, .dtype = options.dtype,
                                  .ranks_on_device = ranks / gpus + (rank % gpus < ranks % gpus ? 1 : 0),
-                                 .index_on_device = rank / gpus};
-  return cuda::make_backend(shape, job.layout, rank, options.seed, gpu);
+                                 .index_on_device = rank / gpus, .owned = owned, .tp_rank = place.tp_rank,
+                                 .tensor_parallel = tp_buffers};
+  return cuda::make_backend(shape, job.layout, place.device, options.seed, gpu);
 }
 
 }  // namespace pipesim::runtime

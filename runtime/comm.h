@@ -61,6 +61,12 @@ constexpr int kPointToPointLane = kCollectiveLanes;
 constexpr int kControlLane = kCollectiveLanes + 1;
 constexpr int kLanes = kCollectiveLanes + 2;
 
+/// What a group of ranks carries: a pipeline, the graph's point-to-point messages between its ranks
+/// (which are the graph's devices) besides collectives; any other group (data-parallel replicas,
+/// tensor-parallel ranks), collectives only. Transports that connect each point-to-point channel
+/// ahead (NCCL) connect a pipeline's only.
+enum class GroupUse { Pipeline, Collectives };
+
 /// One rank's connection to the others: its lanes, progress and failure.
 class Transport {
  public:
@@ -73,9 +79,10 @@ class Transport {
   Communicator& p2p() { return lane(kPointToPointLane); }
   Communicator& control() { return lane(kControlLane); }
   /// A transport over some of this one's ranks: `members` (this rank among them) become ranks 0, 1,
-  /// ... of the new one, which has lanes of its own (MPI_Comm_create_group, ncclCommSplit). Every
-  /// member asks for the same list; the call waits for the members only. Aborts reach every rank.
-  virtual std::unique_ptr<Transport> subgroup(const std::vector<int>& members) = 0;
+  /// ... of the new one, which has lanes of its own (MPI_Comm_create_group; NCCL communicators among
+  /// the members). Every member asks for the same list; the call waits for the members only. Aborts
+  /// reach every rank.
+  virtual std::unique_ptr<Transport> subgroup(const std::vector<int>& members, GroupUse use) = 0;
 
   /// Sleeps until communication may have progressed or wake() was called, at most `seconds`: a
   /// rank's communication thread waits here when it has nothing to do. Call from one thread only.

@@ -28,8 +28,9 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 
 /// A tensor-parallel group as a layer's math sees it: blocking collectives on the group's first lane, held
 /// to the run's timeout. Only the rank's compute thread calls it, in the same order on every rank of
-/// the group (they run the same ops).
-class TensorParallelGroup final : public cpu::TensorParallel {
+/// the group (they run the same ops). The CPU's layers pass host spans, the CUDA backend's its device
+/// buffers (TensorParallelBuffers); the lane's memory is the backend's either way.
+class TensorParallelGroup final : public cpu::TensorParallel, public TensorParallelBuffers {
  public:
   TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device)
       : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device) {}
@@ -38,6 +39,15 @@ class TensorParallelGroup final : public cpu::TensorParallel {
   bool sequence_parallel() const override { return sequence_parallel_; }
   void all_reduce(std::span<float> x) override {
     run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(host_buffer(x), ReduceOp::Sum); });
+  }
+  void all_reduce(Buffer data) override {
+    run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(data, ReduceOp::Sum); });
+  }
+  void all_gather(Buffer part, Buffer whole) override {
+    run(Kind::AllGather, [&] { return group_->lane(0).all_gather(part, whole); });
+  }
+  void reduce_scatter(Buffer whole, Buffer part) override {
+    run(Kind::ReduceScatter, [&] { return group_->lane(0).reduce_scatter(whole, part, ReduceOp::Sum); });
   }
   void all_gather(std::span<const float> part, std::span<float> whole) override {
     run(Kind::AllGather, [&] { return group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)); });
@@ -87,17 +97,18 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
   RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tied = nullptr, .tensor = nullptr};
   const int rank = world.rank();
   if (job.ranks() != job.layout.devices) {  // otherwise the pipeline is the world
-    groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device));
-    if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica));
+    groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device), GroupUse::Pipeline);
+    if (job.dp > 1) groups.data = world.subgroup(job.group_of(rank, &RankPlace::replica), GroupUse::Collectives);
     if (job.tp > 1)
-      groups.tensor = std::make_unique<TensorParallelGroup>(world.subgroup(job.group_of(rank, &RankPlace::tp_rank)),
-                                                            job.sequence_parallel, timeout_s, job.place(rank).device);
+      groups.tensor = std::make_unique<TensorParallelGroup>(
+          world.subgroup(job.group_of(rank, &RankPlace::tp_rank), GroupUse::Collectives), job.sequence_parallel,
+          timeout_s, job.place(rank).device);
   }
   const auto& groups_of_graph = job.graph.groups();
   const bool tie = std::any_of(groups_of_graph.begin(), groups_of_graph.end(),
                                [](const CollectiveGroup& g) { return g.data == CollectiveData::TiedEmbedding; });
   const int first = job.layout.stages.front().device, last = job.layout.stages.back().device, device = job.place(rank).device;
-  if (tie && (device == first || device == last)) groups.tied = groups.pipeline().subgroup({first, last});
+  if (tie && (device == first || device == last)) groups.tied = groups.pipeline().subgroup({first, last}, GroupUse::Collectives);
   return groups;
 }
 
@@ -197,10 +208,6 @@ bool CheckResult::passed() const {
 Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
 
 Status check_runnable(const Config& c, const RunOptions& options) {
-  if (c.parallel.tp > 1 && options.backend == BackendKind::Cuda)
-    return Error{fmt::format("{}: parallel.tp: the CUDA backend runs each stage on one GPU; set parallel.tp to 1, or "
-                             "run tensor parallelism with --backend cpu",
-                             c.source)};
   if (c.parallel.tp > 1 && c.parallel.sequence_parallel && (c.model.micro_batch_size * c.model.seq_len) % c.parallel.tp)
     return Error{fmt::format("{}: parallel.sequence_parallel: a microbatch's {} tokens do not split over parallel.tp = {} "
                              "ranks; make model.micro_batch_size × model.seq_len a multiple of {}, or set "
@@ -211,10 +218,6 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     if (size % c.parallel.tp != 0)
       return Error{fmt::format("{}: {}: {} does not split over parallel.tp = {} ranks; make it a multiple of {}",
                                c.source, field, size, c.parallel.tp, c.parallel.tp)};
-  if (c.parallel.dp > 1 && options.backend == BackendKind::Cuda)
-    return Error{fmt::format("{}: parallel.dp: the CUDA backend runs one pipeline replica; set parallel.dp to 1, or run "
-                             "the replicas with --backend cpu",
-                             c.source)};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
   // Selective recomputation rebuilds attention scores, which fused attention never keeps (the graph
@@ -228,12 +231,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     return Error{fmt::format("{}: model.tied_embeddings: the CUDA backend runs an untied embedding and LM head; run "
                              "tied embeddings with --backend cpu, or set model.tied_embeddings to false",
                              c.source)};
-  const bool llama = c.model.mlp == MlpKind::SwiGlu, grouped = c.model.key_value_heads() != c.model.heads;
-  if (options.backend == BackendKind::Cuda && (llama || grouped))
-    return Error{fmt::format("{}: model: the CUDA backend runs GPT layers with multi-head attention only; run Llama-family "
-                             "layers (model.mlp \"swiglu\") or grouped-query attention (model.kv_heads < model.heads) "
-                             "with --backend cpu, or set model.mlp to \"gelu\" and model.kv_heads to {}",
-                             c.source, c.model.heads)};
+  const bool llama = c.model.mlp == MlpKind::SwiGlu;
   if (llama && (c.model.hidden / c.model.heads) % 2 != 0)
     return Error{fmt::format("{}: model.hidden: rotary embeddings turn pairs of a head's {} dimensions; make "
                              "model.hidden / model.heads even",
@@ -279,7 +277,8 @@ Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& op
   }
   std::unique_ptr<Backend> backend;
   try {
-    backend = backend_for ? backend_for(comm.rank()) : make_backend(options, job, comm.rank(), groups->tensor.get());
+    backend = backend_for ? backend_for(comm.rank())
+                          : make_backend(options, job, comm.rank(), groups->tensor.get(), groups->tensor.get());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),
                                         options.backend == BackendKind::Cuda ? "CUDA" : "CPU", e.what());

@@ -91,17 +91,17 @@ struct RunResult {
 /// Physical memory of this machine.
 Bytes machine_memory_bytes();
 
-/// Whether this runtime can execute a job of this config with these options (tensor and data
-/// parallelism and tied embeddings on the CPU backend only, no context parallelism, a model whose CPU
-/// math -- the CPU backend, or --check's reference -- fits in this machine's memory); the error names
-/// the config field to change.
+/// Whether this runtime can execute a job of this config with these options (tied embeddings on the
+/// CPU backend only, no context parallelism, a model whose CPU math -- the CPU backend, or --check's
+/// reference -- fits in this machine's memory); the error names the config field to change.
 Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present;
-/// `tp`: its tensor-parallel group (CPU), which must outlive the backend.
+/// `tp`: its tensor-parallel group as the CPU's layers use it, `tp_buffers` the same group as the
+/// CUDA backend's layers use it; both must outlive the backend.
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank,
-                                      cpu::TensorParallel* tp = nullptr);
+                                      cpu::TensorParallel* tp = nullptr, TensorParallelBuffers* tp_buffers = nullptr);
 
 /// Makes rank `rank`'s backend: make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;

@@ -204,7 +204,8 @@ class InProcessTransport final : public Transport {
   int size() const override { return group_.size(); }
   Communicator& lane(int lane) override { return *lanes_.at(std::size_t(lane)); }
 
-  std::unique_ptr<Transport> subgroup(const std::vector<int>& members) override {
+  /// Every lane carries any message, whatever the group's use.
+  std::unique_ptr<Transport> subgroup(const std::vector<int>& members, GroupUse) override {
     Group sub;
     for (const int m : members) {
       if (m < 0 || m >= size()) throw std::logic_error(fmt::format("subgroup names rank {} of {}", m, size()));

@@ -66,6 +66,7 @@ void OpInterpreter::drop_unowned_weights(bool gathered_per_stage) {
     backend_.copy(z->second, 0, whole, 0, first);
     backend_.copy(z->second, 0, whole, last, b.count - last);
   }
+  backend_.weights_written();
   backend_.synchronize();
 }
 
@@ -356,6 +357,7 @@ void OpInterpreter::finish_data_parallel(const CollectiveGroup& group) {
     else  // every replica's updated part
       backend_.copy(x.out, 0, whole, 0, x.tensor.count);
   }
+  if (group.data == CollectiveData::Parameters) backend_.weights_written();
   backend_.synchronize();
   data_parallel_.clear();
 }

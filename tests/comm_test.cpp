@@ -169,7 +169,7 @@ TEST_CASE("subgroups reduce among their members only, and an abort reaches every
   const auto seen = on_ranks(world, [&](Transport& comm) {
     // Ranks {0, 2} and {1, 3}: the data-parallel groups of two devices with two replicas, say.
     const int parity = comm.rank() % 2;
-    std::unique_ptr<Transport> group = comm.subgroup({parity, parity + 2});
+    std::unique_ptr<Transport> group = comm.subgroup({parity, parity + 2}, GroupUse::Pipeline);
     std::vector<float> value{float(comm.rank() + 1)};
     auto sum = group->lane(0).all_reduce(host_buffer(std::span(value)), ReduceOp::Sum);
     wait(*group, *sum);

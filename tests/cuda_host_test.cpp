@@ -59,7 +59,14 @@ TEST_CASE("attention refuses shapes its kernels do not handle, before touching t
         "attention: head width h/heads = 256 exceeds the kernels' 128; use more heads");
   CHECK(message_of([] { gpu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 100, 3,
                                                 gpu::DType::BF16, nullptr); }) ==
-        "attention: need batch, seq, h, heads >= 1 and h divisible by heads; got batch=1 seq=8 h=100 heads=3");
+        "attention: need batch, seq, h, heads, kv_heads >= 1, h divisible by heads and heads by kv_heads; got "
+        "batch=1 seq=8 h=100 heads=3 kv_heads=3");
+  // Grouped-query attention: each key/value head serves a whole number of query heads.
+  CHECK(message_of([] {
+          gpu::attention_forward(nullptr, nullptr, nullptr, 1, 8, 64, 4, gpu::DType::F32, nullptr, 3);
+        }) ==
+        "attention: need batch, seq, h, heads, kv_heads >= 1, h divisible by heads and heads by kv_heads; got "
+        "batch=1 seq=8 h=64 heads=4 kv_heads=3");
 }
 
 TEST_CASE("adam_step refuses step 0, whose bias correction divides by zero") {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The NCCL path on one GPU: `mpirun -np N pipesim run --backend cuda --ranks-share-gpu`, one process
 # per rank sharing the GPU, NCCL over sockets. Every schedule × vocabulary mode with --check on 4
-# ranks, every schedule on 2, then faults: a rank that hangs at an op, one that hangs before it creates
+# ranks, every schedule on 2, data-parallel replicas (dp = 2 × pp = 2 on 4 ranks, ZeRO 0 and 1),
+# tensor-parallel ranks (tp = 2 × pp = 2, sequence-parallel or not) and the Llama-family config (llama-tiny.json), then faults: a rank that hangs at an op, one that hangs before it creates
 # its NCCL communicators, and one killed mid-run or before them must each end every rank within the
 # timeout, with an error naming the rank. Exits 77 (SKIP) without a CUDA device, mpirun or a CUDA build.
 # Environment (tests/meson.build): PIPESIM, PIPESIM_SOURCE, PIPESIM_MPIRUN, PIPESIM_CUDA_BUILT;
@@ -10,6 +11,7 @@ set -u
 
 pipesim=${PIPESIM:?PIPESIM names the pipesim binary}
 config=${PIPESIM_SOURCE:?PIPESIM_SOURCE names the source tree}/configs/tiny.json
+llama_config=$PIPESIM_SOURCE/configs/llama-tiny.json
 mpirun=${PIPESIM_MPIRUN:-}  # may carry options: split on spaces
 
 skip() { echo "skipped: $1"; exit 77; }
@@ -30,8 +32,9 @@ if [ -z "$schedules" ] || [ -z "$vocabs" ]; then
   exit 1
 fi
 
-# Run NAME LIMIT NP ARGS...: mpirun -np NP pipesim run tiny.json --backend cuda --ranks-share-gpu ARGS
-# in the background, under `timeout LIMIT` (the net under the run's own --timeout: exit 124 means
+# Run NAME LIMIT NP ARGS...: mpirun -np NP pipesim run CONFIG --backend cuda --ranks-share-gpu ARGS
+# in the background (CONFIG: $run_config, else tiny.json),
+# under `timeout LIMIT` (the net under the run's own --timeout: exit 124 means
 # pipesim did not end itself); its output, exit status and seconds land in $scratch/NAME.*.
 names_run=()
 launch() {
@@ -42,7 +45,7 @@ launch() {
   (
     start=$SECONDS
     # shellcheck disable=SC2086  # $mpirun may hold options
-    timeout "$limit" $mpirun -np "$np" "$pipesim" run "$config" --backend cuda --ranks-share-gpu "$@" \
+    timeout "$limit" $mpirun -np "$np" "$pipesim" run "${run_config:-$config}" --backend cuda --ranks-share-gpu "$@" \
       >"$scratch/$name.out" 2>&1
     echo $? >"$scratch/$name.rc"
     echo $((SECONDS - start)) >"$scratch/$name.secs"
@@ -62,6 +65,25 @@ for schedule in $schedules; do
   for vocab in $vocabs; do launch "np4-$schedule-$vocab" 300 4 --schedule "$schedule" --vocab "$vocab" --check --timeout 60 --format json; done
 done
 for schedule in $schedules; do launch "np2-$schedule-vocab-1" 300 2 --schedule "$schedule" --vocab vocab-1 --check --timeout 60 --format json; done
+# Two replicas of a 2-device pipeline: a pipeline group and a data-parallel group per rank.
+dp="--set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=4"
+for zero in 0 1; do
+  for schedule in 1f1b zb-v; do
+    # shellcheck disable=SC2086  # $dp is several options
+    launch "np4-dp2-zero$zero-$schedule" 300 4 $dp --set "training.zero_stage=$zero" --schedule "$schedule" \
+      --vocab vocab-1 --check --timeout 60 --format json
+  done
+done
+# Two tensor-parallel ranks per device, with and without sequence parallelism.
+for sp in true false; do
+  # shellcheck disable=SC2086  # several options
+  launch "np4-tp2-sp-$sp-1f1b" 300 4 --set parallel.tp=2 --set parallel.pp=2 --set "parallel.sequence_parallel=$sp" \
+    --schedule 1f1b --vocab vocab-1 --check --timeout 60 --format json
+done
+for vocab in $vocabs; do
+  run_config=$llama_config launch "np4-llama-1f1b-$vocab" 300 4 --schedule 1f1b --vocab "$vocab" --check \
+    --timeout 60 --format json
+done
 wait
 for name in "${names_run[@]}"; do
   result "$name"

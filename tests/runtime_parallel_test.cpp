@@ -214,3 +214,17 @@ TEST_CASE("with replicas and tensor-parallel ranks, an error names the rank and 
   CHECK_THAT(run.error().message, Catch::Contains("(device 1, replica "));
   CHECK_THAT(run.error().message, Catch::Contains(", tp rank 0) failed at B(d1,s1,m1): injected fault"));
 }
+
+TEST_CASE("the CUDA backend takes Llama layers, data- and tensor-parallel ranks, as the CPU backend does") {
+  runtime::RunOptions cuda = options();
+  cuda.backend = runtime::BackendKind::Cuda;
+  for (const Config& runnable :
+       {testing::shipped_config("llama-tiny.json"),
+        tiny_config({"parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4", "training.zero_stage=1"}),
+        tiny_config({"parallel.tp=2", "parallel.pp=2"}),
+        tiny_config({"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=false"})}) {
+    const Status status = runtime::check_runnable(runnable, cuda);
+    INFO((status.ok() ? "" : status.error().message));
+    CHECK(status.ok());
+  }
+}

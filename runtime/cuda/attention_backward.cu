@@ -39,8 +39,10 @@ __device__ void load_row_stats(float* lse_tile, float* delta_tile, const float* 
   }
 }
 
-/// dK and dV of key rows [k0, k0 + kTile): key row c has lanes g = 0..3; lane g scores queries
-/// g, g+4, ... of each query tile and owns columns g, g+4, ... of dK_c and dV_c.
+/// dK and dV of key rows [k0, k0 + kTile) of one key/value head: key row c has lanes g = 0..3; lane g
+/// scores queries g, g+4, ... of each query tile and owns columns g, g+4, ... of dK_c and dV_c. Under
+/// grouped-query attention the block goes through every query head that reads this key/value head,
+/// in head order (the CPU's order), so each element still has one writer.
 template <class T, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     attention_dkv_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
@@ -55,52 +57,57 @@ __global__ void __launch_bounds__(kThreads)
   float* ds_tile = p_tile + kTile * (kTile + 1);
   float* lse_tile = ds_tile + kTile * (kTile + 1);
   float* delta_tile = lse_tile + kTile;
-  const int bh = int(blockIdx.x), b = bh / s.heads, head = bh % s.heads;
+  const int bkv = int(blockIdx.x), b = bkv / s.kv_heads, kv_head = bkv % s.kv_heads;
+  const int first_head = kv_head * s.group;  // the query heads reading this key/value head
   const int k0 = int(blockIdx.y) * kTile, c = int(threadIdx.x) / kLanes, g = int(threadIdx.x) % kLanes;
   const int kj = k0 + c;
-  const std::size_t qkv_stride = 3 * std::size_t(s.h), token0 = std::size_t(b) * std::size_t(s.seq);
-  const std::size_t column = std::size_t(head) * std::size_t(s.d);
-  const T* base = qkv + token0 * qkv_stride + column;
-  const T* do_base = dout + token0 * std::size_t(s.h) + column;
-  const float* row_lse = lse + std::size_t(bh) * std::size_t(s.seq);
-  const float* row_delta = delta + std::size_t(bh) * std::size_t(s.seq);
+  const std::size_t qkv_stride = std::size_t(s.width), token0 = std::size_t(b) * std::size_t(s.seq);
+  const T* sequence = qkv + token0 * qkv_stride;
+  const std::size_t k_column = s.k_column(first_head), v_column = s.v_column(first_head);
 
-  load_tile(k_tile, base + s.h, k0, qkv_stride, s);
-  load_tile(v_tile, base + 2 * s.h, k0, qkv_stride, s);
+  load_tile(k_tile, sequence + k_column, k0, qkv_stride, s);
+  load_tile(v_tile, sequence + v_column, k0, qkv_stride, s);
   float dk[kMaxD / kLanes] = {}, dv[kMaxD / kLanes] = {};
-  for (int q0 = k0; q0 < s.seq; q0 += kTile) {  // causal: queries before k0 never see these keys
-    __syncthreads();                            // the previous query tile is no longer read
-    load_tile(q_tile, base, q0, qkv_stride, s);
-    load_tile(do_tile, do_base, q0, std::size_t(s.h), s);
-    load_row_stats(lse_tile, delta_tile, row_lse, row_delta, q0, s.seq);
-    __syncthreads();
+  for (int head = first_head; head < first_head + s.group; ++head) {
+    const std::size_t bh = std::size_t(b) * std::size_t(s.heads) + std::size_t(head);
+    const T* q_base = sequence + s.q_column(head);
+    const T* do_base = dout + token0 * std::size_t(s.h) + std::size_t(head) * std::size_t(s.d);
+    const float* row_lse = lse + bh * std::size_t(s.seq);
+    const float* row_delta = delta + bh * std::size_t(s.seq);
+    for (int q0 = k0; q0 < s.seq; q0 += kTile) {  // causal: queries before k0 never see these keys
+      __syncthreads();                            // the previous query tile is no longer read
+      load_tile(q_tile, q_base, q0, qkv_stride, s);
+      load_tile(do_tile, do_base, q0, std::size_t(s.h), s);
+      load_row_stats(lse_tile, delta_tile, row_lse, row_delta, q0, s.seq);
+      __syncthreads();
 #pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int r = g + kLanes * t, qi = q0 + r;
-      const float score = dot(&q_tile[r * stride], &k_tile[c * stride], s.d) * s.scale;
-      const float dp = dot(&do_tile[r * stride], &v_tile[c * stride], s.d);
-      const float p = qi < s.seq && kj <= qi ? expf(score - lse_tile[r]) : 0.0f;
-      p_tile[r * (kTile + 1) + c] = p;
-      ds_tile[r * (kTile + 1) + c] = p * (dp - delta_tile[r]) * s.scale;
-    }
-    __syncthreads();
-    for (int r = 0; r < kTile; ++r) {
-      const float p = p_tile[r * (kTile + 1) + c], ds = ds_tile[r * (kTile + 1) + c];
+      for (int t = 0; t < kPerLane; ++t) {
+        const int r = g + kLanes * t, qi = q0 + r;
+        const float score = dot(&q_tile[r * stride], &k_tile[c * stride], s.d) * s.scale;
+        const float dp = dot(&do_tile[r * stride], &v_tile[c * stride], s.d);
+        const float p = qi < s.seq && kj <= qi ? expf(score - lse_tile[r]) : 0.0f;
+        p_tile[r * (kTile + 1) + c] = p;
+        ds_tile[r * (kTile + 1) + c] = p * (dp - delta_tile[r]) * s.scale;
+      }
+      __syncthreads();
+      for (int r = 0; r < kTile; ++r) {
+        const float p = p_tile[r * (kTile + 1) + c], ds = ds_tile[r * (kTile + 1) + c];
 #pragma unroll
-      for (int t = 0; t < kMaxD / kLanes; ++t)
-        if (const int e = g + kLanes * t; e < s.d) {
-          dv[t] += p * do_tile[r * stride + e];
-          dk[t] += ds * q_tile[r * stride + e];
-        }
+        for (int t = 0; t < kMaxD / kLanes; ++t)
+          if (const int e = g + kLanes * t; e < s.d) {
+            dv[t] += p * do_tile[r * stride + e];
+            dk[t] += ds * q_tile[r * stride + e];
+          }
+      }
     }
   }
   if (kj >= s.seq) return;
-  T* row = dqkv + (token0 + std::size_t(kj)) * qkv_stride + column;
+  T* row = dqkv + (token0 + std::size_t(kj)) * qkv_stride;
 #pragma unroll
   for (int t = 0; t < kMaxD / kLanes; ++t)
     if (const int e = g + kLanes * t; e < s.d) {
-      row[s.h + e] = from_float<T>(to_float(row[s.h + e]) + dk[t]);
-      row[2 * s.h + e] = from_float<T>(to_float(row[2 * s.h + e]) + dv[t]);
+      row[k_column + e] = from_float<T>(to_float(row[k_column + e]) + dk[t]);
+      row[v_column + e] = from_float<T>(to_float(row[v_column + e]) + dv[t]);
     }
 }
 
@@ -120,11 +127,11 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = int(blockIdx.x), b = bh / s.heads, head = bh % s.heads;
   const int q0 = int(blockIdx.y) * kTile, r = int(threadIdx.x) / kLanes, g = int(threadIdx.x) % kLanes;
   const int qi = q0 + r;
-  const std::size_t qkv_stride = 3 * std::size_t(s.h), token0 = std::size_t(b) * std::size_t(s.seq);
-  const std::size_t column = std::size_t(head) * std::size_t(s.d);
-  const T* base = qkv + token0 * qkv_stride + column;
+  const std::size_t qkv_stride = std::size_t(s.width), token0 = std::size_t(b) * std::size_t(s.seq);
+  const std::size_t column = s.q_column(head);  // also the head's column of dout (rows of width h)
+  const T* sequence = qkv + token0 * qkv_stride;
 
-  load_tile(q_tile, base, q0, qkv_stride, s);
+  load_tile(q_tile, sequence + column, q0, qkv_stride, s);
   load_tile(do_tile, dout + token0 * std::size_t(s.h) + column, q0, std::size_t(s.h), s);
   const bool valid_row = qi < s.seq;
   const std::size_t stat = std::size_t(bh) * std::size_t(s.seq) + std::size_t(qi);
@@ -133,8 +140,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q_last = min(q0 + kTile, s.seq) - 1;
   for (int k0 = 0; k0 <= q_last; k0 += kTile) {
     __syncthreads();  // the previous key and value tiles are no longer read
-    load_tile(k_tile, base + s.h, k0, qkv_stride, s);
-    load_tile(v_tile, base + 2 * s.h, k0, qkv_stride, s);
+    load_tile(k_tile, sequence + s.k_column(head), k0, qkv_stride, s);
+    load_tile(v_tile, sequence + s.v_column(head), k0, qkv_stride, s);
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
@@ -181,13 +188,15 @@ void attention_delta(const void* out, const void* dout, float* delta, const Atte
 }  // namespace detail
 
 void attention_backward(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv, int batch,
-                        int seq, int h, int heads, DType dtype, cudaStream_t stream) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads);
+                        int seq, int h, int heads, DType dtype, cudaStream_t stream, int kv_heads) {
+  const AttentionShape s = attention_shape(batch, seq, h, heads, kv_heads);
   const std::size_t rows = std::size_t(batch) * std::size_t(heads) * std::size_t(seq);
   StreamScratch delta(rows * sizeof(float), stream);
   const std::size_t dkv_smem = (4 * tile_floats(s) + 2 * kScoreTileFloats + 2 * kTile) * sizeof(float);
   const std::size_t dq_smem = (4 * tile_floats(s) + kScoreTileFloats) * sizeof(float);
-  const dim3 grid(unsigned(batch * heads), unsigned((seq + kTile - 1) / kTile));
+  // dK and dV: a block per key/value head; dQ: a block per query head.
+  const unsigned tiles = unsigned((seq + kTile - 1) / kTile);
+  const dim3 dkv_grid(unsigned(batch * s.kv_heads), tiles), dq_grid(unsigned(batch * heads), tiles);
   attention_delta(out, dout, delta.as<float>(), s, dtype, stream);
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -198,11 +207,11 @@ void attention_backward(const void* qkv, const void* out, const float* lse, cons
       constexpr int kMaxD = decltype(width)::value;
       const auto dkv = attention_dkv_kernel<T, kMaxD>;
       allow_shared_memory(dkv, dkv_smem);
-      dkv<<<grid, kThreads, dkv_smem, stream>>>(qkv_t, dout_t, lse, delta.as<float>(), dqkv_t, s);
+      dkv<<<dkv_grid, kThreads, dkv_smem, stream>>>(qkv_t, dout_t, lse, delta.as<float>(), dqkv_t, s);
       CUDA_CHECK_LAUNCH();
       const auto dq = attention_dq_kernel<T, kMaxD>;
       allow_shared_memory(dq, dq_smem);
-      dq<<<grid, kThreads, dq_smem, stream>>>(qkv_t, dout_t, lse, delta.as<float>(), dqkv_t, s);
+      dq<<<dq_grid, kThreads, dq_smem, stream>>>(qkv_t, dout_t, lse, delta.as<float>(), dqkv_t, s);
       CUDA_CHECK_LAUNCH();
     });
   });

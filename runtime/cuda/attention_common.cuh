@@ -17,24 +17,40 @@ constexpr int kMaxHeadWidth = 128;
 /// Per-thread columns of a kTile-wide row (kTile / kLanes).
 constexpr int kPerLane = kTile / kLanes;
 
+/// A fused QKV row is [q: heads·d | k: kv_heads·d | v: kv_heads·d] (cpu::attention_forward's layout);
+/// query head i reads key/value head i / group, group = heads / kv_heads (1 for multi-head attention).
 struct AttentionShape {
   int batch = 0, seq = 0, h = 0, heads = 0;
   int d = 0;         ///< head width h / heads
   float scale = 0;   ///< 1/sqrt(d)
+  int kv_heads = 0;  ///< key/value heads, dividing heads
+  int group = 1;     ///< query heads per key/value head
+  int width = 0;     ///< a QKV row: h + 2·kv_heads·d (3h for multi-head attention)
+  /// Columns of a QKV row where query head `head`'s vector and its key and value heads' start.
+  __host__ __device__ std::size_t q_column(int head) const { return std::size_t(head) * std::size_t(d); }
+  __host__ __device__ std::size_t k_column(int head) const {
+    return std::size_t(h) + std::size_t(head / group) * std::size_t(d);
+  }
+  __host__ __device__ std::size_t v_column(int head) const {
+    return std::size_t(h) + std::size_t(kv_heads + head / group) * std::size_t(d);
+  }
 };
 
-inline AttentionShape attention_shape(int batch, int seq, int h, int heads) {
-  if (batch < 1 || seq < 1 || heads < 1 || h < 1 || h % heads != 0)
-    throw CudaError("attention: need batch, seq, h, heads >= 1 and h divisible by heads; got batch=" +
-                    std::to_string(batch) + " seq=" + std::to_string(seq) + " h=" + std::to_string(h) +
-                    " heads=" + std::to_string(heads));
+/// kv_heads 0 means heads (multi-head attention).
+inline AttentionShape attention_shape(int batch, int seq, int h, int heads, int kv_heads) {
+  if (kv_heads == 0) kv_heads = heads;
+  if (batch < 1 || seq < 1 || heads < 1 || h < 1 || h % heads != 0 || kv_heads < 1 || heads % kv_heads != 0)
+    throw CudaError("attention: need batch, seq, h, heads, kv_heads >= 1, h divisible by heads and heads by kv_heads; "
+                    "got batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " h=" + std::to_string(h) +
+                    " heads=" + std::to_string(heads) + " kv_heads=" + std::to_string(kv_heads));
   if (seq > 65535 * kTile)  // query tiles are the grid's y dimension
     throw CudaError("attention: seq " + std::to_string(seq) + " exceeds " + std::to_string(65535 * kTile));
   const int d = h / heads;
   if (d > kMaxHeadWidth)
     throw CudaError("attention: head width h/heads = " + std::to_string(d) + " exceeds the kernels' " +
                     std::to_string(kMaxHeadWidth) + "; use more heads");
-  return AttentionShape{batch, seq, h, heads, d, 1.0f / std::sqrt(float(d))};
+  return AttentionShape{.batch = batch, .seq = seq, .h = h, .heads = heads, .d = d, .scale = 1.0f / std::sqrt(float(d)),
+                        .kv_heads = kv_heads, .group = heads / kv_heads, .width = h + 2 * kv_heads * d};
 }
 
 /// Loads rows [row0, row0 + kTile) of one head of a (seq × row_stride) matrix into `tile` (kTile ×

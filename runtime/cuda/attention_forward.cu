@@ -24,16 +24,19 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = int(blockIdx.x), b = bh / s.heads, head = bh % s.heads;
   const int q0 = int(blockIdx.y) * kTile, r = int(threadIdx.x) / kLanes, g = int(threadIdx.x) % kLanes;
   const int qi = q0 + r;
-  const std::size_t qkv_stride = 3 * std::size_t(s.h);
-  const T* base = qkv + std::size_t(b) * std::size_t(s.seq) * qkv_stride + std::size_t(head) * std::size_t(s.d);
+  const std::size_t qkv_stride = std::size_t(s.width);
+  const T* sequence = qkv + std::size_t(b) * std::size_t(s.seq) * qkv_stride;
+  const T* q_base = sequence + s.q_column(head);
+  const T* k_base = sequence + s.k_column(head);  // the key/value head this query head reads
+  const T* v_base = sequence + s.v_column(head);
 
-  load_tile(q_tile, base, q0, qkv_stride, s);
+  load_tile(q_tile, q_base, q0, qkv_stride, s);
   float o[kMaxD / kLanes] = {};
   float m = kNegativeInfinity, l = 0;  // running max and sum of exp(score − m) of row r
   const int q_last = min(q0 + kTile, s.seq) - 1;
   for (int k0 = 0; k0 <= q_last; k0 += kTile) {  // causal: no key tile after the last query
     __syncthreads();                             // the previous value tile is no longer read
-    load_tile(kv_tile, base + s.h, k0, qkv_stride, s);
+    load_tile(kv_tile, k_base, k0, qkv_stride, s);
     __syncthreads();
     float score[kPerLane] = {};
     for (int e = 0; e < s.d; ++e) {
@@ -66,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < kMaxD / kLanes; ++t) o[t] *= alpha;
     __syncthreads();  // every lane is done with the key tile and has written its probabilities
-    load_tile(kv_tile, base + 2 * s.h, k0, qkv_stride, s);
+    load_tile(kv_tile, v_base, k0, qkv_stride, s);
     __syncthreads();
     for (int c = 0; c < kTile; ++c) {
       const float p = p_tile[r * (kTile + 1) + c];
@@ -87,8 +90,8 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void attention_forward(const void* qkv, void* out, float* lse, int batch, int seq, int h, int heads, DType dtype,
-                       cudaStream_t stream) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads);
+                       cudaStream_t stream, int kv_heads) {
+  const AttentionShape s = attention_shape(batch, seq, h, heads, kv_heads);
   const std::size_t smem = (2 * std::size_t(kTile) * std::size_t(s.d + 1) + kTile * (kTile + 1)) * sizeof(float);
   const dim3 grid(unsigned(batch * heads), unsigned((seq + kTile - 1) / kTile));
   dispatch(dtype, [&](auto tag) {

@@ -109,7 +109,7 @@ std::size_t squares(const AttentionShape& s) { return std::size_t(s.heads) * std
 
 void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
                             int heads, cudaStream_t stream, std::size_t workspace_bytes) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads);
+  const AttentionShape s = attention_shape(batch, seq, h, heads, heads);
   AttentionShape most = s;
   most.heads = heads_per_call(s, sizeof(float) + sizeof(bf16), workspace_bytes);
   StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream);
@@ -131,7 +131,7 @@ void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float*
 void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
                              void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream,
                              std::size_t workspace_bytes) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads);
+  const AttentionShape s = attention_shape(batch, seq, h, heads, heads);
   AttentionShape most = s;
   most.heads = heads_per_call(s, 2 * sizeof(float) + sizeof(bf16), workspace_bytes);
   StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream),

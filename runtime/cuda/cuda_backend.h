@@ -25,11 +25,20 @@ struct BackendOptions {
   DType dtype = DType::F32;   ///< of weights and activations; fp32 runs with TF32 off (the check)
   int ranks_on_device = 1;    ///< ranks sharing this GPU; each gets an equal share of its SMs
   int index_on_device = 0;    ///< which share is this rank's
+  /// What this rank's optimizer updates and keeps Adam's moments of: all of every tensor, or under
+  /// ZeRO 1 and 2 its data-parallel replica's block of each.
+  OwnedPart owned;
+  /// Its tensor-parallel rank and group (null without tensor parallelism, then the layers are
+  /// whole): the rank holds cpu::split_layer's part of each layer, as the CPU's does, and sums the
+  /// row-split maps' outputs and the column-split maps' input gradients over the group.
+  int tp_rank = 0;
+  TensorParallelBuffers* tensor_parallel = nullptr;
 };
 
-/// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers).
-std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int rank, std::uint64_t seed,
-                                      const BackendOptions& options);
+/// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers):
+/// `pipeline_device` is the graph's device whose stages it holds (the rank in a run of one replica).
+std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device,
+                                      std::uint64_t seed, const BackendOptions& options);
 
 /// Device memory for an in-process World: copies with cudaMemcpy, reductions on the device.
 Memory& device_memory();

@@ -31,7 +31,7 @@ void download(const DeviceBuffer<float>& from, std::vector<float>& to) {
 
 }  // namespace
 
-DeviceModel::DeviceModel(const RankModel& host, DType dtype) {
+DeviceModel::DeviceModel(const RankModel& host, DType dtype) : owned_(host.owned) {
   for (const auto& [index, layer] : host.params.layers) {
     DeviceLayer& d = layers[index];
     const auto from = layer.tensors();
@@ -60,17 +60,29 @@ std::vector<Buffer> DeviceModel::buffers(bool gradients) {
 void DeviceModel::optimizer_step(const OptimizerSettings& o, int step, cudaStream_t stream) {
   for_each([&](DeviceParam& p) {
     if (p.count() == 0) return;
-    if (o.kind == OptimizerKind::Sgd) {
-      cuda::sgd_step(p.weight.get(), p.grad.get(), p.count(), o.learning_rate, stream);
-    } else {
+    // Elements [first, first + owned) are this rank's: under ZeRO its replica's block of the tensor,
+    // which may be empty for a tensor smaller than the replicas (RankModel::optimizer_step's range).
+    const std::size_t first = owned_.begin(p.count()), owned = owned_.end(p.count()) - first;
+    if (owned > 0 && o.kind == OptimizerKind::Sgd) {
+      cuda::sgd_step(p.weight.get() + first, p.grad.get() + first, owned, o.learning_rate, stream);
+    } else if (owned > 0) {
       if (p.moment1.size() == 0)
         for (DeviceBuffer<float>* moment : {&p.moment1, &p.moment2}) {
-          *moment = DeviceBuffer<float>(p.count());
+          *moment = DeviceBuffer<float>(owned);
           CUDA_CHECK(cudaMemsetAsync(moment->get(), 0, moment->bytes(), stream));
         }
-      cuda::adam_step(p.weight.get(), p.grad.get(), p.moment1.get(), p.moment2.get(), p.count(),
+      cuda::adam_step(p.weight.get() + first, p.grad.get() + first, p.moment1.get(), p.moment2.get(), owned,
                       {o.learning_rate, o.beta1, o.beta2, o.epsilon, 0}, step, stream);
     }
+    // The steps zero the owned gradients; the rest (another replica's block) are zeroed too, for the
+    // next step's accumulation.
+    if (owned < p.count()) CUDA_CHECK(cudaMemsetAsync(p.grad.get(), 0, p.grad.bytes(), stream));
+    if (p.weight_bf16.size() > 0) convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), stream);
+  });
+}
+
+void DeviceModel::refresh_compute_copies(cudaStream_t stream) {
+  for_each([&](DeviceParam& p) {
     if (p.weight_bf16.size() > 0) convert(p.weight.get(), DType::F32, p.weight_bf16.get(), DType::BF16, p.count(), stream);
   });
 }

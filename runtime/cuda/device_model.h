@@ -1,8 +1,10 @@
 #pragma once
 /// One rank's part of the model on a GPU: every tensor of its RankModel (partition.h) uploaded as fp32
 /// weights and fp32 gradients, plus, in bf16 runs, a bf16 copy of each weight a GEMM reads,
-/// refreshed after every optimizer step. Built from the CPU RankModel, so the GPU starts from exactly
-/// the CPU's numbers.
+/// refreshed after every optimizer step and whenever the weights are written from outside (a
+/// data-parallel gather). Built from the CPU RankModel, so the GPU starts from exactly the CPU's
+/// numbers; its optimizer updates the RankModel's owned part of each tensor (all of it, or under
+/// ZeRO this replica's block) as RankModel::optimizer_step does.
 #include <array>
 #include <cstdint>
 #include <map>
@@ -19,7 +21,8 @@ namespace pipesim::runtime::cuda {
 struct DeviceParam {
   DeviceBuffer<float> weight, grad;
   DeviceBuffer<std::uint16_t> weight_bf16;  ///< bf16 runs only
-  DeviceBuffer<float> moment1, moment2;     ///< Adam's, made (zeros) by its first step
+  /// Adam's, of the owned part of the tensor (OwnedPart's block of it), made (zeros) by its first step.
+  DeviceBuffer<float> moment1, moment2;
   std::size_t count() const { return weight.size(); }
   /// The weights as the GEMMs of a run in `dtype` read them.
   const void* compute(DType dtype) const {
@@ -45,8 +48,11 @@ class DeviceModel {
   std::map<int, DeviceLayer> layers;  ///< by global layer index, as RankParams
   DeviceParam embedding, head, final_gain, final_bias;
 
-  /// Update `step` (1 on the first) of the fp32 weights, gradients zeroed, bf16 copies refreshed.
+  /// Update `step` (1 on the first) of the owned part of every fp32 weight, then every gradient
+  /// zeroed (owned or not, as the CPU's) and the bf16 copies refreshed.
   void optimizer_step(const OptimizerSettings& settings, int step, cudaStream_t stream);
+  /// The bf16 copies made again from the fp32 weights (bf16 runs; nothing in fp32 runs).
+  void refresh_compute_copies(cudaStream_t stream);
   /// The fp32 weights (or gradients) of every tensor, in RankParams' order (Backend::parameter_buffers).
   std::vector<Buffer> buffers(bool gradients);
   /// Copies the gradients into `host`'s (synchronous), for the gradient check.
@@ -58,6 +64,7 @@ class DeviceModel {
  private:
   template <class F>
   void for_each(F&& f);
+  OwnedPart owned_;  ///< what this rank's optimizer updates
 };
 
 }  // namespace pipesim::runtime::cuda

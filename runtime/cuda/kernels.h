@@ -41,17 +41,21 @@ void layernorm_backward(const void* x, const float* gamma, const float* mean, co
 void gelu_forward(const void* x, void* y, std::size_t count, DType dtype, cudaStream_t stream);
 void gelu_backward(const void* x, const void* dy, void* dx, std::size_t count, DType dtype, cudaStream_t stream);
 
-/// Causal multi-head self-attention on a fused QKV (n×3h) for `batch` sequences of length `seq`,
-/// flash-attention style: the seq×seq probabilities are never stored. Writes out (n×h) and the
-/// per-row logsumexp `lse` (batch·heads·seq floats, index (b·heads + head)·seq + i) for the backward.
-/// Needs h % heads == 0 and h/heads <= 128 (throws otherwise); any seq >= 1.
+/// Causal self-attention on a fused QKV for `batch` sequences of length `seq`, flash-attention
+/// style: the seq×seq probabilities are never stored. QKV rows are cpu::attention_forward's: [q: h |
+/// k: kv·d | v: kv·d] with d = h/heads and kv = kv_heads (0 means heads: multi-head attention, rows
+/// of 3h; fewer is grouped-query attention, query head i reading key/value head i / (heads / kv)).
+/// Writes out (n×h) and the per-row logsumexp `lse` (batch·heads·seq floats, index (b·heads +
+/// head)·seq + i) for the backward. Needs h % heads == 0, heads % kv_heads == 0 and h/heads <= 128
+/// (throws otherwise); any seq >= 1.
 void attention_forward(const void* qkv, void* out, float* lse, int batch, int seq, int h, int heads, DType dtype,
-                       cudaStream_t stream);
-/// dqkv (n×3h) += the gradient of attention_forward, recomputing the probabilities from qkv and lse;
-/// `out` is the forward's output. Three kernels: D = rowsum(dout∘out), then dK and dV per key tile and
-/// dQ per query tile, so every element has one writer (no atomics).
+                       cudaStream_t stream, int kv_heads = 0);
+/// dqkv += the gradient of attention_forward (same layout), recomputing the probabilities from qkv
+/// and lse; `out` is the forward's output. Three kernels: D = rowsum(dout∘out), then dK and dV per key
+/// tile of each key/value head (summing its query heads in head order, as the CPU does) and dQ per
+/// query tile, so every element has one writer (no atomics).
 void attention_backward(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv, int batch,
-                        int seq, int h, int heads, DType dtype, cudaStream_t stream);
+                        int seq, int h, int heads, DType dtype, cudaStream_t stream, int kv_heads = 0);
 
 /// Full-vocabulary softmax cross-entropy (the baseline output layer, cpu::cross_entropy): logits
 /// (n×vocab, fp32) and targets in [0, vocab); writes dlogits = (softmax − onehot)/n in `dtype` and the

@@ -4,8 +4,8 @@
 /// tensors hold the activation type `dtype` (F32 or BF16), `float*` ones are fp32 (gains, their
 /// gradients, rstd); math is fp32; backward launchers accumulate (+=) except the in-place RoPE; no
 /// floating-point atomics, so reruns give the same bits; bad arguments throw CudaError.
-/// Grouped-query attention is not here: the fp32 flash kernels of kernels.h take multi-head QKV only
-/// (rows [q | k | v] of 3h); cuDNN's bf16 attention (attention_cudnn.h) takes kv_heads.
+/// Grouped-query attention is not here: kernels.h's flash attention and cuDNN's (attention_cudnn.h)
+/// take kv_heads.
 #include <cstddef>
 #include <cuda_runtime_api.h>
 

@@ -4,6 +4,10 @@
 // and an abort (a failing rank, or the executor's --timeout) calls ncclCommAbort on every
 // communicator of this rank before the MPI job is ended.
 //
+// Groups (the pipelines and the data-parallel groups of a run with replicas) are transports of
+// their own: an MPI subgroup for their control lane and for handing out the group's NCCL unique ids,
+// and NCCL communicators made from those ids by the members only.
+//
 // Communicators are non-blocking (ncclConfig_t::blocking = 0): creating one, and the first call on a
 // lane (NCCL connects peers on first use), return at once and finish in NCCL's own threads, so a
 // rank whose peer died or hangs is never stuck inside NCCL: creation is polled against the run's
@@ -12,6 +16,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -19,6 +24,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -51,6 +58,29 @@ struct NcclComm {
 
 /// Read by the requests on the communication thread, set by abort() on whichever thread failed.
 using AbortFlag = std::atomic<bool>;
+
+/// What a process's transports share: the world's and its groups' communicators, so that an abort
+/// through any of them (the executor aborts the world) reaches every communicator of the rank and
+/// every request sees it.
+struct Communicators {
+  AbortFlag aborted{false};
+  std::mutex mutex;  ///< guards `all`: groups are made and dropped on the launching thread, aborts come from any
+  std::vector<ncclComm_t> all;
+  void add(ncclComm_t comm) {
+    std::lock_guard lock(mutex);
+    all.push_back(comm);
+  }
+  void remove(ncclComm_t comm) {
+    std::lock_guard lock(mutex);
+    all.erase(std::remove(all.begin(), all.end(), comm), all.end());
+  }
+  /// ncclCommAbort on every communicator, once.
+  void abort() {
+    if (aborted.exchange(true)) return;
+    std::lock_guard lock(mutex);
+    for (const ncclComm_t comm : all) static_cast<void>(ncclCommAbort(comm));
+  }
+};
 
 class NcclRequest final : public Request {
  public:
@@ -188,12 +218,62 @@ void share_gpu_environment(int rank) {
 
 class NcclTransport final : public Transport {
  public:
+  /// The world: every process of the MPI job. It makes the graph's point-to-point channels when it is
+  /// the pipeline (one rank per graph device); with data-parallel replicas each pipeline is a group.
   NcclTransport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device, const NcclOptions& options)
-      : control_(std::move(control)), rank_(control_->rank()), size_(control_->size()), timeout_s_(options.timeout_s) {
+      : NcclTransport(std::move(control), graph, device, options, std::make_shared<Communicators>()) {
     if (options.share_gpu) share_gpu_environment(rank_);
     CUDA_CHECK(cudaSetDevice(device));
     if (!options.share_gpu) refuse_shared_gpus(device);
-    const std::set<std::pair<int, int>> used = used_channels(graph);
+    connect(control_->size() == graph.devices());
+  }
+  ~NcclTransport() override {
+    for (const NcclComm& c : all_) {
+      shared_->remove(c.comm);
+      if (!shared_->aborted.load()) destroy(c.comm);
+      if (c.stream) static_cast<void>(cudaStreamDestroy(c.stream));
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Communicator& lane(int lane) override {
+    return lane == kControlLane ? control_->control() : *lanes_.at(std::size_t(lane));
+  }
+  /// Communicators made from fresh unique ids among the members, over an MPI subgroup that hands the
+  /// ids out: collective over the members only, as Transport::subgroup promises. (ncclCommSplit would
+  /// share the parent's resources, but every rank of the parent must take part in each split, which
+  /// the interface does not ask of the ranks outside the group.) A pipeline gets the graph's
+  /// point-to-point channels, numbered by its ranks, which are the graph's devices.
+  std::unique_ptr<Transport> subgroup(const std::vector<int>& members, GroupUse use) override {
+    CUDA_CHECK(cudaSetDevice(device_));  // the group's communicators and streams are on this rank's GPU
+    auto group = std::unique_ptr<NcclTransport>(
+        new NcclTransport(control_->subgroup(members, use), graph_, device_, options_, shared_));
+    group->connect(use == GroupUse::Pipeline);
+    return group;
+  }
+  void wait_for_progress(double seconds) override {
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));
+  }
+  void wake() override {}
+  bool aborted() override { return shared_->aborted.load(); }
+  void abort(const std::string& why) override {
+    shared_->abort();
+    control_->abort(why);  // MPI: prints the reason and ends every process
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  /// The world's and its groups' common part; the device is already current (the world set it).
+  NcclTransport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device, const NcclOptions& options,
+                std::shared_ptr<Communicators> shared)
+      : control_(std::move(control)), graph_(graph), device_(device), options_(options), rank_(control_->rank()),
+        size_(control_->size()), timeout_s_(options.timeout_s), shared_(std::move(shared)), aborted_(shared_->aborted) {}
+
+  /// Makes the collective lanes and, with `channels` (a pipeline), the graph's point-to-point
+  /// channels between this transport's ranks.
+  void connect(bool channels) {
+    const std::set<std::pair<int, int>> used = channels ? used_channels(graph_) : std::set<std::pair<int, int>>{};
     const std::vector<ncclUniqueId> ids = unique_ids(kCollectiveLanes + int(used.size()));
     try {
       // Every rank creates its communicators in the same order (lanes, then channels in order, each
@@ -202,53 +282,19 @@ class NcclTransport final : public Transport {
       for (int lane = 0; lane < kCollectiveLanes; ++lane)
         lanes_.push_back(std::make_unique<CollectiveLane>(
             create(ids[std::size_t(lane)], size_, rank_, fmt::format("collective lane {}", lane)), aborted_));
-      std::map<std::pair<int, int>, NcclComm> channels;
+      std::map<std::pair<int, int>, NcclComm> made;
       std::size_t i = kCollectiveLanes;
       for (const auto& [from, to] : used) {
         const ncclUniqueId& id = ids[i++];
         if (rank_ == from || rank_ == to)  // rank 0 of the channel is the sender
-          channels[{from, to}] = create(id, 2, rank_ == from ? 0 : 1,
-                                        fmt::format("the point-to-point channel from rank {} to rank {}", from, to));
+          made[{from, to}] = create(id, 2, rank_ == from ? 0 : 1,
+                                    fmt::format("the point-to-point channel from rank {} to rank {}", from, to));
       }
-      lanes_.push_back(std::make_unique<ChannelLane>(rank_, std::move(channels), aborted_));
+      lanes_.push_back(std::make_unique<ChannelLane>(rank_, std::move(made), aborted_));
     } catch (...) {
-      abort_communicators();  // a communicator still connecting would keep NCCL's threads waiting
+      shared_->abort();  // a communicator still connecting would keep NCCL's threads waiting
       throw;
     }
-  }
-  ~NcclTransport() override {
-    for (const NcclComm& c : all_) {
-      if (!aborted_.load()) destroy(c.comm);
-      if (c.stream) static_cast<void>(cudaStreamDestroy(c.stream));
-    }
-  }
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  Communicator& lane(int lane) override {
-    return lane == kControlLane ? control_->control() : *lanes_.at(std::size_t(lane));
-  }
-  /// Its communicators are made for one pipeline replica's graph: check_runnable keeps tensor and
-  /// data parallelism off the CUDA backend, so no run asks for a subgroup here.
-  std::unique_ptr<Transport> subgroup(const std::vector<int>&) override {
-    throw std::logic_error("the NCCL transport runs one pipeline replica without tensor parallelism: no subgroups");
-  }
-  void wait_for_progress(double seconds) override {
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(seconds, 50e-6)));
-  }
-  void wake() override {}
-  bool aborted() override { return aborted_.load(); }
-  void abort(const std::string& why) override {
-    abort_communicators();
-    control_->abort(why);  // MPI: prints the reason and ends every process
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-
-  void abort_communicators() {
-    if (aborted_.exchange(true)) return;
-    for (const NcclComm& c : all_) static_cast<void>(ncclCommAbort(c.comm));
   }
   /// Each rank's (host, GPU) in turn, over the control lane: NCCL refuses two ranks on one GPU.
   void refuse_shared_gpus(int device) {
@@ -290,7 +336,7 @@ class NcclTransport final : public Transport {
     if (!std::getenv("NCCL_COMM_BLOCKING")) config.blocking = 0;
     ncclComm_t comm = nullptr;
     ncclResult_t state = ncclCommInitRankConfig(&comm, ranks, id, rank, &config);
-    if (comm) all_.push_back({comm, nullptr});  // from here on, abort() reaches it
+    if (comm) all_.push_back({comm, nullptr}), shared_->add(comm);  // from here on, abort() reaches it
     state = settle(comm, state);
     if (state == ncclInProgress)
       throw std::runtime_error(fmt::format(
@@ -337,11 +383,15 @@ class NcclTransport final : public Transport {
   }
 
   std::unique_ptr<Transport> control_;
+  const TaskGraph& graph_;  ///< the caller keeps it alive for the run
+  int device_;
+  NcclOptions options_;
   int rank_, size_;
   double timeout_s_;
-  AbortFlag aborted_{false};
+  std::shared_ptr<Communicators> shared_;
+  const AbortFlag& aborted_;  ///< shared_'s, which the requests read
   std::vector<std::unique_ptr<Communicator>> lanes_;
-  std::vector<NcclComm> all_;  ///< every communicator this rank holds, for destroy and abort
+  std::vector<NcclComm> all_;  ///< the communicators of this transport, for destroy
 };
 
 }  // namespace

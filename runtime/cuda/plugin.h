@@ -17,7 +17,9 @@ struct PluginApi {
   int (*local_device)(int);
   std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int, const NcclOptions&);
 };
-constexpr int kPluginVersion = 3;  ///< 3: Transport gained subgroup, all_gather and reduce_scatter
+/// 5: BackendOptions gained the tensor-parallel rank and group; 4: `owned`, Transport::subgroup the
+/// group's use, Backend weights_written; 3: Transport gained subgroup, all_gather and reduce_scatter.
+constexpr int kPluginVersion = 5;
 
 }  // namespace pipesim::runtime::cuda
 

@@ -145,8 +145,9 @@ class MpiTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Communicator& lane(int lane) override { return *lanes_.at(std::size_t(lane)); }
-  /// MPI_Comm_create_group: collective over the members only, as the interface promises.
-  std::unique_ptr<Transport> subgroup(const std::vector<int>& members) override {
+  /// MPI_Comm_create_group: collective over the members only, as the interface promises. Every lane
+  /// carries any message, whatever the group's use.
+  std::unique_ptr<Transport> subgroup(const std::vector<int>& members, GroupUse) override {
     MPI_Group all = MPI_GROUP_NULL, some = MPI_GROUP_NULL;
     check(MPI_Comm_group(comm_, &all), "MPI_Comm_group");
     check(MPI_Group_incl(all, int(members.size()), members.data(), &some), "MPI_Group_incl");

@@ -21,7 +21,7 @@ struct PluginApi {
   void (*abort)(const char* why);
   void (*finalize)();
 };
-constexpr int kPluginVersion = 2;  ///< 2: Transport gained subgroup, all_gather and reduce_scatter
+constexpr int kPluginVersion = 3;  ///< 3: Transport::subgroup takes the group's use (2: gained subgroup, all_gather, reduce_scatter)
 
 }  // namespace pipesim::runtime::mpi
 

@@ -16,11 +16,14 @@ namespace gpu = runtime::cuda;
 
 struct Case {
   int batch, seq, h, heads;
+  int kv_heads;  ///< key/value heads: heads for multi-head attention, fewer for grouped-query attention
+  int width() const { return h + 2 * kv_heads * (h / heads); }  ///< a QKV row: [q | k | v]
 };
 
 /// logsumexp of each causal score row, in double, in the kernels' layout ((b·heads + head)·seq + i).
 std::vector<float> reference_lse(const std::vector<float>& qkv, const Case& c) {
-  const int d = c.h / c.heads;
+  const int d = c.h / c.heads, group = c.heads / c.kv_heads;
+  const std::size_t width = std::size_t(c.width());
   const double scale = 1.0 / std::sqrt(double(d));
   std::vector<float> lse(std::size_t(c.batch) * c.heads * c.seq);
   for (int b = 0; b < c.batch; ++b)
@@ -30,8 +33,8 @@ std::vector<float> reference_lse(const std::vector<float>& qkv, const Case& c) {
         for (int j = 0; j <= i; ++j) {
           double dot = 0;
           for (int e = 0; e < d; ++e)
-            dot += double(qkv[(std::size_t(b) * c.seq + i) * 3 * c.h + std::size_t(head) * d + e]) *
-                   qkv[(std::size_t(b) * c.seq + j) * 3 * c.h + c.h + std::size_t(head) * d + e];
+            dot += double(qkv[(std::size_t(b) * c.seq + i) * width + std::size_t(head) * d + e]) *
+                   qkv[(std::size_t(b) * c.seq + j) * width + c.h + std::size_t(head / group) * d + e];
           scores[std::size_t(j)] = dot * scale;
         }
         const double max = *std::max_element(scores.begin(), scores.end());
@@ -43,21 +46,22 @@ std::vector<float> reference_lse(const std::vector<float>& qkv, const Case& c) {
 }
 
 void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c, DType t) {
-  const std::string shape = shape_name({{"b", c.batch}, {"s", c.seq}, {"h", c.h}, {"heads", c.heads}});
-  const std::size_t n = std::size_t(c.batch) * c.seq;
-  const auto qkv = rounded(random_values(n * 3 * c.h, rng, -2, 2), t);
-  const auto dout = rounded(random_values(n * c.h, rng), t), dqkv0 = rounded(random_values(n * 3 * c.h, rng), t);
+  const std::string shape =
+      shape_name({{"b", c.batch}, {"s", c.seq}, {"h", c.h}, {"heads", c.heads}, {"kv", c.kv_heads}});
+  const std::size_t n = std::size_t(c.batch) * c.seq, width = std::size_t(c.width());
+  const auto qkv = rounded(random_values(n * width, rng, -2, 2), t);
+  const auto dout = rounded(random_values(n * c.h, rng), t), dqkv0 = rounded(random_values(n * width, rng), t);
   std::vector<float> out(n * c.h), probs(std::size_t(c.batch) * c.heads * c.seq * c.seq), dqkv = dqkv0;
-  cpu::attention_forward(qkv, out, probs, c.batch, c.seq, c.h, c.heads);
+  cpu::attention_forward(qkv, out, probs, c.batch, c.seq, c.h, c.heads, c.kv_heads);
   // In bf16 the GPU backward's D = rowsum(dout∘out) reads the rounded output: within kBF16.
-  cpu::attention_backward(qkv, probs, dout, dqkv, c.batch, c.seq, c.h, c.heads);
+  cpu::attention_backward(qkv, probs, dout, dqkv, c.batch, c.seq, c.h, c.heads, c.kv_heads);
 
   Tensor qkv_d(qkv, t), out_d(n * c.h, t), dout_d(dout, t), dqkv_d(dqkv0, t);
   Tensor lse_d(std::size_t(c.batch) * c.heads * c.seq, DType::F32);
   auto* lse = static_cast<float*>(lse_d.get());
-  gpu::attention_forward(qkv_d.get(), out_d.get(), lse, c.batch, c.seq, c.h, c.heads, t, stream.get());
+  gpu::attention_forward(qkv_d.get(), out_d.get(), lse, c.batch, c.seq, c.h, c.heads, t, stream.get(), c.kv_heads);
   gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), dqkv_d.get(), c.batch, c.seq, c.h, c.heads, t,
-                          stream.get());
+                          stream.get(), c.kv_heads);
   stream.sync();
   const double tol = tolerance(t, kAttentionF32);
   report.compare("attention_forward", shape, t, "out", out_d.download(), out, tol);
@@ -66,9 +70,10 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
   report.compare("attention_backward", shape, t, "dqkv (+=)", first_dqkv, dqkv, tol);
 
   // The tensor-core path bf16 runs take, against the same reference: all heads in one call, and one
-  // head a call (a workspace budget below one head's scores), as long sequences run.
+  // head a call (a workspace budget below one head's scores), as long sequences run. It takes
+  // multi-head attention only.
   for (const std::size_t budget : {gpu::kAttentionWorkspaceBytes, std::size_t(1)}) {
-    if (t != DType::BF16) break;
+    if (t != DType::BF16 || c.kv_heads != c.heads) break;
     const std::string name = budget == 1 ? " (a head a call)" : "";
     gpu::GemmHandle gemm;
     Tensor gemm_out(n * c.h, t), gemm_lse(std::size_t(c.batch) * c.heads * c.seq, DType::F32), gemm_dqkv(dqkv0, t);
@@ -85,7 +90,7 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
 
   Tensor again(dqkv0, t);
   gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), again.get(), c.batch, c.seq, c.h, c.heads, t,
-                          stream.get());
+                          stream.get(), c.kv_heads);
   stream.sync();
   report.compare_bits("attention_backward rerun", shape, t, "dqkv", again.download(), first_dqkv);
 }
@@ -108,8 +113,10 @@ void check_attention(Report& report) {
   Stream stream;
   std::mt19937 rng(3);
   // d = 8, 16, 48, 128 cover the 32/64/128 instances with partial head widths; seq 1, 31, 33, 70 cover
-  // a single row, tiles partly filled and a causal boundary inside a tile.
-  const Case cases[] = {{1, 1, 8, 1}, {2, 31, 64, 4}, {3, 33, 96, 2}, {1, 70, 256, 2}, {2, 45, 128, 1}};
+  // a single row, tiles partly filled and a causal boundary inside a tile. The last three are
+  // grouped-query attention: two and four query heads per key/value head, and one key/value head.
+  const Case cases[] = {{1, 1, 8, 1, 1},   {2, 31, 64, 4, 4},  {3, 33, 96, 2, 2},  {1, 70, 256, 2, 2},
+                        {2, 45, 128, 1, 1}, {2, 33, 64, 4, 2}, {1, 70, 128, 8, 2}, {2, 40, 96, 3, 1}};
   for (const DType t : {DType::F32, DType::BF16})
     for (const Case& c : cases) run_case(report, stream, rng, c, t);
   check_refusal(report);

@@ -7,22 +7,33 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli_helpers.h"
 
 using json = nlohmann::json;
 using namespace pipesim::testing::cli;
 
+namespace {
+
+/// A checked run's JSON report from `processes` MPI processes, within the fp32 bounds of the reference.
+void check_report(const Output& out, int processes) {
+  INFO(out.text);
+  REQUIRE(out.exit_code == 0);
+  const json r = json::parse(out.text);
+  CHECK(r["runtime"] == "mpi, " + std::to_string(processes) + " processes");
+  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
+  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+}
+
+}  // namespace
+
 TEST_CASE("mpirun -np 4 runs the same check across processes") {
   const char* mpirun = std::getenv("PIPESIM_MPIRUN");
   REQUIRE(mpirun);
   const Output out = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
                                  " --schedule v-half --vocab vocab-1 --check --format json");
-  REQUIRE(out.exit_code == 0);
-  const json r = json::parse(out.text);
-  CHECK(r["runtime"] == "mpi, 4 processes");
-  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
-  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  check_report(out, 4);
   // A failing process ends the job: mpirun exits non-zero and the failing rank says where.
   const Output fault = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
                                    " --inject-fault 3:B:1 --timeout 5", true);
@@ -51,12 +62,7 @@ TEST_CASE("mpirun -np 8 runs tensor- and data-parallel ranks inside a 2-stage pi
   const std::string layout = " --set parallel.tp=2 --set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=4";
   const Output out = run_command(std::string(mpirun) + " -np 8 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
                                  layout + " --schedule zb-v --vocab vocab-2 --set training.zero_stage=1 --check --format json");
-  INFO(out.text);
-  REQUIRE(out.exit_code == 0);
-  const json r = json::parse(out.text);
-  CHECK(r["runtime"] == "mpi, 8 processes");
-  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
-  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  check_report(out, 8);
   // A process count that is not pipeline devices × tp × dp is refused with the count to give.
   const Output wrong = run_command(std::string(mpirun) + " -np 6 " + std::getenv("PIPESIM") + " run " +
                                    config("tiny.json") + layout, true);
@@ -73,12 +79,7 @@ TEST_CASE("mpirun: a tied embedding on the first and last stage's processes, ZeR
                                  config("llama-tiny.json") + " --vocab baseline --set model.tied_embeddings=true" +
                                  " --set parallel.dp=2 --set parallel.microbatches=4 --set training.zero_stage=3" +
                                  " --check --format json");
-  INFO(out.text);
-  REQUIRE(out.exit_code == 0);
-  const json r = json::parse(out.text);
-  CHECK(r["runtime"] == "mpi, 8 processes");
-  CHECK(std::abs(r["loss"].get<double>() - r["reference_loss"].get<double>()) <= 1e-5 * r["reference_loss"].get<double>());
-  CHECK(r["max_grad_rel_err"].get<double>() <= 1e-4);
+  check_report(out, 8);
 }
 
 int main(int argc, char** argv) {

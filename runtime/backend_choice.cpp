@@ -39,7 +39,7 @@ std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job,
                             {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned},
                             options.seed, tp);
   // On the GPU a rank holds its pipeline device's stages, its tensor-parallel part of each layer
-  // (without sequence parallelism: check_runnable) and, under ZeRO, updates its replica's block.
+  // and, under ZeRO, updates its replica's block.
   if (options.device >= 0)  // one process per GPU (MPI)
     return cuda::make_backend(shape, job.layout, place.device, options.seed,
                               {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1,

@@ -331,7 +331,8 @@ class DataParallelOps {
   }
   double grads(int stage) const { return work_[std::size_t(stage)].params * dp_.grad_bytes; }
   double params(int stage) const { return work_[std::size_t(stage)].params * dp_.param_bytes; }
-  /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of every stage on device d.
+  /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of what no per-stage op of its
+  /// kind covers on device d (task_graph.h).
   TaskId collective(int d, CollectiveData data, double bytes, int stage = -1) const {
     const TaskId id = builder_.add(
         {.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work({.bytes = bytes})});

@@ -17,9 +17,11 @@ struct PluginApi {
   int (*local_device)(int);
   std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int, const NcclOptions&);
 };
-/// 5: BackendOptions gained the tensor-parallel rank and group; 4: `owned`, Transport::subgroup the
-/// group's use, Backend weights_written; 3: Transport gained subgroup, all_gather and reduce_scatter.
-constexpr int kPluginVersion = 5;
+/// 6: TensorParallelBuffers gained sequence_parallel, all_gather and reduce_scatter, cpu::ModelShape
+/// tied_embeddings, CollectiveData TiedEmbedding; 5: BackendOptions gained the tensor-parallel rank
+/// and group; 4: `owned`, Transport::subgroup the group's use, Backend weights_written; 3: Transport
+/// gained subgroup, all_gather and reduce_scatter.
+constexpr int kPluginVersion = 6;
 
 }  // namespace pipesim::runtime::cuda
 

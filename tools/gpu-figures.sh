@@ -10,7 +10,9 @@
 #   4. attention alone, GPT's and Llama-3-8B's (32 query, 8 key/value heads);
 #   5. PyTorch eager on the same GPU: the GPT and Llama-3-8B layers (tools/measure-ops.py --reference);
 #   6. configs/examples/gpt-small-gpu.json on 4 MPI processes sharing the GPU over NCCL, each schedule
-#      predicted from another schedule's profile (tools/sim-vs-run.sh --mpirun).
+#      predicted from another schedule's profile (tools/sim-vs-run.sh --mpirun);
+#   7. Llama-3-8B's layers (configs/default.json cut to 8 layers, bf16) on the CUDA backend: 4 ranks
+#      sharing the GPU in one process, with the memory table beside the simulator's.
 # Usage: tools/gpu-figures.sh [OUTPUT_DIR (default .)]; each step's output also goes to OUTPUT_DIR.
 # PIPESIM_BUILD names another build folder (default build).
 set -uo pipefail
@@ -48,3 +50,5 @@ PY
 python3 tools/measure-ops.py --reference -o "$out/pytorch-layers.json" 2>&1 | tee "$out/pytorch-layers.txt"
 tools/sim-vs-run.sh --ranks 4 --rounds 2 --config configs/examples/gpt-small-gpu.json --mpirun mpirun \
   -- --backend cuda --dtype bf16 --ranks-share-gpu 2>&1 | tee "$out/sim-vs-run.txt"
+"$build/tools/pipesim" run configs/default.json --set model.layers=8 --set parallel.pp=4 --backend cuda --dtype bf16 --steps 5 \
+  2>&1 | tee "$out/llama-8-layers.txt"

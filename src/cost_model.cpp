@@ -345,6 +345,11 @@ class ExplicitCostModel final : public CostModel {
                          ns_from_ms(at(costs.backward_ms, stage.device) * share + backward),
                          ns_from_ms(at(costs.weight_ms, stage.device) * share)});
     }
+    // What a device's data-parallel collectives move together, as assemble() counts it: its stages'
+    // parameters and its vocabulary shards.
+    device_params_.assign(std::size_t(layout.devices), vocab_shard_params(config, layout));
+    for (const VirtualStage& stage : layout.stages) device_params_[std::size_t(stage.device)] += stage_params(config, stage);
+    grad_bytes_ = config.precision.grad_bytes, param_bytes_ = config.precision.param_bytes;
     // Asked of every op of a graph, millions of them: the conversions are made once, here.
     p2p_ns_ = ns_from_ms(costs.p2p_ms);
     allreduce_ns_ = ns_from_ms(costs.allreduce_ms);
@@ -359,10 +364,15 @@ class ExplicitCostModel final : public CostModel {
 
  protected:
   TimeNs p2p(const Task&, const TaskWork&) const override { return p2p_ns_; }
-  TimeNs collective(const Task& task, const TaskWork&, const CollectiveGroup& group) const override {
+  TimeNs collective(const Task& task, const TaskWork& work, const CollectiveGroup& group) const override {
     if (task.kind != OpKind::DpAllReduce) return allreduce_ns_;
     // An all-reduce is a reduce-scatter and an all-gather: ZeRO's halves take half of it each.
-    return group.data == CollectiveData::Gradients ? dp_allreduce_ns_ : dp_allreduce_ns_ / 2;
+    const TimeNs whole = group.data == CollectiveData::Gradients ? dp_allreduce_ns_ : dp_allreduce_ns_ / 2;
+    // dp_allreduce_ms is a device's whole reduction; a collective of one stage's tensors (or of the
+    // vocabulary shards) takes its share of the bytes.
+    const double all = device_params_[std::size_t(task.device)] *
+                       (group.data == CollectiveData::Parameters ? param_bytes_ : grad_bytes_);
+    return work.bytes > 0 && work.bytes < all ? TimeNs(std::llround(double(whole) * work.bytes / all)) : whole;
   }
   TimeNs optimizer(int) const override { return optimizer_ns_; }
   TimeNs vocab_pass(const Task& task, const TaskWork&) const override {
@@ -376,6 +386,8 @@ class ExplicitCostModel final : public CostModel {
 
  private:
   TimeNs p2p_ns_ = 0, allreduce_ns_ = 0, dp_allreduce_ns_ = 0, optimizer_ns_ = 0;
+  std::vector<double> device_params_;  ///< per device, what its data-parallel collectives move together
+  double grad_bytes_ = 0, param_bytes_ = 0;
   std::array<TimeNs, 4> vocab_ns_{};  ///< S, T, IF, IB
 };
 

@@ -301,6 +301,29 @@ TEST_CASE("tied embeddings on two devices: their gradients summed, V·h of fp32,
   CHECK_FALSE(simulated("zb-v", true).plan.graph.has(OpKind::AllReduce));
 }
 
+TEST_CASE("under explicit costs a device's per-stage data-parallel collectives share its dp_allreduce_ms by bytes") {
+  // Two chunks a device, each stage's gradients reduced on their own, the vocabulary shards too: the
+  // device's reductions add up to the one all-reduce that dp_allreduce_ms times.
+  for (const std::string vocab : {"baseline", "vocab-1"}) {
+    const Simulated s = simulate_or_fail(parse_or_fail(
+        kGpt, {"parallel.dp=2", "model.layers=6", "parallel.chunks=2", "schedule.name=\"interleaved-1f1b\"",
+               "schedule.vocab=\"" + vocab + "\"", "training.overlap_grad_reduce=true",
+               "costs={\"forward_ms\": 1, \"backward_ms\": 2, \"dp_allreduce_ms\": 10}"}));
+    std::vector<TimeNs> per_device(3, 0);
+    std::vector<int> ops(3, 0);
+    for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id)
+      if (s.plan.graph.task(id).kind == OpKind::DpAllReduce) {
+        per_device[std::size_t(s.plan.graph.task(id).device)] += s.durations[std::size_t(id)];
+        ++ops[std::size_t(s.plan.graph.task(id).device)];
+      }
+    for (int d = 0; d < 3; ++d) {
+      INFO(vocab << ", device " << d);
+      CHECK(ops[std::size_t(d)] == (vocab == "baseline" ? 2 : 3));
+      CHECK(std::abs(per_device[std::size_t(d)] - ns_from_ms(10)) <= 2);  // rounding, one ns an op
+    }
+  }
+}
+
 TEST_CASE("reserved memory comes off the device before a config fits; the rest is the headroom") {
   const Simulated s = simulate_or_fail(parse_or_fail(kGpt, {"hardware.memory_gib=80", "hardware.reserved_gib=5"}));
   CHECK(s.metrics.memory_capacity_bytes == Bytes(75) << 30);

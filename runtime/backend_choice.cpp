@@ -32,8 +32,7 @@ std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job,
                                       TensorParallelBuffers* tp_buffers) {
   const cpu::ModelShape& shape = job.shape;
   const RankPlace place = job.place(rank);
-  // Under ZeRO 1 and 2 each replica's optimizer updates its block of every tensor (partition.h).
-  const OwnedPart owned = job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{};
+  const OwnedPart owned = job.owned_part(place);
   if (options.backend == BackendKind::Cpu)
     return make_cpu_backend(shape, job.layout,
                             {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned},

@@ -4,6 +4,7 @@
 /// planner, the schedules or the simulator that made the graph.
 #include <vector>
 
+#include "backend.h"
 #include "cpu/model.h"
 #include "layout.h"
 #include "task_graph.h"
@@ -34,8 +35,13 @@ struct Job {
   int ranks() const { return layout.devices * tp * dp; }
   RankPlace place(int rank) const { return {.device = rank / (tp * dp), .replica = rank / tp % dp, .tp_rank = rank % tp}; }
   int rank_of(const RankPlace& p) const { return (p.device * dp + p.replica) * tp + p.tp_rank; }
-  /// Whether the optimizer's state is sharded over the replicas (ZeRO 1 and 2).
+  /// Whether the optimizer's state is sharded over the replicas (ZeRO 1 to 3).
   bool sharded() const { return dp > 1 && training.zero_stage >= 1; }
+  /// What the optimizer of a rank at `p` updates of each tensor: its replica's block when sharded,
+  /// all of it otherwise.
+  OwnedPart owned_part(const RankPlace& p) const {
+    return sharded() ? OwnedPart{.index = p.replica, .count = dp} : OwnedPart{};
+  }
   /// The ranks that differ from `rank` in `varying` only, in its order: &RankPlace::device gives the
   /// rank's pipeline, ::replica its data-parallel group, ::tp_rank its tensor-parallel group.
   std::vector<int> group_of(int rank, int RankPlace::*varying) const {

@@ -31,7 +31,7 @@ OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& 
     : graph_(job.graph), layout_(job.layout), rank_(place.device), comm_(comm), backend_(backend),
       optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
       data_(data), tied_(tied), replicas_(job.dp),
-      owned_(job.sharded() ? OwnedPart{.index = place.replica, .count = job.dp} : OwnedPart{}),
+      owned_(job.owned_part(place)),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)), training_(job.training), tensor_stages_(tensor_stages(layout_, rank_)),
       own_gradient_ops_(std::size_t(layout_.stage_count()), false), own_weight_ops_(own_gradient_ops_) {

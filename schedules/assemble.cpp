@@ -264,11 +264,10 @@ class DataParallelOps {
     const std::vector<TaskId> tie = tie_ops(last_compute);
     const int first_stage = 0, last_stage = layout_.stage_count() - 1;
     for (int d = 0; d < layout_.devices; ++d) {
-      // What reads the tied gradient waits for its sum: the collective of the stage that holds it,
-      // or of every stage.
+      // What reads the tied gradient waits for its sum: the collective of the stage that holds it
+      // (the first or the last, on the device that has a tie op), or of every stage.
       const auto tied_first = [&](TaskId op, int stage = -1) {
-        const bool holds = stage < 0 || (stage == first_stage && layout_.stages.front().device == d) ||
-                           (stage == last_stage && layout_.stages.back().device == d);
+        const bool holds = stage < 0 || stage == first_stage || stage == last_stage;
         if (holds && tie[std::size_t(d)] != kNoTask) builder_.depend(op, tie[std::size_t(d)]);
         return op;
       };

@@ -222,6 +222,15 @@ double tied_copy_params(const Config& c, const Layout& layout, int device) {
   return c.model.tied_embeddings && both ? vocab_params(c.model) / c.parallel.tp : 0;
 }
 
+/// Per device, the parameters of its stages and of its vocabulary shards, as its data-parallel
+/// collectives move them (a tied matrix that one device holds for both uses counted twice:
+/// tied_copy_params).
+std::vector<double> device_params(const Config& c, const Layout& layout) {
+  std::vector<double> params(std::size_t(layout.devices), vocab_shard_params(c, layout));
+  for (const VirtualStage& stage : layout.stages) params[std::size_t(stage.device)] += stage_params(c, stage);
+  return params;
+}
+
 /// Explicit costs are given for an even share (layers/pp) of the model; a stage scales by its layers.
 double share_of_device(const Config& c, const VirtualStage& stage) {
   return double(stage.layers) * c.parallel.pp / c.model.layers;
@@ -232,7 +241,8 @@ int global_rank(const Config& c, int device) { return device * c.parallel.tp * c
 
 class AnalyticCostModel final : public CostModel {
  public:
-  AnalyticCostModel(const Config& config, const Layout& layout) : c_(config), h_(config.hardware), layout_(layout) {
+  AnalyticCostModel(const Config& config, const Layout& layout)
+      : c_(config), h_(config.hardware), layout_(layout), device_params_(device_params(config, layout)) {
     for (const VirtualStage& stage : layout.stages) {
       const StageKernels kernels = stage_kernels(config, stage);
       // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
@@ -272,9 +282,7 @@ class AnalyticCostModel final : public CostModel {
     return ns_from_s(s);
   }
   TimeNs optimizer(int device) const override {
-    double params = vocab_shard_params(c_, layout_) - tied_copy_params(c_, layout_, device);
-    for (const VirtualStage& stage : layout_.stages)
-      if (stage.device == device) params += stage_params(c_, stage);
+    const double params = device_params_[std::size_t(device)] - tied_copy_params(c_, layout_, device);
     const PrecisionConfig& p = c_.precision;
     // ZeRO shards the update with the optimizer states: each replica updates 1/dp of the parameters.
     const double updated = c_.training.zero_stage >= 1 ? params / c_.parallel.dp : params;
@@ -328,6 +336,7 @@ class AnalyticCostModel final : public CostModel {
   const Config& c_;
   const HardwareConfig& h_;
   const Layout& layout_;
+  const std::vector<double> device_params_;  ///< device_params
 };
 
 class ExplicitCostModel final : public CostModel {
@@ -345,10 +354,7 @@ class ExplicitCostModel final : public CostModel {
                          ns_from_ms(at(costs.backward_ms, stage.device) * share + backward),
                          ns_from_ms(at(costs.weight_ms, stage.device) * share)});
     }
-    // What a device's data-parallel collectives move together, as assemble() counts it: its stages'
-    // parameters and its vocabulary shards.
-    device_params_.assign(std::size_t(layout.devices), vocab_shard_params(config, layout));
-    for (const VirtualStage& stage : layout.stages) device_params_[std::size_t(stage.device)] += stage_params(config, stage);
+    device_params_ = device_params(config, layout);
     grad_bytes_ = config.precision.grad_bytes, param_bytes_ = config.precision.param_bytes;
     // Asked of every op of a graph, millions of them: the conversions are made once, here.
     p2p_ns_ = ns_from_ms(costs.p2p_ms);
@@ -386,7 +392,7 @@ class ExplicitCostModel final : public CostModel {
 
  private:
   TimeNs p2p_ns_ = 0, allreduce_ns_ = 0, dp_allreduce_ns_ = 0, optimizer_ns_ = 0;
-  std::vector<double> device_params_;  ///< per device, what its data-parallel collectives move together
+  std::vector<double> device_params_;  ///< device_params: what a device's data-parallel collectives move
   double grad_bytes_ = 0, param_bytes_ = 0;
   std::array<TimeNs, 4> vocab_ns_{};  ///< S, T, IF, IB
 };
@@ -479,10 +485,9 @@ double vocab_shard_params(const Config& c, const Layout& layout) {
 
 std::vector<Bytes> static_memory_bytes(const Config& config, const Layout& layout) {
   const auto devices = static_cast<std::size_t>(layout.devices);
-  std::vector<double> params(devices, vocab_shard_params(config, layout)), largest_stage(devices, 0.0);
+  std::vector<double> params = device_params(config, layout), largest_stage(devices, 0.0);
   for (const VirtualStage& stage : layout.stages) {
     const auto d = static_cast<std::size_t>(stage.device);
-    params[d] += stage_params(config, stage);
     largest_stage[d] = std::max(largest_stage[d], stage_params(config, stage));
   }
   const int zero = config.training.zero_stage, dp = config.parallel.dp;

@@ -154,22 +154,11 @@ Error invalid_graph(const Config& config, const Error& why) {
   return Error{fmt::format("schedule '{}' produced an invalid graph: {}", config.schedule.name, why.message)};
 }
 
-Bytes boundary_bytes(const Config& config) {
-  const ModelConfig& model = config.model;
-  // Under sequence parallelism each tensor-parallel rank sends its 1/tp of the tokens; without it,
-  // all of them. A context-parallel rank holds seq_len / cp of them.
-  const ParallelConfig& p = config.parallel;
-  return static_cast<Bytes>(double(model.micro_batch_size) * model.seq_len / p.cp * model.hidden *
-                            config.precision.activation_bytes / (p.sequence_parallel ? p.tp : 1));
-}
-
 DataParallelWork data_parallel_work(const Config& config, const Layout& layout) {
   const TrainingConfig& t = config.training;
-  const bool tied_apart = config.model.tied_embeddings && layout.vocab == VocabPlacement::OnStages &&
-                          layout.stages.front().device != layout.stages.back().device;
-  return {.dp = config.parallel.dp, .zero_stage = t.zero_stage, .grad_bytes = config.precision.grad_bytes,
+  return {.zero = zero_sharding(config), .grad_bytes = config.precision.grad_bytes,
           .param_bytes = config.precision.param_bytes, .shard_params = vocab_shard_params(config, layout),
-          .tied_params = tied_apart ? vocab_params(config.model) / config.parallel.tp : 0,
+          .tied_params = tied_apart_params(config, layout),
           .overlap_grad_reduce = t.overlap_grad_reduce, .overlap_param_gather = t.overlap_param_gather};
 }
 
@@ -179,7 +168,7 @@ ScheduleContext schedule_context(const Config& config, const Layout& layout, con
   for (int s = 0; s < layout.stage_count(); ++s) context.times.push_back(costs.stage(s));
   const int next_device = std::min(1, layout.devices - 1);
   context.transfer_ns = costs.transfer({.kind = OpKind::Send, .device = 0, .peer = next_device},
-                                       {.bytes = double(boundary_bytes(config))});
+                                       {.bytes = double(Bytes(hidden_activation_bytes(config)))});
   return context;
 }
 
@@ -207,9 +196,10 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   const VocabModeInfo* vocab = planned.value().vocab;
   plan.layout = std::move(planned.value().layout);
   const int m = config.parallel.microbatches;
-  const Bytes boundary = boundary_bytes(config);
-  const std::unique_ptr<CostModel> costs = make_cost_model(config, plan.layout);
-  const ScheduleContext context = schedule_context(config, plan.layout, *costs);
+  const Bytes boundary = Bytes(hidden_activation_bytes(config));  // an activation crossing a stage
+  plan.costs = make_cost_model(config, plan.layout);
+  const CostModel& costs = *plan.costs;
+  const ScheduleContext context = schedule_context(config, plan.layout, costs);
   if (Status s = check_times(context); !s.ok()) return s.error();
   Result<DeviceOrders> generated = custom ? Result<DeviceOrders>(custom->orders) : plan.schedule->generate(context);
   if (!generated.ok()) return generated.error();
@@ -223,8 +213,8 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   if (vocab->placement == VocabPlacement::Interlaced && runs_interlaced_1f1b(plan.schedule, custom, context)) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order
   } else if (vocab->placement != VocabPlacement::OnStages) {
-    Result<PlacedGraph> placed = with_vocab_passes(context, std::move(orders), vocab->placement, *costs,
-                                                   shortest_transfer(*costs, plan.layout, boundary), build);
+    Result<PlacedGraph> placed = with_vocab_passes(context, std::move(orders), vocab->placement, costs,
+                                                   shortest_transfer(costs, plan.layout, boundary), build);
     if (!placed.ok()) return placed.error();
     if (!placed.value().structure.ok()) return invalid_graph(config, placed.value().structure.error());
     plan.graph = std::move(placed.value().graph);

@@ -1,6 +1,7 @@
 #pragma once
 /// From a config to a validated task graph: pick the schedule and vocabulary mode, lay out the
 /// model, generate the per-device orders, assemble and validate the graph.
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -34,6 +35,9 @@ struct Plan {
   Layout layout;
   TaskGraph graph;
   std::vector<Bytes> static_bytes;  ///< per device
+  /// The cost model the graph was planned with (the config's own costs): a caller timing the graph
+  /// under the same costs uses it rather than building another.
+  std::shared_ptr<const CostModel> costs;
   /// The graph simulated under the config's own costs, where planning had to simulate it (to choose
   /// between two versions of the vocabulary passes): a caller timing it with the same costs reuses
   /// it. Such a graph is validated whatever the Validation asked: its structure checked, and the
@@ -52,8 +56,6 @@ struct PlannedLayout {
 };
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom = nullptr);
 
-/// What one activation (or its gradient) crossing a stage boundary holds, per tensor-parallel rank.
-Bytes boundary_bytes(const Config& config);
 /// What assemble needs of the data-parallel side: the replicas, ZeRO's stage, the overlaps, and the
 /// vocabulary shards the layout puts on every device.
 DataParallelWork data_parallel_work(const Config& config, const Layout& layout);

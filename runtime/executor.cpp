@@ -1,5 +1,4 @@
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +6,9 @@
 
 #include "cpu/hash.h"
 #include "measure.h"
+#include "model_math.h"
 #include "op_interpreter.h"
+#include "parallel_shape.h"
 #include "partition.h"
 #include "walker.h"
 
@@ -205,7 +206,17 @@ bool CheckResult::passed() const {
   return loss_ok && (grad_tolerance == 0 || max_grad_rel_err <= grad_tolerance);
 }
 
-Bytes machine_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
+Config memory_as_run(const Config& config, const RunOptions& options) {
+  Config c = config;
+  const bool bf16 = options.dtype == DType::BF16;
+  c.precision = {.param_bytes = bf16 ? 6.0 : 4.0,
+                 .grad_bytes = 4,
+                 .optimizer_bytes = options.optimizer.kind == OptimizerKind::Sgd ? 0.0 : 8.0,
+                 .activation_bytes = bf16 ? 2.0 : 4.0,
+                 .flash_attention = options.backend == BackendKind::Cuda};
+  c.training.zero_stage = std::min(c.training.zero_stage, 1);
+  return c;
+}
 
 Status check_runnable(const Config& c, const RunOptions& options) {
   if (c.parallel.tp > 1 && c.parallel.sequence_parallel && (c.model.micro_batch_size * c.model.seq_len) % c.parallel.tp)
@@ -240,7 +251,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
   const cpu::ModelShape s = model_shape(c);
   const double n = double(s.tokens()), h = s.hidden;
   const double qkv = s.qkv_width(), fc1 = s.fc1_width();
-  const double params = 2.0 * s.vocab * h + double(s.layers) * (h * qkv + h * h + h * fc1 + s.ffn * h + 6.0 * h + qkv + fc1);
+  const double params = 2.0 * vocab_params(c.model) + c.model.layers * layer_params(c.model);  // untied, whole
   const double activations = double(c.parallel.microbatches) * s.layers *
                              (n * (8.0 * h + qkv + fc1 + s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
   const bool cpu_math = options.backend == BackendKind::Cpu || options.check;
@@ -249,7 +260,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
   // tensor-parallel rank the whole of its activations).
   const double needed = c.parallel.dp * c.parallel.tp * (cpu_math ? 4.0 * (2.0 * params + activations + 2.0 * n * s.vocab * c.parallel.microbatches)
                                                   : 4.0 * 2.0 * params);
-  const double available = double(machine_memory_bytes());
+  const double available = double(host_memory_bytes());
   if (needed > 0.5 * available && !cpu_math)
     return Error{fmt::format("{}: model: the host would need about {:.1f} GiB for this model's fp32 weights and "
                              "gradients, more than half of this machine's {:.1f} GiB; shrink model.*",

@@ -88,8 +88,16 @@ struct RunResult {
   std::optional<CheckResult> check;
 };
 
-/// Physical memory of this machine.
-Bytes machine_memory_bytes();
+/// `config` as this runtime holds it in memory with `options`, for the simulator to compute the same
+/// memory: fp32 weights and gradients, Adam's two fp32 moments (none with SGD), fp32 activations
+/// (bf16 in a bf16 run, whose GEMM weights also have a bf16 copy: 2 more bytes a parameter, a slight
+/// overcount), attention scores kept (the CPU's unfused attention) or not (the CUDA backend's fused
+/// kernels). The optimizer's state is sharded over the replicas (ZeRO 1); under ZeRO 2 the gradients
+/// are held whole until their reduce-scatter, and under ZeRO 3 the weights are gathered into
+/// full-size buffers that stay: both hold memory as ZeRO 1 does. Under tensor parallelism the runtime
+/// keeps the embedding and the LM head (or the vocabulary shard) whole on every tensor-parallel rank,
+/// where the simulator splits them as Megatron does: its static bytes are then the higher.
+Config memory_as_run(const Config& config, const RunOptions& options);
 
 /// Whether this runtime can execute a job of this config with these options (tied embeddings on the
 /// CPU backend only, no context parallelism, a model whose CPU math -- the CPU backend, or --check's

@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "cpu/model.h"
 #include "layout.h"
+#include "parallel_shape.h"
 #include "task_graph.h"
 
 namespace pipesim::runtime {
@@ -35,8 +36,10 @@ struct Job {
   int ranks() const { return layout.devices * tp * dp; }
   RankPlace place(int rank) const { return {.device = rank / (tp * dp), .replica = rank / tp % dp, .tp_rank = rank % tp}; }
   int rank_of(const RankPlace& p) const { return (p.device * dp + p.replica) * tp + p.tp_rank; }
+  /// What ZeRO shards over the replicas (parallel_shape.h).
+  ZeroSharding zero() const { return {.stage = training.zero_stage, .dp = dp}; }
   /// Whether the optimizer's state is sharded over the replicas (ZeRO 1 to 3).
-  bool sharded() const { return dp > 1 && training.zero_stage >= 1; }
+  bool sharded() const { return zero().any(); }
   /// What the optimizer of a rank at `p` updates of each tensor: its replica's block when sharded,
   /// all of it otherwise.
   OwnedPart owned_part(const RankPlace& p) const {

@@ -276,26 +276,27 @@ class DataParallelOps {
         std::sort(steps.begin(), steps.end(), [&](const StageSteps& a, const StageSteps& b) { return a.*position < b.*position; });
         return steps;
       };
-      const bool sharded = dp_.dp > 1 && dp_.zero_stage >= 1;
-      const bool gather_before_forward = sharded && (dp_.zero_stage == 3 || dp_.overlap_param_gather);
+      const ZeroSharding& zero = dp_.zero;
+      const bool sharded = zero.any();
+      const bool gather_before_forward = sharded && (zero.parameters() || dp_.overlap_param_gather);
       if (gather_before_forward)
         for (const StageSteps& s : by(&StageSteps::first_forward))
           before(collective(d, CollectiveData::Parameters, params(s.stage), s.stage), t.forward.at(s.stage, 0));
-      if (sharded && dp_.zero_stage == 3)
+      if (zero.parameters())
         for (const StageSteps& s : by(&StageSteps::first_backward)) {
           const TaskId r = t.recompute.at(s.stage, 0);
           before(collective(d, CollectiveData::Parameters, params(s.stage), s.stage), r != kNoTask ? r : t.backward.at(s.stage, 0));
         }
       const CollectiveData gradients = sharded ? CollectiveData::GradientShards : CollectiveData::Gradients;
       std::vector<TaskId> reduced;
-      if (dp_.dp > 1 && (dp_.overlap_grad_reduce || dp_.zero_stage == 3)) {
+      if (zero.dp > 1 && (dp_.overlap_grad_reduce || zero.parameters())) {
         for (const StageSteps& s : by(&StageSteps::last_backward)) {
           const TaskId last = t.weight.at(s.stage, last_mb) != kNoTask ? t.weight.at(s.stage, last_mb) : t.backward.at(s.stage, last_mb);
           reduced.push_back(tied_first(after(collective(d, gradients, grads(s.stage), s.stage), last), s.stage));
         }
         if (dp_.shard_params > 0)
           reduced.push_back(after(collective(d, gradients, dp_.shard_params * dp_.grad_bytes), last_compute[std::size_t(d)]));
-      } else if (dp_.dp > 1) {
+      } else if (zero.dp > 1) {
         double all = dp_.shard_params * dp_.grad_bytes;
         for (const StageSteps& s : steps) all += grads(s.stage);
         reduced.push_back(tied_first(after(collective(d, gradients, all), last_compute[std::size_t(d)])));
@@ -335,7 +336,7 @@ class DataParallelOps {
   TaskId collective(int d, CollectiveData data, double bytes, int stage = -1) const {
     const TaskId id = builder_.add(
         {.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work({.bytes = bytes})});
-    builder_.add_group({.members = {id}, .ranks = dp_.dp, .data = data, .op = ReduceOp::Sum});
+    builder_.add_group({.members = {id}, .ranks = dp_.zero.dp, .data = data, .op = ReduceOp::Sum});
     return id;
   }
   TaskId after(TaskId op, TaskId on) const {
@@ -368,7 +369,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   const OpNumbering numbering = number_ops(layout, orders, work);
   const std::size_t compute = numbering.compute_ops(), transfers = numbering.transfer_pairs();
   TaskGraphBuilder builder(layout.devices);
-  builder.reserve(compute + 2 * transfers + devices * (data_parallel.dp > 1 ? 2 : 1) +
+  builder.reserve(compute + 2 * transfers + devices * (data_parallel.zero.dp > 1 ? 2 : 1) +
                       VocabPasses::collective_ops(layout, microbatches),
                   2 * compute + transfers + VocabPasses::collective_dependencies(layout, microbatches));
   const StageWorkIds stage_work = add_stage_work(builder, work, stages, split_weight);

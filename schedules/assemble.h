@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "cost_model.h"
+#include "parallel_shape.h"
 #include "custom_schedule.h"
 #include "layout.h"
 #include "schedule.h"
@@ -20,8 +21,7 @@ namespace pipesim {
 /// The data-parallel side of an iteration (Megatron-LM's distributed optimizer, ZeRO, FSDP): how many
 /// replicas, what ZeRO shards, and what is overlapped with compute.
 struct DataParallelWork {
-  int dp = 1;
-  int zero_stage = 0;
+  ZeroSharding zero;  ///< the replicas, and what ZeRO shards over them
   double grad_bytes = 4, param_bytes = 2;  ///< per parameter, as the collectives carry them
   double shard_params = 0;  ///< parameters a device holds outside its stages: its vocabulary shards
   /// A tied embedding whose two uses sit on two devices (the first stage's and the last's), each

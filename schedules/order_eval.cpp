@@ -11,7 +11,9 @@ namespace {
 /// instead of the stage times, the stage work and the layout.
 struct StageCosts {
   TimeNs forward, backward, weight;  ///< backward includes W where the orders have none
-  Bytes taken, freed_by_backward, freed_by_weight;
+  /// Activation memory as the graph's ops take and return it (StageWork): F takes `taken`; R, just
+  /// before B, takes `rebuilt`; B returns `freed_by_backward`, W `freed_by_weight`.
+  Bytes taken, rebuilt, freed_by_backward, freed_by_weight;
   TimeNs from_previous, from_next;  ///< an input's transfer from stage s - 1 or s + 1: 0 on one device
 };
 
@@ -28,9 +30,15 @@ std::vector<StageCosts> stage_costs(const ScheduleContext& context, bool split_w
   for (int s = 0; s < stages; ++s) {
     const StageTimes& t = context.times[std::size_t(s)];
     const StageWork& w = context.work[std::size_t(s)];
-    per_stage[std::size_t(s)] = {t.forward, t.backward + (split_weight ? 0 : t.weight), t.weight,
-                                 w.activation_bytes, w.activation_bytes - (split_weight ? w.weight_held_bytes : 0),
-                                 w.weight_held_bytes, s > 0 ? hop(s - 1, s) : 0, s + 1 < stages ? hop(s + 1, s) : 0};
+    per_stage[std::size_t(s)] = {t.forward,
+                                 t.backward + (split_weight ? 0 : t.weight),
+                                 t.weight,
+                                 w.activation_bytes,
+                                 w.recompute_alloc(split_weight),
+                                 w.backward_free(split_weight),
+                                 w.weight_held_bytes,
+                                 s > 0 ? hop(s - 1, s) : 0,
+                                 s + 1 < stages ? hop(s + 1, s) : 0};
   }
   return per_stage;
 }
@@ -124,6 +132,8 @@ DeviceRun OrderTimer::run(std::size_t d) {
         ready = std::max(ready, backward_end_[at + m] + c.from_next);
       }
       duration = c.backward;
+      held += c.rebuilt;  // R's, returned by B with what F kept
+      peak = std::max(peak, held);
       held -= c.freed_by_backward;
     } else if (s.kind == OpKind::W) {
       if (backward_end_[at] == kPending) break;

@@ -14,7 +14,7 @@ namespace pipesim {
 
 struct OrderCost {
   TimeNs makespan = 0;
-  std::vector<Bytes> peak_activation;  ///< per device, from the order alone (F adds, B and W free)
+  std::vector<Bytes> peak_activation;  ///< per device, from the order alone (F and R take, B and W return)
   std::vector<std::vector<TimeNs>> start, end;  ///< per device, per position in its order (OpTimes::Record)
   /// (device, position) of every op in the order they were timed: each after its inputs and its
   /// device's previous op, a topological order of the data flow and program order (OpTimes::Record).

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "model_math.h"
+#include "parallel_shape.h"
 #include "two_threads.h"
 
 namespace pipesim {
@@ -144,10 +145,6 @@ std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline&
     return a.time != b.time ? a.time < b.time : a.delta < b.delta;
   });
   return changes;
-}
-
-Bytes memory_capacity_bytes(const HardwareConfig& h) {
-  return static_cast<Bytes>(std::max(0.0, h.memory_gib - h.reserved_gib) * double(1ull << 30));
 }
 
 RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const Timeline& timeline,

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "config.h"
+#include "parallel_shape.h"
 #include "task_graph.h"
 #include "timeline.h"
 #include "units.h"
@@ -44,10 +45,6 @@ struct MemoryChange {
 /// A device's activation allocations and releases in time order; at equal times releases come
 /// first, because an op that starts as another ends can reuse its memory.
 std::vector<MemoryChange> memory_changes(const TaskGraph& graph, const Timeline& timeline, int device);
-
-/// What the job's tensors may use on a device: hardware.memory_gib less hardware.reserved_gib (the
-/// CUDA context, NCCL and the allocator take the rest), never below 0.
-Bytes memory_capacity_bytes(const HardwareConfig& hardware);
 
 RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const Timeline& timeline,
                            const std::vector<Bytes>& static_bytes);

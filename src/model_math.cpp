@@ -1,5 +1,7 @@
 #include "model_math.h"
 
+#include "parallel_shape.h"
+
 namespace pipesim {
 namespace {
 double bsh(const ModelConfig& m) { return double(m.micro_batch_size) * m.seq_len * m.hidden; }
@@ -24,7 +26,7 @@ double layer_params(const ModelConfig& m) {
 namespace {
 /// Tokens × hidden of one microbatch on one context-parallel rank, and the factor that scales
 /// Korthikanti's 2-byte terms to the configured activation size.
-double rank_bsh(const Config& c) { return bsh(c.model) / c.parallel.cp; }
+double rank_bsh(const Config& c) { return rank_tokens(c) * c.model.hidden; }
 double element_scale(const Config& c) { return c.precision.activation_bytes / 2.0; }
 }  // namespace
 
@@ -44,18 +46,9 @@ double layer_activation_bytes(const Config& c) {
   return rank_bsh(c) * per_token * element_scale(c) + scores;
 }
 
-double layer_input_bytes(const Config& c) {
-  return rank_bsh(c) * 2 * element_scale(c) / (c.parallel.sequence_parallel ? c.parallel.tp : 1);
-}
-
 double head_forward_flops(const ModelConfig& m) { return 2.0 * bsh(m) * m.vocab; }
 
 double vocab_params(const ModelConfig& m) { return double(m.vocab) * m.hidden; }
-
-double bytes_per_param(const PrecisionConfig& p, int zero_stage, int dp) {
-  const auto sharded = [&](int stage, double bytes) { return zero_stage >= stage ? bytes / dp : bytes; };
-  return sharded(3, p.param_bytes) + sharded(2, p.grad_bytes) + sharded(1, p.optimizer_bytes);
-}
 
 double paper_iteration_flops(const Config& c) {
   // The paper's 3·(2BSHV + L·(8BSH² + 4BS²H + 4BSHF)), with each layer's GEMMs as the model has them.

@@ -1,6 +1,7 @@
 #pragma once
-/// Closed-form figures of a GPT-style decoder (DESIGN.md §4): FLOPs, parameters and activation
-/// bytes, per microbatch. FLOPs count 2 per multiply-add. Sources: Narayanan et al. 2021 (FLOPs),
+/// Closed-form figures of a GPT-style decoder (docs/cost-model.md): FLOPs, parameters and activation
+/// bytes, per microbatch. What the parallel layout makes of them (tokens per rank, ZeRO, per-device
+/// parameters and memory) is in parallel_shape.h. FLOPs count 2 per multiply-add. Sources: Narayanan et al. 2021 (FLOPs),
 /// Korthikanti et al. 2022 (activations), Yeung et al. 2025 Table 4 (vocabulary layers).
 #include "config.h"
 #include "units.h"
@@ -29,17 +30,10 @@ double layer_activation_bytes(const Config& c);
 /// The part of layer_activation_bytes that selective recomputation drops: the score matrices
 /// (0 under flash attention, whose backward recomputes them already).
 double layer_score_bytes(const Config& c);
-/// A layer's input, what full recomputation keeps of it: 2·s·b·h at 2-byte activations, split by
-/// tp under sequence parallelism and by cp.
-double layer_input_bytes(const Config& c);
 /// LM-head GEMM FLOPs of the forward: 2·b·s·h·V.
 double head_forward_flops(const ModelConfig& m);
 /// Parameters of the LM head or of the embedding (untied): V·h.
 double vocab_params(const ModelConfig& m);
-/// Bytes per parameter held on a device: weights + gradients + optimizer states, as ZeRO shards them
-/// over the dp replicas (Rajbhandari et al. 2020): stage 1 the optimizer states, stage 2 also the
-/// gradients, stage 3 also the weights.
-double bytes_per_param(const PrecisionConfig& p, int zero_stage, int dp);
 /// FLOPs of one iteration as the Vocabulary Parallelism paper counts them for MFU:
 /// 3·(2·B·S·H·V + L·(8·B·S·H² + 4·B·S²·H + 4·B·S·H·F)), B the global batch.
 double paper_iteration_flops(const Config& c);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model_math.h"
+#include "parallel_shape.h"
 
 namespace pipesim {
 namespace {
@@ -69,7 +70,7 @@ std::optional<FieldError> check_parallel(const ParallelConfig& p, const Hardware
 /// Weights and the activations of every microbatch, in doubles (the caps above keep them finite).
 std::optional<FieldError> check_bytes(const Config& c) {
   const ModelConfig& m = c.model;
-  const double weights = (m.layers * layer_params(m) + 2 * vocab_params(m)) * bytes_per_param(c.precision, 0, 1);
+  const double weights = (m.layers * layer_params(m) + 2 * vocab_params(m)) * ZeroSharding{}.bytes_per_param(c.precision);
   if (weights > double(limits::kModelBytes))
     return FieldError{"model.hidden", fmt::format("the weights would take {:.3g} bytes, over pipesim's limit of {:.3g}; "
                                                   "use a smaller hidden, ffn_hidden, vocab or fewer layers",

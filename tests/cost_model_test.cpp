@@ -2,6 +2,7 @@
 // of a transformer layer, α-β links that know node boundaries, static memory, and the paper's MFU.
 #include <cmath>
 
+#include "calibration.h"
 #include "helpers.h"
 
 using namespace pipesim;

@@ -35,7 +35,7 @@ TEST_CASE("a layer keeps what Korthikanti et al. Table 2 gives, for every tensor
     std::vector<std::string> all = {fmt::format("parallel.tp={}", t), fmt::format("precision.flash_attention={}", flash)};
     all.insert(all.end(), settings.begin(), settings.end());
     const Config c = parse_or_fail(kGpt, all);
-    return std::pair{layer_activation_bytes(c), layer_input_bytes(c)};
+    return std::pair{layer_activation_bytes(c), hidden_activation_bytes(c)};
   };
   const double scores = flash ? 0 : 5 * a * s / h;  // the score matrices, split by t
   // No recomputation: tensor parallelism alone leaves 10 whole; sequence parallelism splits all 34.
@@ -57,17 +57,16 @@ TEST_CASE("context parallelism gives each rank s/cp of the tokens: 1/cp of the a
   const Config one = parse_or_fail(kGpt, {"precision.flash_attention=false"});
   const Config split = parse_or_fail(kGpt, {"precision.flash_attention=false", fmt::format("parallel.cp={}", cp)});
   CHECK(layer_activation_bytes(split) == Approx(layer_activation_bytes(one) / cp));
-  CHECK(layer_input_bytes(split) == Approx(layer_input_bytes(one) / cp));
-  CHECK(boundary_bytes(split) * cp == boundary_bytes(one));
+  CHECK(hidden_activation_bytes(split) * cp == hidden_activation_bytes(one));
 }
 
 TEST_CASE("ZeRO shards the model states as Rajbhandari et al. count them: 2 + 2 + 12 bytes per parameter") {
   const PrecisionConfig p{.param_bytes = 2, .grad_bytes = 2, .optimizer_bytes = 12};  // the paper's mixed precision
   const int d = GENERATE(1, 4, 64);
-  CHECK(bytes_per_param(p, 0, d) == Approx(16));
-  CHECK(bytes_per_param(p, 1, d) == Approx(4 + 12.0 / d));
-  CHECK(bytes_per_param(p, 2, d) == Approx(2 + 14.0 / d));
-  CHECK(bytes_per_param(p, 3, d) == Approx(16.0 / d));
+  CHECK(ZeroSharding{0, d}.bytes_per_param(p) == Approx(16));
+  CHECK(ZeroSharding{1, d}.bytes_per_param(p) == Approx(4 + 12.0 / d));
+  CHECK(ZeroSharding{2, d}.bytes_per_param(p) == Approx(2 + 14.0 / d));
+  CHECK(ZeroSharding{3, d}.bytes_per_param(p) == Approx(16.0 / d));
 }
 
 TEST_CASE("static memory follows the ZeRO stage; distributed_optimizer is stage 1") {
@@ -118,7 +117,7 @@ TEST_CASE("full recomputation puts an R before each B that rebuilds the layers F
   CHECK(b.metrics.iteration_ns > a.metrics.iteration_ns);
   // Memory of the middle device under 1F1B: when R runs for microbatch 0, microbatches 0 and 1 have
   // run F (one warm-up forward, one steady); F kept the layer's input for each, R rebuilt one layer.
-  const double input = layer_input_bytes(recompute), layer = layer_activation_bytes(recompute);
+  const double input = hidden_activation_bytes(recompute), layer = layer_activation_bytes(recompute);
   CHECK(b.metrics.devices[1].peak_activation_bytes == std::llround(2 * input) + std::llround(layer));
   CHECK(a.metrics.devices[1].peak_activation_bytes == 2 * std::llround(layer));
 }
@@ -133,7 +132,7 @@ TEST_CASE("uniform recomputation keeps one input per group of layers; block keep
     return s.metrics.devices[0].peak_activation_bytes;
   };
   const Config c = parse_or_fail(one);
-  const double layer = layer_activation_bytes(c), input = layer_input_bytes(c);
+  const double layer = layer_activation_bytes(c), input = hidden_activation_bytes(c);
   const Bytes head = peak({}) - std::llround(8 * layer);  // the LM head's logits and input, kept alike by all
   const std::string full = "training.recompute_granularity=\"full\"";
   // Uniform, groups of 2: four inputs kept, one group of two layers rebuilt at a time.
@@ -256,7 +255,7 @@ TEST_CASE("the data-parallel collectives carry a device's vocabulary shards, per
 TEST_CASE("tied embeddings: a device holding both uses holds one matrix, two devices a copy each") {
   // V·h parameters saved where one device holds both uses: a shard of V'/p rows (V' = 32001, the
   // vocabulary padded to the p = 3 devices), or in V placement the whole matrix on device 0.
-  const double h = 1024, per_parameter = bytes_per_param(parse_or_fail(kGpt).precision, 0, 1);
+  const double h = 1024, per_parameter = ZeroSharding{0, 1}.bytes_per_param(parse_or_fail(kGpt).precision);
   for (const auto& [schedule, vocab] : {std::pair{"1f1b", "vocab-1"}, {"zb-v", "baseline"}, {"1f1b", "baseline"}}) {
     const auto held = [&](bool tied) {
       return plan_or_fail(parse_or_fail(kGpt, {"model.layers=6", fmt::format("schedule.name=\"{}\"", schedule),

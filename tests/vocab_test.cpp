@@ -241,7 +241,7 @@ TEST_CASE("the transformer orders' estimate bounds from below the iteration of a
           const Layout& layout = planned.value().layout;
           const std::unique_ptr<CostModel> costs = make_cost_model(config, layout);
           const ScheduleContext context = schedule_context(config, layout, *costs);
-          const TimeNs shortest = shortest_transfer(*costs, layout, boundary_bytes(config));
+          const TimeNs shortest = shortest_transfer(*costs, layout, Bytes(hidden_activation_bytes(config)));
           shorter_transfer += shortest < context.transfer_ns;
           const Result<DeviceOrders> generated = planned.value().schedule->generate(context);
           if (!generated.ok()) continue;
@@ -253,7 +253,7 @@ TEST_CASE("the transformer orders' estimate bounds from below the iteration of a
                                             ? orders
                                             : insert_vocab_passes(context, orders, estimate.value(), layout.vocab);
             const TaskGraph graph = assemble(layout, placed, context.work, vocab_work(config, layout), m,
-                                             boundary_bytes(config));
+                                             Bytes(hidden_activation_bytes(config)));
             const Result<Timeline> timeline = simulate(graph, op_durations(*costs, graph));
             REQUIRE(timeline.ok());
             const TimeNs iteration = *std::max_element(timeline.value().end.begin(), timeline.value().end.end());

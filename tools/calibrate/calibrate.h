@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config.h"
+#include "calibration.h"
 #include "cost_model.h"
 #include "status.h"
 

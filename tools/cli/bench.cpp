@@ -62,7 +62,7 @@ bool measure(const Case& c, int repeats) {
     return false;
   }
   const Plan& p = plan.value();
-  const std::vector<TimeNs> durations = op_durations(*make_cost_model(p.config, p.layout), p.graph);
+  const std::vector<TimeNs> durations = op_durations(*p.costs, p.graph);
   double best = 1e30;
   TimeNs makespan = 0;
   for (int r = 0; r < repeats; ++r) {

@@ -65,7 +65,7 @@ RunReport measured_report(const Plan& plan, const runtime::RunResult& r, const s
   }
   m.memory_imbalance = least > 0 ? double(most) / double(least) : 1.0;
   m.mfu = 0;
-  m.memory_capacity_bytes = runtime::machine_memory_bytes();
+  m.memory_capacity_bytes = host_memory_bytes();
   m.fits_in_memory = most <= m.memory_capacity_bytes;
   RunReport report = make_report(plan, "measured (" + backend + ")", m);
   report.mfu_defined = false;

@@ -134,24 +134,23 @@ std::optional<TimeNs> predicted_iteration(const Plan& plan, const json& profile)
   return *std::max_element(sim.value().end.begin(), sim.value().end.end());
 }
 
-/// The simulator's memory for this run: the plan remade with the precision the runtime keeps -- fp32
-/// weights and gradients, Adam's two fp32 moments (none with SGD), fp32 activations (bf16 in a bf16 GPU
-/// run, whose GEMM weights also have a bf16 copy: 2 more bytes a parameter, a slight overcount), the
-/// attention scores kept on the CPU, not by the CUDA backend's fused kernels. Under tensor
-/// parallelism the runtime keeps the embedding and the LM head (or the vocabulary shard) whole on every
-/// tensor-parallel rank, where the simulator splits them as Megatron does: its static bytes are then
-/// the higher. Empty for a schedule file's run (the plan is not the config's) or where the simulator
-/// refuses the config.
+/// The flags as the runtime takes them (the backend, precision and optimizer; steps, seed, --check and
+/// the timeout as given).
+runtime::RunOptions options_of(const RunFlags& o) {
+  runtime::RunOptions options = o.runtime;
+  options.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu;
+  options.dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32;
+  options.optimizer.kind = o.optimizer == "sgd" ? runtime::OptimizerKind::Sgd : runtime::OptimizerKind::Adam;
+  options.optimizer.learning_rate = float(o.effective_learning_rate());
+  return options;
+}
+
+/// The simulator's memory for this run: the plan's config as the runtime holds it in memory
+/// (runtime::memory_as_run). Empty for a schedule file's run (the plan is not the config's) or where
+/// the simulator refuses the config.
 std::optional<RunReport> simulated_memory(const RunFlags& o, const Plan& plan) {
   if (!o.schedule_file.empty()) return std::nullopt;
-  Config c = plan.config;
-  const bool bf16 = o.dtype == "bf16";
-  c.precision = {.param_bytes = bf16 ? 6.0 : 4.0, .grad_bytes = 4, .optimizer_bytes = o.optimizer == "sgd" ? 0.0 : 8.0,
-                 .activation_bytes = bf16 ? 2.0 : 4.0, .flash_attention = o.backend == "cuda"};
-  // The runtime shards the optimizer's state over the replicas (ZeRO 1); under ZeRO 2 it holds the
-  // gradients whole until their reduce-scatter, and under ZeRO 3 it gathers weights into full-size
-  // buffers it keeps.
-  c.training.zero_stage = std::min(c.training.zero_stage, 1);
+  const Config c = runtime::memory_as_run(plan.config, options_of(o));
   Result<SimulatedRun> sim = simulate_config(c);
   if (!sim.ok()) return std::nullopt;
   return std::move(sim.value().report);
@@ -294,11 +293,7 @@ ExitStatus run_run(const RunFlags& o) {
     return fail(s.error().message);
   Result<Config> config = load_selected_config(o.config, o.overrides, o.schedule, o.vocab);
   if (!config.ok()) return fail(config.error().message);
-  runtime::RunOptions options = o.runtime;
-  options.backend = o.backend == "cuda" ? runtime::BackendKind::Cuda : runtime::BackendKind::Cpu;
-  options.dtype = o.dtype == "bf16" ? runtime::DType::BF16 : runtime::DType::F32;
-  options.optimizer.kind = o.optimizer == "sgd" ? runtime::OptimizerKind::Sgd : runtime::OptimizerKind::Adam;
-  options.optimizer.learning_rate = float(o.effective_learning_rate());
+  runtime::RunOptions options = options_of(o);
   options.on_step = progress_bar(o);
   if (!o.inject_fault.empty()) {
     Result<runtime::InjectedFault> fault = parse_fault(o.inject_fault);

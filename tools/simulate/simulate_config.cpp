@@ -1,7 +1,6 @@
 #include "simulate_config.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <mutex>
 #include <set>
@@ -12,6 +11,7 @@
 
 #include "cost_model.h"
 #include "metrics.h"
+#include "parallel_shape.h"
 #include "simulator.h"
 #include "sizes.h"
 #include "two_threads.h"
@@ -40,8 +40,7 @@ void share_one_heap() {
 }
 
 Result<Plan> plan_within_memory(const Config& config, const CustomSchedule* custom, Validation validation) {
-  const Bytes memory = Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE));
-  if (std::optional<FieldError> e = check_plan_fits(config, memory))
+  if (std::optional<FieldError> e = check_plan_fits(config, host_memory_bytes()))
     return Error{fmt::format("{}: {}: {}", config.source, e->path, e->message)};
   // A plan that fits can still take minutes (about 2 s per million tasks): say so before starting.
   if (const std::int64_t tasks = estimated_tasks(config).value_or(0);
@@ -59,9 +58,13 @@ Result<SimulatedRun> simulate_config(const Config& config, const CustomSchedule*
   if (!plan.ok()) return plan.error();
   SimulatedRun run{std::move(plan).value(), {}, {}};
   const Plan& p = run.plan;
-  Config timed = p.config;
-  if (timing) timed.costs = timing;
-  const std::unique_ptr<CostModel> costs = make_cost_model(timed, p.layout);
+  // The plan's own cost model, unless measured op times replace the config's costs.
+  std::shared_ptr<const CostModel> costs = p.costs;
+  if (timing) {
+    Config timed = p.config;
+    timed.costs = timing;
+    costs = make_cost_model(timed, p.layout);
+  }
   // Planning may have validated and simulated the graph already, under the config's own costs.
   const bool simulated = !timing && p.timeline;
   // Computed before the structure checks start (it runs in two halves itself).

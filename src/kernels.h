@@ -1,0 +1,42 @@
+#pragma once
+/// The kernels each op runs and the roofline time of one kernel: what the analytic cost model times
+/// (cost_model.h), what the ops' work sums (op_work.h) and what calibration fits hardware to
+/// (calibration.h). Shapes and byte counts per kernel: docs/cost-model.md.
+#include <vector>
+
+#include "config.h"
+#include "layout.h"
+
+namespace pipesim {
+
+/// One kernel as the analytic model times it: its FLOPs at peak × compute_efficiency (GEMMs) or ×
+/// attention_efficiency (fused attention), or its bytes at HBM bandwidth × hbm_efficiency, whichever
+/// is slower, plus one kernel launch. An op's time is the sum over its kernels.
+struct Kernel {
+  double flops = 0;
+  double bytes = 0;
+  bool attention = false;
+  double rows = 0, cols = 0;  ///< a GEMM's output shape, for its tile fill (0: not a GEMM)
+};
+/// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
+/// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.
+double tile_fill(const Kernel& kernel, int sms);
+double kernel_seconds(const Kernel& kernel, const HardwareConfig& hardware);
+/// The sum of kernel_seconds over `kernels`.
+double seconds(const std::vector<Kernel>& kernels, const HardwareConfig& hardware);
+/// The sum of one field (&Kernel::flops or &Kernel::bytes) over `kernels`.
+double total(const std::vector<Kernel>& kernels, double Kernel::*field);
+
+/// The kernels of one virtual stage's F, B and W for one microbatch, per tensor-parallel rank.
+struct StageKernels {
+  std::vector<Kernel> forward, backward, weight, recompute;
+  /// Tensor-parallel collectives, each an all-reduce of b·s·h activations or, under sequence
+  /// parallelism, an all-gather and a reduce-scatter of them (the same ring time).
+  int tp_allreduces_forward = 0, tp_allreduces_backward = 0, tp_allreduces_recompute = 0;
+};
+
+
+/// The kernels of `stage` under the config's model, parallelism and recomputation.
+StageKernels stage_kernels(const Config& c, const VirtualStage& stage);
+
+}  // namespace pipesim

@@ -1,0 +1,121 @@
+#include "parallel_shape.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model_math.h"
+
+namespace pipesim {
+
+int gpu_count(const ParallelConfig& p) { return p.pp * p.tp * p.cp * p.dp; }
+
+int global_rank(const ParallelConfig& p, int device) { return device * p.tp * p.cp * p.dp; }
+
+double rank_tokens(const Config& c) { return double(c.model.micro_batch_size) * c.model.seq_len / c.parallel.cp; }
+
+double hidden_activation_bytes(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  // Under sequence parallelism each tensor-parallel rank holds its 1/tp of the tokens; without it, all.
+  return rank_tokens(c) * c.model.hidden * c.precision.activation_bytes / (p.sequence_parallel ? p.tp : 1);
+}
+
+double ZeroSharding::bytes_per_param(const PrecisionConfig& p) const {
+  const auto part = [&](bool sharded, double bytes) { return sharded ? bytes / dp : bytes; };
+  return part(parameters(), p.param_bytes) + part(gradients(), p.grad_bytes) + part(optimizer_states(), p.optimizer_bytes);
+}
+
+ZeroSharding zero_sharding(const Config& c) { return {.stage = c.training.zero_stage, .dp = c.parallel.dp}; }
+
+double stage_params(const Config& c, const VirtualStage& stage) {
+  const ModelConfig& m = c.model;
+  double params = stage.layers * layer_params(m);
+  if (stage.has_embedding) params += vocab_params(m);
+  if (stage.has_head) params += vocab_params(m) + 2.0 * m.hidden;
+  return params / c.parallel.tp;
+}
+
+double vocab_shard_params(const Config& c, const Layout& layout) {
+  if (layout.vocab == VocabPlacement::OnStages) return 0;
+  // Rows of the embedding and of the LM head; tied, one matrix serves both.
+  return (c.model.tied_embeddings ? 1.0 : 2.0) * layout.padded_vocab / layout.devices * c.model.hidden / c.parallel.tp;
+}
+
+namespace {
+bool first_and_last_on(const Layout& layout, int device) {
+  return layout.stages.front().device == device && layout.stages.back().device == device;
+}
+}  // namespace
+
+double tied_copy_params(const Config& c, const Layout& layout, int device) {
+  const bool both = layout.stages.front().has_embedding && layout.stages.back().has_head && first_and_last_on(layout, device);
+  return c.model.tied_embeddings && both ? vocab_params(c.model) / c.parallel.tp : 0;
+}
+
+double tied_apart_params(const Config& c, const Layout& layout) {
+  const bool apart = c.model.tied_embeddings && layout.vocab == VocabPlacement::OnStages &&
+                     layout.stages.front().device != layout.stages.back().device;
+  return apart ? vocab_params(c.model) / c.parallel.tp : 0;
+}
+
+std::vector<double> device_params(const Config& c, const Layout& layout) {
+  std::vector<double> params(std::size_t(layout.devices), vocab_shard_params(c, layout));
+  for (const VirtualStage& stage : layout.stages) params[std::size_t(stage.device)] += stage_params(c, stage);
+  return params;
+}
+
+double updated_params(const Config& c, const Layout& layout, int device) {
+  const double params = device_params(c, layout)[std::size_t(device)] - tied_copy_params(c, layout, device);
+  return zero_sharding(c).optimizer_states() ? params / c.parallel.dp : params;
+}
+
+std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
+  const auto devices = static_cast<std::size_t>(layout.devices);
+  std::vector<double> params = device_params(c, layout), largest_stage(devices, 0.0);
+  for (const VirtualStage& stage : layout.stages) {
+    const auto d = static_cast<std::size_t>(stage.device);
+    largest_stage[d] = std::max(largest_stage[d], stage_params(c, stage));
+  }
+  const ZeroSharding zero = zero_sharding(c);
+  std::vector<Bytes> bytes;
+  for (std::size_t d = 0; d < devices; ++d) {
+    params[d] -= tied_copy_params(c, layout, int(d));
+    double held = params[d] * zero.bytes_per_param(c.precision);
+    // ZeRO-3 gathers a chunk's weights before its F and B and frees them after: the chunk in use and
+    // the next one, fetched ahead, are whole.
+    if (zero.parameters()) held += 2 * largest_stage[d] * c.precision.param_bytes;
+    bytes.push_back(static_cast<Bytes>(std::llround(held)));
+  }
+  return bytes;
+}
+
+ActivationsKept activations_kept(const Config& c, int layers) {
+  const double layer = layer_activation_bytes(c), input = hidden_activation_bytes(c);
+  ActivationsKept kept{layers * layer, 0, layers * layer};
+  const TrainingConfig& t = c.training;
+  if (t.recompute_granularity == Recompute::Selective) {
+    Config all = c;
+    all.training.recompute_granularity = Recompute::None;
+    kept.without_recompute = layers * layer_activation_bytes(all);
+    kept.rebuilt = layers > 0 ? layer_score_bytes(c) : 0;
+  } else if (const int recomputed = recomputed_layers(t, layers); recomputed > 0) {
+    if (t.recompute_method == RecomputeMethod::Uniform) {
+      const int group = std::min(t.recompute_num_layers, layers);
+      kept.from_forward = double((layers + group - 1) / group) * input;
+      kept.rebuilt = group * layer;
+    } else {
+      kept.from_forward = recomputed * input + (layers - recomputed) * layer;
+      kept.rebuilt = layer;
+    }
+  }
+  return kept;
+}
+
+Bytes memory_capacity_bytes(const HardwareConfig& h) {
+  return static_cast<Bytes>(std::max(0.0, h.memory_gib - h.reserved_gib) * double(1ull << 30));
+}
+
+Bytes host_memory_bytes() { return Bytes(sysconf(_SC_PHYS_PAGES)) * Bytes(sysconf(_SC_PAGE_SIZE)); }
+
+}  // namespace pipesim

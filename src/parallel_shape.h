@@ -1,0 +1,89 @@
+#pragma once
+/// What the parallel layout makes of one model, in one place: GPU counts and ranks, the tokens a rank
+/// works on, the bytes of an activation that crosses a stage, ZeRO's sharding, the parameters and
+/// static bytes each stage and device holds, the activations a stage keeps and rebuilds, and the
+/// memory a device or this machine offers. The cost model, the schedules' order evaluation, the
+/// planner, the runtime and the commands all read these, so they cannot disagree
+/// (docs/cost-model.md, "Memory").
+#include <vector>
+
+#include "config.h"
+#include "layout.h"
+#include "units.h"
+
+namespace pipesim {
+
+/// GPUs the config runs on: pp · tp · cp · dp.
+int gpu_count(const ParallelConfig& p);
+
+/// The global rank of pipeline device `device`'s first GPU in Megatron-LM's order: tensor-parallel
+/// ranks innermost, then context-parallel, then data-parallel, then pipeline.
+int global_rank(const ParallelConfig& p, int device);
+
+/// Tokens of one microbatch on one context-parallel rank: b·s/cp.
+double rank_tokens(const Config& c);
+
+/// One activation of the hidden width for one microbatch on one rank: what crosses a stage boundary
+/// (forward, and its gradient backward) and what full recomputation keeps of a layer's input.
+/// b·s/cp · h · activation_bytes, split over tp under sequence parallelism.
+double hidden_activation_bytes(const Config& c);
+
+/// What ZeRO (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer at stage 1) shards over
+/// the dp replicas: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the
+/// weights. Nothing is sharded with one replica.
+struct ZeroSharding {
+  int stage = 0;
+  int dp = 1;
+  /// Whether any state is sharded: each replica then owns 1/dp of it (its optimizer updates that part).
+  bool any() const { return dp > 1 && stage >= 1; }
+  bool optimizer_states() const { return any(); }
+  bool gradients() const { return dp > 1 && stage >= 2; }
+  bool parameters() const { return dp > 1 && stage >= 3; }
+  /// Weights + gradients + optimizer states a device holds per parameter of its stages.
+  double bytes_per_param(const PrecisionConfig& p) const;
+};
+ZeroSharding zero_sharding(const Config& c);
+
+/// Parameters of one virtual stage on one tensor-parallel rank: its layers, and the embedding or the
+/// LM head (with the final norm) when the stage holds them.
+double stage_params(const Config& c, const VirtualStage& stage);
+/// Parameters of the vocabulary shards each device holds when the vocabulary is split over devices
+/// (per tensor-parallel rank; one matrix for both uses when the embeddings are tied); 0 when it is not.
+double vocab_shard_params(const Config& c, const Layout& layout);
+/// Tied embeddings with the first and the last stage on one device: the one matrix that
+/// stage_params counts twice, once for the embedding and once for the LM head.
+double tied_copy_params(const Config& c, const Layout& layout, int device);
+/// Tied embeddings on two devices: the matrix each of them holds a copy of, whose gradients the
+/// graph sums between them; 0 otherwise.
+double tied_apart_params(const Config& c, const Layout& layout);
+/// Per device, the parameters of its stages and of its vocabulary shards, as its data-parallel
+/// collectives move them (a tied matrix that one device holds for both uses counted twice:
+/// tied_copy_params).
+std::vector<double> device_params(const Config& c, const Layout& layout);
+/// Parameters each device's optimizer updates: its own (a tied matrix once), 1/dp of them when ZeRO
+/// shards the optimizer states.
+double updated_params(const Config& c, const Layout& layout, int device);
+
+/// Parameters + gradients + optimizer states held by each device, in bytes; under ZeRO 3 also the
+/// two whole chunks of weights a device gathers (the one in use and the next, fetched ahead).
+std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout);
+
+/// A stage's transformer activations for one microbatch: what F keeps for the backward, what R
+/// rebuilds at its largest, and what F would keep without recomputation.
+struct ActivationsKept {
+  double from_forward = 0, rebuilt = 0, without_recompute = 0;
+};
+/// For a stage of `layers` layers under the config's recomputation (Korthikanti et al. 2022):
+/// uniform full recomputation keeps the input of each group of recompute_num_layers layers and
+/// rebuilds one group at a time; block keeps the input of each of its first layers, and the rest
+/// whole, rebuilding one layer at a time; selective keeps all but the score matrices and rebuilds one
+/// layer's (none under flash attention).
+ActivationsKept activations_kept(const Config& c, int layers);
+
+/// The memory a device offers the training job's tensors: hardware.memory_gib less
+/// hardware.reserved_gib (the CUDA context, NCCL and the allocator take the rest), never below 0.
+Bytes memory_capacity_bytes(const HardwareConfig& h);
+/// The physical memory of the machine this process runs on: what a plan or a CPU run may use.
+Bytes host_memory_bytes();
+
+}  // namespace pipesim

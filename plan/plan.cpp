@@ -31,29 +31,27 @@ Status check_times(const ScheduleContext& context) {
 }
 
 const std::array<VocabModeInfo, 5> kVocabModes = {{
-    {"baseline", "embedding in the first stage, LM head and loss in the last; layers split evenly",
+    {VocabMode::Baseline, "embedding in the first stage, LM head and loss in the last; layers split evenly",
      VocabPlacement::OnStages},
-    {"redistribute", "as baseline, but schedule.layers_per_stage (or \"auto\": balance the slowest stage) moves "
+    {VocabMode::Redistribute, "as baseline, but schedule.layers_per_stage (or \"auto\": balance the slowest stage) moves "
                      "layers off the stages holding vocabulary layers",
      VocabPlacement::OnStages},
-    {"vocab-1", "Vocabulary Parallelism, Algorithm 1: vocabulary layers split over all devices as S/T/IF/IB passes, "
+    {VocabMode::Vocab1, "Vocabulary Parallelism, Algorithm 1: vocabulary layers split over all devices as S/T/IF/IB passes, "
                 "barriers C0 (softmax statistics) and C1 (input gradient), overlapped with the pipeline",
      VocabPlacement::Vocab1},
-    {"vocab-2", "Vocabulary Parallelism, Algorithm 2: as vocab-1 with a single barrier carrying the input gradient",
+    {VocabMode::Vocab2, "Vocabulary Parallelism, Algorithm 2: as vocab-1 with a single barrier carrying the input gradient",
      VocabPlacement::Vocab2},
-    {"interlaced", "vocabulary layers split over all devices, computed tensor-parallel style with synchronous, "
+    {VocabMode::Interlaced, "vocabulary layers split over all devices, computed tensor-parallel style with synchronous, "
                    "non-overlapped all-reduces",
      VocabPlacement::Interlaced},
 }};
 
-const VocabModeInfo* find_vocab_mode(const std::string& name) {
-  for (const VocabModeInfo& mode : kVocabModes)
-    if (mode.name == name) return &mode;
-  return nullptr;
+const VocabModeInfo& vocab_mode_info(VocabMode mode) {
+  return *std::find_if(kVocabModes.begin(), kVocabModes.end(), [&](const VocabModeInfo& m) { return m.mode == mode; });
 }
 
 LayerSplit layer_split(const Config& config) {
-  if (config.schedule.vocab != "redistribute") return LayerSplit::Even;
+  if (config.schedule.vocab != VocabMode::Redistribute) return LayerSplit::Even;
   return config.schedule.layers_per_stage.empty() ? LayerSplit::Balanced : LayerSplit::Explicit;
 }
 
@@ -117,12 +115,6 @@ Status check_orders(const DeviceOrders& orders, const Layout& layout, int microb
 
 std::span<const VocabModeInfo> vocab_modes() { return kVocabModes; }
 
-std::vector<std::string> vocab_mode_names() {
-  std::vector<std::string> names;
-  for (const VocabModeInfo& m : kVocabModes) names.push_back(m.name);
-  return names;
-}
-
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) {
   PlannedLayout planned;
   if (custom) {
@@ -133,10 +125,7 @@ Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) 
       return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
                                config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
   }
-  planned.vocab = find_vocab_mode(config.schedule.vocab);
-  if (!planned.vocab)
-    return Error{fmt::format("schedule.vocab: unknown vocabulary mode '{}'{} `pipesim list` shows them all",
-                             config.schedule.vocab, did_you_mean(config.schedule.vocab, vocab_mode_names()))};
+  planned.vocab = &vocab_mode_info(config.schedule.vocab);
   const int chunks = custom ? custom->chunks : planned.schedule->chunks;
   if (chunks > 0) config.parallel.chunks = chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();

@@ -20,14 +20,13 @@
 namespace pipesim {
 
 struct VocabModeInfo {
-  std::string name;
+  VocabMode mode;
   std::string description;
   VocabPlacement placement;
 };
 
-/// The vocabulary placement table, in the order `pipesim list` shows it.
+/// The vocabulary placement table, in the order `pipesim list` shows it (VocabMode's).
 std::span<const VocabModeInfo> vocab_modes();
-std::vector<std::string> vocab_mode_names();
 
 struct Plan {
   Config config;  ///< as run: parallel.chunks set to what the schedule uses

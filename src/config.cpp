@@ -53,6 +53,34 @@ std::string_view recompute_name(Recompute recompute) {
   return "?";
 }
 
+namespace {
+constexpr std::array kVocabModes = {VocabMode::Baseline, VocabMode::Redistribute, VocabMode::Vocab1, VocabMode::Vocab2,
+                                    VocabMode::Interlaced};
+}  // namespace
+
+std::string_view vocab_mode_name(VocabMode mode) {
+  switch (mode) {
+    case VocabMode::Baseline: return "baseline";
+    case VocabMode::Redistribute: return "redistribute";
+    case VocabMode::Vocab1: return "vocab-1";
+    case VocabMode::Vocab2: return "vocab-2";
+    case VocabMode::Interlaced: return "interlaced";
+  }
+  return "?";
+}
+
+std::optional<VocabMode> vocab_mode_named(std::string_view name) {
+  for (const VocabMode mode : kVocabModes)
+    if (vocab_mode_name(mode) == name) return mode;
+  return std::nullopt;
+}
+
+std::vector<std::string> vocab_mode_names() {
+  std::vector<std::string> names;
+  for (const VocabMode mode : kVocabModes) names.emplace_back(vocab_mode_name(mode));
+  return names;
+}
+
 std::vector<std::string> hardware_preset_names() {
   std::vector<std::string> names;
   for (const HardwareConfig& preset : kPresets) names.push_back(preset.preset);

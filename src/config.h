@@ -41,9 +41,21 @@ struct ParallelConfig {
   bool sequence_parallel = true;
 };
 
+/// Where the vocabulary layers (embedding, LM head and loss) run: on the first and the last stage
+/// (baseline; redistribute also moves transformer layers off those stages), or split over every
+/// device (Vocabulary Parallelism's Algorithms 1 and 2, or interlaced). The modes' table, with what
+/// each does and how it lays out, is plan.h's vocab_modes().
+enum class VocabMode { Baseline, Redistribute, Vocab1, Vocab2, Interlaced };
+/// "baseline", "redistribute", "vocab-1", "vocab-2" or "interlaced", as configs spell it.
+std::string_view vocab_mode_name(VocabMode mode);
+/// The mode a config names, or nullopt for a name that is none of them.
+std::optional<VocabMode> vocab_mode_named(std::string_view name);
+/// Every mode's name, in the order of the enum (and of `pipesim list`).
+std::vector<std::string> vocab_mode_names();
+
 struct ScheduleConfig {
   std::string name = "1f1b";
-  std::string vocab = "baseline";
+  VocabMode vocab = VocabMode::Baseline;
   /// Transformer layers for the `redistribute` vocabulary mode, one count per device or one per
   /// virtual stage (split_per_stage in layout.h); empty means "auto" (the split that minimises the
   /// slowest stage under the cost model).

@@ -113,7 +113,7 @@ std::optional<std::int64_t> estimated_tasks(const Config& c) {
   // microbatch, the vocabulary-parallel modes add at most 8 passes and collectives (the layers on
   // the first and last stage add none). Per device, the per-iteration ops. sizes_test checks the
   // bound against every schedule and mode.
-  const bool vocab_passes = c.schedule.vocab != "baseline" && c.schedule.vocab != "redistribute";
+  const bool vocab_passes = c.schedule.vocab != VocabMode::Baseline && c.schedule.vocab != VocabMode::Redistribute;
   const std::optional<std::int64_t> stages = times(p.pp, p.chunks);
   const std::optional<std::int64_t> per_microbatch = plus(times(stages, 7), times(p.pp, vocab_passes ? 8 : 0));
   return plus(times(per_microbatch, p.microbatches), times(p.pp, 16));

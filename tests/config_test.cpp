@@ -139,8 +139,10 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
       {kBase + "}", {"schedule.name=gpipe2"},
        "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? `pipesim list` shows them all"},
       {kBase + "}", {"schedule.vocab=vocab-9"},
-       "schedule.vocab: unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1'? `pipesim list` shows them all"},
-      {kBase + "}", {"schedule.vocab=tied"}, "schedule.vocab: unknown vocabulary mode 'tied'. `pipesim list` shows them all"},
+       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1'? `pipesim list` "
+       "shows them all"},
+      {kBase + "}", {"schedule.vocab=tied"},
+       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'tied'. `pipesim list` shows them all"},
       {kBase + "}", {"schedule.name=interleaved-1f1b"},
        "parallel.chunks: interleaved-1f1b needs at least 2 chunks per device, got 1; set parallel.chunks to 2 or more"},
       {kBase + "}", {"schedule.name=interleaved-1f1b", "parallel.chunks=2", "parallel.microbatches=6"},

@@ -131,7 +131,7 @@ TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tre
   for (const auto& [vocab, rounds] : {std::pair{"vocab-1", 2}, {"vocab-2", 3}}) {
     Config c = parse_or_fail(kThreeStages);
     c.hardware.gpus_per_node = 4;
-    c.schedule.vocab = vocab;
+    c.schedule.vocab = *vocab_mode_named(vocab);
     const Simulated sim = simulate_or_fail(c);
     const HardwareConfig& hw = c.hardware;
     const double n = 3, tokens = 2048, h = 1024;

@@ -90,3 +90,9 @@ inline Simulated simulate_or_fail(const Config& config) {
 }
 
 }  // namespace pipesim::testing
+
+/// Catch2 prints a vocabulary mode as configs spell it.
+template <>
+struct Catch::StringMaker<pipesim::VocabMode> {
+  static std::string convert(pipesim::VocabMode mode) { return std::string(pipesim::vocab_mode_name(mode)); }
+};

@@ -41,7 +41,7 @@ TEST_CASE("interlaced on 1F1B: one F, one B and one S+T per iteration, odd devic
   const int m = 3 * p;
   CAPTURE(p);
   Config c = parse_or_fail(explicit_json(p, m, 1, 1, 2));
-  c.schedule.vocab = "interlaced";
+  c.schedule.vocab = VocabMode::Interlaced;
   const Plan plan = plan_or_fail(c);
   for (int d = 0; d < p; ++d) {
     std::vector<OpKind> kinds;  // the device's compute ops and passes, in program order

@@ -111,7 +111,7 @@ TEST_CASE("the simulator is deterministic") {
       {{"zb-v", "vocab-1"}, {"v-half", "vocab-2"}, {"dualpipe-v", "vocab-1"}}));
   CAPTURE(schedule, vocab);
   Config config = parse_or_fail(explicit_json(8, 512, 2, 1.5, 2.5, schedule));
-  config.schedule.vocab = vocab;
+  config.schedule.vocab = *vocab_mode_named(vocab);
   const Simulated a = simulate_or_fail(config), b = simulate_or_fail(config);
   REQUIRE(a.plan.graph.size() >= kOpsWorthAThread);
   REQUIRE(std::size_t(a.plan.layout.stage_count()) * std::size_t(config.parallel.microbatches) >= kOpsWorthAThread / 8);

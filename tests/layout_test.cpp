@@ -67,7 +67,7 @@ TEST_CASE("redistribute moves layers off the stage holding a large LM head") {
   })json");
   const Plan redistributed = plan_or_fail(config);
   Config baseline_config = config;
-  baseline_config.schedule.vocab = "baseline";
+  baseline_config.schedule.vocab = VocabMode::Baseline;
   const Plan baseline = plan_or_fail(baseline_config);
   CHECK(baseline.layout.stages.back().layers == 4);
   CHECK(redistributed.layout.stages.back().layers < 4);

@@ -41,7 +41,7 @@ TEST_CASE("the memory the schedules plan with is the simulator's peak activation
     for (const std::string& vocab : vocab_mode_names()) {
       Config c = base;
       c.schedule.name = schedule;
-      c.schedule.vocab = vocab;
+      c.schedule.vocab = *vocab_mode_named(vocab);
       Result<Plan> plan = make_plan(c);
       if (!plan.ok()) continue;  // a schedule that cannot run this shape refuses it, with its reason
       // Interlaced runs its own lockstep program instead of the generator's orders (plan.cpp).

@@ -22,7 +22,7 @@ namespace {
 
 Plan shipped_plan(const std::string& file, const std::string& schedule, const std::string& vocab) {
   Config config = testing::shipped_config(file);
-  config.schedule.name = schedule, config.schedule.vocab = vocab;
+  config.schedule.name = schedule, config.schedule.vocab = *vocab_mode_named(vocab);
   return testing::plan_or_fail(config);
 }
 
@@ -101,7 +101,7 @@ TEST_CASE("data-parallel replicas on the GPU, gradients all-reduced or under ZeR
       for (const std::string vocab : {"baseline", "vocab-1"}) {
         Config config = testing::shipped_config("tiny.json", {"parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4",
                                                               "training.zero_stage=" + zero});
-        config.schedule.name = schedule, config.schedule.vocab = vocab;
+        config.schedule.name = schedule, config.schedule.vocab = *vocab_mode_named(vocab);
         const Plan plan = testing::plan_or_fail(config);
         REQUIRE(plan.graph.has(OpKind::DpAllReduce));
         runtime::RunOptions o;
@@ -153,7 +153,7 @@ TEST_CASE("tensor-parallel ranks on the GPU, each its heads and FFN slice, with 
     for (const std::string schedule : {"1f1b", "zb-h1"})
       for (const std::string vocab : {"baseline", "vocab-1"}) {
         Config config = testing::shipped_config(file, set);
-        config.schedule.name = schedule, config.schedule.vocab = vocab;
+        config.schedule.name = schedule, config.schedule.vocab = *vocab_mode_named(vocab);
         const Plan plan = testing::plan_or_fail(config);
         runtime::RunOptions o;
         o.backend = runtime::BackendKind::Cuda, o.check = true, o.timeout_s = 60;

@@ -16,7 +16,7 @@ inline Config tiny_config(const std::vector<std::string>& overrides = {}) {
 }
 
 inline Plan plan_for(Config config, const std::string& schedule, const std::string& vocab) {
-  config.schedule.name = schedule, config.schedule.vocab = vocab;
+  config.schedule.name = schedule, config.schedule.vocab = *vocab_mode_named(vocab);
   Result<Plan> plan = make_plan(config);
   INFO((plan.ok() ? "" : plan.error().message));
   REQUIRE(plan.ok());

@@ -174,7 +174,7 @@ TEST_CASE("an order that deadlocks is refused by validation, naming the ops") {
 TEST_CASE("a file with a missing or a repeated op is refused before anything indexes by it") {
   // With vocabulary passes, a missing op was read at index -1 (found by tools/fuzz.sh).
   Config c = parse_or_fail(explicit_json(2, 2, 1, 1, 1));
-  c.schedule.vocab = GENERATE("baseline", "vocab-1");
+  c.schedule.vocab = GENERATE(VocabMode::Baseline, VocabMode::Vocab1);
   const std::string rule = "; every stage runs F and B (and W, if any does) once per microbatch";
   using Case = std::pair<std::string, std::string>;
   const Case k = GENERATE_COPY(values<Case>({
@@ -182,7 +182,7 @@ TEST_CASE("a file with a missing or a repeated op is refused before anything ind
       {"0F1\n1F0,1B0,1F1,1B1\n", "schedule 'file:s.csv': missing F(s0,m0)" + rule},
       {"0F0,0B0,0F1,0B1,0B1\n1F0,1B0,1F1,1B1\n", "schedule 'file:s.csv': B(s0,m1) appears twice"},
   }));
-  CAPTURE(c.schedule.vocab, k.first);
+  CAPTURE(vocab_mode_name(c.schedule.vocab), k.first);
   Result<CustomSchedule> s = parse_schedule_csv(k.first, "s.csv", 2, 2);
   REQUIRE(s.ok());
   Result<Plan> plan = make_plan(c, &s.value());

@@ -179,7 +179,7 @@ TEST_CASE("the greedy scheduler's own makespan and peaks are what evaluating its
       for (const int p : {2, 3, 4, 8})
         for (const int m : {1, p, 2 * p + 3}) {
           Config c = parse_or_fail(explicit_json(p, m, 2, 1, 2, schedule, double(kActivation)));
-          c.schedule.vocab = vocab;
+          c.schedule.vocab = *vocab_mode_named(vocab);
           c.costs->forward_ms = costs_for(p), c.costs->backward_ms = costs_for(p), c.costs->weight_ms = costs_for(p);
           c.costs->p2p_ms = random() % 3 == 0 ? 0.0 : ms(random) / 4;
           Result<PlannedLayout> planned = plan_layout(c);

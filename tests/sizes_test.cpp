@@ -29,7 +29,7 @@ TEST_CASE("the task estimate bounds every schedule and vocabulary mode") {
     for (const std::string& vocab : vocab_mode_names()) {
       Config config = parse_or_fail(kTiny, {fmt::format("parallel.pp={}", pp), fmt::format("parallel.microbatches={}", m)});
       config.schedule.name = schedule;
-      config.schedule.vocab = vocab;
+      config.schedule.vocab = *vocab_mode_named(vocab);
       Result<Plan> plan = make_plan(config);
       if (!plan.ok()) continue;  // this schedule does not take this shape
       CAPTURE(schedule, vocab, pp, m, plan.value().graph.size());

@@ -123,7 +123,7 @@ TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration
     const Result<LowerBounds> bounds = lower_bounds(c);
     if (!run.ok()) continue;  // refused by the schedule: the search skips it either way
     const ParallelConfig& p = candidate.parallel;
-    INFO(candidate.schedule << " / " << candidate.vocab << ", pp " << p.pp << " tp " << p.tp << " dp " << p.dp << " m "
+    INFO(candidate.schedule << " / " << vocab_mode_name(candidate.vocab) << ", pp " << p.pp << " tp " << p.tp << " dp " << p.dp << " m "
                             << p.microbatches << " x " << candidate.micro_batch_size << " chunks " << p.chunks << " "
                             << candidate.split_change);
     REQUIRE(bounds.ok());
@@ -149,7 +149,7 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
     for (const std::string& vocab : vocab_mode_names()) {  // what compare runs
       Config c = config;
       c.schedule.name = schedule;
-      c.schedule.vocab = vocab;
+      c.schedule.vocab = *vocab_mode_named(vocab);
       if (const Result<SimulatedRun> run = simulate_config(c); run.ok() && run.value().report.metrics.fits_in_memory)
         best = std::max(best, run.value().report.metrics.tokens_per_s);
     }
@@ -167,13 +167,13 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
 
 TEST_CASE("changes name what differs from the config") {
   const Config config = source_config("default.json");  // pp 8, tp 1, dp 1, 32 x 1, 1f1b, baseline
-  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", "vocab-2", {}, "", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
+  Candidate c{{.pp = 4, .tp = 1, .dp = 2, .microbatches = 8, .chunks = 4}, 2, "interleaved-1f1b", VocabMode::Vocab2, {}, "", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
   CHECK(describe_changes(config, c) ==
         "pp 8→4, dp 1→2, m 32→8, mbs 1→2, chunks 2→4, schedule interleaved-1f1b, vocab vocab-2");
-  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "redistribute",
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", VocabMode::Redistribute,
        {5, 4, 4, 4, 4, 4, 4, 3}, "1 layer s7→s6", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
   CHECK(describe_changes(config, c) == "vocab redistribute, 1 layer s7→s6");
-  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", "baseline", {}, "", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
+  c = {{.pp = 8, .tp = 1, .dp = 1, .microbatches = 32, .chunks = 1}, 1, "1f1b", VocabMode::Baseline, {}, "", {}, Recompute::None, RecomputeMethod::Uniform, 1, 0};
   CHECK(describe_changes(config, c) == "none");  // 1f1b runs one chunk whatever parallel.chunks says
 }
 
@@ -191,7 +191,7 @@ TEST_CASE("every candidate keeps the global batch, and the space holds each redi
   // For one shape and schedule: auto, and auto with one layer moved to a neighbouring stage, each once.
   std::vector<Candidate> splits;
   std::copy_if(space.begin(), space.end(), std::back_inserter(splits), [](const Candidate& c) {
-    return c.schedule == "1f1b" && c.vocab == "redistribute" && c.parallel.pp == 8 && c.parallel.tp == 8 &&
+    return c.schedule == "1f1b" && c.vocab == VocabMode::Redistribute && c.parallel.pp == 8 && c.parallel.tp == 8 &&
            c.parallel.sequence_parallel && c.micro_batch_size == 1 && c.recompute == Recompute::None &&
            c.zero_stage == 0;
   });
@@ -257,7 +257,7 @@ TEST_CASE("when nothing fits, tune names the smallest peak memory, its device, i
     CHECK_THAT(result.error().message,
                Catch::Contains(fmt::format("the smallest peak memory of any candidate is {:.2f} MiB, on device {}, for "
                                            "{} / {}, pp {} tp {} dp {}{}, m {} x {}",
-                                           double(peak) / double(1 << 20), device->rank, c.schedule, c.vocab,
+                                           double(peak) / double(1 << 20), device->rank, c.schedule, vocab_mode_name(c.vocab),
                                            c.parallel.pp, c.parallel.tp, c.parallel.dp,
                                            c.parallel.tp == 1 ? "" : c.parallel.sequence_parallel ? ", sp on" : ", sp off",
                                            c.parallel.microbatches, c.micro_batch_size)));
@@ -329,7 +329,7 @@ TEST_CASE("an auto split's candidate carries the split the planner would balance
   const Config config = source_config("default.json");
   std::size_t automatic = 0;
   for (const Candidate& c : tune_space(config, 16)) {
-    if (c.vocab != "redistribute" || !c.layers_per_stage.empty()) {
+    if (c.vocab != VocabMode::Redistribute || !c.layers_per_stage.empty()) {
       CHECK(c.auto_split.empty());
       continue;
     }

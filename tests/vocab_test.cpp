@@ -24,7 +24,7 @@ constexpr Bytes kActivation = 1000;
 Config vocab_config(int p, int m, double k, const std::string& schedule, const std::string& vocab, double allreduce_ms = 0) {
   Config c = parse_or_fail(explicit_json(p, m, 2, kForwardMs, kBackwardMs, schedule, double(kActivation)));
   c.model.layers = (schedule == "v-half" ? 4 : 2) * p;
-  c.schedule.vocab = vocab;
+  c.schedule.vocab = *vocab_mode_named(vocab);
   c.costs->output_forward_ms = k * kForwardMs / 2;
   c.costs->output_backward_ms = k * kBackwardMs / 2;
   c.costs->allreduce_ms = allreduce_ms;
@@ -125,7 +125,7 @@ TEST_CASE("a vocabulary that does not split evenly is padded, and the padding is
   c.model.vocab = 1000;  // 1000 = 3 x 333 + 1
   const Plan plan = plan_or_fail(c);
   CHECK(plan.layout.padded_vocab == 1002);
-  c.schedule.vocab = "baseline";
+  c.schedule.vocab = VocabMode::Baseline;
   CHECK(plan_or_fail(c).layout.padded_vocab == 1000);
 }
 

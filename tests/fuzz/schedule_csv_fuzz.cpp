@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Config config = fuzz_config(devices, microbatches);
   config.parallel.chunks = schedule.value().chunks;
   for (const std::string vocab : {"baseline", "vocab-1"}) {
-    config.schedule.vocab = vocab;
+    config.schedule.vocab = *vocab_mode_named(vocab);
     Result<Plan> plan = make_plan(config, &schedule.value());
     if (!plan.ok()) continue;
     const Plan& p = plan.value();

@@ -32,7 +32,7 @@ Result<std::vector<RunReport>> compare_runs(const CompareSelection& o, bool prog
         if (progress) fmt::print(stderr, "\r[{}/{}] {} {} {}\033[K", reports.size() + 1, total, path, schedule, mode);
         Config c = config.value();
         c.schedule.name = schedule;
-        c.schedule.vocab = mode;
+        c.schedule.vocab = *vocab_mode_named(mode);  // a known name: checked above
         Result<SimulatedRun> run = simulate_config(c);
         if (!run.ok()) {
           // With no --schedules, schedules that refuse this config are skipped, not fatal.

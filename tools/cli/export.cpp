@@ -34,9 +34,9 @@ ExitStatus run_export(const ExportOptions& o) {
                        "the same training.recompute_granularity puts them back\n");
   // Nor has it vocabulary passes: the file holds the transformer stages' order, and the mode that
   // adds S, T, IF and IB (and their barriers) must be named again on import.
-  if (const std::string& vocab = plan.value().config.schedule.vocab; vocab != "baseline")
+  if (const VocabMode vocab = plan.value().config.schedule.vocab; vocab != VocabMode::Baseline)
     fmt::print(stderr, "pipesim: note: export: vocabulary mode {0} is not in the file (PyTorch's format has no "
-                       "vocabulary passes): import it with --vocab {0} to simulate the same schedule\n", vocab);
+                       "vocabulary passes): import it with --vocab {0} to simulate the same schedule\n", vocab_mode_name(vocab));
   if (o.output.empty()) {
     fmt::print("{}", csv);
     return ExitStatus::Success;

@@ -13,7 +13,7 @@ ExitStatus run_list() {
   fmt::print("schedules:\n");
   for (const ScheduleInfo& s : schedules()) fmt::print("  {:<18} {}\n", s.name, s.description);
   fmt::print("\nvocabulary modes:\n");
-  for (const VocabModeInfo& m : vocab_modes()) fmt::print("  {:<18} {}\n", m.name, m.description);
+  for (const VocabModeInfo& m : vocab_modes()) fmt::print("  {:<18} {}\n", vocab_mode_name(m.mode), m.description);
   fmt::print("\nhardware presets:\n");
   for (const std::string& name : hardware_preset_names()) {
     const HardwareConfig h = *hardware_preset(name);

@@ -145,7 +145,7 @@ json measured_profile(const Plan& plan, const runtime::RunResult& r) {
   return {{"generator", "pipesim run"},
           {"config", c.source},
           {"schedule", c.schedule.name},
-          {"vocab", c.schedule.vocab},
+          {"vocab", vocab_mode_name(c.schedule.vocab)},
           {"layers_per_stage", layers},
           {"model",  // the shape measured (a run's --set may have changed the config's), for calibration
            {{"layers", c.model.layers}, {"hidden", c.model.hidden}, {"heads", c.model.heads},
@@ -207,7 +207,7 @@ Result<Config> apply_profile(Config config, std::string_view text, const std::st
   if (!costs.ok()) return costs.error();
   config.costs = std::move(costs).value();
   if (std::optional<FieldError> e = check_config(config)) return Error{fmt::format("{}: {}: {}", path, e->path, e->message)};
-  if (config.schedule.vocab == "redistribute" && profile.contains("layers_per_stage") &&
+  if (config.schedule.vocab == VocabMode::Redistribute && profile.contains("layers_per_stage") &&
       config.schedule.layers_per_stage.empty()) {
     Result<std::vector<int>> split = layer_counts(profile["layers_per_stage"], path);
     if (!split.ok()) return split.error();

@@ -57,7 +57,7 @@ nlohmann::ordered_json yours_json(const Config& config, const TuneResult& r) {
   if (r.yours) {
     yours = comparison_json(*r.yours, *r.yours, true);
   } else {
-    yours = {{"config", config.source}, {"schedule", config.schedule.name}, {"vocab", config.schedule.vocab},
+    yours = {{"config", config.source}, {"schedule", config.schedule.name}, {"vocab", vocab_mode_name(config.schedule.vocab)},
              {"error", r.yours_error}};
   }
   add_knobs(yours, config);

@@ -25,7 +25,7 @@ std::vector<std::string> tune_cells(const std::string& rank, std::vector<std::st
 std::vector<std::string> yours_cells(const Config& config, const TuneResult& r) {
   if (r.yours) return comparison_cells(*r.yours, *r.yours);
   std::vector<std::string> cells(comparison_columns().size(), "-");
-  cells[0] = config.source, cells[1] = config.schedule.name, cells[2] = config.schedule.vocab;
+  cells[0] = config.source, cells[1] = config.schedule.name, cells[2] = vocab_mode_name(config.schedule.vocab);
   return cells;
 }
 

@@ -34,7 +34,7 @@ Result<Config> load_selected_config(const std::string& path, const std::vector<s
   Result<Config> config = load_config(path, overrides);
   if (!config.ok()) return config;
   if (!schedule.empty()) config.value().schedule.name = schedule;
-  if (!vocab.empty()) config.value().schedule.vocab = vocab;
+  if (!vocab.empty()) config.value().schedule.vocab = *vocab_mode_named(vocab);  // a known name: checked above
   return config;
 }
 
@@ -45,9 +45,9 @@ Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path
   Result<CustomSchedule> parsed = parse_schedule_csv(text.value(), path, config.parallel.pp, config.parallel.microbatches);
   if (!parsed.ok()) return parsed.error();
   for (const std::string& note : parsed.value().notes) fmt::print(stderr, "pipesim: note: {}\n", note);
-  if (config.schedule.vocab != "baseline")
+  if (config.schedule.vocab != VocabMode::Baseline)
     fmt::print(stderr, "pipesim: note: {}: the file's order is the transformer stages'; the vocabulary passes are "
-                       "placed by mode {} (PyTorch's format has none)\n", path, config.schedule.vocab);
+                       "placed by mode {} (PyTorch's format has none)\n", path, vocab_mode_name(config.schedule.vocab));
   return std::optional<CustomSchedule>(std::move(parsed).value());
 }
 

@@ -141,7 +141,12 @@ ParallelConfig read_parallel(ObjectReader r) {
 ScheduleConfig read_schedule(ObjectReader r) {
   ScheduleConfig s;
   s.name = r.string("name", s.name);
-  s.vocab = r.string("vocab", s.vocab);
+  const std::string vocab = r.string("vocab", std::string(vocab_mode_name(s.vocab)));
+  const std::optional<VocabMode> mode = vocab_mode_named(vocab);
+  if (!mode)
+    throw ConfigError{r.at("vocab"), fmt::format("unknown vocabulary mode '{}'{} `pipesim list` shows them all", vocab,
+                                                 did_you_mean(vocab, vocab_mode_names()))};
+  s.vocab = *mode;
   if (r.has("layers_per_stage")) {
     const json& v = r.value("layers_per_stage");
     const std::string path = r.at("layers_per_stage");

@@ -25,7 +25,7 @@ json parallel_json(const ParallelConfig& p) {
 
 json schedule_json(const ScheduleConfig& s) {
   return {{"name", s.name},
-          {"vocab", s.vocab},
+          {"vocab", std::string(vocab_mode_name(s.vocab))},
           {"layers_per_stage", s.layers_per_stage.empty() ? json("auto") : json(s.layers_per_stage)}};
 }
 

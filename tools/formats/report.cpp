@@ -157,7 +157,7 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
   RunReport r;
   r.config = plan.config.source;
   r.schedule = plan.config.schedule.name;
-  r.vocab = plan.config.schedule.vocab;
+  r.vocab = vocab_mode_name(plan.config.schedule.vocab);
   r.cost_source = cost_source;
   r.mfu_defined = !plan.config.costs.has_value();
   r.parallel = plan.config.parallel;

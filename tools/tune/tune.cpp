@@ -61,7 +61,7 @@ std::string describe_candidate(const Candidate& c) {
   TrainingConfig recompute;
   recompute.recompute_granularity = c.recompute;
   recompute.recompute_method = c.recompute_method, recompute.recompute_num_layers = c.recompute_num_layers;
-  return fmt::format("{} / {}, pp {} tp {} dp {}{}{}, m {} x {}{}{}{}{}", c.schedule, c.vocab, c.parallel.pp,
+  return fmt::format("{} / {}, pp {} tp {} dp {}{}{}, m {} x {}{}{}{}{}", c.schedule, vocab_mode_name(c.vocab), c.parallel.pp,
                      c.parallel.tp, c.parallel.dp, c.parallel.cp > 1 ? fmt::format(" cp {}", c.parallel.cp) : "",
                      c.parallel.tp > 1 ? (c.parallel.sequence_parallel ? ", sp on" : ", sp off") : "",
                      c.parallel.microbatches, c.micro_batch_size,

@@ -22,7 +22,7 @@ struct Candidate {
   /// × dp sequences.
   int micro_batch_size = 1;
   std::string schedule;
-  std::string vocab;
+  VocabMode vocab = VocabMode::Baseline;
   std::vector<int> layers_per_stage;  ///< `redistribute` only; empty: "auto"
   /// How the split differs from the config's, for `changes`: empty (it does not), "split auto", or
   /// "1 layer s3→s4" (the auto split with one layer moved off its slowest stage).

@@ -91,7 +91,7 @@ std::string knob_value(const Config& config, Knob knob) {
     case Knob::MicroBatchSize: return std::to_string(config.model.micro_batch_size);
     case Knob::Chunks: return std::to_string(chunks_run(config));
     case Knob::Schedule: return config.schedule.name;
-    case Knob::Vocab: return config.schedule.vocab;
+    case Knob::Vocab: return std::string(vocab_mode_name(config.schedule.vocab));
     case Knob::Recompute: return std::string(recompute_name(config.training.recompute_granularity));
     case Knob::ZeroStage: return std::to_string(config.training.zero_stage);
   }

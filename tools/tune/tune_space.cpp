@@ -215,7 +215,7 @@ std::vector<Candidate> tune_space(const Config& config, int gpus) {
     for (const ScheduleInfo& schedule : schedules())
       for (int chunks : chunk_counts(schedule, config, shape.parallel.pp))
         for (const RecomputeChoice& recompute : recompute_choices(config, shape.parallel.pp * chunks)) {
-          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, "redistribute", {}, "", {},
+          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, VocabMode::Redistribute, {}, "", {},
                       recompute.granularity, recompute.method, recompute.layers, config.training.zero_stage};
           c.parallel.chunks = chunks;
           wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
@@ -224,10 +224,10 @@ std::vector<Candidate> tune_space(const Config& config, int gpus) {
   const BalancedSplits balanced(config.model.layers, std::move(wanted));
   std::vector<Candidate> layouts;
   for (const Candidate& group : groups)
-    for (const std::string& vocab : vocab_mode_names()) {
+    for (const VocabModeInfo& vocab : vocab_modes()) {
       Candidate c = group;
-      c.vocab = vocab;
-      if (vocab != "redistribute") {
+      c.vocab = vocab.mode;
+      if (vocab.mode != VocabMode::Redistribute) {
         layouts.push_back(std::move(c));
         continue;
       }
@@ -284,7 +284,7 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   if (const ScheduleInfo* s = find_schedule(candidate.schedule); s && s->chunks == 0)
     number("chunks", from.chunks, to.chunks);
   if (candidate.schedule != config.schedule.name) parts.push_back("schedule " + candidate.schedule);
-  if (candidate.vocab != config.schedule.vocab) parts.push_back("vocab " + candidate.vocab);
+  if (candidate.vocab != config.schedule.vocab) parts.push_back(fmt::format("vocab {}", vocab_mode_name(candidate.vocab)));
   if (!candidate.split_change.empty()) parts.push_back(candidate.split_change);
   if (const std::string recompute = recompute_text(apply_candidate(config, candidate).training);
       recompute != recompute_text(config.training))

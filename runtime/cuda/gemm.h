@@ -83,8 +83,6 @@ class GemmHandle {
 
   /// Shapes cached so far (for tests of the cache).
   std::size_t cached_plans() const { return plans_.size(); }
-  /// Fused calls that fell back so far (for the tests' report).
-  std::size_t unsupported_plans() const { return unsupported_.size(); }
 
  private:
   struct Plan {

@@ -158,7 +158,7 @@ class Backend : public Allocator {
   /// Baseline: adds the LM head's weight gradient; returns the gradient of the final norm's output.
   virtual Tensor head_backward(Activations& head) = 0;
 
-  // ---- vocabulary passes (DESIGN.md §5), on this rank's shard ----
+  // ---- vocabulary passes (docs/runtime.md, "The vocabulary passes"), on this rank's shard ----
   /// S: logits and local statistics of microbatch `mb` from X; Algorithm 2 also A and Y.
   virtual OutputShard output_forward(int mb, const Tensor& x, bool algorithm2) = 0;
   /// Barrier C0 after its max round: [s_i·exp(m_i − M) | z_i], what its sum round adds up.

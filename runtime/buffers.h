@@ -1,7 +1,7 @@
 #pragma once
-/// A rank's live tensors between ops, keyed as DESIGN.md §3 has it -- (kind, stage, microbatch) --
-/// with the bytes they hold counted, so the runtime reports the memory it really used. A missing
-/// buffer is an error that names it, never a crash.
+/// A rank's live tensors between ops, keyed by (kind, stage, microbatch) as docs/runtime.md ("What
+/// runs", the op interpreter) has it, with the bytes they hold counted, so the runtime reports the
+/// memory it really used. A missing buffer is an error that names it, never a crash.
 #include <fmt/format.h>
 
 #include <compare>

@@ -48,11 +48,6 @@ class Communicator {
   virtual std::unique_ptr<Request> all_gather(Buffer in, Buffer out) = 0;
   /// `out` gets block rank() (out.count values) of every rank's `in` (size() × out.count) reduced.
   virtual std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) = 0;
-  /// Point-to-point calls between these two are issued as one group, so that a send and a receive
-  /// between the same two ranks cannot wait on each other (NCCL's ncclGroupStart/End). Backends
-  /// whose calls never block on their peer need not do anything.
-  virtual void group_start() {}
-  virtual void group_end() {}
 };
 
 /// After the IR's collective lanes: the point-to-point lane, and the control lane, which carries the

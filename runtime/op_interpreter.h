@@ -1,8 +1,8 @@
 #pragma once
-/// Internal to the runtime: what each op of the IR does on one rank (DESIGN.md §3: buffers keyed by
-/// kind, stage and microbatch; §5: the vocabulary passes). Compute ops run a stage's layers, the
-/// vocabulary passes and the optimizer through the Backend; communication ops move the buffers
-/// their collective's CollectiveData names over the lane the op names.
+/// Internal to the runtime: what each op of the IR does on one rank (docs/runtime.md: "What runs" for
+/// the buffers keyed by kind, stage and microbatch, "The vocabulary passes" for those). Compute ops
+/// run a stage's layers, the vocabulary passes and the optimizer through the Backend; communication
+/// ops move the buffers their collective's CollectiveData names over the lane the op names.
 #include <atomic>
 #include <optional>
 #include <vector>

@@ -1,7 +1,8 @@
 #pragma once
-/// A quick, compute-only evaluation of per-device orders: each op starts when its device is free and
-/// its input has arrived (one transfer time across devices). Generators use it to choose between
-/// candidate orders; the simulator remains the judge of the final graph.
+/// A quick evaluation of per-device orders of the transformer compute ops (F, B, W): each op starts
+/// when its device is free and its input has arrived (one transfer time across devices, none on one),
+/// and each device's activation memory is followed to its peak (F takes, B and W free). Generators
+/// use it to choose between candidate orders; the simulator remains the judge of the final graph.
 #include <algorithm>
 #include <array>
 #include <cstdint>

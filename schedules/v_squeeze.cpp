@@ -264,13 +264,6 @@ VPattern v_half_pattern(int p) {
   return pattern;
 }
 
-VPattern v_min_pattern(int p) {
-  const int delta = p % 3 == 0 ? 2 : 0;
-  VPattern pattern;
-  for (int i = 0; i < p; ++i) pattern.push_back({i, 2 * p - i - 1, 2 * p + delta + i, 4 * p + delta - i - 1});
-  return pattern;
-}
-
 /// The slots compacted as the reference generator does between its passes: visited in slot order,
 /// every pass starts in the first slot its inputs (one slot each) and its device allow.
 Grid compacted(Grid g) {

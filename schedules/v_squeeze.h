@@ -1,5 +1,5 @@
 #pragma once
-/// The V-Half and V-Min stable patterns of Qi et al., "Pipeline Parallelism with Controllable
+/// The V-Half stable pattern of Qi et al., "Pipeline Parallelism with Controllable
 /// Memory" (2024), and the greedy squeeze their reference generator applies (sail-sg's
 /// zero-bubble repository, `zbv_greedy.py`): in unit slots, the passes of the warm-up and the
 /// cool-down move to the earliest free slot their inputs allow without any device holding more
@@ -17,8 +17,6 @@ using VPattern = std::vector<std::array<int, 4>>;
 
 /// F0 at 2i, F1 at 3p - i - 2, B1 at 3p + δ + 2i - 1, B0 at 6p + δ - i - 2; δ = 3 for even p.
 VPattern v_half_pattern(int devices);
-/// F0 at i, F1 at 2p - i - 1, B1 at 2p + δ + i, B0 at 4p + δ - i - 1; δ = 2 when 3 divides p.
-VPattern v_min_pattern(int devices);
 
 /// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B.
 /// Each squeeze moves a pass only where its device stays within the most any device held before

@@ -88,7 +88,7 @@ void VocabPasses::connect(TaskGraphBuilder& builder, const Layout& layout,
     builder.depend(forward(0, x), input + first_device);
     const TaskId output = collective(vocab_lane::kOutputBroadcast, OutputX, ReduceOp::None, last_device, x,
                                      [&](int d) { return d == last_device ? forward(last, x) : kNoTask; });
-    // C0: the max M, then S and z; with Algorithm 2 also dX (DESIGN.md §5).
+    // C0: the max M, then S and z; with Algorithm 2 also dX (docs/runtime.md, "The vocabulary passes").
     const TaskId barrier0 = collective(vocab_lane::kBarrier0, SoftmaxStats, ReduceOp::MaxThenSum, -1, x,
                                        [&](int d) { return pass(kS, d, x); }, two_barriers ? 2 : 3);
     TaskId barrier1 = kNoTask;

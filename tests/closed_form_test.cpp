@@ -1,4 +1,4 @@
-// Closed-form makespans, bubbles and activation peaks of the classic schedules (DESIGN.md §6),
+// Closed-form makespans, bubbles and activation peaks of the classic schedules (docs/schedules.md),
 // derived here from p, m, v and the explicit per-op costs -- never copied from a run.
 #include "helpers.h"
 

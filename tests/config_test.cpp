@@ -25,6 +25,14 @@ std::string error_of(const std::string& json, const std::vector<std::string>& ov
   return config.error().message;
 }
 
+/// A config, its --set overrides and the one error they must give.
+using BadConfig = std::tuple<std::string, std::vector<std::string>, std::string>;
+
+void check_refused(const BadConfig& c) {
+  CAPTURE(std::get<0>(c), std::get<1>(c));
+  CHECK(error_of(std::get<0>(c), std::get<1>(c)) == std::get<2>(c));
+}
+
 }  // namespace
 
 TEST_CASE("a config is read field by field, with presets and defaults") {
@@ -59,9 +67,8 @@ TEST_CASE("--set overrides any field and creates missing objects") {
   CHECK(c.costs->backward_ms == std::vector<double>{3});
 }
 
-TEST_CASE("bad configs are refused with the file, the path and the fix") {
-  using Case = std::tuple<std::string, std::vector<std::string>, std::string>;
-  const Case c = GENERATE_COPY(values<Case>({
+TEST_CASE("bad config files are refused with the file, the path and the fix") {
+  const BadConfig c = GENERATE_COPY(values<BadConfig>({
       // The stray '}' is the last character: column = length of the text.
       {kBase + ", }", {},
        fmt::format("c.json:1:{}: invalid JSON: syntax error while parsing object key - unexpected '}}'; expected "
@@ -90,6 +97,30 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
       {kBase + R"json(, "hardware": {"hbm_gbps": 0}})json", {}, "c.json: hardware.hbm_gbps: must be greater than 0, got 0"},
       {kBase + R"json(, "precision": {"flash_attention": "yes"}})json", {},
        "c.json: precision.flash_attention: expected true or false, got string \"yes\""},
+      {"[" + kBase + "}]", {}, "c.json: expected a JSON object at the top level, got an array; a config is {\"model\": "
+                               "..., \"parallel\": ...}"},
+      {kBase + R"json(, "parallel": {"pp": 2}})json", {}, "c.json: key \"parallel\" appears twice in one object; keep one"},
+      {kBase + R"json(, "hardware": {"peak_tflops": 1e999}})json", {},
+       "c.json:1:152: a number out of range: 1e999 is beyond what a double holds (about 1.8e308)"},
+      // A speed near zero: durations past 2^62 ns saturate and are refused, never wrapped.
+      {kBase + R"json(, "hardware": {"peak_tflops": 1e-300}})json", {},
+       "the stage times add up to over 146 years (or one is not a number); check the hardware speeds, the costs and "
+       "the model sizes"},
+      {kBase + R"json(, "costs": {"forward_ms": 1, "backward_ms": 1, "optimizer_ms": 1e300}})json", {},
+       "simulate: OPTIMIZER(d0) has no valid duration (negative, NaN or over 146 years); check the hardware speeds, "
+       "the costs and the model sizes"},
+      {kBase + R"json(, "costs": {"backward_ms": 2}})json", {},
+       "c.json: costs.forward_ms: required in a costs block; give milliseconds per microbatch"},
+      {kBase + R"json(, "costs": {"forward_ms": [1, 2], "backward_ms": 2}})json", {},
+       "c.json: costs.forward_ms: has 2 entries; give one number or one per device (pp = 4)"},
+      {kBase + R"json(, "costs": {"forward_ms": -1, "backward_ms": 2}})json", {},
+       "c.json: costs.forward_ms: must be at least 0, got -1"},
+  }));
+  check_refused(c);
+}
+
+TEST_CASE("bad overrides and settings are refused with the file, the path and the fix") {
+  const BadConfig c = GENERATE_COPY(values<BadConfig>({
       {kBase + "}", {"parallel.pp=0"}, "c.json: parallel.pp (from --set): must be at least 1, got 0"},
       {kBase + "}", {"parallel.microbatches=0"}, "c.json: parallel.microbatches (from --set): must be at least 1, got 0"},
       {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000 (pipesim's limit; docs/config.md says why)"},
@@ -109,29 +140,11 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
       {kBase + "}", {"schedule.layers_per_stage=" + std::string(100, 'x')},
        "c.json: schedule.layers_per_stage (from --set): expected \"auto\" or an array of layer counts, got string \"" +
            std::string(40, 'x') + "... (100 bytes)\""},
-      {"[" + kBase + "}]", {}, "c.json: expected a JSON object at the top level, got an array; a config is {\"model\": "
-                               "..., \"parallel\": ...}"},
-      {kBase + R"json(, "parallel": {"pp": 2}})json", {}, "c.json: key \"parallel\" appears twice in one object; keep one"},
-      {kBase + R"json(, "hardware": {"peak_tflops": 1e999}})json", {},
-       "c.json:1:152: a number out of range: 1e999 is beyond what a double holds (about 1.8e308)"},
-      // A speed near zero: durations past 2^62 ns saturate and are refused, never wrapped.
-      {kBase + R"json(, "hardware": {"peak_tflops": 1e-300}})json", {},
-       "the stage times add up to over 146 years (or one is not a number); check the hardware speeds, the costs and "
-       "the model sizes"},
-      {kBase + R"json(, "costs": {"forward_ms": 1, "backward_ms": 1, "optimizer_ms": 1e300}})json", {},
-       "simulate: OPTIMIZER(d0) has no valid duration (negative, NaN or over 146 years); check the hardware speeds, "
-       "the costs and the model sizes"},
       {kBase + R"json(, "costs": {"forward_ms": 1e12, "backward_ms": 1e12}})json", {"parallel.microbatches=1000"},
        "the stage times add up to over 146 years (or one is not a number); check the hardware speeds, the costs and "
        "the model sizes"},
       {kBase + "}", {"schedule.layers_per_stage=even"},
        "c.json: schedule.layers_per_stage (from --set): expected \"auto\" or an array of layer counts, got string \"even\""},
-      {kBase + R"json(, "costs": {"backward_ms": 2}})json", {},
-       "c.json: costs.forward_ms: required in a costs block; give milliseconds per microbatch"},
-      {kBase + R"json(, "costs": {"forward_ms": [1, 2], "backward_ms": 2}})json", {},
-       "c.json: costs.forward_ms: has 2 entries; give one number or one per device (pp = 4)"},
-      {kBase + R"json(, "costs": {"forward_ms": -1, "backward_ms": 2}})json", {},
-       "c.json: costs.forward_ms: must be at least 0, got -1"},
       {kBase + "}", {"parallel.layerz=3"},
        "c.json: parallel.layerz (from --set): unknown key. Known keys here: pp, tp, dp, cp, microbatches, chunks, sequence_parallel"},
       {kBase + "}", {"parallel"}, "--set 'parallel': expected key.path=value, e.g. --set parallel.pp=4"},
@@ -148,8 +161,7 @@ TEST_CASE("bad configs are refused with the file, the path and the fix") {
       {kBase + "}", {"schedule.name=interleaved-1f1b", "parallel.chunks=2", "parallel.microbatches=6"},
        "parallel.microbatches: interleaved-1f1b needs a multiple of pp (4), got 6; use 8"},
   }));
-  CAPTURE(std::get<0>(c), std::get<1>(c));
-  CHECK(error_of(std::get<0>(c), std::get<1>(c)) == std::get<2>(c));
+  check_refused(c);
 }
 
 TEST_CASE("a written config reads back as the same config, and simulates the same") {

@@ -1,5 +1,6 @@
-// The analytic cost model against DESIGN.md §4, re-derived here from the formulas: roofline time
-// of a transformer layer, α-β links that know node boundaries, static memory, and the paper's MFU.
+// The analytic cost model against docs/cost-model.md ("Analytic"), re-derived here from the
+// formulas: roofline time of a transformer layer, α-β links that know node boundaries, static
+// memory, and the paper's MFU.
 #include <cmath>
 
 #include "calibration.h"

@@ -1,4 +1,4 @@
-// The zero-bubble and V-shaped schedules against their papers' claims (DESIGN.md §6), over ranges of
+// The zero-bubble and V-shaped schedules against their papers' claims (docs/schedules.md), over ranges of
 // p and m, with explicit costs. F, B, W are one device's share per microbatch; a V chunk gets half.
 #include <array>
 #include <atomic>

@@ -1,6 +1,6 @@
-// Vocabulary Parallelism (DESIGN.md §5): every mode runs on 1F1B and V-Half over ranges of p and m;
-// with an output layer costing k transformer layers, baseline grows with k and the vocabulary-
-// parallel modes stay within a derived bound; barriers overlap compute except when interlaced;
+// Vocabulary Parallelism (docs/vocabulary-parallelism.md): every mode runs on 1F1B and V-Half over
+// ranges of p and m; with an output layer costing k transformer layers, baseline grows with k and
+// the vocabulary-parallel modes stay within a derived bound; barriers overlap compute except when interlaced;
 // the extra in-flight activations come out of the simulated schedule; the last stage's backwards
 // are delayed as the one-microbatch-at-a-time definition does, and only where that is not slower.
 #include <algorithm>

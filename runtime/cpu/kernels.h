@@ -69,7 +69,7 @@ double cross_entropy(std::span<const float> logits, std::span<const int> targets
                      int vocab);
 
 /// Embedding rows for tokens in [first_row, first_row + rows) -- one device's shard of the table;
-/// tokens outside it give zero rows (DESIGN.md §5, input layer).
+/// tokens outside it give zero rows (the IF pass of docs/vocabulary-parallelism.md).
 void embedding_forward(std::span<const float> table, std::span<const int> tokens, std::span<float> out, int h,
                        int first_row, int rows);
 void embedding_backward(std::span<const int> tokens, std::span<const float> dout, std::span<float> dtable, int h,

@@ -1,5 +1,5 @@
 #pragma once
-/// A decoder-only transformer in fp32 on the CPU (DESIGN.md §8), in one of two layer families:
+/// A decoder-only transformer in fp32 on the CPU (docs/runtime.md, "What runs"), in one of two layer families:
 /// - GPT: input embedding, L × (pre-LayerNorm, causal attention, residual, LayerNorm, MLP with GELU,
 ///   residual), final LayerNorm, untied LM head, softmax cross-entropy; every linear map has a bias.
 /// - Llama: the same skeleton with RMSNorm (gain only) for every norm, rotary position embeddings on

@@ -1,8 +1,8 @@
 #pragma once
-/// The vocabulary-parallel output layer's math (DESIGN.md §5), one device's shard at a time. Device
-/// i holds rows [first, first + rows) of the LM head W; X (n × h) is the last stage's output,
-/// broadcast to every device. The cross-shard reductions (max, sums) are the caller's collectives;
-/// these functions are what each device computes between them.
+/// The vocabulary-parallel output layer's math (docs/runtime.md, "The vocabulary passes"), one
+/// device's shard at a time. Device i holds rows [first, first + rows) of the LM head W; X (n × h) is
+/// the last stage's output, broadcast to every device. The cross-shard reductions (max, sums) are the
+/// caller's collectives; these functions are what each device computes between them.
 #include <span>
 #include <vector>
 

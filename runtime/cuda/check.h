@@ -1,8 +1,8 @@
 #pragma once
 /// Every CUDA runtime, cuBLAS(Lt), cuDNN and NCCL call in runtime/ goes through one of these macros. They
 /// throw CudaError rather than exit, so that an executor can catch it and report a rank error naming
-/// the op that failed (STYLE.md 6, 7); the message holds file:line, the call's text and the library's
-/// own error string.
+/// the op that failed (docs/runtime.md, "Failures"); the message holds file:line, the call's text
+/// and the library's own error string.
 ///
 /// NCCL_CHECK names ncclResult_t and ncclGetErrorString only when it expands: include <nccl.h> where
 /// it is used. This header itself needs no NCCL, so the kernel library does not depend on it. The same

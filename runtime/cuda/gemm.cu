@@ -71,6 +71,70 @@ bool unsupported(cublasStatus_t status) {
   return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
 }
 
+/// The operands' transposes and, under a green context, the SMs the heuristics plan for.
+void set_operations(cublasLtMatmulDesc_t desc, const GemmHandle::Call& call, int sm_count) {
+  const cublasOperation_t op_a = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (sm_count > 0) {
+    const std::int32_t sms = sm_count;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
+  }
+}
+
+/// The call's epilogue and the attributes it needs: cuBLASLt's status rather than a throw, so that
+/// an optional call falls back where cuBLASLt has no such epilogue.
+cublasStatus_t set_epilogue(cublasLtMatmulDesc_t desc, const GemmHandle::Call& call) {
+  const auto epilogue = std::uint32_t(epilogue_of(call.epilogue));
+  cublasStatus_t status =
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+  if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue)) {
+    const auto bias_type = std::int32_t(cuda_type(call.bias_type));
+    status = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+  }
+  if (status == CUBLAS_STATUS_SUCCESS && uses_aux(call.epilogue)) {
+    const std::int64_t ld = call.ld_aux;
+    status = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld));
+  }
+  // The heuristics read the pointers' alignment from the descriptor.
+  if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue))
+    status = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof(call.bias));
+  if (status == CUBLAS_STATUS_SUCCESS && uses_aux(call.epilogue))
+    status = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+                                            sizeof(call.aux));
+  return status;
+}
+
+/// The layouts of A, B and C, each set as soon as it is made (the caller destroys what was made when
+/// a later call throws), with the batch's count and strides.
+void make_layouts(const GemmHandle::Call& call, cublasLtMatrixLayout_t& a, cublasLtMatrixLayout_t& b,
+                  cublasLtMatrixLayout_t& c) {
+  // Stored shapes (before op): A is m×k or, transposed, k×m; likewise B.
+  const auto in = cuda_type(call.types.inputs), out = cuda_type(call.types.output);
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, in, call.transpose_a ? call.k : call.m,
+                                          call.transpose_a ? call.m : call.k, call.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, in, call.transpose_b ? call.n : call.k,
+                                          call.transpose_b ? call.k : call.n, call.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, out, call.m, call.n, call.ldc));
+  if (call.batch <= 1) return;
+  const std::int32_t count = call.batch;
+  const std::pair<cublasLtMatrixLayout_t, std::int64_t> layouts[] = {
+      {a, call.stride_a}, {b, call.stride_b}, {c, call.stride_c}};
+  for (const auto& [layout, stride] : layouts) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                  sizeof(stride)));
+  }
+}
+
+[[noreturn]] void throw_no_algorithm(const GemmHandle::Call& call) {
+  throw CudaError("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=" + std::to_string(call.m) +
+                  " n=" + std::to_string(call.n) + " k=" + std::to_string(call.k) + " (" +
+                  std::string(dtype_name(call.types.inputs)) + " -> " + std::string(dtype_name(call.types.output)) +
+                  ")");
+}
+
 }  // namespace
 
 GemmHandle::GemmHandle(std::size_t workspace_bytes, int sm_count)
@@ -124,96 +188,52 @@ GemmHandle::Plan GemmHandle::make_plan(const Call& call, const Key& key, bool op
   try {
     // CUBLAS_COMPUTE_32F: fp32 accumulate; unlike CUBLAS_COMPUTE_32F_FAST_TF32, never TF32.
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_a = call.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_b = call.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (sm_count_ > 0) {
-      const std::int32_t sms = sm_count_;
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
-    }
-    const cublasStatus_t epilogue_status = [&] {
-      const auto epilogue = std::uint32_t(epilogue_of(call.epilogue));
-      cublasStatus_t status =
-          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-      if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue)) {
-        const auto bias_type = std::int32_t(cuda_type(call.bias_type));
-        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                sizeof(bias_type));
-      }
-      if (status == CUBLAS_STATUS_SUCCESS && uses_aux(call.epilogue)) {
-        const std::int64_t ld = call.ld_aux;
-        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld));
-      }
-      // The heuristics read the pointers' alignment from the descriptor.
-      if (status == CUBLAS_STATUS_SUCCESS && uses_bias(call.epilogue))
-        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias,
-                                                sizeof(call.bias));
-      if (status == CUBLAS_STATUS_SUCCESS && uses_aux(call.epilogue))
-        status = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
-                                                sizeof(call.aux));
-      return status;
-    }();
+    set_operations(plan.desc, call, sm_count_);
+    const cublasStatus_t epilogue_status = set_epilogue(plan.desc, call);
     if (optional && unsupported(epilogue_status)) {
       destroy(plan.desc, nullptr, nullptr, nullptr);
       return Plan{};
     }
     CUBLAS_CHECK(epilogue_status);
-    // Stored shapes (before op): A is m×k or, transposed, k×m; likewise B.
-    const auto in = cuda_type(call.types.inputs), out = cuda_type(call.types.output);
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, call.transpose_a ? call.k : call.m,
-                                            call.transpose_a ? call.m : call.k, call.lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, call.transpose_b ? call.n : call.k,
-                                            call.transpose_b ? call.k : call.n, call.ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out, call.m, call.n, call.ldc));
-    if (call.batch > 1) {
-      const std::int32_t count = call.batch;
-      const std::pair<cublasLtMatrixLayout_t, std::int64_t> layouts[] = {
-          {plan.a, call.stride_a}, {plan.b, call.stride_b}, {plan.c, call.stride_c}};
-      for (const auto& [layout, stride] : layouts) {
-        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                      sizeof(stride)));
-      }
-    }
-
-    cublasLtMatmulPreference_t preference = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const std::uint64_t workspace = workspace_bytes_;
-    // D is `c`; C is `c_in` when it is separate, else `c` too.
-    const std::uint32_t alignments[4] = {std::uint32_t(key.align_a), std::uint32_t(key.align_b),
-                                         std::uint32_t(key.separate_c ? key.align_c_in : key.align_c),
-                                         std::uint32_t(key.align_c)};
-    cublasLtMatmulHeuristicResult_t result{};
+    make_layouts(call, plan.a, plan.b, plan.c);
     int found = 0;
-    cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4 && status == CUBLAS_STATUS_SUCCESS; ++i)
-      status = cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
-                                                    sizeof(alignments[i]));
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c, preference, 1,
-                                              &result, &found);
-    static_cast<void>(cublasLtMatmulPreferenceDestroy(preference));
+    const cublasStatus_t status = find_algorithm(plan, key, found);
     if (optional && (unsupported(status) || (status == CUBLAS_STATUS_SUCCESS && found == 0))) {
       destroy(plan.desc, plan.a, plan.b, plan.c);
       return Plan{};
     }
     CUBLAS_CHECK(status);
-    if (found == 0)
-      throw CudaError("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=" + std::to_string(call.m) +
-                      " n=" + std::to_string(call.n) + " k=" + std::to_string(call.k) + " (" +
-                      std::string(dtype_name(call.types.inputs)) + " -> " +
-                      std::string(dtype_name(call.types.output)) + ")");
-    plan.algo = result.algo;
+    if (found == 0) throw_no_algorithm(call);
   } catch (...) {
     destroy(plan.desc, plan.a, plan.b, plan.c);
     throw;
   }
   return plan;
+}
+
+cublasStatus_t GemmHandle::find_algorithm(Plan& plan, const Key& key, int& found) const {
+  cublasLtMatmulPreference_t preference = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const std::uint64_t workspace = workspace_bytes_;
+  // D is `c`; C is `c_in` when it is separate, else `c` too.
+  const std::uint32_t alignments[4] = {std::uint32_t(key.align_a), std::uint32_t(key.align_b),
+                                       std::uint32_t(key.separate_c ? key.align_c_in : key.align_c),
+                                       std::uint32_t(key.align_c)};
+  cublasLtMatmulHeuristicResult_t result{};
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && status == CUBLAS_STATUS_SUCCESS; ++i)
+    status = cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
+                                                  sizeof(alignments[i]));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c, preference, 1,
+                                            &result, &found);
+  static_cast<void>(cublasLtMatmulPreferenceDestroy(preference));
+  if (status == CUBLAS_STATUS_SUCCESS && found > 0) plan.algo = result.algo;
+  return status;
 }
 
 cublasStatus_t GemmHandle::launch(const Plan& plan, const Call& call, const void* a, const void* b, void* c,

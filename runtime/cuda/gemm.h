@@ -83,8 +83,6 @@ class GemmHandle {
 
   /// Shapes cached so far (for tests of the cache).
   std::size_t cached_plans() const { return plans_.size(); }
-  /// Fused calls that fell back so far (for the tests' report).
-  std::size_t unsupported_plans() const { return unsupported_.size(); }
 
  private:
   struct Plan {
@@ -110,6 +108,9 @@ class GemmHandle {
   Key key_of(const Call& call, const void* a, const void* b, const void* c) const;
   /// Null plan descriptors when cuBLASLt has no algorithm and `optional` is set; throws otherwise.
   Plan make_plan(const Call& call, const Key& key, bool optional);
+  /// cuBLASLt's best algorithm for the plan's descriptors within the workspace and the key's
+  /// alignments, into plan.algo; `found` is 0 where there is none. Returns cuBLASLt's status.
+  cublasStatus_t find_algorithm(Plan& plan, const Key& key, int& found) const;
   /// Points the plan's descriptor at this call's bias and aux and launches.
   cublasStatus_t launch(const Plan& plan, const Call& call, const void* a, const void* b, void* c,
                         cudaStream_t stream);

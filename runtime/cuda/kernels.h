@@ -1,9 +1,9 @@
 #pragma once
-/// CUDA kernels of the GPT-style decoder (DESIGN.md §8), host launchers on device pointers, mirroring
-/// runtime/cpu/kernels.h: row-major matrices, n = batch·seq rows, fused QKV rows [q | k | v], heads of
-/// width h/heads, pre-LN with epsilon 1e-5, GELU tanh approximation. Backward launchers accumulate
-/// (+=) into their gradient outputs, as the CPU's do. Each launcher enqueues work on `stream` and
-/// returns; errors (bad arguments, launch failures) throw CudaError.
+/// CUDA kernels of the GPT-style decoder (docs/runtime.md, "The CUDA backend"), host launchers on
+/// device pointers, mirroring runtime/cpu/kernels.h: row-major matrices, n = batch·seq rows, fused
+/// QKV rows [q | k | v], heads of width h/heads, pre-LN with epsilon 1e-5, GELU tanh approximation.
+/// Backward launchers accumulate (+=) into their gradient outputs, as the CPU's do. Each launcher
+/// enqueues work on `stream` and returns; errors (bad arguments, launch failures) throw CudaError.
 ///
 /// Element types. Tensors typed `void*` hold the activation type `dtype` (F32 or BF16): activations
 /// and their gradients. Tensors typed `float*` are always fp32: parameters read element-wise (LayerNorm

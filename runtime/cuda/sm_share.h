@@ -1,7 +1,8 @@
 #pragma once
 /// An equal share of one GPU's streaming multiprocessors for each rank that runs on it, through CUDA
 /// green contexts, so that p ranks sharing one GPU each compute like a GPU of 1/p the size instead
-/// of stealing each other's SMs: what lets one GPU stand in for p pipeline devices (DESIGN.md §8).
+/// of stealing each other's SMs: what lets one GPU stand in for p pipeline devices (docs/runtime.md,
+/// "The CUDA backend": ranks sharing a GPU).
 #include <string>
 
 #include <cuda_runtime_api.h>

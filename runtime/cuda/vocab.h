@@ -1,8 +1,9 @@
 #pragma once
-/// The vocabulary-parallel output layer on CUDA, one device's shard at a time (DESIGN.md §5), mirroring
-/// runtime/cpu/vocab.h: device i holds rows [first, first + rows) of the LM head W (rows may be 0 when
-/// padding leaves a device none); X (n×h) is the last stage's output. The cross-shard reductions are
-/// the caller's collectives; these are what each device computes between them.
+/// The vocabulary-parallel output layer on CUDA, one device's shard at a time (docs/runtime.md, "The
+/// vocabulary passes"), mirroring runtime/cpu/vocab.h: device i holds rows [first, first + rows) of
+/// the LM head W (rows may be 0 when padding leaves a device none); X (n×h) is the last stage's
+/// output. The cross-shard reductions are the caller's collectives; these are what each device
+/// computes between them.
 ///
 /// Element types: x, w, A, Y and dX are in the activation type `dtype`; logits are always fp32 (the
 /// softmax needs the range); dW accumulates in fp32; every per-token statistic (max, sum_exp,

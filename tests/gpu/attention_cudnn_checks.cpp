@@ -49,74 +49,95 @@ bool ran(Report& report, bool ok, const std::string& kernel, const std::string& 
   return ok;
 }
 
-void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c) {
-  const std::string shape = shape_name(
-      {{"b", c.batch}, {"s", c.seq}, {"heads", c.heads}, {"kv", c.kv_heads}, {"d", c.d}});
-  const int group = c.heads / c.kv_heads, h = c.heads * c.d, kv = c.kv_heads * c.d;
-  const int width = h + 2 * kv;  // cuDNN's packed row
-  const std::size_t n = std::size_t(c.batch) * c.seq;
-  const auto qkv = rounded(random_values(n * std::size_t(width), rng, -2, 2), DType::BF16);
-  const auto dout = rounded(random_values(n * std::size_t(h), rng), DType::BF16);
+/// A case's widths: query heads h, key/value heads kv, cuDNN's packed row [q | k | v] of `width`,
+/// over n = batch·seq rows; `group` query heads share each key/value head.
+struct Widths {
+  explicit Widths(const Case& c)
+      : group(c.heads / c.kv_heads), h(c.heads * c.d), kv(c.kv_heads * c.d), width(h + 2 * kv),
+        n(std::size_t(c.batch) * c.seq), stats(std::size_t(c.batch) * c.heads * c.seq) {}
+  int group, h, kv, width;
+  std::size_t n, stats;  ///< rows; logsumexp values
+};
 
-  // The reference input: K and V heads repeated per query head, rows [q | k | v] of width 3h.
-  std::vector<float> full(n * 3 * std::size_t(h));
-  for (std::size_t row = 0; row < n; ++row)
+/// The reference input: K and V heads repeated per query head, rows [q | k | v] of width 3h.
+std::vector<float> repeated_heads(const std::vector<float>& qkv, const Case& c, const Widths& w) {
+  const std::size_t h = std::size_t(w.h), width = std::size_t(w.width);
+  std::vector<float> full(w.n * 3 * h);
+  for (std::size_t row = 0; row < w.n; ++row)
     for (int head = 0; head < c.heads; ++head)
       for (int e = 0; e < c.d; ++e) {
-        const std::size_t at = row * 3 * std::size_t(h) + std::size_t(head) * c.d + std::size_t(e);
-        const std::size_t from = row * std::size_t(width) + std::size_t(head / group) * c.d + std::size_t(e);
-        full[at] = qkv[row * std::size_t(width) + std::size_t(head) * c.d + std::size_t(e)];
-        full[at + std::size_t(h)] = qkv[from + std::size_t(h)];
-        full[at + 2 * std::size_t(h)] = qkv[from + std::size_t(h + kv)];
+        const std::size_t at = row * 3 * h + std::size_t(head) * c.d + std::size_t(e);
+        const std::size_t from = row * width + std::size_t(head / w.group) * c.d + std::size_t(e);
+        full[at] = qkv[row * width + std::size_t(head) * c.d + std::size_t(e)];
+        full[at + h] = qkv[from + h];
+        full[at + 2 * h] = qkv[from + std::size_t(w.h + w.kv)];
       }
-  const std::size_t stats = std::size_t(c.batch) * c.heads * c.seq;
-  Tensor full_d(full, DType::F32), ref_out(n * h, DType::F32), ref_lse(stats, DType::F32), dout_f(dout, DType::F32),
-      ref_dfull(n * 3 * std::size_t(h), DType::F32);
-  gpu::attention_forward(full_d.get(), ref_out.get(), static_cast<float*>(ref_lse.get()), c.batch, c.seq, h, c.heads,
-                         DType::F32, stream.get());
+  return full;
+}
+
+/// Back to cuDNN's packed row: dQ as is, dK and dV summed over each group.
+std::vector<float> summed_over_groups(const std::vector<float>& dfull, const Case& c, const Widths& w) {
+  const std::size_t h = std::size_t(w.h), width = std::size_t(w.width);
+  std::vector<float> dqkv(w.n * width, 0.0f);
+  for (std::size_t row = 0; row < w.n; ++row)
+    for (int head = 0; head < c.heads; ++head)
+      for (int e = 0; e < c.d; ++e) {
+        const std::size_t at = row * 3 * h + std::size_t(head) * c.d + std::size_t(e);
+        const std::size_t to = row * width + std::size_t(head / w.group) * c.d + std::size_t(e);
+        dqkv[row * width + std::size_t(head) * c.d + std::size_t(e)] = dfull[at];
+        dqkv[to + h] += dfull[at + h];
+        dqkv[to + std::size_t(w.h + w.kv)] += dfull[at + 2 * h];
+      }
+  return dqkv;
+}
+
+/// dQ (part 0), dK (1) or dV (2) of packed rows.
+std::vector<float> packed_part(const std::vector<float>& packed, const Widths& w, int part) {
+  const int from = part == 0 ? 0 : part == 1 ? w.h : w.h + w.kv, count = part == 0 ? w.h : w.kv;
+  std::vector<float> values;
+  for (std::size_t row = 0; row < w.n; ++row)
+    values.insert(values.end(), packed.begin() + std::ptrdiff_t(row * std::size_t(w.width) + std::size_t(from)),
+                  packed.begin() + std::ptrdiff_t(row * std::size_t(w.width) + std::size_t(from + count)));
+  return values;
+}
+
+/// What the fp32 flash kernels compute on the full-head input; dqkv in cuDNN's packed row.
+struct Reference {
+  std::vector<float> out, lse, dqkv;
+};
+
+Reference reference(const Stream& stream, const Case& c, const Widths& w, const std::vector<float>& qkv,
+                    const std::vector<float>& dout) {
+  Tensor full_d(repeated_heads(qkv, c, w), DType::F32), ref_out(w.n * w.h, DType::F32),
+      ref_lse(w.stats, DType::F32), dout_f(dout, DType::F32), ref_dfull(w.n * 3 * std::size_t(w.h), DType::F32);
+  gpu::attention_forward(full_d.get(), ref_out.get(), static_cast<float*>(ref_lse.get()), c.batch, c.seq, w.h,
+                         c.heads, DType::F32, stream.get());
   gpu::attention_backward(full_d.get(), ref_out.get(), static_cast<const float*>(ref_lse.get()), dout_f.get(),
-                          ref_dfull.get(), c.batch, c.seq, h, c.heads, DType::F32, stream.get());
+                          ref_dfull.get(), c.batch, c.seq, w.h, c.heads, DType::F32, stream.get());
   stream.sync();
-  // Back to cuDNN's packed row: dQ as is, dK and dV summed over each group.
-  const auto dfull = ref_dfull.download();
-  std::vector<float> want_dqkv(n * std::size_t(width), 0.0f);
-  for (std::size_t row = 0; row < n; ++row)
-    for (int head = 0; head < c.heads; ++head)
-      for (int e = 0; e < c.d; ++e) {
-        const std::size_t at = row * 3 * std::size_t(h) + std::size_t(head) * c.d + std::size_t(e);
-        const std::size_t to = row * std::size_t(width) + std::size_t(head / group) * c.d + std::size_t(e);
-        want_dqkv[row * std::size_t(width) + std::size_t(head) * c.d + std::size_t(e)] = dfull[at];
-        want_dqkv[to + std::size_t(h)] += dfull[at + std::size_t(h)];
-        want_dqkv[to + std::size_t(h + kv)] += dfull[at + 2 * std::size_t(h)];
-      }
+  return {ref_out.download(), ref_lse.download(), summed_over_groups(ref_dfull.download(), c, w)};
+}
 
-  Tensor qkv_d(qkv, DType::BF16), out_d(n * h, DType::BF16), lse_d(stats, DType::F32), dout_d(dout, DType::BF16);
-  if (!ran(report, gpu::attention_forward_cudnn(qkv_d.get(), out_d.get(), static_cast<float*>(lse_d.get()), c.batch,
-                                                c.seq, c.heads, c.kv_heads, c.d, stream.get()),
-           "attention_forward_cudnn", shape))
-    return;
-  stream.sync();
-  compare(report, "attention_forward_cudnn", shape, "out", out_d.download(), ref_out.download());
-  compare(report, "attention_forward_cudnn", shape, "lse", lse_d.download(), ref_lse.download());
+/// cuDNN's forward's inputs and results on the device, in a bf16 run's types.
+struct CudnnForward {
+  Tensor qkv, out, lse, dout;
+};
 
-  // The backward from cuDNN's own forward, as a bf16 run computes it; dqkv starts as garbage, since
-  // the backward writes rather than adds.
-  const auto split = [&](const std::vector<float>& packed, int part) {  // 0: dQ, 1: dK, 2: dV
-    const int from = part == 0 ? 0 : part == 1 ? h : h + kv, count = part == 0 ? h : kv;
-    std::vector<float> values;
-    for (std::size_t row = 0; row < n; ++row)
-      values.insert(values.end(), packed.begin() + std::ptrdiff_t(row * std::size_t(width) + std::size_t(from)),
-                    packed.begin() + std::ptrdiff_t(row * std::size_t(width) + std::size_t(from + count)));
-    return values;
+/// The backward from cuDNN's own forward, as a bf16 run computes it, deterministic and not, then the
+/// deterministic one again, bitwise. dqkv starts as `garbage`, since the backward writes rather than
+/// adds.
+void check_backward(Report& report, const Stream& stream, const Case& c, const Widths& w, const std::string& shape,
+                    CudnnForward& f, const std::vector<float>& garbage, const std::vector<float>& want_dqkv) {
+  const auto backward = [&](Tensor& dqkv, bool deterministic) {
+    return gpu::attention_backward_cudnn(f.qkv.get(), f.out.get(), static_cast<const float*>(f.lse.get()),
+                                         f.dout.get(), dqkv.get(), c.batch, c.seq, c.heads, c.kv_heads, c.d,
+                                         stream.get(), deterministic);
   };
-  const auto garbage = rounded(random_values(n * std::size_t(width), rng), DType::BF16);
   std::vector<float> first;
   for (const bool deterministic : {true, false}) {
     const std::string kernel = deterministic ? "attention_backward_cudnn" : "attn_backward_cudnn (nondet)";
     Tensor dqkv_d(garbage, DType::BF16);
-    const bool ok = gpu::attention_backward_cudnn(qkv_d.get(), out_d.get(), static_cast<const float*>(lse_d.get()),
-                                                  dout_d.get(), dqkv_d.get(), c.batch, c.seq, c.heads, c.kv_heads, c.d,
-                                                  stream.get(), deterministic);
+    const bool ok = backward(dqkv_d, deterministic);
     if (!deterministic && !ok) {  // optional: the backend always asks for the deterministic one
       std::printf("%s %s: not offered (%s); not counted\n", kernel.c_str(), shape.c_str(),
                   gpu::cudnn_attention_last_problem().c_str());
@@ -126,18 +147,36 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
     stream.sync();
     const auto got = dqkv_d.download();
     for (int part = 0; part < 3; ++part)
-      compare(report, kernel, shape, part == 0 ? "dQ" : part == 1 ? "dK" : "dV", split(got, part),
-              split(want_dqkv, part));
+      compare(report, kernel, shape, part == 0 ? "dQ" : part == 1 ? "dK" : "dV", packed_part(got, w, part),
+              packed_part(want_dqkv, w, part));
     if (deterministic) first = got;
   }
   if (first.empty()) return;
   Tensor again(garbage, DType::BF16);
-  ran(report,
-      gpu::attention_backward_cudnn(qkv_d.get(), out_d.get(), static_cast<const float*>(lse_d.get()), dout_d.get(),
-                                    again.get(), c.batch, c.seq, c.heads, c.kv_heads, c.d, stream.get(), true),
-      "attention_backward_cudnn", shape);
+  ran(report, backward(again, true), "attention_backward_cudnn", shape);
   stream.sync();
   report.compare_bits("attention_backward_cudnn rerun", shape, DType::BF16, "dqkv", again.download(), first);
+}
+
+void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c) {
+  const std::string shape = shape_name(
+      {{"b", c.batch}, {"s", c.seq}, {"heads", c.heads}, {"kv", c.kv_heads}, {"d", c.d}});
+  const Widths w(c);
+  const auto qkv = rounded(random_values(w.n * std::size_t(w.width), rng, -2, 2), DType::BF16);
+  const auto dout = rounded(random_values(w.n * std::size_t(w.h), rng), DType::BF16);
+  const Reference want = reference(stream, c, w, qkv, dout);
+
+  CudnnForward f{Tensor(qkv, DType::BF16), Tensor(w.n * w.h, DType::BF16), Tensor(w.stats, DType::F32),
+                 Tensor(dout, DType::BF16)};
+  if (!ran(report, gpu::attention_forward_cudnn(f.qkv.get(), f.out.get(), static_cast<float*>(f.lse.get()), c.batch,
+                                                c.seq, c.heads, c.kv_heads, c.d, stream.get()),
+           "attention_forward_cudnn", shape))
+    return;
+  stream.sync();
+  compare(report, "attention_forward_cudnn", shape, "out", f.out.download(), want.out);
+  compare(report, "attention_forward_cudnn", shape, "lse", f.lse.download(), want.lse);
+  const auto garbage = rounded(random_values(w.n * std::size_t(w.width), rng), DType::BF16);
+  check_backward(report, stream, c, w, shape, f, garbage, want.dqkv);
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ constexpr float kNegativeInfinity = -INFINITY;
 /// columns g, g+4, ... of the row, so the row's max and sum need a 4-lane shuffle only.
 template <class T, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(const T* qkv, T* out, float* lse, AttentionShape s) {
+    attention_forward_kernel(const T* qkv, T* out, float* lse, AttentionLayout s) {
   extern __shared__ float smem[];
   const int stride = s.d + 1;
   float* q_tile = smem;                        // kTile × stride
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void attention_forward(const void* qkv, void* out, float* lse, int batch, int seq, int h, int heads, DType dtype,
                        cudaStream_t stream, int kv_heads) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads, kv_heads);
+  const AttentionLayout s = attention_layout(batch, seq, h, heads, kv_heads);
   const std::size_t smem = (2 * std::size_t(kTile) * std::size_t(s.d + 1) + kTile * (kTile + 1)) * sizeof(float);
   const dim3 grid(unsigned(batch * heads), unsigned((seq + kTile - 1) / kTile));
   dispatch(dtype, [&](auto tag) {

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-struct RopeShape {
+struct RopeLaunch {
   int n, seq, width, heads, d;
   float theta;
   double sign;  ///< +1 forward, −1 backward
@@ -62,7 +62,7 @@ struct RopeShape {
 /// first tabulates theta^(−2i/d) for every i (half doubles of dynamic shared memory), so a thread pays
 /// one double multiply and a reduction modulo 2π rather than a double pow and sincos.
 template <class T>
-__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, RopeShape s) {
+__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, RopeLaunch s) {
   extern __shared__ double inverse_frequency[];
   const int half = s.d / 2;
   for (int i = int(threadIdx.x); i < half; i += blockDim.x) inverse_frequency[i] = pow(double(s.theta), -2.0 * i / s.d);
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void rope(void* x, const RopeShape& s, DType dtype, cudaStream_t stream) {
+void rope(void* x, const RopeLaunch& s, DType dtype, cudaStream_t stream) {
   if (s.d % 2 != 0 || s.heads * s.d > s.width || s.seq < 1)
     throw CudaError("rope: need an even head width d, heads·d <= width and seq >= 1; got d=" + std::to_string(s.d) +
                     " heads=" + std::to_string(s.heads) + " width=" + std::to_string(s.width) +
@@ -147,12 +147,12 @@ void rmsnorm_backward(const void* x, const float* gain, const float* rstd, const
 }
 
 void rope_forward(void* x, int n, int seq, int width, int heads, int d, float theta, DType dtype, cudaStream_t stream) {
-  rope(x, RopeShape{n, seq, width, heads, d, theta, +1.0}, dtype, stream);
+  rope(x, RopeLaunch{n, seq, width, heads, d, theta, +1.0}, dtype, stream);
 }
 
 void rope_backward(void* dx, int n, int seq, int width, int heads, int d, float theta, DType dtype,
                    cudaStream_t stream) {
-  rope(dx, RopeShape{n, seq, width, heads, d, theta, -1.0}, dtype, stream);
+  rope(dx, RopeLaunch{n, seq, width, heads, d, theta, -1.0}, dtype, stream);
 }
 
 void swiglu_forward(const void* gate_up, void* out, int n, int f, DType dtype, cudaStream_t stream) {

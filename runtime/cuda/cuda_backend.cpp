@@ -154,13 +154,13 @@ class CudaBackend final : public Backend {
   // ---- transformer stages ----
   Tensor embed(int mb) override {
     Tensor x = activation();
-    embedding_forward(model_.embedding.weight.get(), tokens(mb), x.data(), n_, h_, host_.shard.first, host_.shard.rows,
-                      dtype(), stream());
+    embedding_forward({.table = model_.embedding.weight.get(), .tokens = tokens(mb), .out = x.data()},
+                      {.n = n_, .h = h_}, host_.shard, dtype(), stream());
     return x;
   }
   void embed_backward(int mb, const Tensor& dy) override {
-    embedding_backward(tokens(mb), dy.data(), model_.embedding.grad.get(), n_, h_, host_.shard.first, host_.shard.rows,
-                       dtype(), stream());
+    embedding_backward({.tokens = tokens(mb), .dout = dy.data(), .dtable = model_.embedding.grad.get()},
+                       {.n = n_, .h = h_}, host_.shard, dtype(), stream());
   }
 
   std::size_t layer_activation_count() const override { return std::size_t(rows()) * std::size_t(h_); }
@@ -222,8 +222,9 @@ class CudaBackend final : public Backend {
               {dtype(), DType::F32}, false, stream());
     cache.dlogits = uninitialized(logits.count(), dtype());  // cross_entropy writes every element
     Tensor loss = scratch(1, DType::F64);
-    cross_entropy(f32(logits), targets(mb), cache.dlogits.data(), static_cast<double*>(loss.data()), n_, vocab, dtype(),
-                  stream());
+    cross_entropy({.logits = f32(logits), .targets = targets(mb), .dlogits = cache.dlogits.data(),
+                   .loss = static_cast<double*>(loss.data())},
+                  n_, vocab, dtype(), stream());
     cuda::scale(cache.dlogits.data(), scale, cache.dlogits.count(), dtype(), stream());
     return download_scalar(loss) * scale;
   }
@@ -354,8 +355,9 @@ class CudaBackend final : public Backend {
     switch (shape_.family) {
       case cpu::LayerFamily::Gpt:
         mean = uninitialized(std::size_t(rows), DType::F32);
-        return layernorm_forward(x.data(), gain.weight.get(), bias.weight.get(), y.data(), f32(mean), f32(rstd), rows,
-                                 h_, dtype(), stream());
+        return layernorm_forward({.x = x.data(), .gamma = gain.weight.get(), .beta = bias.weight.get(), .y = y.data(),
+                                  .mean = f32(mean), .rstd = f32(rstd)},
+                                 {.n = rows, .h = h_}, dtype(), stream());
       case cpu::LayerFamily::Llama:
         return rmsnorm_forward(x.data(), gain.weight.get(), y.data(), f32(rstd), rows, h_, dtype(), stream());
     }
@@ -366,8 +368,10 @@ class CudaBackend final : public Backend {
                      const Tensor& dy, Tensor& dx, int rows) {
     switch (shape_.family) {
       case cpu::LayerFamily::Gpt:
-        return layernorm_backward(x.data(), gain.weight.get(), f32(mean), f32(rstd), dy.data(), dx.data(),
-                                  gain.grad.get(), bias.grad.get(), rows, h_, dtype(), stream());
+        return layernorm_backward({.x = x.data(), .gamma = gain.weight.get(), .mean = f32(mean), .rstd = f32(rstd),
+                                   .dy = dy.data(), .dx = dx.data(), .dgamma = gain.grad.get(),
+                                   .dbeta = bias.grad.get()},
+                                  {.n = rows, .h = h_}, dtype(), stream());
       case cpu::LayerFamily::Llama:
         return rmsnorm_backward(x.data(), gain.weight.get(), f32(rstd), dy.data(), dx.data(), gain.grad.get(), rows,
                                 h_, dtype(), stream());
@@ -495,8 +499,9 @@ class CudaBackend final : public Backend {
         return attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
                                       width, heads, stream());
     }
-    attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, width, heads, dtype(),
-                      stream(), kv);
+    attention_forward({.qkv = c.qkv.data(), .out = c.attention.data(), .lse = f32(c.lse)},
+                      {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, dtype(),
+                      stream());
   }
   /// dqkv (fresh zeros, n × qkv_width) = the gradient of attention_forward_pass: cuDNN writes it,
   /// the others add to it, the same on zeros.
@@ -511,8 +516,10 @@ class CudaBackend final : public Backend {
         return attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(),
                                        dqkv.data(), shape_.batch, shape_.seq, width, heads, stream());
     }
-    attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
-                       shape_.seq, width, heads, dtype(), stream(), kv);
+    attention_backward({.qkv = c.qkv.data(), .out = c.attention.data(), .lse = f32(c.lse), .dout = dattention.data(),
+                        .dqkv = dqkv.data()},
+                       {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, dtype(),
+                       stream());
   }
 
   /// Under tensor parallelism the QKV map and fc1 are split by output columns (this rank's heads and

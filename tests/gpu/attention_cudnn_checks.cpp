@@ -72,10 +72,13 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
   const std::size_t stats = std::size_t(c.batch) * c.heads * c.seq;
   Tensor full_d(full, DType::F32), ref_out(n * h, DType::F32), ref_lse(stats, DType::F32), dout_f(dout, DType::F32),
       ref_dfull(n * 3 * std::size_t(h), DType::F32);
-  gpu::attention_forward(full_d.get(), ref_out.get(), static_cast<float*>(ref_lse.get()), c.batch, c.seq, h, c.heads,
-                         DType::F32, stream.get());
-  gpu::attention_backward(full_d.get(), ref_out.get(), static_cast<const float*>(ref_lse.get()), dout_f.get(),
-                          ref_dfull.get(), c.batch, c.seq, h, c.heads, DType::F32, stream.get());
+  // kv_heads left 0: the reference rows hold every query head its own K and V.
+  const gpu::AttentionShape full_shape{.batch = c.batch, .seq = c.seq, .h = h, .heads = c.heads};
+  gpu::attention_forward({.qkv = full_d.get(), .out = ref_out.get(), .lse = static_cast<float*>(ref_lse.get())},
+                         full_shape, DType::F32, stream.get());
+  gpu::attention_backward({.qkv = full_d.get(), .out = ref_out.get(), .lse = static_cast<const float*>(ref_lse.get()),
+                           .dout = dout_f.get(), .dqkv = ref_dfull.get()},
+                          full_shape, DType::F32, stream.get());
   stream.sync();
   // Back to cuDNN's packed row: dQ as is, dK and dV summed over each group.
   const auto dfull = ref_dfull.download();

@@ -36,7 +36,9 @@ void check_cross_entropy(Report& report, const Stream& stream, std::mt19937& rng
   Tensor logits_d(logits, DType::F32), dlogits_d(logits.size(), t);
   auto targets_d = ints(targets);
   runtime::cuda::DeviceBuffer<double> loss_d(1);
-  gpu::cross_entropy(f(logits_d), targets_d.get(), dlogits_d.get(), loss_d.get(), n, vocab, t, stream.get());
+  gpu::cross_entropy({.logits = f(logits_d), .targets = targets_d.get(), .dlogits = dlogits_d.get(),
+                      .loss = loss_d.get()},
+                     n, vocab, t, stream.get());
   stream.sync();
   report.compare("cross_entropy", shape, t, "dlogits", dlogits_d.download(), dlogits, tolerance(t, kF32));
   report.compare("cross_entropy", shape, t, "mean loss", std::vector<float>{float(loss_d.download()[0])},
@@ -138,14 +140,18 @@ void check_embedding_case(Report& report, const Stream& stream, std::mt19937& rn
   cpu::embedding_backward(tokens, dout, dtable, h, first, rows);
   Tensor table_d(table, DType::F32), out_d(out.size(), t), dout_d(dout, t), dtable_d(dtable0, DType::F32);
   auto tokens_d = ints(tokens);
-  gpu::embedding_forward(f(table_d), tokens_d.get(), out_d.get(), n, h, first, rows, t, stream.get());
-  gpu::embedding_backward(tokens_d.get(), dout_d.get(), f(dtable_d), n, h, first, rows, t, stream.get());
+  const gpu::VocabShard shard{.first = first, .rows = rows};
+  gpu::embedding_forward({.table = f(table_d), .tokens = tokens_d.get(), .out = out_d.get()}, {.n = n, .h = h}, shard,
+                         t, stream.get());
+  gpu::embedding_backward({.tokens = tokens_d.get(), .dout = dout_d.get(), .dtable = f(dtable_d)}, {.n = n, .h = h},
+                          shard, t, stream.get());
   stream.sync();
   report.compare_bits("embedding_forward", shape, t, "out", out_d.download(), rounded(out, t));
   const auto first_dtable = dtable_d.download();
   report.compare("embedding_backward", shape, t, "dtable (+=)", first_dtable, dtable, kF32);
   Tensor again(dtable0, DType::F32);
-  gpu::embedding_backward(tokens_d.get(), dout_d.get(), f(again), n, h, first, rows, t, stream.get());
+  gpu::embedding_backward({.tokens = tokens_d.get(), .dout = dout_d.get(), .dtable = f(again)}, {.n = n, .h = h},
+                          shard, t, stream.get());
   stream.sync();
   report.compare_bits("embedding_backward rerun", shape, t, "dtable", again.download(), first_dtable);
 }

@@ -359,7 +359,8 @@ class CudaBackend final : public Backend {
                                   .mean = f32(mean), .rstd = f32(rstd)},
                                  {.n = rows, .h = h_}, dtype(), stream());
       case cpu::LayerFamily::Llama:
-        return rmsnorm_forward(x.data(), gain.weight.get(), y.data(), f32(rstd), rows, h_, dtype(), stream());
+        return rmsnorm_forward({.x = x.data(), .gain = gain.weight.get(), .y = y.data(), .rstd = f32(rstd)},
+                               {.n = rows, .h = h_}, dtype(), stream());
     }
   }
   /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate: under
@@ -373,8 +374,9 @@ class CudaBackend final : public Backend {
                                    .dbeta = bias.grad.get()},
                                   {.n = rows, .h = h_}, dtype(), stream());
       case cpu::LayerFamily::Llama:
-        return rmsnorm_backward(x.data(), gain.weight.get(), f32(rstd), dy.data(), dx.data(), gain.grad.get(), rows,
-                                h_, dtype(), stream());
+        return rmsnorm_backward({.x = x.data(), .gain = gain.weight.get(), .rstd = f32(rstd), .dy = dy.data(),
+                                 .dx = dx.data(), .dgain = gain.grad.get()},
+                                {.n = rows, .h = h_}, dtype(), stream());
     }
   }
   /// Llama's rotary embedding of the q and k heads of this rank's fused QKV (n × part qkv: its query
@@ -383,7 +385,9 @@ class CudaBackend final : public Backend {
   void rotate_qk(Tensor& qkv, bool backward) {
     if (!llama()) return;
     const auto rope = backward ? rope_backward : rope_forward;
-    rope(qkv.data(), n_, shape_.seq, part_.qkv, part_.heads + part_.kv_heads, shape_.head_width(), shape_.rope_theta,
+    rope(qkv.data(),
+         {.n = n_, .seq = shape_.seq, .width = part_.qkv, .heads = part_.heads + part_.kv_heads,
+          .d = shape_.head_width(), .theta = shape_.rope_theta},
          dtype(), stream());
   }
   bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }

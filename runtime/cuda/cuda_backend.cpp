@@ -246,13 +246,17 @@ class CudaBackend final : public Backend {
     OutputShard out{.logits = scratch(n * std::size_t(sh.rows), DType::F32), .local = scratch(3 * n, DType::F32),
                     .terms = {}};
     float* local = f32(out.local);
-    output_logits(gemm(), x.data(), model_.head.compute(dtype()), targets(mb), sh.first, sh.rows, n_, h_,
-                  f32(out.logits), local, local + n, local + 2 * n, dtype(), stream());
+    output_logits(gemm(),
+                  {.x = x.data(), .w = model_.head.compute(dtype()), .targets = targets(mb), .logits = f32(out.logits),
+                   .max = local, .sum_exp = local + n, .target_logit = local + 2 * n},
+                  sh, {.n = n_, .h = h_}, dtype(), stream());
     if (algorithm2) {
       out.terms = scratch(2 * activation_size(), dtype());
-      output_input_grad_terms(gemm(), f32(out.logits), local, local + n, model_.head.compute(dtype()), targets(mb),
-                              sh.first, sh.rows, n_, h_, out.terms.data(), element(out.terms, activation_size()),
-                              dtype(), stream());
+      output_input_grad_terms(gemm(),
+                              {.logits = f32(out.logits), .max = local, .sum_exp = local + n,
+                               .w = model_.head.compute(dtype()), .targets = targets(mb), .a = out.terms.data(),
+                               .y = element(out.terms, activation_size())},
+                              sh, {.n = n_, .h = h_}, dtype(), stream());
     }
     return out;
   }
@@ -274,17 +278,20 @@ class CudaBackend final : public Backend {
     const float* l = f32(local);
     Tensor scaled = stats(), dx = activation();
     rescale_sum_exp(l, l + n_, f32(global_max), f32(scaled), n_, stream());
-    cuda::input_grad_share(f32(scaled), f32(sums), terms.data(), element(terms, activation_size()), g, n_, h_, dx.data(),
-                           dtype(), stream());
+    cuda::input_grad_share({.scaled_sum_exp = f32(scaled), .global_sum_exp = f32(sums), .a = terms.data(),
+                            .y = element(terms, activation_size()), .dx = dx.data()},
+                           g, {.n = n_, .h = h_}, dtype(), stream());
     return dx;
   }
   Tensor output_backward(int mb, const Tensor& logits, const Tensor& stats, const Tensor& x, float g,
                          bool input_grad) override {
     const Shard sh = shard();
     Tensor dx = input_grad ? activation() : Tensor();
-    cuda::output_backward(gemm(), f32(logits), f32(stats), f32(stats) + n_, targets(mb), sh.first, sh.rows, g, x.data(),
-                          model_.head.compute(dtype()), n_, h_, model_.head.grad.get(), input_grad ? dx.data() : nullptr,
-                          dtype(), stream());
+    cuda::output_backward(gemm(),
+                          {.logits = f32(logits), .global_max = f32(stats), .global_sum_exp = f32(stats) + n_,
+                           .targets = targets(mb), .x = x.data(), .w = model_.head.compute(dtype()),
+                           .dw = model_.head.grad.get(), .dx = input_grad ? dx.data() : nullptr},
+                          sh, g, {.n = n_, .h = h_}, dtype(), stream());
     return dx;
   }
 
@@ -643,10 +650,9 @@ class CudaBackend final : public Backend {
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data()); }
   const int* tokens(int mb) const { return tokens_.get() + std::size_t(mb) * std::size_t(n_); }
   const int* targets(int mb) const { return targets_.get() + std::size_t(mb) * std::size_t(n_); }
-  struct Shard {
-    int first, rows;
-  };
-  Shard shard() const { return {host_.shard.first, host_.shard.rows}; }
+  /// This rank's rows of the vocabulary (RankModel::shard), as the vocabulary launchers take them.
+  using Shard = VocabShard;
+  Shard shard() const { return host_.shard; }
   /// The address of element `at` of `t`.
   static void* element(const Tensor& t, std::size_t at) { return static_cast<std::byte*>(t.data()) + at * size_of(t.dtype()); }
   double download_scalar(const Tensor& value) {

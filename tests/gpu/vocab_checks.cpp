@@ -75,8 +75,10 @@ void check_shards(Report& report, const Stream& stream, std::mt19937& rng, DType
     cpu::output_logits(x, w_i, targets, s, n, h, l.logits, l.max, l.sum_exp, l.target);
     Tensor w_d(w_i, t), logits_d(l.logits.size(), DType::F32), max_d(std::size_t(n), DType::F32),
         sum_d(std::size_t(n), DType::F32), target_d(std::size_t(n), DType::F32);
-    gpu::output_logits(gemm, x_d.get(), w_d.get(), targets_d.get(), s.first, s.rows, n, h, f(logits_d), f(max_d),
-                       f(sum_d), f(target_d), t, stream.get());
+    gpu::output_logits(gemm,
+                       {.x = x_d.get(), .w = w_d.get(), .targets = targets_d.get(), .logits = f(logits_d),
+                        .max = f(max_d), .sum_exp = f(sum_d), .target_logit = f(target_d)},
+                       s, {.n = n, .h = h}, t, stream.get());
     stream.sync();
     report.compare("output_logits", shape, t, "logits", logits_d.download(), l.logits, tol);
     report.compare("output_logits", shape, t, "max", max_d.download(), l.max, tol);
@@ -113,12 +115,19 @@ void check_shards(Report& report, const Stream& stream, std::mt19937& rng, DType
     Tensor w_d(w_i, t), logits_d(l.logits, DType::F32), max_d(l.max, DType::F32), sum_d(l.sum_exp, DType::F32);
     Tensor a_d(a.size(), t), y_d(a.size(), t), scaled_d(std::size_t(n), DType::F32), share_d(a.size(), t);
     Tensor dw_d(dw0, DType::F32), dx_d(dx.size(), t);
-    gpu::output_input_grad_terms(gemm, f(logits_d), f(max_d), f(sum_d), w_d.get(), targets_d.get(), s.first, s.rows, n,
-                                 h, a_d.get(), y_d.get(), t, stream.get());
+    gpu::output_input_grad_terms(gemm,
+                                 {.logits = f(logits_d), .max = f(max_d), .sum_exp = f(sum_d), .w = w_d.get(),
+                                  .targets = targets_d.get(), .a = a_d.get(), .y = y_d.get()},
+                                 s, {.n = n, .h = h}, t, stream.get());
     gpu::rescale_sum_exp(f(max_d), f(sum_d), f(gmax_d), f(scaled_d), n, stream.get());
-    gpu::input_grad_share(f(scaled_d), f(gsum_d), a_d.get(), y_d.get(), g, n, h, share_d.get(), t, stream.get());
-    gpu::output_backward(gemm, f(logits_d), f(gmax_d), f(gsum_d), targets_d.get(), s.first, s.rows, g, x_d.get(),
-                         w_d.get(), n, h, f(dw_d), dx_d.get(), t, stream.get());
+    gpu::input_grad_share({.scaled_sum_exp = f(scaled_d), .global_sum_exp = f(gsum_d), .a = a_d.get(), .y = y_d.get(),
+                           .dx = share_d.get()},
+                          g, {.n = n, .h = h}, t, stream.get());
+    gpu::output_backward(gemm,
+                         {.logits = f(logits_d), .global_max = f(gmax_d), .global_sum_exp = f(gsum_d),
+                          .targets = targets_d.get(), .x = x_d.get(), .w = w_d.get(), .dw = f(dw_d),
+                          .dx = dx_d.get()},
+                         s, g, {.n = n, .h = h}, t, stream.get());
     stream.sync();
     report.compare("output_input_grad_terms", shape, t, "A", a_d.download(), a, tol);
     report.compare_bits("output_input_grad_terms", shape, t, "Y (gather)", y_d.download(), y);

@@ -49,15 +49,17 @@ bool ran(Report& report, bool ok, const std::string& kernel, const std::string& 
   return ok;
 }
 
-void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c) {
-  const std::string shape = shape_name(
-      {{"b", c.batch}, {"s", c.seq}, {"heads", c.heads}, {"kv", c.kv_heads}, {"d", c.d}});
+/// The fp32 flash kernels' results on the equivalent full-head input, in cuDNN's layouts: out, lse,
+/// and dqkv with dK and dV summed back over each group into cuDNN's packed row.
+struct Reference {
+  std::vector<float> out, lse, dqkv;
+};
+
+Reference reference(const Stream& stream, const Case& c, const std::vector<float>& qkv,
+                    const std::vector<float>& dout) {
   const int group = c.heads / c.kv_heads, h = c.heads * c.d, kv = c.kv_heads * c.d;
   const int width = h + 2 * kv;  // cuDNN's packed row
   const std::size_t n = std::size_t(c.batch) * c.seq;
-  const auto qkv = rounded(random_values(n * std::size_t(width), rng, -2, 2), DType::BF16);
-  const auto dout = rounded(random_values(n * std::size_t(h), rng), DType::BF16);
-
   // The reference input: K and V heads repeated per query head, rows [q | k | v] of width 3h.
   std::vector<float> full(n * 3 * std::size_t(h));
   for (std::size_t row = 0; row < n; ++row)
@@ -92,15 +94,28 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
         want_dqkv[to + std::size_t(h)] += dfull[at + std::size_t(h)];
         want_dqkv[to + std::size_t(h + kv)] += dfull[at + 2 * std::size_t(h)];
       }
+  return {ref_out.download(), ref_lse.download(), std::move(want_dqkv)};
+}
 
+void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Case& c) {
+  const std::string shape = shape_name(
+      {{"b", c.batch}, {"s", c.seq}, {"heads", c.heads}, {"kv", c.kv_heads}, {"d", c.d}});
+  const int h = c.heads * c.d, kv = c.kv_heads * c.d;
+  const int width = h + 2 * kv;  // cuDNN's packed row
+  const std::size_t n = std::size_t(c.batch) * c.seq;
+  const auto qkv = rounded(random_values(n * std::size_t(width), rng, -2, 2), DType::BF16);
+  const auto dout = rounded(random_values(n * std::size_t(h), rng), DType::BF16);
+  const Reference want = reference(stream, c, qkv, dout);
+
+  const std::size_t stats = std::size_t(c.batch) * c.heads * c.seq;
   Tensor qkv_d(qkv, DType::BF16), out_d(n * h, DType::BF16), lse_d(stats, DType::F32), dout_d(dout, DType::BF16);
   if (!ran(report, gpu::attention_forward_cudnn(qkv_d.get(), out_d.get(), static_cast<float*>(lse_d.get()), c.batch,
                                                 c.seq, c.heads, c.kv_heads, c.d, stream.get()),
            "attention_forward_cudnn", shape))
     return;
   stream.sync();
-  compare(report, "attention_forward_cudnn", shape, "out", out_d.download(), ref_out.download());
-  compare(report, "attention_forward_cudnn", shape, "lse", lse_d.download(), ref_lse.download());
+  compare(report, "attention_forward_cudnn", shape, "out", out_d.download(), want.out);
+  compare(report, "attention_forward_cudnn", shape, "lse", lse_d.download(), want.lse);
 
   // The backward from cuDNN's own forward, as a bf16 run computes it; dqkv starts as garbage, since
   // the backward writes rather than adds.
@@ -130,7 +145,7 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
     const auto got = dqkv_d.download();
     for (int part = 0; part < 3; ++part)
       compare(report, kernel, shape, part == 0 ? "dQ" : part == 1 ? "dK" : "dV", split(got, part),
-              split(want_dqkv, part));
+              split(want.dqkv, part));
     if (deterministic) first = got;
   }
   if (first.empty()) return;

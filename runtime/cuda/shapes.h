@@ -1,10 +1,10 @@
 #pragma once
 /// The shapes several launcher headers share (kernels.h, llama_kernels.h, vocab.h).
 ///
-/// The launchers take their device pointers in one struct per launcher (`...Tensors`, declared
-/// beside it) and their sizes in shape structs like these. Pointer fields have no default: -Wextra's
-/// -Wmissing-field-initializers then catches a call site that leaves one out, and designated
-/// initializers ({.x = ..., .y = ...}) must follow the declared order.
+/// A launcher with more than a few operands takes its device pointers in a struct of its own
+/// (`...Tensors`, declared beside it) and its sizes in shape structs like these. Pointer fields have
+/// no default: -Wextra's -Wmissing-field-initializers then catches a call site that leaves one out,
+/// and designated initializers ({.x = ..., .y = ...}) must follow the declared order.
 #include "cpu/vocab.h"
 
 namespace pipesim::runtime::cuda {

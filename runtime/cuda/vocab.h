@@ -94,6 +94,7 @@ void gather_target_rows(const GatherTargetRowsTensors& t, VocabShard shard, RowS
 /// After the max all-reduce: scaled = s_i·exp(m_i − M) (0 where s_i = 0), the shard's share of S.
 void rescale_sum_exp(const float* max, const float* sum_exp, const float* global_max, float* scaled, int n,
                      cudaStream_t stream);
+
 struct InputGradShareTensors {
   const float* scaled_sum_exp;  ///< the shard's share of S (rescale_sum_exp), n floats
   const float* global_sum_exp;  ///< S, n floats
@@ -106,6 +107,7 @@ void input_grad_share(const InputGradShareTensors& t, float g, RowShape shape, D
 /// *loss = Σ over the n tokens of M + log S − z, summed in double in a fixed order (one block).
 void loss_sum(const float* global_max, const float* global_sum_exp, const float* target_logit, int n, double* loss,
               cudaStream_t stream);
+
 struct OutputGradTensors {
   const float* logits;          ///< L_i, n×rows floats
   const float* global_max;      ///< M, n floats

@@ -2,9 +2,10 @@
 /// The shapes several launcher headers share (kernels.h, llama_kernels.h, vocab.h).
 ///
 /// A launcher with more than a few operands takes its device pointers in a struct of its own
-/// (`...Tensors`, declared beside it) and its sizes in shape structs like these. Pointer fields have
-/// no default: -Wextra's -Wmissing-field-initializers then catches a call site that leaves one out,
-/// and designated initializers ({.x = ..., .y = ...}) must follow the declared order.
+/// (`...Tensors`, declared beside it) and its sizes in shape structs like these. Their fields have no
+/// default (AttentionShape::kv_heads aside): -Wextra's -Wmissing-field-initializers then catches a
+/// call site that leaves one out, and designated initializers ({.x = ..., .y = ...}) must follow the
+/// declared order.
 #include "cpu/vocab.h"
 
 namespace pipesim::runtime::cuda {

@@ -55,21 +55,25 @@ TEST_CASE("CUDA_CHECK throws CudaError naming the spot, the call and the error")
 }
 
 TEST_CASE("attention refuses shapes its kernels do not handle, before touching the device") {
-  CHECK(message_of([] { gpu::attention_forward(nullptr, nullptr, nullptr, 1, 8, 256, 1, gpu::DType::F32, nullptr); }) ==
+  CHECK(message_of([] {
+          gpu::attention_forward({}, {.batch = 1, .seq = 8, .h = 256, .heads = 1}, gpu::DType::F32, nullptr);
+        }) ==
         "attention: head width h/heads = 256 exceeds the kernels' 128; use more heads");
-  CHECK(message_of([] { gpu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 100, 3,
-                                                gpu::DType::BF16, nullptr); }) ==
+  CHECK(message_of([] {
+          gpu::attention_backward({}, {.batch = 1, .seq = 8, .h = 100, .heads = 3}, gpu::DType::BF16, nullptr);
+        }) ==
         "attention: need batch, seq, h, heads, kv_heads >= 1, h divisible by heads and heads by kv_heads; got "
         "batch=1 seq=8 h=100 heads=3 kv_heads=3");
   // Grouped-query attention: each key/value head serves a whole number of query heads.
   CHECK(message_of([] {
-          gpu::attention_forward(nullptr, nullptr, nullptr, 1, 8, 64, 4, gpu::DType::F32, nullptr, 3);
+          gpu::attention_forward({}, {.batch = 1, .seq = 8, .h = 64, .heads = 4, .kv_heads = 3}, gpu::DType::F32,
+                                 nullptr);
         }) ==
         "attention: need batch, seq, h, heads, kv_heads >= 1, h divisible by heads and heads by kv_heads; got "
         "batch=1 seq=8 h=64 heads=4 kv_heads=3");
 }
 
 TEST_CASE("adam_step refuses step 0, whose bias correction divides by zero") {
-  CHECK(message_of([] { gpu::adam_step(nullptr, nullptr, nullptr, nullptr, 1, gpu::AdamParams{}, 0, nullptr); }) ==
+  CHECK(message_of([] { gpu::adam_step({}, 1, gpu::AdamParams{}, 0, nullptr); }) ==
         "adam_step: step must be >= 1, got 0");
 }

@@ -14,7 +14,7 @@ constexpr int kDeltaThreads = 256;
 /// delta[(b·heads + head)·seq + i] = Σ_e dout·out over the head's columns of token (b, i): the
 /// softmax backward's Σ_j p_j·dp_j. One warp per (token, head).
 template <class T>
-__global__ void attention_delta_kernel(const T* out, const T* dout, float* delta, AttentionShape s) {
+__global__ void attention_delta_kernel(const T* out, const T* dout, float* delta, AttentionLayout s) {
   const std::size_t warp = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x % 32);
   const std::size_t rows = std::size_t(s.batch) * std::size_t(s.seq) * std::size_t(s.heads);
@@ -46,7 +46,7 @@ __device__ void load_row_stats(float* lse_tile, float* delta_tile, const float* 
 template <class T, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     attention_dkv_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
-                         AttentionShape s) {
+                         AttentionLayout s) {
   extern __shared__ float smem[];
   const int stride = s.d + 1;
   float* k_tile = smem;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv,
-                        AttentionShape s) {
+                        AttentionLayout s) {
   extern __shared__ float smem[];
   const int stride = s.d + 1;
   float* q_tile = smem;
@@ -166,14 +166,14 @@ __global__ void __launch_bounds__(kThreads)
     if (const int e = g + kLanes * t; e < s.d) row[e] = from_float<T>(to_float(row[e]) + dq[t]);
 }
 
-std::size_t tile_floats(const AttentionShape& s) { return std::size_t(kTile) * std::size_t(s.d + 1); }
+std::size_t tile_floats(const AttentionLayout& s) { return std::size_t(kTile) * std::size_t(s.d + 1); }
 constexpr std::size_t kScoreTileFloats = std::size_t(kTile) * (kTile + 1);
 
 }  // namespace
 
 namespace detail {
 
-void attention_delta(const void* out, const void* dout, float* delta, const AttentionShape& s, DType dtype,
+void attention_delta(const void* out, const void* dout, float* delta, const AttentionLayout& s, DType dtype,
                      cudaStream_t stream) {
   const std::size_t rows = std::size_t(s.batch) * std::size_t(s.heads) * std::size_t(s.seq);
   const unsigned blocks = unsigned((rows * 32 + kDeltaThreads - 1) / kDeltaThreads);
@@ -187,9 +187,9 @@ void attention_delta(const void* out, const void* dout, float* delta, const Atte
 
 }  // namespace detail
 
-void attention_backward(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv, int batch,
-                        int seq, int h, int heads, DType dtype, cudaStream_t stream, int kv_heads) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads, kv_heads);
+void attention_backward(const AttentionBackwardTensors& t, AttentionShape shape, DType dtype, cudaStream_t stream) {
+  const int batch = shape.batch, seq = shape.seq, heads = shape.heads;
+  const AttentionLayout s = attention_layout(batch, seq, shape.h, heads, shape.kv_heads);
   const std::size_t rows = std::size_t(batch) * std::size_t(heads) * std::size_t(seq);
   StreamScratch delta(rows * sizeof(float), stream);
   const std::size_t dkv_smem = (4 * tile_floats(s) + 2 * kScoreTileFloats + 2 * kTile) * sizeof(float);
@@ -197,21 +197,21 @@ void attention_backward(const void* qkv, const void* out, const float* lse, cons
   // dK and dV: a block per key/value head; dQ: a block per query head.
   const unsigned tiles = unsigned((seq + kTile - 1) / kTile);
   const dim3 dkv_grid(unsigned(batch * s.kv_heads), tiles), dq_grid(unsigned(batch * heads), tiles);
-  attention_delta(out, dout, delta.as<float>(), s, dtype, stream);
+  attention_delta(t.out, t.dout, delta.as<float>(), s, dtype, stream);
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const auto* qkv_t = static_cast<const T*>(qkv);
-    const auto* dout_t = static_cast<const T*>(dout);
-    auto* dqkv_t = static_cast<T*>(dqkv);
+    const auto* qkv_t = static_cast<const T*>(t.qkv);
+    const auto* dout_t = static_cast<const T*>(t.dout);
+    auto* dqkv_t = static_cast<T*>(t.dqkv);
     dispatch_head_width(s.d, [&](auto width) {
       constexpr int kMaxD = decltype(width)::value;
       const auto dkv = attention_dkv_kernel<T, kMaxD>;
       allow_shared_memory(dkv, dkv_smem);
-      dkv<<<dkv_grid, kThreads, dkv_smem, stream>>>(qkv_t, dout_t, lse, delta.as<float>(), dqkv_t, s);
+      dkv<<<dkv_grid, kThreads, dkv_smem, stream>>>(qkv_t, dout_t, t.lse, delta.as<float>(), dqkv_t, s);
       CUDA_CHECK_LAUNCH();
       const auto dq = attention_dq_kernel<T, kMaxD>;
       allow_shared_memory(dq, dq_smem);
-      dq<<<dq_grid, kThreads, dq_smem, stream>>>(qkv_t, dout_t, lse, delta.as<float>(), dqkv_t, s);
+      dq<<<dq_grid, kThreads, dq_smem, stream>>>(qkv_t, dout_t, t.lse, delta.as<float>(), dqkv_t, s);
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -19,7 +19,7 @@ constexpr int kPerLane = kTile / kLanes;
 
 /// A fused QKV row is [q: heads·d | k: kv_heads·d | v: kv_heads·d] (cpu::attention_forward's layout);
 /// query head i reads key/value head i / group, group = heads / kv_heads (1 for multi-head attention).
-struct AttentionShape {
+struct AttentionLayout {
   int batch = 0, seq = 0, h = 0, heads = 0;
   int d = 0;         ///< head width h / heads
   float scale = 0;   ///< 1/sqrt(d)
@@ -37,7 +37,7 @@ struct AttentionShape {
 };
 
 /// kv_heads 0 means heads (multi-head attention).
-inline AttentionShape attention_shape(int batch, int seq, int h, int heads, int kv_heads) {
+inline AttentionLayout attention_layout(int batch, int seq, int h, int heads, int kv_heads) {
   if (kv_heads == 0) kv_heads = heads;
   if (batch < 1 || seq < 1 || heads < 1 || h < 1 || h % heads != 0 || kv_heads < 1 || heads % kv_heads != 0)
     throw CudaError("attention: need batch, seq, h, heads, kv_heads >= 1, h divisible by heads and heads by kv_heads; "
@@ -49,14 +49,15 @@ inline AttentionShape attention_shape(int batch, int seq, int h, int heads, int 
   if (d > kMaxHeadWidth)
     throw CudaError("attention: head width h/heads = " + std::to_string(d) + " exceeds the kernels' " +
                     std::to_string(kMaxHeadWidth) + "; use more heads");
-  return AttentionShape{.batch = batch, .seq = seq, .h = h, .heads = heads, .d = d, .scale = 1.0f / std::sqrt(float(d)),
-                        .kv_heads = kv_heads, .group = heads / kv_heads, .width = h + 2 * kv_heads * d};
+  return AttentionLayout{.batch = batch, .seq = seq, .h = h, .heads = heads, .d = d,
+                         .scale = 1.0f / std::sqrt(float(d)), .kv_heads = kv_heads, .group = heads / kv_heads,
+                         .width = h + 2 * kv_heads * d};
 }
 
 /// Loads rows [row0, row0 + kTile) of one head of a (seq × row_stride) matrix into `tile` (kTile ×
 /// (d + 1) floats); rows past seq read as zero. `base` points at row 0, column of this head.
 template <class T>
-__device__ void load_tile(float* tile, const T* base, int row0, std::size_t row_stride, const AttentionShape& s) {
+__device__ void load_tile(float* tile, const T* base, int row0, std::size_t row_stride, const AttentionLayout& s) {
   const int stride = s.d + 1;
   for (int idx = int(threadIdx.x); idx < kTile * s.d; idx += blockDim.x) {
     const int r = idx / s.d, e = idx % s.d, row = row0 + r;
@@ -81,7 +82,7 @@ void dispatch_head_width(int d, F&& f) {
 
 /// delta[(b·heads + head)·seq + i] = Σ_e dout·out over the head's columns of token (b, i), the
 /// softmax backward's Σ_j p_j·dp_j: both attention backwards start from it (attention_backward.cu).
-void attention_delta(const void* out, const void* dout, float* delta, const AttentionShape& s, DType dtype,
+void attention_delta(const void* out, const void* dout, float* delta, const AttentionLayout& s, DType dtype,
                      cudaStream_t stream);
 
 /// Dynamic shared memory beyond the default 48 KiB must be opted into per kernel (and device).

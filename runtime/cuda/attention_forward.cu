@@ -15,7 +15,7 @@ constexpr float kNegativeInfinity = -INFINITY;
 /// columns g, g+4, ... of the row, so the row's max and sum need a 4-lane shuffle only.
 template <class T, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(const T* qkv, T* out, float* lse, AttentionShape s) {
+    attention_forward_kernel(const T* qkv, T* out, float* lse, AttentionLayout s) {
   extern __shared__ float smem[];
   const int stride = s.d + 1;
   float* q_tile = smem;                        // kTile × stride
@@ -89,9 +89,9 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void attention_forward(const void* qkv, void* out, float* lse, int batch, int seq, int h, int heads, DType dtype,
-                       cudaStream_t stream, int kv_heads) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads, kv_heads);
+void attention_forward(const AttentionForwardTensors& t, AttentionShape shape, DType dtype, cudaStream_t stream) {
+  const int batch = shape.batch, seq = shape.seq, heads = shape.heads;
+  const AttentionLayout s = attention_layout(batch, seq, shape.h, heads, shape.kv_heads);
   const std::size_t smem = (2 * std::size_t(kTile) * std::size_t(s.d + 1) + kTile * (kTile + 1)) * sizeof(float);
   const dim3 grid(unsigned(batch * heads), unsigned((seq + kTile - 1) / kTile));
   dispatch(dtype, [&](auto tag) {
@@ -99,7 +99,7 @@ void attention_forward(const void* qkv, void* out, float* lse, int batch, int se
     dispatch_head_width(s.d, [&](auto width) {
       const auto kernel = attention_forward_kernel<T, decltype(width)::value>;
       allow_shared_memory(kernel, smem);
-      kernel<<<grid, kThreads, smem, stream>>>(static_cast<const T*>(qkv), static_cast<T*>(out), lse, s);
+      kernel<<<grid, kThreads, smem, stream>>>(static_cast<const T*>(t.qkv), static_cast<T*>(t.out), t.lse, s);
     });
   });
   CUDA_CHECK_LAUNCH();

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 /// The call shapes shared by forward and backward, for one sequence's heads.
 struct HeadGemms {
-  const AttentionShape& s;
+  const AttentionLayout& s;
   long long square() const { return (long long)s.seq * s.seq; }
   /// Row-major C[i][j] = alpha·Σ_e A[i][e]·B[j][e] over one head (A, B: seq × d, row stride lda/ldb;
   /// C: seq × seq). Column-major: Cᵀ = Bᵀᵀ·Aᵀ, i.e. op(B-as-A) transposed.
@@ -84,7 +84,7 @@ struct HeadGemms {
 
 /// Heads per call: as many as keep their seq × seq matrices (`square_bytes` for each element: what
 /// one call holds at once) within `budget`, at least one, spread evenly over the calls.
-int heads_per_call(const AttentionShape& s, std::size_t square_bytes, std::size_t budget) {
+int heads_per_call(const AttentionLayout& s, std::size_t square_bytes, std::size_t budget) {
   const std::size_t per_head = square_bytes * std::size_t(s.seq) * std::size_t(s.seq);
   const int most = int(std::clamp<std::size_t>(budget / per_head, 1, std::size_t(s.heads)));
   const int calls = (s.heads + most - 1) / most;
@@ -94,26 +94,26 @@ int heads_per_call(const AttentionShape& s, std::size_t square_bytes, std::size_
 /// Calls step(b, first_head, part) for each sequence b and each group of heads, `part` being the
 /// shape with heads = the group's size (what HeadGemms and the row kernels batch over).
 template <class Step>
-void for_head_groups(const AttentionShape& s, int group, Step step) {
+void for_head_groups(const AttentionLayout& s, int group, Step step) {
   for (int b = 0; b < s.batch; ++b)
     for (int first = 0; first < s.heads; first += group) {
-      AttentionShape part = s;
+      AttentionLayout part = s;
       part.heads = std::min(group, s.heads - first);
       step(b, first, part);
     }
 }
 
-std::size_t squares(const AttentionShape& s) { return std::size_t(s.heads) * std::size_t(s.seq) * std::size_t(s.seq); }
+std::size_t squares(const AttentionLayout& s) { return std::size_t(s.heads) * std::size_t(s.seq) * std::size_t(s.seq); }
 
 }  // namespace
 
 void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
                             int heads, cudaStream_t stream, std::size_t workspace_bytes) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads, heads);
-  AttentionShape most = s;
+  const AttentionLayout s = attention_layout(batch, seq, h, heads, heads);
+  AttentionLayout most = s;
   most.heads = heads_per_call(s, sizeof(float) + sizeof(bf16), workspace_bytes);
   StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream);
-  for_head_groups(s, most.heads, [&](int b, int first, const AttentionShape& part) {
+  for_head_groups(s, most.heads, [&](int b, int first, const AttentionLayout& part) {
     const HeadGemms g{part};
     const std::size_t column = std::size_t(first) * std::size_t(s.d), rows = std::size_t(part.heads) * std::size_t(seq);
     const bf16* q = static_cast<const bf16*>(qkv) + std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h) + column;
@@ -131,13 +131,13 @@ void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float*
 void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
                              void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream,
                              std::size_t workspace_bytes) {
-  const AttentionShape s = attention_shape(batch, seq, h, heads, heads);
-  AttentionShape most = s;
+  const AttentionLayout s = attention_layout(batch, seq, h, heads, heads);
+  AttentionLayout most = s;
   most.heads = heads_per_call(s, 2 * sizeof(float) + sizeof(bf16), workspace_bytes);
   StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream),
       dp(squares(most) * sizeof(float), stream), delta(std::size_t(batch) * heads * seq * sizeof(float), stream);
   attention_delta(out, dout, delta.as<float>(), s, DType::BF16, stream);
-  for_head_groups(s, most.heads, [&](int b, int first, const AttentionShape& part) {
+  for_head_groups(s, most.heads, [&](int b, int first, const AttentionLayout& part) {
     const HeadGemms g{part};
     const std::size_t column = std::size_t(first) * std::size_t(s.d), rows = std::size_t(part.heads) * std::size_t(seq);
     const std::size_t qkv_at = std::size_t(b) * std::size_t(seq) * 3 * std::size_t(h) + column;

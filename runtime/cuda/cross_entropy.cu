@@ -43,20 +43,19 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const double* values, int
 
 }  // namespace
 
-void cross_entropy(const float* logits, const int* targets, void* dlogits, double* loss, int n, int vocab, DType dtype,
-                   cudaStream_t stream) {
+void cross_entropy(const CrossEntropyTensors& t, int n, int vocab, DType dtype, cudaStream_t stream) {
   if (n == 0) {
-    CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
+    CUDA_CHECK(cudaMemsetAsync(t.loss, 0, sizeof(double), stream));
     return;
   }
   detail::StreamScratch row_loss(std::size_t(n) * sizeof(double), stream);
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cross_entropy_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(logits, targets, static_cast<T*>(dlogits),
+    cross_entropy_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(t.logits, t.targets, static_cast<T*>(t.dlogits),
                                                                     row_loss.as<double>(), n, vocab);
   });
   CUDA_CHECK_LAUNCH();
-  sum_kernel<<<1, kThreads, 0, stream>>>(row_loss.as<double>(), n, 1.0 / n, loss);
+  sum_kernel<<<1, kThreads, 0, stream>>>(row_loss.as<double>(), n, 1.0 / n, t.loss);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -154,13 +154,13 @@ class CudaBackend final : public Backend {
   // ---- transformer stages ----
   Tensor embed(int mb) override {
     Tensor x = activation();
-    embedding_forward(model_.embedding.weight.get(), tokens(mb), x.data(), n_, h_, host_.shard.first, host_.shard.rows,
-                      dtype(), stream());
+    embedding_forward({.table = model_.embedding.weight.get(), .tokens = tokens(mb), .out = x.data()},
+                      {.n = n_, .h = h_}, host_.shard, dtype(), stream());
     return x;
   }
   void embed_backward(int mb, const Tensor& dy) override {
-    embedding_backward(tokens(mb), dy.data(), model_.embedding.grad.get(), n_, h_, host_.shard.first, host_.shard.rows,
-                       dtype(), stream());
+    embedding_backward({.tokens = tokens(mb), .dout = dy.data(), .dtable = model_.embedding.grad.get()},
+                       {.n = n_, .h = h_}, host_.shard, dtype(), stream());
   }
 
   std::size_t layer_activation_count() const override { return std::size_t(rows()) * std::size_t(h_); }
@@ -222,8 +222,9 @@ class CudaBackend final : public Backend {
               {dtype(), DType::F32}, false, stream());
     cache.dlogits = uninitialized(logits.count(), dtype());  // cross_entropy writes every element
     Tensor loss = scratch(1, DType::F64);
-    cross_entropy(f32(logits), targets(mb), cache.dlogits.data(), static_cast<double*>(loss.data()), n_, vocab, dtype(),
-                  stream());
+    cross_entropy({.logits = f32(logits), .targets = targets(mb), .dlogits = cache.dlogits.data(),
+                   .loss = static_cast<double*>(loss.data())},
+                  n_, vocab, dtype(), stream());
     cuda::scale(cache.dlogits.data(), scale, cache.dlogits.count(), dtype(), stream());
     return download_scalar(loss) * scale;
   }
@@ -245,13 +246,17 @@ class CudaBackend final : public Backend {
     OutputShard out{.logits = scratch(n * std::size_t(sh.rows), DType::F32), .local = scratch(3 * n, DType::F32),
                     .terms = {}};
     float* local = f32(out.local);
-    output_logits(gemm(), x.data(), model_.head.compute(dtype()), targets(mb), sh.first, sh.rows, n_, h_,
-                  f32(out.logits), local, local + n, local + 2 * n, dtype(), stream());
+    output_logits(gemm(),
+                  {.x = x.data(), .w = model_.head.compute(dtype()), .targets = targets(mb), .logits = f32(out.logits),
+                   .max = local, .sum_exp = local + n, .target_logit = local + 2 * n},
+                  sh, {.n = n_, .h = h_}, dtype(), stream());
     if (algorithm2) {
       out.terms = scratch(2 * activation_size(), dtype());
-      output_input_grad_terms(gemm(), f32(out.logits), local, local + n, model_.head.compute(dtype()), targets(mb),
-                              sh.first, sh.rows, n_, h_, out.terms.data(), element(out.terms, activation_size()),
-                              dtype(), stream());
+      output_input_grad_terms(gemm(),
+                              {.logits = f32(out.logits), .max = local, .sum_exp = local + n,
+                               .w = model_.head.compute(dtype()), .targets = targets(mb), .a = out.terms.data(),
+                               .y = element(out.terms, activation_size())},
+                              sh, {.n = n_, .h = h_}, dtype(), stream());
     }
     return out;
   }
@@ -273,17 +278,20 @@ class CudaBackend final : public Backend {
     const float* l = f32(local);
     Tensor scaled = stats(), dx = activation();
     rescale_sum_exp(l, l + n_, f32(global_max), f32(scaled), n_, stream());
-    cuda::input_grad_share(f32(scaled), f32(sums), terms.data(), element(terms, activation_size()), g, n_, h_, dx.data(),
-                           dtype(), stream());
+    cuda::input_grad_share({.scaled_sum_exp = f32(scaled), .global_sum_exp = f32(sums), .a = terms.data(),
+                            .y = element(terms, activation_size()), .dx = dx.data()},
+                           g, {.n = n_, .h = h_}, dtype(), stream());
     return dx;
   }
   Tensor output_backward(int mb, const Tensor& logits, const Tensor& stats, const Tensor& x, float g,
                          bool input_grad) override {
     const Shard sh = shard();
     Tensor dx = input_grad ? activation() : Tensor();
-    cuda::output_backward(gemm(), f32(logits), f32(stats), f32(stats) + n_, targets(mb), sh.first, sh.rows, g, x.data(),
-                          model_.head.compute(dtype()), n_, h_, model_.head.grad.get(), input_grad ? dx.data() : nullptr,
-                          dtype(), stream());
+    cuda::output_backward(gemm(),
+                          {.logits = f32(logits), .global_max = f32(stats), .global_sum_exp = f32(stats) + n_,
+                           .targets = targets(mb), .x = x.data(), .w = model_.head.compute(dtype()),
+                           .dw = model_.head.grad.get(), .dx = input_grad ? dx.data() : nullptr},
+                          sh, g, {.n = n_, .h = h_}, dtype(), stream());
     return dx;
   }
 
@@ -354,10 +362,12 @@ class CudaBackend final : public Backend {
     switch (shape_.family) {
       case cpu::LayerFamily::Gpt:
         mean = uninitialized(std::size_t(rows), DType::F32);
-        return layernorm_forward(x.data(), gain.weight.get(), bias.weight.get(), y.data(), f32(mean), f32(rstd), rows,
-                                 h_, dtype(), stream());
+        return layernorm_forward({.x = x.data(), .gamma = gain.weight.get(), .beta = bias.weight.get(), .y = y.data(),
+                                  .mean = f32(mean), .rstd = f32(rstd)},
+                                 {.n = rows, .h = h_}, dtype(), stream());
       case cpu::LayerFamily::Llama:
-        return rmsnorm_forward(x.data(), gain.weight.get(), y.data(), f32(rstd), rows, h_, dtype(), stream());
+        return rmsnorm_forward({.x = x.data(), .gain = gain.weight.get(), .y = y.data(), .rstd = f32(rstd)},
+                               {.n = rows, .h = h_}, dtype(), stream());
     }
   }
   /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate: under
@@ -366,11 +376,14 @@ class CudaBackend final : public Backend {
                      const Tensor& dy, Tensor& dx, int rows) {
     switch (shape_.family) {
       case cpu::LayerFamily::Gpt:
-        return layernorm_backward(x.data(), gain.weight.get(), f32(mean), f32(rstd), dy.data(), dx.data(),
-                                  gain.grad.get(), bias.grad.get(), rows, h_, dtype(), stream());
+        return layernorm_backward({.x = x.data(), .gamma = gain.weight.get(), .mean = f32(mean), .rstd = f32(rstd),
+                                   .dy = dy.data(), .dx = dx.data(), .dgamma = gain.grad.get(),
+                                   .dbeta = bias.grad.get()},
+                                  {.n = rows, .h = h_}, dtype(), stream());
       case cpu::LayerFamily::Llama:
-        return rmsnorm_backward(x.data(), gain.weight.get(), f32(rstd), dy.data(), dx.data(), gain.grad.get(), rows,
-                                h_, dtype(), stream());
+        return rmsnorm_backward({.x = x.data(), .gain = gain.weight.get(), .rstd = f32(rstd), .dy = dy.data(),
+                                 .dx = dx.data(), .dgain = gain.grad.get()},
+                                {.n = rows, .h = h_}, dtype(), stream());
     }
   }
   /// Llama's rotary embedding of the q and k heads of this rank's fused QKV (n × part qkv: its query
@@ -379,7 +392,9 @@ class CudaBackend final : public Backend {
   void rotate_qk(Tensor& qkv, bool backward) {
     if (!llama()) return;
     const auto rope = backward ? rope_backward : rope_forward;
-    rope(qkv.data(), n_, shape_.seq, part_.qkv, part_.heads + part_.kv_heads, shape_.head_width(), shape_.rope_theta,
+    rope(qkv.data(),
+         {.n = n_, .seq = shape_.seq, .width = part_.qkv, .heads = part_.heads + part_.kv_heads,
+          .d = shape_.head_width(), .theta = shape_.rope_theta},
          dtype(), stream());
   }
   bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }
@@ -495,8 +510,9 @@ class CudaBackend final : public Backend {
         return attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
                                       width, heads, stream());
     }
-    attention_forward(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq, width, heads, dtype(),
-                      stream(), kv);
+    attention_forward({.qkv = c.qkv.data(), .out = c.attention.data(), .lse = f32(c.lse)},
+                      {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, dtype(),
+                      stream());
   }
   /// dqkv (fresh zeros, n × qkv_width) = the gradient of attention_forward_pass: cuDNN writes it,
   /// the others add to it, the same on zeros.
@@ -511,8 +527,10 @@ class CudaBackend final : public Backend {
         return attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(),
                                        dqkv.data(), shape_.batch, shape_.seq, width, heads, stream());
     }
-    attention_backward(c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(), dqkv.data(), shape_.batch,
-                       shape_.seq, width, heads, dtype(), stream(), kv);
+    attention_backward({.qkv = c.qkv.data(), .out = c.attention.data(), .lse = f32(c.lse), .dout = dattention.data(),
+                        .dqkv = dqkv.data()},
+                       {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, dtype(),
+                       stream());
   }
 
   /// Under tensor parallelism the QKV map and fc1 are split by output columns (this rank's heads and
@@ -632,10 +650,9 @@ class CudaBackend final : public Backend {
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data()); }
   const int* tokens(int mb) const { return tokens_.get() + std::size_t(mb) * std::size_t(n_); }
   const int* targets(int mb) const { return targets_.get() + std::size_t(mb) * std::size_t(n_); }
-  struct Shard {
-    int first, rows;
-  };
-  Shard shard() const { return {host_.shard.first, host_.shard.rows}; }
+  /// This rank's rows of the vocabulary (RankModel::shard), as the vocabulary launchers take them.
+  using Shard = VocabShard;
+  Shard shard() const { return host_.shard; }
   /// The address of element `at` of `t`.
   static void* element(const Tensor& t, std::size_t at) { return static_cast<std::byte*>(t.data()) + at * size_of(t.dtype()); }
   double download_scalar(const Tensor& value) {

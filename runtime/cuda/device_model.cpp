@@ -71,8 +71,9 @@ void DeviceModel::optimizer_step(const OptimizerSettings& o, int step, cudaStrea
           *moment = DeviceBuffer<float>(owned);
           CUDA_CHECK(cudaMemsetAsync(moment->get(), 0, moment->bytes(), stream));
         }
-      cuda::adam_step(p.weight.get() + first, p.grad.get() + first, p.moment1.get(), p.moment2.get(), owned,
-                      {o.learning_rate, o.beta1, o.beta2, o.epsilon, 0}, step, stream);
+      cuda::adam_step({.w = p.weight.get() + first, .g = p.grad.get() + first, .m = p.moment1.get(),
+                       .v = p.moment2.get()},
+                      owned, {o.learning_rate, o.beta1, o.beta2, o.epsilon, 0}, step, stream);
     }
     // The steps zero the owned gradients; the rest (another replica's block) are zeroed too, for the
     // next step's accumulation.

@@ -247,13 +247,13 @@ void sgd_step(float* w, float* g, std::size_t count, float learning_rate, cudaSt
   launch_map<kPack<float>>(Sgd{w, g, learning_rate}, count, {w, g}, stream);
 }
 
-void adam_step(float* w, float* g, float* m, float* v, std::size_t count, const AdamParams& params, int step,
-               cudaStream_t stream) {
+void adam_step(const AdamTensors& t, std::size_t count, const AdamParams& params, int step, cudaStream_t stream) {
   if (step < 1) throw CudaError("adam_step: step must be >= 1, got " + std::to_string(step));
   if (count == 0) return;
   const auto correction1 = float(1 - std::pow(double(params.beta1), step));
   const auto correction2 = float(1 - std::pow(double(params.beta2), step));
-  launch_map<kPack<float>>(Adam{w, g, m, v, params, correction1, correction2}, count, {w, g, m, v}, stream);
+  launch_map<kPack<float>>(Adam{t.w, t.g, t.m, t.v, params, correction1, correction2}, count, {t.w, t.g, t.m, t.v},
+                           stream);
 }
 
 }  // namespace pipesim::runtime::cuda

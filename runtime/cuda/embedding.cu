@@ -57,20 +57,22 @@ int key_bits(int rows) {
 
 }  // namespace
 
-void embedding_forward(const float* table, const int* tokens, void* out, int n, int h, int first_row, int rows,
-                       DType dtype, cudaStream_t stream) {
-  const std::size_t count = std::size_t(n) * std::size_t(h);
+void embedding_forward(const EmbeddingForwardTensors& t, RowShape shape, VocabShard shard, DType dtype,
+                       cudaStream_t stream) {
+  const int h = shape.h;
+  const std::size_t count = std::size_t(shape.n) * std::size_t(h);
   if (count == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     embedding_forward_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(
-        table, tokens, static_cast<T*>(out), count, h, first_row, rows);
+        t.table, t.tokens, static_cast<T*>(t.out), count, h, shard.first, shard.rows);
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(const int* tokens, const void* dout, float* dtable, int n, int h, int first_row, int rows,
-                        DType dtype, cudaStream_t stream) {
+void embedding_backward(const EmbeddingBackwardTensors& t, RowShape shape, VocabShard shard, DType dtype,
+                        cudaStream_t stream) {
+  const int n = shape.n, h = shape.h, rows = shard.rows;
   if (n == 0 || h == 0 || rows == 0) return;
   // keys, positions, sorted keys, sorted positions: four arrays of n ints.
   detail::StreamScratch ints(4 * std::size_t(n) * sizeof(int), stream);
@@ -78,7 +80,7 @@ void embedding_backward(const int* tokens, const void* dout, float* dtable, int 
   int* positions = keys + n;
   int* sorted_keys = positions + n;
   int* sorted_positions = sorted_keys + n;
-  shard_rows_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(tokens, n, first_row, rows,
+  shard_rows_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(t.tokens, n, shard.first, rows,
                                                                                       keys, positions);
   CUDA_CHECK_LAUNCH();
   const int bits = key_bits(rows);
@@ -90,8 +92,8 @@ void embedding_backward(const int* tokens, const void* dout, float* dtable, int 
                                              sorted_positions, n, 0, bits, stream));
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scatter_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(sorted_keys, sorted_positions, static_cast<const T*>(dout),
-                                                              dtable, n, h, rows);
+    scatter_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(sorted_keys, sorted_positions,
+                                                              static_cast<const T*>(t.dout), t.dtable, n, h, rows);
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -132,28 +132,28 @@ template void column_sums<bf16>(const bf16*, const bf16*, const float*, const fl
 
 }  // namespace detail
 
-void layernorm_forward(const void* x, const float* gamma, const float* beta, void* y, float* mean, float* rstd, int n,
-                       int h, DType dtype, cudaStream_t stream) {
+void layernorm_forward(const LayerNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  const int n = shape.n, h = shape.h;
   if (n == 0 || h == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    layernorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(x), gamma, beta,
-                                                                      static_cast<T*>(y), mean, rstd, h);
+    layernorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(t.x), t.gamma, t.beta,
+                                                                      static_cast<T*>(t.y), t.mean, t.rstd, h);
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void layernorm_backward(const void* x, const float* gamma, const float* mean, const float* rstd, const void* dy,
-                        void* dx, float* dgamma, float* dbeta, int n, int h, DType dtype, cudaStream_t stream) {
+void layernorm_backward(const LayerNormBackwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  const int n = shape.n, h = shape.h;
   if (n == 0 || h == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const auto* x_t = static_cast<const T*>(x);
-    const auto* dy_t = static_cast<const T*>(dy);
-    layernorm_dx_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(x_t, gamma, mean, rstd, dy_t, static_cast<T*>(dx),
-                                                                  h);
+    const auto* x_t = static_cast<const T*>(t.x);
+    const auto* dy_t = static_cast<const T*>(t.dy);
+    layernorm_dx_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(x_t, t.gamma, t.mean, t.rstd, dy_t,
+                                                                  static_cast<T*>(t.dx), h);
     CUDA_CHECK_LAUNCH();
-    detail::column_sums(dy_t, x_t, mean, rstd, dbeta, dgamma, n, h, stream);
+    detail::column_sums(dy_t, x_t, t.mean, t.rstd, t.dbeta, t.dgamma, n, h, stream);
   });
 }
 

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-struct RopeShape {
+/// One rope_kernel launch: the launcher's RopeShape and the direction.
+struct RopeLaunch {
   int n, seq, width, heads, d;
   float theta;
   double sign;  ///< +1 forward, −1 backward
@@ -62,7 +63,7 @@ struct RopeShape {
 /// first tabulates theta^(−2i/d) for every i (half doubles of dynamic shared memory), so a thread pays
 /// one double multiply and a reduction modulo 2π rather than a double pow and sincos.
 template <class T>
-__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, RopeShape s) {
+__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, RopeLaunch s) {
   extern __shared__ double inverse_frequency[];
   const int half = s.d / 2;
   for (int i = int(threadIdx.x); i < half; i += blockDim.x) inverse_frequency[i] = pow(double(s.theta), -2.0 * i / s.d);
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void rope(void* x, const RopeShape& s, DType dtype, cudaStream_t stream) {
+void rope(void* x, const RopeLaunch& s, DType dtype, cudaStream_t stream) {
   if (s.d % 2 != 0 || s.heads * s.d > s.width || s.seq < 1)
     throw CudaError("rope: need an even head width d, heads·d <= width and seq >= 1; got d=" + std::to_string(s.d) +
                     " heads=" + std::to_string(s.heads) + " width=" + std::to_string(s.width) +
@@ -122,37 +123,36 @@ void rope(void* x, const RopeShape& s, DType dtype, cudaStream_t stream) {
 
 }  // namespace
 
-void rmsnorm_forward(const void* x, const float* gain, void* y, float* rstd, int n, int h, DType dtype,
-                     cudaStream_t stream) {
+void rmsnorm_forward(const RmsNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  const int n = shape.n, h = shape.h;
   if (n == 0 || h == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rmsnorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(x), gain,
-                                                                    static_cast<T*>(y), rstd, h);
+    rmsnorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(t.x), t.gain,
+                                                                    static_cast<T*>(t.y), t.rstd, h);
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward(const void* x, const float* gain, const float* rstd, const void* dy, void* dx, float* dgain,
-                      int n, int h, DType dtype, cudaStream_t stream) {
+void rmsnorm_backward(const RmsNormBackwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  const int n = shape.n, h = shape.h;
   if (n == 0 || h == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const auto* x_t = static_cast<const T*>(x);
-    const auto* dy_t = static_cast<const T*>(dy);
-    rmsnorm_dx_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(x_t, gain, rstd, dy_t, static_cast<T*>(dx), h);
+    const auto* x_t = static_cast<const T*>(t.x);
+    const auto* dy_t = static_cast<const T*>(t.dy);
+    rmsnorm_dx_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(x_t, t.gain, t.rstd, dy_t, static_cast<T*>(t.dx), h);
     CUDA_CHECK_LAUNCH();
-    detail::column_sums(dy_t, x_t, nullptr, rstd, nullptr, dgain, n, h, stream);
+    detail::column_sums(dy_t, x_t, nullptr, t.rstd, nullptr, t.dgain, n, h, stream);
   });
 }
 
-void rope_forward(void* x, int n, int seq, int width, int heads, int d, float theta, DType dtype, cudaStream_t stream) {
-  rope(x, RopeShape{n, seq, width, heads, d, theta, +1.0}, dtype, stream);
+void rope_forward(void* x, RopeShape s, DType dtype, cudaStream_t stream) {
+  rope(x, RopeLaunch{s.n, s.seq, s.width, s.heads, s.d, s.theta, +1.0}, dtype, stream);
 }
 
-void rope_backward(void* dx, int n, int seq, int width, int heads, int d, float theta, DType dtype,
-                   cudaStream_t stream) {
-  rope(dx, RopeShape{n, seq, width, heads, d, theta, -1.0}, dtype, stream);
+void rope_backward(void* dx, RopeShape s, DType dtype, cudaStream_t stream) {
+  rope(dx, RopeLaunch{s.n, s.seq, s.width, s.heads, s.d, s.theta, -1.0}, dtype, stream);
 }
 
 void swiglu_forward(const void* gate_up, void* out, int n, int f, DType dtype, cudaStream_t stream) {

@@ -89,33 +89,32 @@ std::size_t elements(int a, int b) { return std::size_t(a) * std::size_t(b); }
 
 }  // namespace
 
-void shard_softmax_stats(const float* logits, const int* targets, int first, int rows, int n, float* max,
-                         float* sum_exp, float* target_logit, cudaStream_t stream) {
+void shard_softmax_stats(const ShardSoftmaxStatsTensors& t, VocabShard shard, int n, cudaStream_t stream) {
   if (n == 0) return;
-  shard_stats_kernel<<<unsigned(n), kThreads, 0, stream>>>(logits, targets, first, rows, max, sum_exp, target_logit);
+  shard_stats_kernel<<<unsigned(n), kThreads, 0, stream>>>(t.logits, t.targets, shard.first, shard.rows, t.max,
+                                                           t.sum_exp, t.target_logit);
   CUDA_CHECK_LAUNCH();
 }
 
-void local_softmax(const float* logits, const float* max, const float* sum_exp, int n, int rows, void* softmax,
-                   DType dtype, cudaStream_t stream) {
+void local_softmax(const LocalSoftmaxTensors& t, int n, int rows, DType dtype, cudaStream_t stream) {
   const std::size_t count = elements(n, rows);
   if (count == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    local_softmax_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(logits, max, sum_exp, count,
-                                                                                     rows, static_cast<T*>(softmax));
+    local_softmax_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(
+        t.logits, t.max, t.sum_exp, count, rows, static_cast<T*>(t.softmax));
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void gather_target_rows(const void* w, const int* targets, int first, int rows, int n, int h, void* y, DType dtype,
+void gather_target_rows(const GatherTargetRowsTensors& t, VocabShard shard, RowShape shape, DType dtype,
                         cudaStream_t stream) {
-  const std::size_t count = elements(n, h);
+  const std::size_t count = elements(shape.n, shape.h);
   if (count == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gather_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(w), targets, first,
-                                                                              rows, count, h, static_cast<T*>(y));
+    gather_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(t.w), t.targets, shard.first, shard.rows, count, shape.h, static_cast<T*>(t.y));
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -128,15 +127,14 @@ void rescale_sum_exp(const float* max, const float* sum_exp, const float* global
   CUDA_CHECK_LAUNCH();
 }
 
-void input_grad_share(const float* scaled_sum_exp, const float* global_sum_exp, const void* a, const void* y, float g,
-                      int n, int h, void* dx, DType dtype, cudaStream_t stream) {
-  const std::size_t count = elements(n, h);
+void input_grad_share(const InputGradShareTensors& t, float g, RowShape shape, DType dtype, cudaStream_t stream) {
+  const std::size_t count = elements(shape.n, shape.h);
   if (count == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     input_grad_share_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(
-        scaled_sum_exp, global_sum_exp, static_cast<const T*>(a), static_cast<const T*>(y), g, count, h,
-        static_cast<T*>(dx));
+        t.scaled_sum_exp, t.global_sum_exp, static_cast<const T*>(t.a), static_cast<const T*>(t.y), g, count, shape.h,
+        static_cast<T*>(t.dx));
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -147,43 +145,47 @@ void loss_sum(const float* global_max, const float* global_sum_exp, const float*
   CUDA_CHECK_LAUNCH();
 }
 
-void output_grad(const float* logits, const float* global_max, const float* global_sum_exp, const int* targets,
-                 int first, int rows, float g, int n, void* grad, DType dtype, cudaStream_t stream) {
-  const std::size_t count = elements(n, rows);
+void output_grad(const OutputGradTensors& t, VocabShard shard, float g, int n, DType dtype, cudaStream_t stream) {
+  const std::size_t count = elements(n, shard.rows);
   if (count == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     output_grad_kernel<<<detail::grid_for(count, kThreads), kThreads, 0, stream>>>(
-        logits, global_max, global_sum_exp, targets, first, rows, g, count, static_cast<T*>(grad));
+        t.logits, t.global_max, t.global_sum_exp, t.targets, shard.first, shard.rows, g, count,
+        static_cast<T*>(t.grad));
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void output_logits(GemmHandle& gemm, const void* x, const void* w, const int* targets, int first, int rows, int n,
-                   int h, float* logits, float* max, float* sum_exp, float* target_logit, DType dtype,
+void output_logits(GemmHandle& gemm, const OutputLogitsTensors& t, VocabShard shard, RowShape shape, DType dtype,
                    cudaStream_t stream) {
-  matmul_bt(gemm, x, w, logits, n, h, rows, GemmTypes{dtype, DType::F32}, false, stream);
-  shard_softmax_stats(logits, targets, first, rows, n, max, sum_exp, target_logit, stream);
+  matmul_bt(gemm, t.x, t.w, t.logits, shape.n, shape.h, shard.rows, GemmTypes{dtype, DType::F32}, false, stream);
+  shard_softmax_stats({.logits = t.logits, .targets = t.targets, .max = t.max, .sum_exp = t.sum_exp,
+                       .target_logit = t.target_logit},
+                      shard, shape.n, stream);
 }
 
-void output_input_grad_terms(GemmHandle& gemm, const float* logits, const float* max, const float* sum_exp,
-                             const void* w, const int* targets, int first, int rows, int n, int h, void* a, void* y,
+void output_input_grad_terms(GemmHandle& gemm, const OutputInputGradTermsTensors& t, VocabShard shard, RowShape shape,
                              DType dtype, cudaStream_t stream) {
+  const int n = shape.n, h = shape.h, rows = shard.rows;
   detail::StreamScratch softmax(elements(n, rows) * element_size(dtype), stream);
-  local_softmax(logits, max, sum_exp, n, rows, softmax.as<void>(), dtype, stream);
+  local_softmax({.logits = t.logits, .max = t.max, .sum_exp = t.sum_exp, .softmax = softmax.as<void>()}, n, rows,
+                dtype, stream);
   // An empty shard has k = 0: the GEMM writes A = 0.
-  matmul(gemm, softmax.as<void>(), w, a, n, rows, h, GemmTypes{dtype, dtype}, false, stream);
-  gather_target_rows(w, targets, first, rows, n, h, y, dtype, stream);
+  matmul(gemm, softmax.as<void>(), t.w, t.a, n, rows, h, GemmTypes{dtype, dtype}, false, stream);
+  gather_target_rows({.w = t.w, .targets = t.targets, .y = t.y}, shard, shape, dtype, stream);
 }
 
-void output_backward(GemmHandle& gemm, const float* logits, const float* global_max, const float* global_sum_exp,
-                     const int* targets, int first, int rows, float g, const void* x, const void* w, int n, int h,
-                     float* dw, void* dx, DType dtype, cudaStream_t stream) {
+void output_backward(GemmHandle& gemm, const OutputBackwardTensors& t, VocabShard shard, float g, RowShape shape,
+                     DType dtype, cudaStream_t stream) {
+  const int n = shape.n, h = shape.h, rows = shard.rows;
   detail::StreamScratch grad(elements(n, rows) * element_size(dtype), stream);
-  output_grad(logits, global_max, global_sum_exp, targets, first, rows, g, n, grad.as<void>(), dtype, stream);
-  matmul_at(gemm, grad.as<void>(), x, dw, n, rows, h, GemmTypes{dtype, DType::F32}, true, stream);
+  output_grad({.logits = t.logits, .global_max = t.global_max, .global_sum_exp = t.global_sum_exp,
+               .targets = t.targets, .grad = grad.as<void>()},
+              shard, g, n, dtype, stream);
+  matmul_at(gemm, grad.as<void>(), t.x, t.dw, n, rows, h, GemmTypes{dtype, DType::F32}, true, stream);
   // With rows = 0 the GEMM has k = 0 and writes dX = 0, as the CPU's fill does.
-  if (dx != nullptr) matmul(gemm, grad.as<void>(), w, dx, n, rows, h, GemmTypes{dtype, dtype}, false, stream);
+  if (t.dx != nullptr) matmul(gemm, grad.as<void>(), t.w, t.dx, n, rows, h, GemmTypes{dtype, dtype}, false, stream);
 }
 
 }  // namespace pipesim::runtime::cuda

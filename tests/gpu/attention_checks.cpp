@@ -18,6 +18,9 @@ struct Case {
   int batch, seq, h, heads;
   int kv_heads;  ///< key/value heads: heads for multi-head attention, fewer for grouped-query attention
   int width() const { return h + 2 * kv_heads * (h / heads); }  ///< a QKV row: [q | k | v]
+  gpu::AttentionShape shape() const {
+    return {.batch = batch, .seq = seq, .h = h, .heads = heads, .kv_heads = kv_heads};
+  }
 };
 
 /// logsumexp of each causal score row, in double, in the kernels' layout ((b·heads + head)·seq + i).
@@ -59,9 +62,10 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
   Tensor qkv_d(qkv, t), out_d(n * c.h, t), dout_d(dout, t), dqkv_d(dqkv0, t);
   Tensor lse_d(std::size_t(c.batch) * c.heads * c.seq, DType::F32);
   auto* lse = static_cast<float*>(lse_d.get());
-  gpu::attention_forward(qkv_d.get(), out_d.get(), lse, c.batch, c.seq, c.h, c.heads, t, stream.get(), c.kv_heads);
-  gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), dqkv_d.get(), c.batch, c.seq, c.h, c.heads, t,
-                          stream.get(), c.kv_heads);
+  gpu::attention_forward({.qkv = qkv_d.get(), .out = out_d.get(), .lse = lse}, c.shape(), t, stream.get());
+  gpu::attention_backward({.qkv = qkv_d.get(), .out = out_d.get(), .lse = lse, .dout = dout_d.get(),
+                           .dqkv = dqkv_d.get()},
+                          c.shape(), t, stream.get());
   stream.sync();
   const double tol = tolerance(t, kAttentionF32);
   report.compare("attention_forward", shape, t, "out", out_d.download(), out, tol);
@@ -89,8 +93,9 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
   }
 
   Tensor again(dqkv0, t);
-  gpu::attention_backward(qkv_d.get(), out_d.get(), lse, dout_d.get(), again.get(), c.batch, c.seq, c.h, c.heads, t,
-                          stream.get(), c.kv_heads);
+  gpu::attention_backward({.qkv = qkv_d.get(), .out = out_d.get(), .lse = lse, .dout = dout_d.get(),
+                           .dqkv = again.get()},
+                          c.shape(), t, stream.get());
   stream.sync();
   report.compare_bits("attention_backward rerun", shape, t, "dqkv", again.download(), first_dqkv);
 }
@@ -99,7 +104,7 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
 void check_refusal(Report& report) {
   bool refused = false;
   try {
-    gpu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 256, 1, DType::F32, nullptr);
+    gpu::attention_forward({}, {.batch = 1, .seq = 4, .h = 256, .heads = 1}, DType::F32, nullptr);
   } catch (const gpu::CudaError&) {
     refused = true;
   }

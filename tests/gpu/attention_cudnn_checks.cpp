@@ -110,10 +110,13 @@ Reference reference(const Stream& stream, const Case& c, const Widths& w, const 
                     const std::vector<float>& dout) {
   Tensor full_d(repeated_heads(qkv, c, w), DType::F32), ref_out(w.n * w.h, DType::F32),
       ref_lse(w.stats, DType::F32), dout_f(dout, DType::F32), ref_dfull(w.n * 3 * std::size_t(w.h), DType::F32);
-  gpu::attention_forward(full_d.get(), ref_out.get(), static_cast<float*>(ref_lse.get()), c.batch, c.seq, w.h,
-                         c.heads, DType::F32, stream.get());
-  gpu::attention_backward(full_d.get(), ref_out.get(), static_cast<const float*>(ref_lse.get()), dout_f.get(),
-                          ref_dfull.get(), c.batch, c.seq, w.h, c.heads, DType::F32, stream.get());
+  // kv_heads left 0: the reference rows hold every query head its own K and V.
+  const gpu::AttentionShape full_shape{.batch = c.batch, .seq = c.seq, .h = w.h, .heads = c.heads};
+  gpu::attention_forward({.qkv = full_d.get(), .out = ref_out.get(), .lse = static_cast<float*>(ref_lse.get())},
+                         full_shape, DType::F32, stream.get());
+  gpu::attention_backward({.qkv = full_d.get(), .out = ref_out.get(), .lse = static_cast<const float*>(ref_lse.get()),
+                           .dout = dout_f.get(), .dqkv = ref_dfull.get()},
+                          full_shape, DType::F32, stream.get());
   stream.sync();
   return {ref_out.download(), ref_lse.download(), summed_over_groups(ref_dfull.download(), c, w)};
 }

@@ -25,9 +25,12 @@ void check_layernorm(Report& report, const Stream& stream, std::mt19937& rng, in
   Tensor gamma_d(gamma, DType::F32), beta_d(beta, DType::F32), mean_d(std::size_t(n), DType::F32),
       rstd_d(std::size_t(n), DType::F32), dgamma_d(dgamma0, DType::F32), dbeta_d(dbeta0, DType::F32);
   const auto f = [](Tensor& tensor) { return static_cast<float*>(tensor.get()); };
-  gpu::layernorm_forward(x_d.get(), f(gamma_d), f(beta_d), y_d.get(), f(mean_d), f(rstd_d), n, h, t, stream.get());
-  gpu::layernorm_backward(x_d.get(), f(gamma_d), f(mean_d), f(rstd_d), dy_d.get(), dx_d.get(), f(dgamma_d),
-                          f(dbeta_d), n, h, t, stream.get());
+  gpu::layernorm_forward({.x = x_d.get(), .gamma = f(gamma_d), .beta = f(beta_d), .y = y_d.get(), .mean = f(mean_d),
+                          .rstd = f(rstd_d)},
+                         {.n = n, .h = h}, t, stream.get());
+  gpu::layernorm_backward({.x = x_d.get(), .gamma = f(gamma_d), .mean = f(mean_d), .rstd = f(rstd_d), .dy = dy_d.get(),
+                           .dx = dx_d.get(), .dgamma = f(dgamma_d), .dbeta = f(dbeta_d)},
+                          {.n = n, .h = h}, t, stream.get());
   stream.sync();
   const double tol = tolerance(t, kF32);
   report.compare("layernorm_forward", shape, t, "y", y_d.download(), y, tol);
@@ -40,8 +43,9 @@ void check_layernorm(Report& report, const Stream& stream, std::mt19937& rng, in
   // A second backward from the same state gives the same bits.
   const auto first_dgamma = dgamma_d.download(), first_dx = dx_d.download();
   Tensor dx2(dx0, t), dgamma2(dgamma0, DType::F32), dbeta2(dbeta0, DType::F32);
-  gpu::layernorm_backward(x_d.get(), f(gamma_d), f(mean_d), f(rstd_d), dy_d.get(), dx2.get(), f(dgamma2),
-                          f(dbeta2), n, h, t, stream.get());
+  gpu::layernorm_backward({.x = x_d.get(), .gamma = f(gamma_d), .mean = f(mean_d), .rstd = f(rstd_d), .dy = dy_d.get(),
+                           .dx = dx2.get(), .dgamma = f(dgamma2), .dbeta = f(dbeta2)},
+                          {.n = n, .h = h}, t, stream.get());
   stream.sync();
   report.compare_bits("layernorm_backward rerun", shape, t, "dgamma", dgamma2.download(), first_dgamma);
   report.compare_bits("layernorm_backward rerun", shape, t, "dx", dx2.download(), first_dx);
@@ -116,7 +120,7 @@ void check_optimizers(Report& report, const Stream& stream, std::mt19937& rng) {
   report.compare_bits("sgd_step", "count=777", DType::F32, "g zeroed", g_d.download(), std::vector<float>(count));
   for (int step = 1; step <= 2; ++step) {
     Tensor grad(g0, DType::F32);
-    gpu::adam_step(f(aw_d), f(grad), f(m_d), f(v_d), count, p, step, stream.get());
+    gpu::adam_step({.w = f(aw_d), .g = f(grad), .m = f(m_d), .v = f(v_d)}, count, p, step, stream.get());
     stream.sync();
   }
   report.compare("adam_step x2", "count=777", DType::F32, "w", aw_d.download(), adam, kF32);

@@ -22,9 +22,11 @@ void check_rmsnorm(Report& report, const Stream& stream, std::mt19937& rng, int 
 
   Tensor x_d(x, t), dy_d(dy, t), y_d(size, t), dx_d(dx0, t);
   Tensor gain_d(gain, DType::F32), rstd_d(std::size_t(n), DType::F32), dgain_d(dgain0, DType::F32);
-  gpu::rmsnorm_forward(x_d.get(), f32(gain_d), y_d.get(), f32(rstd_d), n, h, t, stream.get());
-  gpu::rmsnorm_backward(x_d.get(), f32(gain_d), f32(rstd_d), dy_d.get(), dx_d.get(), f32(dgain_d), n, h, t,
-                        stream.get());
+  gpu::rmsnorm_forward({.x = x_d.get(), .gain = f32(gain_d), .y = y_d.get(), .rstd = f32(rstd_d)}, {.n = n, .h = h}, t,
+                       stream.get());
+  gpu::rmsnorm_backward({.x = x_d.get(), .gain = f32(gain_d), .rstd = f32(rstd_d), .dy = dy_d.get(), .dx = dx_d.get(),
+                         .dgain = f32(dgain_d)},
+                        {.n = n, .h = h}, t, stream.get());
   stream.sync();
   const double tol = tolerance(t, kF32);
   report.compare("rmsnorm_forward", shape, t, "y", y_d.download(), y, tol);
@@ -34,8 +36,9 @@ void check_rmsnorm(Report& report, const Stream& stream, std::mt19937& rng, int 
 
   // A second backward from the same state gives the same bits.
   Tensor dx2(dx0, t), dgain2(dgain0, DType::F32);
-  gpu::rmsnorm_backward(x_d.get(), f32(gain_d), f32(rstd_d), dy_d.get(), dx2.get(), f32(dgain2), n, h, t,
-                        stream.get());
+  gpu::rmsnorm_backward({.x = x_d.get(), .gain = f32(gain_d), .rstd = f32(rstd_d), .dy = dy_d.get(), .dx = dx2.get(),
+                         .dgain = f32(dgain2)},
+                        {.n = n, .h = h}, t, stream.get());
   stream.sync();
   report.compare_bits("rmsnorm_backward rerun", shape, t, "dgain", dgain2.download(), dgain_d.download());
   report.compare_bits("rmsnorm_backward rerun", shape, t, "dx", dx2.download(), dx_d.download());
@@ -47,11 +50,12 @@ void check_rope(Report& report, const Stream& stream, std::mt19937& rng, int bat
                 int d, float theta, DType t) {
   const std::string shape = shape_name({{"b", batch}, {"s", seq}, {"heads", heads}, {"kv", kv_heads}, {"d", d}});
   const int n = batch * seq, width = (heads + 2 * kv_heads) * d, rotated = heads + kv_heads;
+  const gpu::RopeShape rope{.n = n, .seq = seq, .width = width, .heads = rotated, .d = d, .theta = theta};
   const auto x = rounded(random_values(std::size_t(n) * width, rng), t);
   std::vector<float> y = x;
   cpu::rope_forward(y, n, seq, width, rotated, d, theta);
   Tensor x_d(x, t);
-  gpu::rope_forward(x_d.get(), n, seq, width, rotated, d, theta, t, stream.get());
+  gpu::rope_forward(x_d.get(), rope, t, stream.get());
   stream.sync();
   const std::vector<float> y_d = x_d.download();
   report.compare("rope_forward", shape, t, "y (in place)", y_d, y, tolerance(t, kF32));
@@ -60,7 +64,7 @@ void check_rope(Report& report, const Stream& stream, std::mt19937& rng, int bat
   // forward does not count against the backward.
   std::vector<float> back = y_d;
   cpu::rope_backward(back, n, seq, width, rotated, d, theta);
-  gpu::rope_backward(x_d.get(), n, seq, width, rotated, d, theta, t, stream.get());
+  gpu::rope_backward(x_d.get(), rope, t, stream.get());
   stream.sync();
   report.compare("rope_backward", shape, t, "dx (in place)", x_d.download(), back, tolerance(t, kF32));
 }

@@ -12,60 +12,25 @@
 namespace pipesim {
 namespace {
 
-class AnalyticCostModel final : public CostModel {
+/// The analytic model's times for one config: a stage's passes (its kernels at the roofline, with
+/// the tensor- and context-parallel communication they leave exposed) and the links' α-β transfers.
+/// The cost model asks it of every stage; the auto layer split of single probe stages.
+class AnalyticTimes {
  public:
-  AnalyticCostModel(const Config& config, const Layout& layout) : c_(config), h_(c_.hardware) {
-    for (const VirtualStage& stage : layout.stages) {
-      const StageKernels kernels = stage_kernels(config, stage);
-      // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
-      const TimeNs recompute = pass(kernels.recompute, kernels.tp_allreduces_recompute, 1);
-      stages_.push_back({pass(kernels.forward, kernels.tp_allreduces_forward, 1),
-                         add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)),
-                         run(kernels.weight), recompute});
-    }
-    // Read gradients, read and write weights and optimizer states: one fused kernel (multi-tensor Adam).
-    const PrecisionConfig& p = c_.precision;
-    for (int d = 0; d < layout.devices; ++d) {
-      const double bytes = updated_params(c_, layout, d) * (p.grad_bytes + 2 * (p.param_bytes + p.optimizer_bytes));
-      optimizer_ns_.push_back(ns_from_s(kernel_seconds({0, bytes, false}, h_)));
-    }
-  }
-  std::string_view source() const override { return "analytic"; }
+  explicit AnalyticTimes(const Config& config) : c_(config) {}
+  const Config& config() const { return c_; }
 
- protected:
-  TimeNs p2p(const Task& task, const TaskWork& work) const override {
-    const bool same_node = global_rank(c_.parallel, task.device) / h_.gpus_per_node == global_rank(c_.parallel, task.peer) / h_.gpus_per_node;
-    return link(work.bytes, same_node);
+  StageTimes stage(const VirtualStage& stage) const {
+    const StageKernels kernels = stage_kernels(c_, stage);
+    // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
+    const TimeNs recompute = pass(kernels.recompute, kernels.tp_allreduces_recompute, 1);
+    return {pass(kernels.forward, kernels.tp_allreduces_forward, 1),
+            add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), run(kernels.weight),
+            recompute};
   }
-  TimeNs collective(const Task& task, const TaskWork& work, const CollectiveGroup& group) const override {
-    // Pipeline-group collectives span nodes when the pipeline does; DP groups stride by tp·cp.
-    const bool intra = task.kind == OpKind::DpAllReduce
-                           ? c_.parallel.tp * c_.parallel.cp * c_.parallel.dp <= h_.gpus_per_node
-                           : global_rank(c_.parallel, c_.parallel.pp - 1) < h_.gpus_per_node;
-    const bool all_reduce = task.kind == OpKind::AllReduce ||
-                            (task.kind == OpKind::DpAllReduce && group.data == CollectiveData::Gradients);
-    // The rounds' bytes go round the ring once; each further round (a few values per token, which
-    // NCCL reduces over a tree) waits for the last and adds a tree's latency: up and down its depth.
-    const int depth = int(std::ceil(std::log2(std::max(group.ranks, 1))));
-    const double latency_us = intra ? h_.intra_node_latency_us : h_.inter_node_latency_us;
-    return add_ns(ring(all_reduce, work.bytes, group.ranks, intra),
-                  times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us)));
-  }
-  TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
-    // GEMM, then memory-bound softmax or gather kernels: their times add. (No vector: this runs for
-    // every vocabulary op of the graph.)
-    double s = 0;
-    if (work.flops > 0) s += kernel_seconds({work.flops, 0, false}, h_);
-    if (work.bytes > 0) s += kernel_seconds({0, work.bytes, false}, h_);
-    return ns_from_s(s);
-  }
-  TimeNs optimizer(int device) const override { return optimizer_ns_[std::size_t(device)]; }
-
- private:
-  TimeNs run(const std::vector<Kernel>& kernels) const { return ns_from_s(seconds(kernels, h_)); }
   TimeNs link(double bytes, bool intra) const {
-    const double latency_us = intra ? h_.intra_node_latency_us : h_.inter_node_latency_us;
-    const double gbps = intra ? h_.intra_node_gbps : h_.inter_node_gbps;
+    const double latency_us = intra ? h().intra_node_latency_us : h().inter_node_latency_us;
+    const double gbps = intra ? h().intra_node_gbps : h().inter_node_gbps;
     return add_ns(ns_from_us(latency_us), ns_from_s(bytes / (gbps * 1e9)));
   }
   /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast, reduce, reduce-scatter and
@@ -74,6 +39,10 @@ class AnalyticCostModel final : public CostModel {
     if (n <= 1) return 0;
     return times_ns(all_reduce ? 2 * (n - 1) : n - 1, link(bytes / n, intra));
   }
+
+ private:
+  const HardwareConfig& h() const { return c_.hardware; }
+  TimeNs run(const std::vector<Kernel>& kernels) const { return ns_from_s(seconds(kernels, h())); }
   TimeNs tp_allreduce() const {
     const double bytes = rank_tokens(c_) * c_.model.hidden * c_.precision.activation_bytes;
     return ring(true, bytes, c_.parallel.tp, true);
@@ -84,7 +53,7 @@ class AnalyticCostModel final : public CostModel {
     if (c_.parallel.cp <= 1) return 0;
     const double block = rank_tokens(c_) * 2.0 * m.key_value_heads() / m.heads * m.hidden / c_.parallel.tp *
                          c_.precision.activation_bytes;
-    const bool intra = c_.parallel.tp * c_.parallel.cp <= h_.gpus_per_node;
+    const bool intra = c_.parallel.tp * c_.parallel.cp <= h().gpus_per_node;
     return (c_.parallel.cp - 1) * double(link(block, intra)) * 1e-9;
   }
   /// A pass's kernels, then the communication they leave exposed: its `tp_collectives` (all of them,
@@ -94,8 +63,8 @@ class AnalyticCostModel final : public CostModel {
   TimeNs pass(const std::vector<Kernel>& kernels, int tp_collectives, int ring_rounds) const {
     double gemm = 0, attention = 0, attention_kernels = 0;
     for (const Kernel& k : kernels) {
-      if (k.attention) attention += kernel_seconds(k, h_), ++attention_kernels;
-      else if (k.flops > 0) gemm += kernel_seconds(k, h_);
+      if (k.attention) attention += kernel_seconds(k, h()), ++attention_kernels;
+      else if (k.flops > 0) gemm += kernel_seconds(k, h());
     }
     TimeNs time = run(kernels);
     const TimeNs tp_comm = times_ns(tp_collectives, tp_allreduce());
@@ -105,7 +74,55 @@ class AnalyticCostModel final : public CostModel {
   }
 
   const Config c_;  ///< a copy: a plan keeps its cost model while the plan itself moves
-  const HardwareConfig& h_;
+};
+
+class AnalyticCostModel final : public CostModel {
+ public:
+  AnalyticCostModel(const Config& config, const Layout& layout) : times_(config) {
+    for (const VirtualStage& stage : layout.stages) stages_.push_back(times_.stage(stage));
+    // Read gradients, read and write weights and optimizer states: one fused kernel (multi-tensor Adam).
+    const PrecisionConfig& p = config.precision;
+    for (int d = 0; d < layout.devices; ++d) {
+      const double bytes = updated_params(config, layout, d) * (p.grad_bytes + 2 * (p.param_bytes + p.optimizer_bytes));
+      optimizer_ns_.push_back(ns_from_s(kernel_seconds({0, bytes, false}, config.hardware)));
+    }
+  }
+  std::string_view source() const override { return "analytic"; }
+
+ protected:
+  TimeNs p2p(const Task& task, const TaskWork& work) const override {
+    const ParallelConfig& p = times_.config().parallel;
+    const int node = times_.config().hardware.gpus_per_node;
+    return times_.link(work.bytes, global_rank(p, task.device) / node == global_rank(p, task.peer) / node);
+  }
+  TimeNs collective(const Task& task, const TaskWork& work, const CollectiveGroup& group) const override {
+    const ParallelConfig& p = times_.config().parallel;
+    const HardwareConfig& h = times_.config().hardware;
+    // Pipeline-group collectives span nodes when the pipeline does; DP groups stride by tp·cp.
+    const bool intra = task.kind == OpKind::DpAllReduce ? p.tp * p.cp * p.dp <= h.gpus_per_node
+                                                        : global_rank(p, p.pp - 1) < h.gpus_per_node;
+    const bool all_reduce = task.kind == OpKind::AllReduce ||
+                            (task.kind == OpKind::DpAllReduce && group.data == CollectiveData::Gradients);
+    // The rounds' bytes go round the ring once; each further round (a few values per token, which
+    // NCCL reduces over a tree) waits for the last and adds a tree's latency: up and down its depth.
+    const int depth = int(std::ceil(std::log2(std::max(group.ranks, 1))));
+    const double latency_us = intra ? h.intra_node_latency_us : h.inter_node_latency_us;
+    return add_ns(times_.ring(all_reduce, work.bytes, group.ranks, intra),
+                  times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us)));
+  }
+  TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
+    // GEMM, then memory-bound softmax or gather kernels: their times add. (No vector: this runs for
+    // every vocabulary op of the graph.)
+    const HardwareConfig& h = times_.config().hardware;
+    double s = 0;
+    if (work.flops > 0) s += kernel_seconds({work.flops, 0, false}, h);
+    if (work.bytes > 0) s += kernel_seconds({0, work.bytes, false}, h);
+    return ns_from_s(s);
+  }
+  TimeNs optimizer(int device) const override { return optimizer_ns_[std::size_t(device)]; }
+
+ private:
+  const AnalyticTimes times_;
   std::vector<TimeNs> optimizer_ns_;  ///< per device: its ZeRO share of the update (updated_params)
 };
 
@@ -169,25 +186,20 @@ class ExplicitCostModel final : public CostModel {
 
 }  // namespace
 
-
 StageWeights stage_weights(const Config& config) {
   if (config.costs) return {1, 0, 0};  // explicit mode: vocabulary layers cost nothing
   Config probe = config;
   probe.parallel.pp = 1;
   probe.parallel.chunks = 1;
+  const AnalyticTimes times(probe);
   const auto time_of = [&](const VirtualStage& stage) {
-    Layout layout{1, 1, Placement::Loop, {stage}};
-    AnalyticCostModel model(probe, layout);
-    const StageTimes& t = model.stage(0);
+    const StageTimes t = times.stage(stage);
     return double(t.forward + t.backward + t.weight);
   };
   const double empty = time_of({0, 0, 0, 0, false, false});
   const double layer = time_of({0, 0, 0, 1, false, false}) - empty;
   return {layer, time_of({0, 0, 0, 0, true, false}) - empty, time_of({0, 0, 0, 0, false, true}) - empty};
 }
-
-
-
 
 TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight) const {
   const Task& task = graph.task(id);
@@ -242,7 +254,5 @@ std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph)
   });
   return durations;
 }
-
-
 
 }  // namespace pipesim

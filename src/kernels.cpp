@@ -180,5 +180,4 @@ double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
          h.kernel_launch_us * 1e-6;
 }
 
-
 }  // namespace pipesim

@@ -35,7 +35,6 @@ struct StageKernels {
   int tp_allreduces_forward = 0, tp_allreduces_backward = 0, tp_allreduces_recompute = 0;
 };
 
-
 /// The kernels of `stage` under the config's model, parallelism and recomputation.
 StageKernels stage_kernels(const Config& c, const VirtualStage& stage);
 

@@ -30,6 +30,11 @@ class Greedy {
       for (std::size_t k = 1; k < stages_of_[std::size_t(d)].size(); ++k)
         headroom_[std::size_t(d)] = std::max(headroom_[std::size_t(d)], work(stages_of_[std::size_t(d)][k]).activation_bytes);
     for (Bytes& room : headroom_) room *= 1 + context.vocab_delay;
+    // Every forward also leaves room for what a recomputation (R, just before a B) takes, so that the
+    // device stays within its budget when the B comes.
+    rebuilt_.assign(std::size_t(devices), 0);
+    for (int s = 0; s < stages_; ++s)
+      rebuilt_[std::size_t(device_of(s))] = std::max(rebuilt_[std::size_t(device_of(s))], work(s).recompute_alloc(true));
     remaining_.assign(std::size_t(devices), 0);
     for (int s = 0; s < stages_; ++s) {
       const StageTimes& t = context.times[std::size_t(s)];
@@ -97,7 +102,8 @@ class Greedy {
   }
   bool fits(int d, int s) const {
     const bool enters = s == stages_of_[std::size_t(d)].front();
-    return memory_[std::size_t(d)] + work(s).activation_bytes + (enters ? headroom_[std::size_t(d)] : 0) <=
+    return memory_[std::size_t(d)] + work(s).activation_bytes + rebuilt_[std::size_t(d)] +
+               (enters ? headroom_[std::size_t(d)] : 0) <=
            o_.budget[std::size_t(d)];
   }
 
@@ -148,7 +154,11 @@ class Greedy {
     remaining_[std::size_t(d)] -= duration;
     orders_[std::size_t(d)].push_back({OpKind::B, s, mb});
     cost_.makespan = std::max(cost_.makespan, end);
-    memory_[std::size_t(d)] -= work(s).activation_bytes - work(s).weight_held_bytes;
+    // As the graph has it (StageWork): R, just before B, takes what it rebuilds; B returns that and
+    // what F kept, less what W still needs.
+    memory_[std::size_t(d)] += work(s).recompute_alloc(true);
+    cost_.peak_activation[std::size_t(d)] = std::max(cost_.peak_activation[std::size_t(d)], memory_[std::size_t(d)]);
+    memory_[std::size_t(d)] -= work(s).backward_free(true);
     weights_[std::size_t(d)].push_back({s, mb});
     if (s > 0) set(backward_ready_[at(s - 1, mb)], end + hop(s, s - 1), device_of(s - 1));
     set(free_at_[std::size_t(d)], end, d);
@@ -199,6 +209,7 @@ class Greedy {
   int stages_, m_;
   std::vector<std::vector<int>> stages_of_;             ///< per device: its stages, in model order
   std::vector<Bytes> headroom_;                         ///< per device: room kept for a later chunk
+  std::vector<Bytes> rebuilt_;                          ///< per device: the most one of its R's takes
   std::vector<int> next_forward_, next_backward_;      ///< per stage: next microbatch (in order)
   std::vector<TimeNs> forward_ready_, backward_ready_;  ///< per (stage, mb): when its input arrives
   std::vector<TimeNs> free_at_;

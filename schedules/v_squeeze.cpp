@@ -46,10 +46,12 @@ Slots put_w(Slots s, bool split) {
   return s;
 }
 
-/// One device's activation bytes per chunk: what F keeps, and what B leaves for W.
+/// One device's activation bytes per chunk: what F keeps, what B leaves for W, and what the
+/// recomputation just before B takes until B returns it (StageWork).
 struct ChunkBytes {
   Bytes activation[2];
   Bytes weight_held[2];
+  Bytes rebuilt[2];
 };
 
 int chunk_of(int type) { return type == kF0 || type == kB0 ? 0 : 1; }
@@ -86,6 +88,9 @@ class DeviceMemory {
   Bytes peak() const {
     Bytes peak = 0;
     for (const State& state : states_) peak = std::max(peak, state.current);
+    for (int slot = 0; slot <= last_; ++slot)  // and while a B's recomputation is live
+      if (const int type = type_at_[std::size_t(slot)]; type == kB1 || type == kB0)
+        peak = std::max(peak, states_[std::size_t(slot)].current + bytes_.rebuilt[chunk_of(type)]);
     return peak;
   }
 
@@ -114,8 +119,8 @@ class DeviceMemory {
     State state = states_[std::size_t(to)];
     replayed_.clear();
     for (int slot = to; slot <= last; ++slot) {
-      step(state, slot == to ? type : slot == from ? -1 : type_at_[std::size_t(slot)], pending_chunk);
-      if (state.current > limit) return false;
+      if (step(state, slot == to ? type : slot == from ? -1 : type_at_[std::size_t(slot)], pending_chunk) > limit)
+        return false;
       replayed_.push_back(state);
       // After `from` the passes are the unmoved device's: from the same state on, so is the rest.
       if (slot >= from && state == states_[std::size_t(slot + 1)] && state.weights > differs) break;
@@ -141,17 +146,20 @@ class DeviceMemory {
   };
 
   /// Advances `state` over one slot holding pass `type` (-1: none); `pending_chunk(i)` is the
-  /// chunk of the i-th B.
+  /// chunk of the i-th B. Returns the most the device holds during the slot.
   template <class PendingChunk>
-  void step(State& state, int type, PendingChunk pending_chunk) const {
+  Bytes step(State& state, int type, PendingChunk pending_chunk) const {
+    Bytes high = 0;
     if (type == kF0 || type == kF1) {
       state.current += bytes_.activation[chunk_of(type)];
     } else if (type == kB1 || type == kB0) {
+      high = state.current + bytes_.rebuilt[chunk_of(type)];
       state.current -= bytes_.activation[chunk_of(type)] - bytes_.weight_held[chunk_of(type)];
       ++state.backwards;
     } else if ((type == kW || (type < 0 && implicit_w_)) && state.weights < state.backwards) {
       state.current -= bytes_.weight_held[pending_chunk(state.weights++)];
     }
+    return std::max(high, state.current);
   }
 
   ChunkBytes bytes_;
@@ -301,7 +309,9 @@ DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& p
   for (int d = 0; d < p; ++d) {
     const StageWork& w0 = context.work[std::size_t(layout.stage_of(d, 0))];
     const StageWork& w1 = context.work[std::size_t(layout.stage_of(d, 1))];
-    bytes.push_back({{w0.activation_bytes, w1.activation_bytes}, {w0.weight_held_bytes, w1.weight_held_bytes}});
+    bytes.push_back({{w0.activation_bytes, w1.activation_bytes},
+                     {w0.weight_held_bytes, w1.weight_held_bytes},
+                     {w0.recompute_alloc(true), w1.recompute_alloc(true)}});
   }
   // As the reference generator: squeeze with the W passes placed, compact, drop the W passes,
   // squeeze again (W implicit in free slots), compact.

@@ -25,7 +25,8 @@ LAYERS = {
     "simulate": (["tools/simulate"], ["formats", "plan", "schedules", "sim", "core"]),
     "tune": (["tools/tune"], ["simulate", "formats", "plan", "schedules", "sim", "core"]),
     "calibrate": (["tools/calibrate"], ["formats", "plan", "schedules", "sim", "core"]),
-    "cli": (["tools/cli"], ["tune", "calibrate", "simulate", "formats", "plan", "schedules", "sim", "runtime",
+    "jobs": (["tools/jobs"], ["formats", "plan", "schedules", "sim", "runtime", "runtime-cpu", "core"]),
+    "cli": (["tools/cli"], ["jobs", "tune", "calibrate", "simulate", "formats", "plan", "schedules", "sim", "runtime",
                             "runtime-cpu", "core"]),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

@@ -11,6 +11,7 @@
 #include <malloc.h>
 #endif
 
+#include "comm.h"
 #include "cpu/kernels.h"
 #include "cpu/vocab.h"
 #include "partition.h"
@@ -45,14 +46,35 @@ CpuLayerActivations& layer_cache(Activations& cache) { return static_cast<CpuLay
 CpuHeadActivations& head_cache(Activations& cache) { return static_cast<CpuHeadActivations&>(cache); }
 const CpuHeadActivations& head_cache(const Activations& cache) { return static_cast<const CpuHeadActivations&>(cache); }
 
+/// The rank's tensor-parallel group as the CPU model's layers call it: their host spans as the
+/// group's buffers.
+class HostTensorParallel final : public cpu::TensorParallel {
+ public:
+  explicit HostTensorParallel(TensorParallelBuffers& group) : group_(group) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  bool sequence_parallel() const override { return group_.sequence_parallel(); }
+  void all_reduce(std::span<float> x) override { group_.all_reduce(host_buffer(x)); }
+  void all_gather(std::span<const float> part, std::span<float> whole) override {
+    group_.all_gather(host_buffer(part), host_buffer(whole));
+  }
+  void reduce_scatter(std::span<const float> whole, std::span<float> part) override {
+    group_.reduce_scatter(host_buffer(whole), host_buffer(part));
+  }
+
+ private:
+  TensorParallelBuffers& group_;
+};
+
 std::span<const float> f32(const Tensor& t) { return t.as<const float>(); }
 std::span<float> f32(Tensor& t) { return t.as<float>(); }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
-             cpu::TensorParallel* tp)
-      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), n_(shape.tokens()),
+  CpuBackend(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
+             TensorParallelBuffers* tp)
+      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)),
+        host_tp_(tp ? std::make_unique<HostTensorParallel>(*tp) : nullptr), tp_(host_tp_.get()), n_(shape.tokens()),
         h_(shape.hidden) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -123,7 +145,7 @@ class CpuBackend final : public Backend {
     const auto floats = f32(x);
     cache->input.assign(floats.begin(), floats.end());
     cache->normed.resize(activation_size()), cache->rstd.resize(std::size_t(n_));
-    if (shape_.family == cpu::LayerFamily::Gpt) cache->mean.resize(std::size_t(n_));  // RMSNorm keeps no mean
+    if (shape_.family == LayerFamily::Gpt) cache->mean.resize(std::size_t(n_));  // RMSNorm keeps no mean
     cpu::norm_forward(shape_, model_.params.final_gain, model_.params.final_bias, cache->input, cache->normed, cache->mean,
                       cache->rstd, n_);
     return cache;
@@ -240,8 +262,9 @@ class CpuBackend final : public Backend {
   const std::vector<int>& tokens(int mb) const { return batches_.at(std::size_t(mb)).tokens; }
   const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }
 
-  cpu::ModelShape shape_;
+  ModelShape shape_;
   RankModel model_;
+  std::unique_ptr<HostTensorParallel> host_tp_;
   cpu::TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
   int n_, h_;
   bool partial_gradients_ = false;  ///< a backward since the last sum_partial_gradients
@@ -260,8 +283,8 @@ void keep_freed_host_memory() {
 #endif
 }
 
-std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, cpu::TensorParallel* tp) {
+std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
+                                          std::uint64_t seed, TensorParallelBuffers* tp) {
   keep_freed_host_memory();
   return std::make_unique<CpuBackend>(shape, layout, part, seed, tp);
 }

@@ -12,29 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "model_shape.h"
+
 namespace pipesim::cpu {
 
-enum class LayerFamily { Gpt, Llama };
-
-struct ModelShape {
-  int layers = 0, hidden = 0, heads = 0, ffn = 0, vocab = 0;
-  int batch = 1, seq = 0;  ///< one microbatch
-  /// Key/value heads: 0 (or heads) is multi-head attention; fewer is grouped-query attention, and
-  /// must divide heads.
-  int kv_heads = 0;
-  LayerFamily family = LayerFamily::Gpt;
-  float rope_theta = 10000;  ///< RoPE's base (Llama only); needs an even head width
-  /// The LM head is the embedding's transpose (one V × h matrix): make_model's head is then a copy
-  /// of its embedding, and a rank that holds both holds it once.
-  bool tied_embeddings = false;
-  int tokens() const { return batch * seq; }
-  int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
-  int head_width() const { return hidden / heads; }
-  /// A fused QKV row: [q: hidden | k: kv·d | v: kv·d]; 3·hidden for multi-head attention.
-  int qkv_width() const { return hidden + 2 * key_value_heads() * head_width(); }
-  /// fc1's output: ffn for GPT, the fused [gate | up] of 2·ffn for Llama.
-  int fc1_width() const { return family == LayerFamily::Llama ? 2 * ffn : ffn; }
-};
+/// The shape is the runtime's (model_shape.h): the one a Job carries to every backend. The CPU model
+/// reads it as it is. tied_embeddings: make_model's head is then a copy of its embedding.
+using runtime::LayerFamily;
+using runtime::ModelShape;
 
 /// The weights of one transformer layer, in a fixed order (so that gradients share the type). Llama
 /// uses the same slots: ln1/ln2 gains are its two RMSNorm gains, fc1.weight is the fused gate and up

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backend.h"
-#include "cpu/model.h"
+#include "model_shape.h"
 #include "inprocess_comm.h"
 #include "layout.h"
 #include "status.h"
@@ -37,7 +37,7 @@ struct BackendOptions {
 
 /// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers):
 /// `pipeline_device` is the graph's device whose stages it holds (the rank in a run of one replica).
-std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device,
+std::unique_ptr<Backend> make_backend(const ModelShape& shape, const Layout& layout, int pipeline_device,
                                       std::uint64_t seed, const BackendOptions& options);
 
 /// Device memory for an in-process World: copies with cudaMemcpy, reductions on the device.

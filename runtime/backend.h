@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tensor.h"
+#include "tensor_parallel.h"
 #include "units.h"
 
 namespace pipesim::runtime {
@@ -61,26 +62,6 @@ struct OwnedPart {
   std::size_t block(std::size_t c) const { return (c + std::size_t(count) - 1) / std::size_t(count); }
   std::size_t begin(std::size_t c) const { return std::min(c, std::size_t(index) * block(c)); }
   std::size_t end(std::size_t c) const { return std::min(c, std::size_t(index + 1) * block(c)); }
-};
-
-/// A tensor-parallel group's collectives on a backend's own buffers (the CUDA backend's device
-/// memory, in its activation type), for a rank that holds part of each layer: cpu::TensorParallel's
-/// contract on Buffers. Blocking (each returns when its result is in place), held to the run's
-/// timeout and recorded as cpu::TensorParallel's are; only the rank's compute thread calls them, in
-/// the same order on every rank of the group.
-class TensorParallelBuffers {
- public:
-  virtual ~TensorParallelBuffers() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  /// Whether layers' inputs and outputs, and their norms, are split by rows over the group.
-  virtual bool sequence_parallel() const = 0;
-  /// Sums `data` over the group, in place.
-  virtual void all_reduce(Buffer data) = 0;
-  /// whole (size() × part.count) = every rank's part, in rank order.
-  virtual void all_gather(Buffer part, Buffer whole) = 0;
-  /// part = block rank() of `whole` summed over the group.
-  virtual void reduce_scatter(Buffer whole, Buffer part) = 0;
 };
 
 /// What the S pass leaves for the barrier and the T pass.

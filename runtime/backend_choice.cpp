@@ -28,7 +28,7 @@ Status check_backend(const RunOptions& options) {
   return Status::Ok();
 }
 
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, TensorParallelBuffers* tp) {
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, TensorParallel* tp) {
   const ModelShape& shape = job.shape;
   const RankPlace place = job.place(rank);
   const OwnedPart owned = job.owned_part(place);

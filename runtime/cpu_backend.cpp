@@ -11,7 +11,6 @@
 #include <malloc.h>
 #endif
 
-#include "comm.h"
 #include "cpu/kernels.h"
 #include "cpu/vocab.h"
 #include "partition.h"
@@ -46,35 +45,14 @@ CpuLayerActivations& layer_cache(Activations& cache) { return static_cast<CpuLay
 CpuHeadActivations& head_cache(Activations& cache) { return static_cast<CpuHeadActivations&>(cache); }
 const CpuHeadActivations& head_cache(const Activations& cache) { return static_cast<const CpuHeadActivations&>(cache); }
 
-/// The rank's tensor-parallel group as the CPU model's layers call it: their host spans as the
-/// group's buffers.
-class HostTensorParallel final : public cpu::TensorParallel {
- public:
-  explicit HostTensorParallel(TensorParallelBuffers& group) : group_(group) {}
-  int rank() const override { return group_.rank(); }
-  int size() const override { return group_.size(); }
-  bool sequence_parallel() const override { return group_.sequence_parallel(); }
-  void all_reduce(std::span<float> x) override { group_.all_reduce(host_buffer(x)); }
-  void all_gather(std::span<const float> part, std::span<float> whole) override {
-    group_.all_gather(host_buffer(part), host_buffer(whole));
-  }
-  void reduce_scatter(std::span<const float> whole, std::span<float> part) override {
-    group_.reduce_scatter(host_buffer(whole), host_buffer(part));
-  }
-
- private:
-  TensorParallelBuffers& group_;
-};
-
 std::span<const float> f32(const Tensor& t) { return t.as<const float>(); }
 std::span<float> f32(Tensor& t) { return t.as<float>(); }
 
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
-             TensorParallelBuffers* tp)
-      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)),
-        host_tp_(tp ? std::make_unique<HostTensorParallel>(*tp) : nullptr), tp_(host_tp_.get()), n_(shape.tokens()),
+             TensorParallel* tp)
+      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), n_(shape.tokens()),
         h_(shape.hidden) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -116,7 +94,7 @@ class CpuBackend final : public Backend {
   Tensor sequence_whole(Tensor part) override {
     if (!sequence_parallel()) return part;
     Tensor whole = activation();
-    tp_->all_gather(f32(part), f32(whole));
+    tp_->all_gather(part.view(), whole.view());
     return whole;
   }
 
@@ -264,8 +242,7 @@ class CpuBackend final : public Backend {
 
   ModelShape shape_;
   RankModel model_;
-  std::unique_ptr<HostTensorParallel> host_tp_;
-  cpu::TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
+  TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
   int n_, h_;
   bool partial_gradients_ = false;  ///< a backward since the last sum_partial_gradients
   std::vector<Batch> batches_;
@@ -284,7 +261,7 @@ void keep_freed_host_memory() {
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, TensorParallelBuffers* tp) {
+                                          std::uint64_t seed, TensorParallel* tp) {
   keep_freed_host_memory();
   return std::make_unique<CpuBackend>(shape, layout, part, seed, tp);
 }

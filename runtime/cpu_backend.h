@@ -23,6 +23,6 @@ void keep_freed_host_memory();
 /// A rank's part of the model (partition.h); `tp` its tensor-parallel group when part.tp > 1, which
 /// must outlive the backend (its buffers are host memory, the CPU layers' spans).
 std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, TensorParallelBuffers* tp = nullptr);
+                                          std::uint64_t seed, TensorParallel* tp = nullptr);
 
 }  // namespace pipesim::runtime

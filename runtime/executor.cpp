@@ -31,7 +31,7 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 /// to the run's timeout. Only the rank's compute thread calls it, in the same order on every rank of
 /// the group (they run the same ops). The buffers are the backend's (host memory for the CPU's layers,
 /// device memory for the CUDA backend's), as is the lane's memory.
-class TensorParallelGroup final : public TensorParallelBuffers {
+class TensorParallelGroup final : public TensorParallel {
  public:
   TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device)
       : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device) {}

@@ -108,7 +108,7 @@ Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present;
 /// `tp`: its tensor-parallel group (null when its layers are whole), which must outlive the backend.
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank,
-                                      TensorParallelBuffers* tp = nullptr);
+                                      TensorParallel* tp = nullptr);
 
 /// Makes rank `rank`'s backend: make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;

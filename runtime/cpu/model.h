@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model_shape.h"
+#include "tensor_parallel.h"
 
 namespace pipesim::cpu {
 
@@ -20,6 +21,9 @@ namespace pipesim::cpu {
 /// reads it as it is. tied_embeddings: make_model's head is then a copy of its embedding.
 using runtime::LayerFamily;
 using runtime::ModelShape;
+/// A tensor-parallel group (tensor_parallel.h: how a layer splits over it, what each collective
+/// does), the runtime's: the CPU layers call it on host fp32 buffers.
+using runtime::TensorParallel;
 
 /// The weights of one transformer layer, in a fixed order (so that gradients share the type). Llama
 /// uses the same slots: ln1/ln2 gains are its two RMSNorm gains, fc1.weight is the fused gate and up
@@ -45,30 +49,6 @@ struct LayerCache {
 };
 
 Layer make_layer(const ModelShape& shape, std::uint64_t seed, int index);
-
-/// A layer split over a tensor-parallel group as Megatron splits it: the QKV map and the MLP's first
-/// map by output columns (each rank its query and key/value heads, its slice of the FFN), the
-/// attention projection and the MLP's second map by input rows. The row-split maps' partial outputs,
-/// and the input gradients of the column-split ones, are summed over the group; the norms and the
-/// row-split maps' biases stay whole on every rank.
-///
-/// With sequence parallelism the layer's input and output, and its norms, are split by rows (each
-/// rank n / size tokens): the norms' outputs are all-gathered before the column-split maps and the
-/// row-split maps' outputs reduce-scattered, in place of the all-reduces; the norms' parameter
-/// gradients are then partial sums over each rank's rows, until sum_partial_gradients.
-class TensorParallel {
- public:
-  virtual ~TensorParallel() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  virtual bool sequence_parallel() const = 0;
-  /// Each call returns once every rank has contributed. Sums x over the group, in place:
-  virtual void all_reduce(std::span<float> x) = 0;
-  /// whole (size × part.size()) = every rank's part, in rank order:
-  virtual void all_gather(std::span<const float> part, std::span<float> whole) = 0;
-  /// part = block rank() of `whole` summed over the group:
-  virtual void reduce_scatter(std::span<const float> whole, std::span<float> part) = 0;
-};
 
 /// Rows of a layer's input and output on one rank: n, or n / size under sequence parallelism.
 int layer_rows(const ModelShape& shape, const TensorParallel* tp);

@@ -648,7 +648,7 @@ class CudaBackend final : public Backend {
   ModelShape shape_;
   BackendOptions options_;
   int n_, h_;
-  TensorParallelBuffers* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
+  TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
   LayerPart part_;             ///< the widths of its part of each layer
   bool partial_gradients_ = false;  ///< a backward under sequence parallelism since sum_partial_gradients
   RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check

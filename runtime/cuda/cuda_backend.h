@@ -32,7 +32,7 @@ struct BackendOptions {
   /// whole): the rank holds cpu::split_layer's part of each layer, as the CPU's does, and sums the
   /// row-split maps' outputs and the column-split maps' input gradients over the group.
   int tp_rank = 0;
-  TensorParallelBuffers* tensor_parallel = nullptr;
+  TensorParallel* tensor_parallel = nullptr;
 };
 
 /// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers):

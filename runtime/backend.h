@@ -107,14 +107,9 @@ class Backend : public Allocator {
 
   // ---- transformer layers (the executor runs a stage's layers in order) ----
   /// Elements of an activation passed between layers and stages: n × h, or under sequence
-  /// parallelism this rank's rows of it.
+  /// parallelism this rank's rows of it (the executor splits and gathers the rows between the
+  /// embedding, the layers and the head, on allocate, copy and the tensor-parallel group).
   virtual std::size_t layer_activation_count() const = 0;
-  /// Under sequence parallelism, this rank's rows of a whole activation (the embedding's output, the
-  /// final norm's input gradient); otherwise `whole` itself.
-  virtual Tensor sequence_part(Tensor whole) { return whole; }
-  /// Under sequence parallelism, every rank's rows gathered (the last layer's output, the first
-  /// layer's input gradient); otherwise `part` itself.
-  virtual Tensor sequence_whole(Tensor part) { return part; }
   /// The embedding rows this rank holds for microbatch `mb`'s tokens (the whole table on the first
   /// stage in baseline, the rank's shard in the vocabulary-parallel modes: IF); other rows are 0.
   virtual Tensor embed(int mb) = 0;

@@ -85,19 +85,6 @@ class CpuBackend final : public Backend {
   std::size_t layer_activation_count() const override {
     return std::size_t(cpu::layer_rows(shape_, tp_)) * std::size_t(h_);
   }
-  Tensor sequence_part(Tensor whole) override {
-    if (!sequence_parallel()) return whole;
-    Tensor part = allocate(layer_activation_count(), DType::F32);
-    copy(whole, std::size_t(tp_->rank()) * part.count(), part, 0, part.count());
-    return part;
-  }
-  Tensor sequence_whole(Tensor part) override {
-    if (!sequence_parallel()) return part;
-    Tensor whole = activation();
-    tp_->all_gather(part.view(), whole.view());
-    return whole;
-  }
-
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CpuLayerActivations>();
     Tensor y = allocate(layer_activation_count(), DType::F32);

@@ -120,7 +120,8 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   Transport& comm = groups.pipeline();
   const int rank = comm.rank();
   const RankPlace place = job.place(groups.world.rank());
-  OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), backend, options.optimizer);
+  OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), groups.tensor.get(), backend,
+                            options.optimizer);
   StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {

@@ -164,18 +164,6 @@ class CudaBackend final : public Backend {
   }
 
   std::size_t layer_activation_count() const override { return std::size_t(rows()) * std::size_t(h_); }
-  /// Under sequence parallelism this rank's rows of the embedding's output (cpu's CpuBackend does the
-  /// same on the host).
-  Tensor sequence_part(Tensor whole) override {
-    if (!sequence_parallel()) return whole;
-    Tensor part = uninitialized(layer_activation_count(), whole.dtype());
-    copy(whole, std::size_t(tp_->rank()) * part.count(), part, 0, part.count());
-    return part;
-  }
-  Tensor sequence_whole(Tensor part) override {
-    if (!sequence_parallel()) return part;
-    return gathered(part);
-  }
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CudaLayerActivations>();
     forward(model_.layers.at(layer), x, *cache);

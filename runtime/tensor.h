@@ -11,7 +11,8 @@
 
 namespace pipesim::runtime {
 
-/// Gives memory back; a backend is one.
+/// Gives memory back: what owns the bytes of a Tensor. A backend is one (its tensors), and so is a
+/// memory space the in-process communicator moves data through (Memory, inprocess_comm.h).
 class Allocator {
  public:
   virtual ~Allocator() = default;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tensor.h"
+#include "tensor_parallel.h"
 #include "units.h"
 
 namespace pipesim::runtime {
@@ -63,26 +64,6 @@ struct OwnedPart {
   std::size_t end(std::size_t c) const { return std::min(c, std::size_t(index + 1) * block(c)); }
 };
 
-/// A tensor-parallel group's collectives on a backend's own buffers (the CUDA backend's device
-/// memory, in its activation type), for a rank that holds part of each layer: cpu::TensorParallel's
-/// contract on Buffers. Blocking (each returns when its result is in place), held to the run's
-/// timeout and recorded as cpu::TensorParallel's are; only the rank's compute thread calls them, in
-/// the same order on every rank of the group.
-class TensorParallelBuffers {
- public:
-  virtual ~TensorParallelBuffers() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  /// Whether layers' inputs and outputs, and their norms, are split by rows over the group.
-  virtual bool sequence_parallel() const = 0;
-  /// Sums `data` over the group, in place.
-  virtual void all_reduce(Buffer data) = 0;
-  /// whole (size() × part.count) = every rank's part, in rank order.
-  virtual void all_gather(Buffer part, Buffer whole) = 0;
-  /// part = block rank() of `whole` summed over the group.
-  virtual void reduce_scatter(Buffer whole, Buffer part) = 0;
-};
-
 /// What the S pass leaves for the barrier and the T pass.
 struct OutputShard {
   Tensor logits;  ///< n × shard rows
@@ -126,14 +107,9 @@ class Backend : public Allocator {
 
   // ---- transformer layers (the executor runs a stage's layers in order) ----
   /// Elements of an activation passed between layers and stages: n × h, or under sequence
-  /// parallelism this rank's rows of it.
+  /// parallelism this rank's rows of it (the executor splits and gathers the rows between the
+  /// embedding, the layers and the head, on allocate, copy and the tensor-parallel group).
   virtual std::size_t layer_activation_count() const = 0;
-  /// Under sequence parallelism, this rank's rows of a whole activation (the embedding's output, the
-  /// final norm's input gradient); otherwise `whole` itself.
-  virtual Tensor sequence_part(Tensor whole) { return whole; }
-  /// Under sequence parallelism, every rank's rows gathered (the last layer's output, the first
-  /// layer's input gradient); otherwise `part` itself.
-  virtual Tensor sequence_whole(Tensor part) { return part; }
   /// The embedding rows this rank holds for microbatch `mb`'s tokens (the whole table on the first
   /// stage in baseline, the rank's shard in the vocabulary-parallel modes: IF); other rows are 0.
   virtual Tensor embed(int mb) = 0;

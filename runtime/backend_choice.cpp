@@ -28,9 +28,8 @@ Status check_backend(const RunOptions& options) {
   return Status::Ok();
 }
 
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, cpu::TensorParallel* tp,
-                                      TensorParallelBuffers* tp_buffers) {
-  const cpu::ModelShape& shape = job.shape;
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, TensorParallel* tp) {
+  const ModelShape& shape = job.shape;
   const RankPlace place = job.place(rank);
   const OwnedPart owned = job.owned_part(place);
   if (options.backend == BackendKind::Cpu)
@@ -43,13 +42,13 @@ std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job,
     return cuda::make_backend(shape, job.layout, place.device, options.seed,
                               {.device = options.device, .dtype = options.dtype, .ranks_on_device = 1,
                                .index_on_device = 0, .owned = owned, .tp_rank = place.tp_rank,
-                               .tensor_parallel = tp_buffers});
+                               .tensor_parallel = tp});
   // Ranks of one process go round-robin over the GPUs; those that share one split its SMs equally.
   const int gpus = cuda::device_count(), ranks = job.ranks();
   const cuda::BackendOptions gpu{.device = rank % gpus, .dtype = options.dtype,
                                  .ranks_on_device = ranks / gpus + (rank % gpus < ranks % gpus ? 1 : 0),
                                  .index_on_device = rank / gpus, .owned = owned, .tp_rank = place.tp_rank,
-                                 .tensor_parallel = tp_buffers};
+                                 .tensor_parallel = tp};
   return cuda::make_backend(shape, job.layout, place.device, options.seed, gpu);
 }
 

@@ -50,8 +50,8 @@ std::span<float> f32(Tensor& t) { return t.as<float>(); }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
-             cpu::TensorParallel* tp)
+  CpuBackend(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
+             TensorParallel* tp)
       : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), n_(shape.tokens()),
         h_(shape.hidden) {}
 
@@ -85,19 +85,6 @@ class CpuBackend final : public Backend {
   std::size_t layer_activation_count() const override {
     return std::size_t(cpu::layer_rows(shape_, tp_)) * std::size_t(h_);
   }
-  Tensor sequence_part(Tensor whole) override {
-    if (!sequence_parallel()) return whole;
-    Tensor part = allocate(layer_activation_count(), DType::F32);
-    copy(whole, std::size_t(tp_->rank()) * part.count(), part, 0, part.count());
-    return part;
-  }
-  Tensor sequence_whole(Tensor part) override {
-    if (!sequence_parallel()) return part;
-    Tensor whole = activation();
-    tp_->all_gather(f32(part), f32(whole));
-    return whole;
-  }
-
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CpuLayerActivations>();
     Tensor y = allocate(layer_activation_count(), DType::F32);
@@ -123,7 +110,7 @@ class CpuBackend final : public Backend {
     const auto floats = f32(x);
     cache->input.assign(floats.begin(), floats.end());
     cache->normed.resize(activation_size()), cache->rstd.resize(std::size_t(n_));
-    if (shape_.family == cpu::LayerFamily::Gpt) cache->mean.resize(std::size_t(n_));  // RMSNorm keeps no mean
+    if (shape_.family == LayerFamily::Gpt) cache->mean.resize(std::size_t(n_));  // RMSNorm keeps no mean
     cpu::norm_forward(shape_, model_.params.final_gain, model_.params.final_bias, cache->input, cache->normed, cache->mean,
                       cache->rstd, n_);
     return cache;
@@ -240,9 +227,9 @@ class CpuBackend final : public Backend {
   const std::vector<int>& tokens(int mb) const { return batches_.at(std::size_t(mb)).tokens; }
   const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }
 
-  cpu::ModelShape shape_;
+  ModelShape shape_;
   RankModel model_;
-  cpu::TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
+  TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
   int n_, h_;
   bool partial_gradients_ = false;  ///< a backward since the last sum_partial_gradients
   std::vector<Batch> batches_;
@@ -260,8 +247,8 @@ void keep_freed_host_memory() {
 #endif
 }
 
-std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, cpu::TensorParallel* tp) {
+std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
+                                          std::uint64_t seed, TensorParallel* tp) {
   keep_freed_host_memory();
   return std::make_unique<CpuBackend>(shape, layout, part, seed, tp);
 }

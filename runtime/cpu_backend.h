@@ -21,8 +21,8 @@ namespace pipesim::runtime {
 void keep_freed_host_memory();
 
 /// A rank's part of the model (partition.h); `tp` its tensor-parallel group when part.tp > 1, which
-/// must outlive the backend.
-std::unique_ptr<Backend> make_cpu_backend(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, cpu::TensorParallel* tp = nullptr);
+/// must outlive the backend (its buffers are host memory, the CPU layers' spans).
+std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
+                                          std::uint64_t seed, TensorParallel* tp = nullptr);
 
 }  // namespace pipesim::runtime

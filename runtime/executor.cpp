@@ -29,18 +29,15 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 
 /// A tensor-parallel group as a layer's math sees it: blocking collectives on the group's first lane, held
 /// to the run's timeout. Only the rank's compute thread calls it, in the same order on every rank of
-/// the group (they run the same ops). The CPU's layers pass host spans, the CUDA backend's its device
-/// buffers (TensorParallelBuffers); the lane's memory is the backend's either way.
-class TensorParallelGroup final : public cpu::TensorParallel, public TensorParallelBuffers {
+/// the group (they run the same ops). The buffers are the backend's (host memory for the CPU's layers,
+/// device memory for the CUDA backend's), as is the lane's memory.
+class TensorParallelGroup final : public TensorParallel {
  public:
   TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device)
       : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device) {}
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   bool sequence_parallel() const override { return sequence_parallel_; }
-  void all_reduce(std::span<float> x) override {
-    run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(host_buffer(x), ReduceOp::Sum); });
-  }
   void all_reduce(Buffer data) override {
     run(Kind::AllReduce, [&] { return group_->lane(0).all_reduce(data, ReduceOp::Sum); });
   }
@@ -49,13 +46,6 @@ class TensorParallelGroup final : public cpu::TensorParallel, public TensorParal
   }
   void reduce_scatter(Buffer whole, Buffer part) override {
     run(Kind::ReduceScatter, [&] { return group_->lane(0).reduce_scatter(whole, part, ReduceOp::Sum); });
-  }
-  void all_gather(std::span<const float> part, std::span<float> whole) override {
-    run(Kind::AllGather, [&] { return group_->lane(0).all_gather(host_buffer(part), host_buffer(whole)); });
-  }
-  void reduce_scatter(std::span<const float> whole, std::span<float> part) override {
-    run(Kind::ReduceScatter,
-        [&] { return group_->lane(0).reduce_scatter(host_buffer(whole), host_buffer(part), ReduceOp::Sum); });
   }
 
   /// A step begins at `epoch`: the collectives recorded from now on are its.
@@ -130,7 +120,8 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   Transport& comm = groups.pipeline();
   const int rank = comm.rank();
   const RankPlace place = job.place(groups.world.rank());
-  OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), backend, options.optimizer);
+  OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), groups.tensor.get(), backend,
+                            options.optimizer);
   StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {
@@ -248,7 +239,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                              "model.hidden / model.heads even",
                              c.source, c.model.hidden / c.model.heads)};
   // Weights and gradients of every rank plus the activations of every microbatch in flight, fp32.
-  const cpu::ModelShape s = model_shape(c);
+  const ModelShape s = model_shape(c);
   const double n = double(s.tokens()), h = s.hidden;
   const double qkv = s.qkv_width(), fc1 = s.fc1_width();
   const double params = 2.0 * vocab_params(c.model) + c.model.layers * layer_params(c.model);  // untied, whole
@@ -289,7 +280,7 @@ Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& op
   std::unique_ptr<Backend> backend;
   try {
     backend = backend_for ? backend_for(comm.rank())
-                          : make_backend(options, job, comm.rank(), groups->tensor.get(), groups->tensor.get());
+                          : make_backend(options, job, comm.rank(), groups->tensor.get());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),
                                         options.backend == BackendKind::Cuda ? "CUDA" : "CPU", e.what());

@@ -106,10 +106,9 @@ Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present;
-/// `tp`: its tensor-parallel group as the CPU's layers use it, `tp_buffers` the same group as the
-/// CUDA backend's layers use it; both must outlive the backend.
+/// `tp`: its tensor-parallel group (null when its layers are whole), which must outlive the backend.
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank,
-                                      cpu::TensorParallel* tp = nullptr, TensorParallelBuffers* tp_buffers = nullptr);
+                                      TensorParallel* tp = nullptr);
 
 /// Makes rank `rank`'s backend: make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;

@@ -25,7 +25,7 @@ void combine_as(void* into, const void* from, std::size_t count, ReduceOp op) {
 class HostMemory final : public Memory {
  public:
   void* allocate(std::size_t bytes) override { return ::operator new(std::max<std::size_t>(bytes, 1)); }
-  void free(void* data) noexcept override { ::operator delete(data); }
+  void free(void* data, std::size_t) noexcept override { ::operator delete(data); }
   void copy(void* to, const void* from, std::size_t bytes) override {
     if (bytes) std::memcpy(to, from, bytes);
   }
@@ -153,11 +153,8 @@ class InProcessLane final : public Communicator {
       auto it = world_.slots_.find(key);
       World::Slot& slot = it->second;
       if (!slot.ready) return false;
-      if (receives) memory_.copy(out.data, static_cast<std::byte*>(slot.result) + from, out.bytes());
-      if (++slot.collected == group_.size()) {
-        memory_.free(slot.result);
-        world_.slots_.erase(it);
-      }
+      if (receives) memory_.copy(out.data, static_cast<std::byte*>(slot.result.data()) + from, out.bytes());
+      if (++slot.collected == group_.size()) world_.slots_.erase(it);  // its result goes back to the memory
       return true;
     });
   }
@@ -171,17 +168,15 @@ class InProcessLane final : public Communicator {
                                            first.count, dtype_name(first.dtype), source, slot.inputs[r].count,
                                            dtype_name(slot.inputs[r].dtype), r));
     if (kind == Collective::AllGather) {  // the inputs side by side, in rank order
-      slot.bytes = first.bytes() * slot.inputs.size();
-      slot.result = memory_.allocate(slot.bytes);
+      slot.result = memory_.tensor(first.count * slot.inputs.size(), first.dtype);
       for (std::size_t r = 0; r < slot.inputs.size(); ++r)
-        memory_.copy(static_cast<std::byte*>(slot.result) + r * first.bytes(), slot.inputs[r].data, first.bytes());
+        memory_.copy(static_cast<std::byte*>(slot.result.data()) + r * first.bytes(), slot.inputs[r].data, first.bytes());
     } else {
-      slot.bytes = first.bytes();
-      slot.result = memory_.allocate(slot.bytes);
-      memory_.copy(slot.result, first.data, first.bytes());
+      slot.result = memory_.tensor(first.count, first.dtype);
+      memory_.copy(slot.result.data(), first.data, first.bytes());
       if (kind != Collective::Broadcast)
         for (std::size_t r = 1; r < slot.inputs.size(); ++r)
-          memory_.combine(slot.result, slot.inputs[r].data, first.count, first.dtype, op);
+          memory_.combine(slot.result.data(), slot.inputs[r].data, first.count, first.dtype, op);
     }
     slot.ready = true;
   }
@@ -250,10 +245,7 @@ World::World(int ranks, Memory& data) : ranks_(ranks), data_memory_(data) {
   for (int r = 0; r < ranks; ++r) transports_.push_back(std::make_unique<InProcessTransport>(*this, Group{0, all, r}));
 }
 
-World::~World() {
-  for (auto& [key, slot] : slots_)
-    if (slot.result) (std::get<1>(key) == kControlLane ? host_memory() : data_memory_).free(slot.result);
-}
+World::~World() = default;  // a slot's result goes back to its lane's memory with it
 
 int World::group_id(const std::vector<int>& members) {
   return groups_.try_emplace(members, int(groups_.size())).first->second;

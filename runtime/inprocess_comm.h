@@ -19,15 +19,17 @@
 
 namespace pipesim::runtime {
 
-/// How a World reads, writes and combines buffers of one memory space.
-class Memory {
+/// How a World reads, writes and combines buffers of one memory space. It is the Allocator
+/// (tensor.h) of what it allocates, as a backend is of its tensors: a Tensor it made gives its bytes
+/// back to it.
+class Memory : public Allocator {
  public:
-  virtual ~Memory() = default;
   virtual void* allocate(std::size_t bytes) = 0;
-  virtual void free(void* data) noexcept = 0;
   virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
   /// into[i] = op(into[i], from[i]) for `count` elements of `dtype`.
   virtual void combine(void* into, const void* from, std::size_t count, DType dtype, ReduceOp op) = 0;
+  /// `count` elements of `dtype` (uninitialised) that give themselves back when destroyed.
+  Tensor tensor(std::size_t count, DType dtype) { return Tensor(allocate(count * size_of(dtype)), count, dtype, this); }
 };
 
 /// Host memory, fp32 and fp64 reductions.
@@ -60,8 +62,7 @@ class World {
   struct Slot {
     std::vector<Buffer> inputs;  ///< by rank in the group
     int arrived = 0, collected = 0;
-    void* result = nullptr;      ///< in the lane's memory
-    std::size_t bytes = 0;
+    Tensor result;               ///< in the lane's memory, which it goes back to with the slot
     bool ready = false;
   };
   /// (group, lane, from, to) in world ranks: a FIFO per channel.

@@ -1,11 +1,12 @@
 #pragma once
 /// What the runtime executes: a task graph, where its stages sit, and the model whose math its ops
-/// do. The runtime needs nothing else of a plan, so it depends on the IR alone (src/), never on the
-/// planner, the schedules or the simulator that made the graph.
+/// do (the runtime's ModelShape, base/model_shape.h). The runtime needs nothing else of a plan, so it
+/// depends on the IR alone (src/), never on the planner, the schedules or the simulator that made the
+/// graph; tools/jobs makes a Job from a plan (job_of).
 #include <vector>
 
 #include "backend.h"
-#include "cpu/model.h"
+#include "model_shape.h"
 #include "layout.h"
 #include "parallel_shape.h"
 #include "task_graph.h"
@@ -24,7 +25,7 @@ struct RankPlace {
 struct Job {
   const TaskGraph& graph;
   const Layout& layout;
-  cpu::ModelShape shape;
+  ModelShape shape;
   int microbatches = 1;  ///< per iteration and replica: the loss is the mean over all of their tokens
   /// Its recompute_* fields, which put R ops in the graph: which layers' activations F drops, keeping
   /// only the inputs that R rebuilds them from; its zero_stage, which shards the optimizer's state.

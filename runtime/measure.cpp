@@ -34,7 +34,7 @@ void StepRecorder::move_into(RunResult& result) {
   result.live_after = std::move(live_after_);
 }
 
-GradientCheck::GradientCheck(const cpu::ModelShape& shape, std::uint64_t seed, std::span<const Batch> batches)
+GradientCheck::GradientCheck(const ModelShape& shape, std::uint64_t seed, std::span<const Batch> batches)
     : shape_(shape), grad_(cpu::zero_model(shape)) {
   const cpu::Model model = cpu::make_model(shape, seed);
   for (const Batch& b : batches) loss_ += cpu::reference_step(shape, model, b.tokens, b.targets, grad_);

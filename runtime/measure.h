@@ -40,7 +40,7 @@ class StepRecorder final : public OpObserver {
 class GradientCheck {
  public:
   /// Runs the reference: the whole model on one device over `batches` (the first step's).
-  GradientCheck(const cpu::ModelShape& shape, std::uint64_t seed, std::span<const Batch> batches);
+  GradientCheck(const ModelShape& shape, std::uint64_t seed, std::span<const Batch> batches);
   /// For every tensor of the model, Σ (g − g_ref)² and Σ g_ref² over the elements in `gradients`
   /// (tensor_names' order, zeros where it holds none): summed over ranks they give each tensor's
   /// norm-wise relative error.
@@ -49,7 +49,7 @@ class GradientCheck {
   CheckResult result(std::span<const float> terms, double loss, const RunOptions& options) const;
 
  private:
-  cpu::ModelShape shape_;
+  ModelShape shape_;
   cpu::Model grad_;
   double loss_ = 0;
 };

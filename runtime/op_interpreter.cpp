@@ -27,10 +27,11 @@ class AllOf final : public Request {
 }  // namespace
 
 OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data,
-                             Transport* tied, Backend& backend, const OptimizerSettings& optimizer)
+                             Transport* tied, TensorParallel* tensor, Backend& backend,
+                             const OptimizerSettings& optimizer)
     : graph_(job.graph), layout_(job.layout), rank_(place.device), comm_(comm), backend_(backend),
       optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
-      data_(data), tied_(tied), replicas_(job.dp),
+      data_(data), tied_(tied), tensor_(tensor), replicas_(job.dp),
       owned_(job.owned_part(place)),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)), training_(job.training), tensor_stages_(tensor_stages(layout_, rank_)),
@@ -117,7 +118,7 @@ void OpInterpreter::forward(const Task& t) {
     vocab_layer([&] { x = backend_.embed(mb); });
   else
     x = buffers_.take({Buf::StageInput, t.stage, mb});
-  if (t.stage == 0) x = backend_.sequence_part(std::move(x));  // the embedding's output is whole
+  if (t.stage == 0) x = sequence_part(std::move(x));  // the embedding's output is whole
   StageCache cache;
   const int recomputed = recomputed_layers(training_, stage.layers);
   for (int i = 0; i < stage.layers; ++i) {
@@ -134,7 +135,7 @@ void OpInterpreter::forward(const Task& t) {
     cache.layers.emplace_back();
   }
   if (t.stage == last_stage_) {
-    cache.head = backend_.final_norm(backend_.sequence_whole(std::move(x)));
+    cache.head = backend_.final_norm(sequence_whole(std::move(x)));
     if (stage.has_head)  // baseline: the whole LM head and the loss here
       vocab_layer([&] { loss_part_ += backend_.head_forward(*cache.head, mb, microbatch_weight()); });
     else  // vocabulary-parallel: X goes to every device (the broadcast on the output lane)
@@ -145,6 +146,21 @@ void OpInterpreter::forward(const Task& t) {
     buffers_.put({Buf::StageOutput, t.stage, mb}, std::move(x));
   }
   buffers_.put_cache({t.stage, mb}, std::move(cache));
+}
+
+Tensor OpInterpreter::sequence_part(Tensor whole) {
+  if (!sequence_parallel()) return whole;
+  Tensor part = backend_.allocate(backend_.layer_activation_count(), whole.dtype());
+  backend_.copy(whole, std::size_t(tensor_->rank()) * part.count(), part, 0, part.count());
+  return part;
+}
+
+Tensor OpInterpreter::sequence_whole(Tensor part) {
+  if (!sequence_parallel()) return part;
+  Tensor whole = backend_.allocate(activation_size(), part.dtype());
+  backend_.synchronize();  // the group reads what the backend wrote
+  tensor_->all_gather(part.view(), whole.view());
+  return whole;
 }
 
 bool OpInterpreter::keeps_input(int i) const {
@@ -179,7 +195,7 @@ void OpInterpreter::backward(const Task& t) {
       vocab_layer([&] { dnormed = backend_.head_backward(*cache.head); });
     else
       dnormed = buffers_.take({Buf::VocabDx, -1, mb});
-    dy = backend_.sequence_part(backend_.final_norm_backward(*cache.head, dnormed));
+    dy = sequence_part(backend_.final_norm_backward(*cache.head, dnormed));
   } else {
     dy = buffers_.take({Buf::GradInput, t.stage, mb});
   }
@@ -190,7 +206,7 @@ void OpInterpreter::backward(const Task& t) {
     backend_.layer_backward(stage.first_layer + i, *cache.layers[std::size_t(i)], dy, split_weight_);
   }
   if (t.stage == 0) {
-    dy = backend_.sequence_whole(std::move(dy));
+    dy = sequence_whole(std::move(dy));
     if (stage.has_embedding)
       vocab_layer([&] { backend_.embed_backward(mb, dy); });
     else  // vocabulary-parallel: dY goes to every device (the broadcast on the gradient lane)

@@ -17,9 +17,10 @@ class OpInterpreter final : public OpRunner {
  public:
   /// `comm` joins the rank's pipeline (its rank there is place.device); `data` its data-parallel
   /// group, when the job has replicas; `tied` the first and the last stage's devices of its pipeline,
-  /// when the graph sums a tied embedding's gradient between them and this rank is one of the two.
+  /// when the graph sums a tied embedding's gradient between them and this rank is one of the two;
+  /// `tensor` its tensor-parallel group, when the job has one (the backend's layers use it too).
   OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data, Transport* tied,
-                Backend& backend, const OptimizerSettings& optimizer);
+                TensorParallel* tensor, Backend& backend, const OptimizerSettings& optimizer);
 
   void compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>& vocab_parts) override;
   void start(InFlight& f) override;
@@ -42,6 +43,14 @@ class OpInterpreter final : public OpRunner {
   float microbatch_weight() const { return 1.0f / float(microbatches_ * replicas_); }
   /// A whole activation, n × h: what the vocabulary passes and their collectives move.
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
+  /// Whether layers' inputs and outputs are split by rows over the tensor-parallel group.
+  bool sequence_parallel() const { return tensor_ && tensor_->sequence_parallel(); }
+  /// Under sequence parallelism, this rank's rows of a whole activation (the embedding's output, the
+  /// final norm's input gradient); otherwise `whole` itself.
+  Tensor sequence_part(Tensor whole);
+  /// Under sequence parallelism, every rank's rows gathered over the group (the last layer's output,
+  /// the first layer's input gradient); otherwise `part` itself.
+  Tensor sequence_whole(Tensor part);
   bool on_this_rank(int stage) const { return layout_.stages[std::size_t(stage)].device == rank_; }
   /// Runs `work` between two marks, a part of the op the profile reports apart.
   template <class F>
@@ -91,6 +100,7 @@ class OpInterpreter final : public OpRunner {
   const int microbatches_, n_, h_;
   Transport* const data_;     ///< the data-parallel group; null with one replica
   Transport* const tied_;     ///< the first and last stage's devices, for a tied embedding; or null
+  TensorParallel* const tensor_;  ///< the tensor-parallel group; null without one
   const int replicas_;
   const OwnedPart owned_;     ///< what this replica's optimizer updates (ZeRO); all of every tensor otherwise
   const int last_device_, last_stage_;

@@ -51,17 +51,17 @@ RankParams owned_zeros(RankParams p, const OwnedPart& owned) {
 
 }  // namespace
 
-cpu::ModelShape model_shape(const Config& c) {
+ModelShape model_shape(const Config& c) {
   // The simulator's model as the runtime runs it: a SwiGLU MLP means a Llama-family layer (RMSNorm,
   // rotary embeddings, no biases), GELU a GPT one; both take grouped-query attention.
   return {.layers = c.model.layers, .hidden = c.model.hidden, .heads = c.model.heads, .ffn = c.model.ffn_hidden,
           .vocab = c.model.vocab, .batch = c.model.micro_batch_size, .seq = c.model.seq_len,
           .kv_heads = c.model.key_value_heads(),
-          .family = c.model.mlp == MlpKind::SwiGlu ? cpu::LayerFamily::Llama : cpu::LayerFamily::Gpt,
+          .family = c.model.mlp == MlpKind::SwiGlu ? LayerFamily::Llama : LayerFamily::Gpt,
           .tied_embeddings = c.model.tied_embeddings};
 }
 
-RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
+RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
   const int rank = part.device;
   RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
               .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
@@ -88,7 +88,7 @@ RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, co
   if (m.tied) m.params.head.clear();
   if (layout.stages.back().device == rank) {
     m.params.final_gain.assign(std::size_t(shape.hidden), 1.0f);
-    if (shape.family == cpu::LayerFamily::Gpt) m.params.final_bias.assign(std::size_t(shape.hidden), 0.0f);  // RMSNorm has none
+    if (shape.family == LayerFamily::Gpt) m.params.final_bias.assign(std::size_t(shape.hidden), 0.0f);  // RMSNorm has none
   }
   for (const auto& [index, layer] : m.params.layers) {
     cpu::Layer zeros = layer;
@@ -140,7 +140,7 @@ constexpr std::size_t kEmbedding = 0, kHead = 1, kFinalGain = 2, kFinalBias = 3,
 std::size_t layer_tensor(int layer, std::size_t t) { return kFirstLayer + layer_tensor_count() * std::size_t(layer) + t; }
 }  // namespace
 
-std::vector<std::string> tensor_names(const cpu::ModelShape& shape) {
+std::vector<std::string> tensor_names(const ModelShape& shape) {
   std::vector<std::string> names{"embedding", "head", "final_norm.gain", "final_norm.bias"};
   const std::vector<std::string> layer = cpu::layer_tensor_names();
   for (int l = 0; l < shape.layers; ++l)

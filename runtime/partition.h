@@ -26,7 +26,7 @@ struct RankParams {
 };
 
 struct RankModel {
-  cpu::ModelShape shape;
+  ModelShape shape;
   cpu::VocabShard shard;  ///< rows of `embedding`/`head` (the whole vocabulary in baseline)
   OwnedPart owned;        ///< what this rank's optimizer updates (and keeps moments of)
   int tp_rank = 0, tp = 1;  ///< its part of each layer (cpu::split_layer); the rest is whole on every rank
@@ -57,7 +57,7 @@ constexpr std::size_t kEmbeddingFromEnd = 4, kHeadFromEnd = 3;
 /// their vocabulary shards; the final norm's, the last stage.
 std::vector<int> tensor_stages(const Layout& layout, int device);
 
-cpu::ModelShape model_shape(const Config& config);
+ModelShape model_shape(const Config& config);
 /// Where a rank's part of the model comes from: its pipeline device, its tensor-parallel rank, and
 /// under ZeRO the part of each tensor its optimizer updates.
 struct RankPart {
@@ -65,11 +65,11 @@ struct RankPart {
   int tp_rank = 0, tp = 1;
   OwnedPart owned;
 };
-RankModel make_rank_model(const cpu::ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed);
+RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed);
 
 /// Names of the model's tensors: embedding, head, final norm's gain and bias, then each layer's
 /// (cpu::Layer::tensors' order). HostGradient::tensor indexes this list.
-std::vector<std::string> tensor_names(const cpu::ModelShape& shape);
+std::vector<std::string> tensor_names(const ModelShape& shape);
 /// Tensor `index` of tensor_names in a whole model.
 std::span<const float> model_tensor(const cpu::Model& model, std::size_t index);
 /// The gradients `model` holds (of the owned part of each tensor), as Backend::gradients returns them;

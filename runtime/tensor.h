@@ -3,46 +3,20 @@
 /// knowing where the bytes live (host memory for the CPU backend, device memory for CUDA). Only the
 /// backend that made a tensor reads its elements.
 #include <cstddef>
-#include <cstdint>
 #include <span>
 #include <stdexcept>
-#include <string_view>
 #include <utility>
+
+#include "buffer.h"
 
 namespace pipesim::runtime {
 
-enum class DType : std::uint8_t { F32, BF16, F64 };
-
-constexpr std::size_t size_of(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F64: return 8;
-  }
-  return 0;
-}
-constexpr std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F64: return "fp64";
-  }
-  return "?";
-}
-
-/// Gives memory back; a backend is one.
+/// Gives memory back: what owns the bytes of a Tensor. A backend is one (its tensors), and so is a
+/// memory space the in-process communicator moves data through (Memory, inprocess_comm.h).
 class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual void free(void* data, std::size_t bytes) noexcept = 0;
-};
-
-/// An untyped view of `count` elements of `dtype`: what communicators move.
-struct Buffer {
-  void* data = nullptr;
-  std::size_t count = 0;
-  DType dtype = DType::F32;
-  std::size_t bytes() const { return count * size_of(dtype); }
 };
 
 /// Owns `count` elements of `dtype` made by `owner`, and gives them back when destroyed. Move-only:

@@ -18,15 +18,18 @@ LAYERS = {
     "schedules": (["schedules"], ["core"]),
     "sim": (["sim"], ["core"]),
     "plan": (["plan"], ["schedules", "sim", "core"]),
-    "runtime-cpu": (["runtime/cpu"], []),
-    "runtime": (["runtime", "runtime/cuda", "runtime/mpi"], ["runtime-cpu", "core"]),
-    "gpu-bench": (["runtime/cuda/bench"], ["runtime", "runtime-cpu", "core"]),
+    "runtime-base": (["runtime/base"], []),
+    "runtime-cpu": (["runtime/cpu"], ["runtime-base"]),
+    "runtime": (["runtime", "runtime/cuda", "runtime/mpi"], ["runtime-cpu", "runtime-base", "core"]),
+    "gpu-bench": (["runtime/cuda/bench"], ["runtime", "runtime-cpu", "runtime-base", "core"]),
     "formats": (["tools/formats"], ["plan", "schedules", "sim", "core"]),
     "simulate": (["tools/simulate"], ["formats", "plan", "schedules", "sim", "core"]),
     "tune": (["tools/tune"], ["simulate", "formats", "plan", "schedules", "sim", "core"]),
     "calibrate": (["tools/calibrate"], ["formats", "plan", "schedules", "sim", "core"]),
-    "cli": (["tools/cli"], ["tune", "calibrate", "simulate", "formats", "plan", "schedules", "sim", "runtime",
-                            "runtime-cpu", "core"]),
+    "jobs": (["tools/jobs"], ["formats", "plan", "schedules", "sim", "runtime", "runtime-cpu", "runtime-base",
+                              "core"]),
+    "cli": (["tools/cli"], ["jobs", "tune", "calibrate", "simulate", "formats", "plan", "schedules", "sim", "runtime",
+                            "runtime-cpu", "runtime-base", "core"]),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 SOURCES = ("*.h", "*.cuh", "*.cpp", "*.cu")

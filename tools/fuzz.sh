@@ -30,13 +30,14 @@ sources=(src/*.cpp schedules/*.cpp sim/simulator.cpp plan/*.cpp tools/formats/co
 # The cli target drives the whole command line (tools/cli/command_line.h), so it needs the rest of the
 # tools and the runtime too (whose commands it parses but never runs); no plugin path, as without CUDA
 # and MPI.
-cli_flags=(-Itools/simulate -Itools/tune -Itools/calibrate -Itools/cli -Iruntime -Iruntime/cpu
-           -DPIPESIM_VERSION='"fuzz"' -DPIPESIM_CUDA_PLUGIN_PATH='""' -DPIPESIM_MPI_PLUGIN_PATH='""')
+cli_flags=(-Itools/simulate -Itools/tune -Itools/calibrate -Itools/jobs -Itools/cli -Iruntime -Iruntime/base
+           -Iruntime/cpu -DPIPESIM_VERSION='"fuzz"' -DPIPESIM_CUDA_PLUGIN_PATH='""' -DPIPESIM_MPI_PLUGIN_PATH='""')
 cli_sources=(tools/formats/chrome_trace.cpp tools/formats/report.cpp tools/formats/svg_timeline.cpp
              tools/formats/svg_parts.cpp tools/formats/svg_memory.cpp tools/formats/svg_scatter.cpp
-             tools/formats/html_report.cpp tools/formats/config_writer.cpp tools/simulate/*.cpp tools/tune/*.cpp
-             tools/calibrate/*.cpp runtime/*.cpp runtime/cpu/kernels.cpp runtime/cpu/llama_kernels.cpp
-             runtime/cpu/model.cpp runtime/cpu/vocab.cpp runtime/cuda/cuda_loader.cpp)
+             tools/formats/html_report.cpp tools/formats/config_writer.cpp tools/formats/profile.cpp
+             tools/simulate/*.cpp tools/tune/*.cpp tools/calibrate/*.cpp tools/jobs/*.cpp runtime/*.cpp
+             runtime/cpu/kernels.cpp runtime/cpu/llama_kernels.cpp runtime/cpu/model.cpp runtime/cpu/vocab.cpp
+             runtime/cuda/cuda_loader.cpp)
 for f in tools/cli/*.cpp; do [[ $f == tools/cli/main.cpp || $f == tools/cli/huge_pages.cpp ]] || cli_sources+=("$f"); done
 # Compiles what changed: a file whose object is missing or older than it, than any header, or than
 # this script (whose flags it was built with). An instrumented build takes minutes on two cores.

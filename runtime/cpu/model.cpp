@@ -133,6 +133,11 @@ struct Part {
 
 int ranks_of(const TensorParallel* tp) { return tp ? tp->size() : 1; }
 
+/// Host fp32 values as the tensor-parallel group's buffers.
+runtime::Buffer host(std::span<const float> values) {
+  return {const_cast<float*>(values.data()), values.size(), runtime::DType::F32};
+}
+
 /// Llama's rotary embedding of the q and k heads of a fused QKV (n × part.qkv), in place; GPT has
 /// none. `backward` rotates a gradient back.
 void rotate_qk(const ModelShape& s, const Part& part, std::span<float> qkv, bool backward) {
@@ -224,7 +229,7 @@ namespace {
 std::vector<float> whole_rows(TensorParallel* tp, std::vector<float> rows, std::size_t whole) {
   if (!tp || !tp->sequence_parallel()) return rows;
   std::vector<float> all(whole);
-  tp->all_gather(rows, all);
+  tp->all_gather(host(rows), host(all));
   return all;
 }
 
@@ -233,7 +238,7 @@ std::span<const float> whole_rows(TensorParallel* tp, std::span<const float> row
                                   std::size_t whole) {
   if (!tp || !tp->sequence_parallel()) return rows;
   gathered.resize(whole);
-  tp->all_gather(rows, gathered);
+  tp->all_gather(host(rows), host(gathered));
   return gathered;
 }
 
@@ -248,9 +253,9 @@ std::span<float> row_split_output(const TensorParallel* tp, std::vector<float>& 
 void finish_row_split(TensorParallel* tp, std::vector<float>& partial, const std::vector<float>& bias,
                       std::span<const float> residual, std::span<float> out) {
   if (tp && tp->sequence_parallel())
-    tp->reduce_scatter(partial, out);
+    tp->reduce_scatter(host(partial), host(out));
   else if (tp)
-    tp->all_reduce(partial), std::copy(partial.begin(), partial.end(), out.begin());
+    tp->all_reduce(host(partial)), std::copy(partial.begin(), partial.end(), out.begin());
   for (std::size_t i = 0; i < out.size(); ++i) out[i] += residual[i] + (bias.empty() ? 0.0f : bias[i % bias.size()]);
 }
 
@@ -259,11 +264,11 @@ void finish_row_split(TensorParallel* tp, std::vector<float>& partial, const std
 std::vector<float> sum_input_gradient(TensorParallel* tp, std::vector<float>& partial, std::size_t rows_size) {
   if (!tp) return std::move(partial);
   if (!tp->sequence_parallel()) {
-    tp->all_reduce(partial);
+    tp->all_reduce(host(partial));
     return std::move(partial);
   }
   std::vector<float> mine(rows_size);
-  tp->reduce_scatter(partial, mine);
+  tp->reduce_scatter(host(partial), host(mine));
   return mine;
 }
 
@@ -339,7 +344,7 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
 
 void sum_partial_gradients(Layer& g, TensorParallel& tp) {
   for (std::vector<float>* t : {&g.ln1_gain, &g.ln1_bias, &g.ln2_gain, &g.ln2_bias})
-    if (!t->empty()) tp.all_reduce(*t);
+    if (!t->empty()) tp.all_reduce(host(*t));
 }
 
 void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g, int ranks) {

@@ -12,29 +12,18 @@
 #include <string>
 #include <vector>
 
+#include "model_shape.h"
+#include "tensor_parallel.h"
+
 namespace pipesim::cpu {
 
-enum class LayerFamily { Gpt, Llama };
-
-struct ModelShape {
-  int layers = 0, hidden = 0, heads = 0, ffn = 0, vocab = 0;
-  int batch = 1, seq = 0;  ///< one microbatch
-  /// Key/value heads: 0 (or heads) is multi-head attention; fewer is grouped-query attention, and
-  /// must divide heads.
-  int kv_heads = 0;
-  LayerFamily family = LayerFamily::Gpt;
-  float rope_theta = 10000;  ///< RoPE's base (Llama only); needs an even head width
-  /// The LM head is the embedding's transpose (one V × h matrix): make_model's head is then a copy
-  /// of its embedding, and a rank that holds both holds it once.
-  bool tied_embeddings = false;
-  int tokens() const { return batch * seq; }
-  int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
-  int head_width() const { return hidden / heads; }
-  /// A fused QKV row: [q: hidden | k: kv·d | v: kv·d]; 3·hidden for multi-head attention.
-  int qkv_width() const { return hidden + 2 * key_value_heads() * head_width(); }
-  /// fc1's output: ffn for GPT, the fused [gate | up] of 2·ffn for Llama.
-  int fc1_width() const { return family == LayerFamily::Llama ? 2 * ffn : ffn; }
-};
+/// The shape is the runtime's (model_shape.h): the one a Job carries to every backend. The CPU model
+/// reads it as it is. tied_embeddings: make_model's head is then a copy of its embedding.
+using runtime::LayerFamily;
+using runtime::ModelShape;
+/// A tensor-parallel group (tensor_parallel.h: how a layer splits over it, what each collective
+/// does), the runtime's: the CPU layers call it on host fp32 buffers.
+using runtime::TensorParallel;
 
 /// The weights of one transformer layer, in a fixed order (so that gradients share the type). Llama
 /// uses the same slots: ln1/ln2 gains are its two RMSNorm gains, fc1.weight is the fused gate and up
@@ -60,30 +49,6 @@ struct LayerCache {
 };
 
 Layer make_layer(const ModelShape& shape, std::uint64_t seed, int index);
-
-/// A layer split over a tensor-parallel group as Megatron splits it: the QKV map and the MLP's first
-/// map by output columns (each rank its query and key/value heads, its slice of the FFN), the
-/// attention projection and the MLP's second map by input rows. The row-split maps' partial outputs,
-/// and the input gradients of the column-split ones, are summed over the group; the norms and the
-/// row-split maps' biases stay whole on every rank.
-///
-/// With sequence parallelism the layer's input and output, and its norms, are split by rows (each
-/// rank n / size tokens): the norms' outputs are all-gathered before the column-split maps and the
-/// row-split maps' outputs reduce-scattered, in place of the all-reduces; the norms' parameter
-/// gradients are then partial sums over each rank's rows, until sum_partial_gradients.
-class TensorParallel {
- public:
-  virtual ~TensorParallel() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  virtual bool sequence_parallel() const = 0;
-  /// Each call returns once every rank has contributed. Sums x over the group, in place:
-  virtual void all_reduce(std::span<float> x) = 0;
-  /// whole (size × part.size()) = every rank's part, in rank order:
-  virtual void all_gather(std::span<const float> part, std::span<float> whole) = 0;
-  /// part = block rank() of `whole` summed over the group:
-  virtual void reduce_scatter(std::span<const float> whole, std::span<float> part) = 0;
-};
 
 /// Rows of a layer's input and output on one rank: n, or n / size under sequence parallelism.
 int layer_rows(const ModelShape& shape, const TensorParallel* tp);

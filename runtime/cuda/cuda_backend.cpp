@@ -72,7 +72,7 @@ struct LayerPart {
   int heads, kv_heads;
   int attention;  ///< the attention output's width: heads · head width
   int qkv, ffn, fc1;
-  LayerPart(const cpu::ModelShape& s, int ranks)
+  LayerPart(const ModelShape& s, int ranks)
       : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
         qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
 };
@@ -85,7 +85,7 @@ const CudaHeadActivations& head_cache(const Activations& cache) { return static_
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device, std::uint64_t seed,
+  CudaBackend(const ModelShape& shape, const Layout& layout, int pipeline_device, std::uint64_t seed,
               const BackendOptions& o)
       : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden), tp_(o.tensor_parallel),
         part_(shape, group_size(o)),
@@ -164,18 +164,6 @@ class CudaBackend final : public Backend {
   }
 
   std::size_t layer_activation_count() const override { return std::size_t(rows()) * std::size_t(h_); }
-  /// Under sequence parallelism this rank's rows of the embedding's output (cpu's CpuBackend does the
-  /// same on the host).
-  Tensor sequence_part(Tensor whole) override {
-    if (!sequence_parallel()) return whole;
-    Tensor part = uninitialized(layer_activation_count(), whole.dtype());
-    copy(whole, std::size_t(tp_->rank()) * part.count(), part, 0, part.count());
-    return part;
-  }
-  Tensor sequence_whole(Tensor part) override {
-    if (!sequence_parallel()) return part;
-    return gathered(part);
-  }
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CudaLayerActivations>();
     forward(model_.layers.at(layer), x, *cache);
@@ -350,7 +338,7 @@ class CudaBackend final : public Backend {
   /// check compares with the CPU, keep GELU in the kernels that share the CPU's formula. Llama's
   /// SwiGLU has no epilogue.
   bool fused_gelu() const { return dtype() == DType::BF16 && !llama(); }
-  bool llama() const { return shape_.family == cpu::LayerFamily::Llama; }
+  bool llama() const { return shape_.family == LayerFamily::Llama; }
 
   /// The family's norm over `rows` rows of x (cpu::norm_forward): LayerNorm, keeping mean and rstd,
   /// for GPT; RMSNorm, gain only and keeping rstd (mean stays empty), for Llama. A layer's norms run
@@ -360,12 +348,12 @@ class CudaBackend final : public Backend {
     y = uninitialized(std::size_t(rows) * std::size_t(h_), dtype());
     rstd = uninitialized(std::size_t(rows), DType::F32);
     switch (shape_.family) {
-      case cpu::LayerFamily::Gpt:
+      case LayerFamily::Gpt:
         mean = uninitialized(std::size_t(rows), DType::F32);
         return layernorm_forward({.x = x.data(), .gamma = gain.weight.get(), .beta = bias.weight.get(), .y = y.data(),
                                   .mean = f32(mean), .rstd = f32(rstd)},
                                  {.n = rows, .h = h_}, dtype(), stream());
-      case cpu::LayerFamily::Llama:
+      case LayerFamily::Llama:
         return rmsnorm_forward({.x = x.data(), .gain = gain.weight.get(), .y = y.data(), .rstd = f32(rstd)},
                                {.n = rows, .h = h_}, dtype(), stream());
     }
@@ -375,12 +363,12 @@ class CudaBackend final : public Backend {
   void norm_backward(DeviceParam& gain, DeviceParam& bias, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dy, Tensor& dx, int rows) {
     switch (shape_.family) {
-      case cpu::LayerFamily::Gpt:
+      case LayerFamily::Gpt:
         return layernorm_backward({.x = x.data(), .gamma = gain.weight.get(), .mean = f32(mean), .rstd = f32(rstd),
                                    .dy = dy.data(), .dx = dx.data(), .dgamma = gain.grad.get(),
                                    .dbeta = bias.grad.get()},
                                   {.n = rows, .h = h_}, dtype(), stream());
-      case cpu::LayerFamily::Llama:
+      case LayerFamily::Llama:
         return rmsnorm_backward({.x = x.data(), .gain = gain.weight.get(), .rstd = f32(rstd), .dy = dy.data(),
                                  .dx = dx.data(), .dgain = gain.grad.get()},
                                 {.n = rows, .h = h_}, dtype(), stream());
@@ -662,10 +650,10 @@ class CudaBackend final : public Backend {
     return result;
   }
 
-  cpu::ModelShape shape_;
+  ModelShape shape_;
   BackendOptions options_;
   int n_, h_;
-  TensorParallelBuffers* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
+  TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
   LayerPart part_;             ///< the widths of its part of each layer
   bool partial_gradients_ = false;  ///< a backward under sequence parallelism since sum_partial_gradients
   RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check
@@ -696,7 +684,7 @@ std::string unavailable_reason() {
   return "";
 }
 
-std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device,
+std::unique_ptr<Backend> make_backend(const ModelShape& shape, const Layout& layout, int pipeline_device,
                                       std::uint64_t seed, const BackendOptions& options) {
   return std::make_unique<CudaBackend>(shape, layout, pipeline_device, seed, options);
 }

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backend.h"
-#include "cpu/model.h"
+#include "model_shape.h"
 #include "inprocess_comm.h"
 #include "layout.h"
 #include "status.h"
@@ -32,12 +32,12 @@ struct BackendOptions {
   /// whole): the rank holds cpu::split_layer's part of each layer, as the CPU's does, and sums the
   /// row-split maps' outputs and the column-split maps' input gradients over the group.
   int tp_rank = 0;
-  TensorParallelBuffers* tensor_parallel = nullptr;
+  TensorParallel* tensor_parallel = nullptr;
 };
 
 /// One rank's part of the model on a GPU, seeded as the CPU model is (the same numbers):
 /// `pipeline_device` is the graph's device whose stages it holds (the rank in a run of one replica).
-std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device,
+std::unique_ptr<Backend> make_backend(const ModelShape& shape, const Layout& layout, int pipeline_device,
                                       std::uint64_t seed, const BackendOptions& options);
 
 /// Device memory for an in-process World: copies with cudaMemcpy, reductions on the device.

@@ -36,7 +36,7 @@ const PluginApi& api() {
 std::string unavailable_reason() { return plugin().api ? plugin().api->unavailable_reason() : plugin().error; }
 int device_count() { return plugin().api ? plugin().api->device_count() : 0; }
 
-std::unique_ptr<Backend> make_backend(const cpu::ModelShape& shape, const Layout& layout, int pipeline_device,
+std::unique_ptr<Backend> make_backend(const ModelShape& shape, const Layout& layout, int pipeline_device,
                                       std::uint64_t seed, const BackendOptions& options) {
   return api().make_backend(shape, layout, pipeline_device, seed, options);
 }

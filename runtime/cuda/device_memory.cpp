@@ -30,7 +30,7 @@ class DeviceMemory final : public Memory {
     CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
     return data;
   }
-  void free(void* data) noexcept override { static_cast<void>(cudaFreeAsync(data, cudaStreamPerThread)); }
+  void free(void* data, std::size_t) noexcept override { static_cast<void>(cudaFreeAsync(data, cudaStreamPerThread)); }
   void copy(void* to, const void* from, std::size_t bytes) override {
     if (bytes == 0) return;
     // A copy may go on a stream of another device than the current one (a kernel may not).
@@ -54,7 +54,7 @@ class DeviceMemory final : public Memory {
     const cudaStream_t stream = stream_for(device);
     cuda::combine(into, operand, count, dtype, op, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (remote) free(operand);
+    if (remote) free(operand, count * size_of(dtype));
     CUDA_CHECK(cudaSetDevice(previous));
   }
 };

@@ -47,9 +47,6 @@ struct RunFlags {
   runtime::RunOptions runtime;  ///< steps, seed, --check and its bounds, timeout
 };
 
-/// How every profile pipesim writes begins; a file that begins so may be replaced by a new profile.
-constexpr std::string_view kProfileGenerator = "{\n  \"generator\": \"pipesim run\"";
-
 /// RANK:KIND:MICROBATCH[:hang|:kill], e.g. 1:B:2, 2:F:0:hang or 1:F:3:kill; or RANK:setup[:hang|:kill]:
 /// the rank fails while it connects to the others (under MPI, before its NCCL communicators).
 Result<runtime::InjectedFault> parse_fault(const std::string& text) {

@@ -1,0 +1,31 @@
+#pragma once
+/// The model the runtime runs, as every part of it reads the shape: the Job (job.h) carries it across
+/// the seam to a backend, and the CPU model (cpu/model.h) computes it. Plain data and the widths that
+/// follow from it; the config field each comes from is in model_shape(Config) (partition.h).
+namespace pipesim::runtime {
+
+/// GPT: LayerNorm, GELU MLP, biases on every linear map. Llama: RMSNorm, rotary position embeddings
+/// on q and k, a SwiGLU MLP, no biases.
+enum class LayerFamily { Gpt, Llama };
+
+struct ModelShape {
+  int layers = 0, hidden = 0, heads = 0, ffn = 0, vocab = 0;
+  int batch = 1, seq = 0;  ///< one microbatch
+  /// Key/value heads: 0 (or heads) is multi-head attention; fewer is grouped-query attention, and
+  /// must divide heads.
+  int kv_heads = 0;
+  LayerFamily family = LayerFamily::Gpt;
+  float rope_theta = 10000;  ///< RoPE's base (Llama only); needs an even head width
+  /// The LM head is the embedding's transpose (one V × h matrix): a rank that holds both holds it
+  /// once.
+  bool tied_embeddings = false;
+  int tokens() const { return batch * seq; }
+  int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int head_width() const { return hidden / heads; }
+  /// A fused QKV row: [q: hidden | k: kv·d | v: kv·d]; 3·hidden for multi-head attention.
+  int qkv_width() const { return hidden + 2 * key_value_heads() * head_width(); }
+  /// fc1's output: ffn for GPT, the fused [gate | up] of 2·ffn for Llama.
+  int fc1_width() const { return family == LayerFamily::Llama ? 2 * ffn : ffn; }
+};
+
+}  // namespace pipesim::runtime

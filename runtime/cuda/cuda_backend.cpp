@@ -1,21 +1,13 @@
 // The CUDA backend: each op's math as cuBLASLt GEMMs and the kernels of cuda/kernels.h (and, for
 // the Llama family, cuda/llama_kernels.h) on this rank's GPU, in fp32 (TF32 off: the correctness
 // check) or bf16 with fp32 accumulation. The layer's math and tensor layouts are cpu::layer_forward's
-// and cpu::layer_backward's step for step, so that an fp32 run reproduces the CPU's numbers.
-//
-// Streams: every host thread that calls the backend gets a stream of its own (the rank's compute
-// thread and its communication thread), created in the rank's share of the GPU's SMs. Every op ends
-// with synchronize(), so when the executor marks an op done its results exist and any thread may use
-// them. Memory comes from the stream-ordered pool: ops take it without waiting; allocate(), which
-// the executor calls from either thread, returns it ready.
+// and cpu::layer_backward's step for step, so that an fp32 run reproduces the CPU's numbers. Each
+// calling thread's stream, GEMM handle and memory: op_context.h.
 #include "cuda/cuda_backend.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
-#include <mutex>
-#include <thread>
-#include <unordered_map>
 #include <utility>
 
 #include "cuda/check.h"
@@ -26,16 +18,13 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/llama_kernels.h"
+#include "cuda/op_context.h"
 #include "cuda/reduce.h"
 #include "cuda/sm_share.h"
-#include "cuda/thread_stream.h"
 #include "cuda/vocab.h"
 
 namespace pipesim::runtime::cuda {
 namespace {
-
-/// Each thread's cuBLASLt workspace: what cuBLAS recommends for Hopper.
-constexpr std::size_t kGemmWorkspace = std::size_t(32) << 20;
 
 /// What a layer keeps from F to B (and W): the inputs of every kernel's backward, and for a W split
 /// off B the output gradients of the four linear maps. As in cpu::LayerCache, for Llama ln1/ln2 are
@@ -92,33 +81,19 @@ class CudaBackend final : public Backend {
         host_(make_rank_model(shape, layout,
                               {.device = pipeline_device, .tp_rank = o.tp_rank, .tp = group_size(o), .owned = o.owned},
                               seed)),
-        share_(bind_device(o)), model_(host_, o.dtype) {
+        share_(bind_device(o)), model_(host_, o.dtype), threads_(o.device, share_),
+        op_{.threads = threads_, .owner = *this, .dtype = o.dtype, .n = shape.tokens(), .h = shape.hidden} {
     // Freed blocks stay in the pool for the next step instead of going back to the driver.
     cudaMemPool_t pool = nullptr;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, o.device));
     std::uint64_t keep = UINT64_MAX;
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
-  ~CudaBackend() override {
-    retire_streams();
-    for (auto& [id, context] : contexts_) static_cast<void>(cudaStreamDestroy(context.stream));
-    for (ThreadContext& context : spare_) static_cast<void>(cudaStreamDestroy(context.stream));
-  }
 
   std::string_view name() const override { return "cuda"; }
   std::unique_ptr<DeviceClock> device_clock() override { return std::make_unique<EventClock>(stream()); }
 
-  /// A thread that ends (the executor starts a compute thread per step) leaves its stream and GEMM
-  /// handle, with its cached plans, for the next thread instead of leaking them.
-  void release_thread() override {
-    std::lock_guard lock(contexts_mutex_);
-    const auto it = contexts_.find(std::this_thread::get_id());
-    if (it == contexts_.end()) return;
-    CUDA_CHECK(cudaStreamSynchronize(it->second.stream));
-    thread_stream() = {};
-    spare_.push_back(std::move(it->second));
-    contexts_.erase(it);
-  }
+  void release_thread() override { threads_.release_thread(); }
 
   // ---- memory ----
   /// Ready for any thread when it returns (the executor hands these between threads).
@@ -135,12 +110,9 @@ class CudaBackend final : public Backend {
   }
   DType activation_dtype() const override { return options_.dtype; }
   void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) override {
-    const std::size_t element = size_of(src.dtype());
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst.data()) + dst_at * element,
-                               static_cast<const std::byte*>(src.data()) + src_at * element, count * element,
-                               cudaMemcpyDeviceToDevice, stream()));
+    op_.copy(src, src_at, dst, dst_at, count);
   }
-  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+  void synchronize() override { op_.synchronize(); }
   void set_batches(std::span<const Batch> batches) override {
     std::vector<int> tokens, targets;
     for (const Batch& b : batches) {
@@ -298,36 +270,8 @@ class CudaBackend final : public Backend {
   Bytes static_bytes() const override { return Bytes(model_.bytes()); }
 
  private:
-  struct ThreadContext {
-    cudaStream_t stream = nullptr;
-    std::unique_ptr<GemmHandle> gemm;
-  };
-
-  /// The calling thread's stream and GEMM handle, made on its first call (on this rank's GPU).
-  ThreadContext& context() {
-    std::lock_guard lock(contexts_mutex_);
-    auto [it, added] = contexts_.try_emplace(std::this_thread::get_id());
-    if (added) {
-      CUDA_CHECK(cudaSetDevice(options_.device));
-      if (spare_.empty()) {
-        it->second.stream = share_.make_stream();
-      } else {
-        it->second = std::move(spare_.back());
-        spare_.pop_back();
-      }
-    }
-    // The in-process communicator's copies on this thread go on this stream too (thread_stream.h).
-    ThreadStream& bound = thread_stream();
-    if (bound.stream != it->second.stream || bound.generation != stream_generation())
-      bound = {it->second.stream, options_.device, stream_generation()};
-    return it->second;
-  }
-  cudaStream_t stream() { return context().stream; }
-  GemmHandle& gemm() {
-    ThreadContext& c = context();
-    if (!c.gemm) c.gemm = std::make_unique<GemmHandle>(kGemmWorkspace, share_.sm_count());
-    return *c.gemm;
-  }
+  cudaStream_t stream() { return op_.stream(); }
+  GemmHandle& gemm() { return op_.gemm(); }
 
   static SmShare bind_device(const BackendOptions& o) {
     CUDA_CHECK(cudaSetDevice(o.device));
@@ -617,38 +561,18 @@ class CudaBackend final : public Backend {
   }
 
 
-  /// Memory on this thread's stream, ordered before whatever it launches next: enough inside an op,
-  /// which ends with a synchronisation before any other thread sees its tensors. For outputs that
-  /// are written whole before anything reads them (beta = 0 GEMMs, LayerNorm's forward, copies).
-  Tensor uninitialized(std::size_t count, DType dtype) {
-    void* data = nullptr;
-    CUDA_CHECK(cudaMallocAsync(&data, std::max<std::size_t>(count * size_of(dtype), 1), stream()));
-    return Tensor(data, count, dtype, this);
-  }
-  /// Zeros: for outputs that kernels accumulate into (+=).
-  Tensor scratch(std::size_t count, DType dtype) {
-    Tensor t = uninitialized(count, dtype);
-    if (t.bytes()) CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream()));
-    return t;
-  }
+  Tensor uninitialized(std::size_t count, DType dtype) { return op_.uninitialized(count, dtype); }
+  Tensor scratch(std::size_t count, DType dtype) { return op_.scratch(count, dtype); }
   DType dtype() const { return options_.dtype; }
   std::size_t activation_size() const { return std::size_t(n_) * std::size_t(h_); }
   Tensor activation() { return scratch(activation_size(), dtype()); }
   Tensor stats() { return scratch(std::size_t(n_), DType::F32); }
-  static float* f32(const Tensor& t) { return static_cast<float*>(t.data()); }
   const int* tokens(int mb) const { return tokens_.get() + std::size_t(mb) * std::size_t(n_); }
   const int* targets(int mb) const { return targets_.get() + std::size_t(mb) * std::size_t(n_); }
   /// This rank's rows of the vocabulary (RankModel::shard), as the vocabulary launchers take them.
   using Shard = VocabShard;
   Shard shard() const { return host_.shard; }
-  /// The address of element `at` of `t`.
-  static void* element(const Tensor& t, std::size_t at) { return static_cast<std::byte*>(t.data()) + at * size_of(t.dtype()); }
-  double download_scalar(const Tensor& value) {
-    double result = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&result, value.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
-    synchronize();
-    return result;
-  }
+  double download_scalar(const Tensor& value) { return op_.download_scalar(value); }
 
   ModelShape shape_;
   BackendOptions options_;
@@ -660,9 +584,10 @@ class CudaBackend final : public Backend {
   SmShare share_;
   DeviceModel model_;
   DeviceBuffer<int> tokens_, targets_;  ///< this step's, microbatch after microbatch
-  std::mutex contexts_mutex_;
-  std::unordered_map<std::thread::id, ThreadContext> contexts_;
-  std::vector<ThreadContext> spare_;  ///< left by threads that ended
+  // Declared after what they use, so destroyed first: the streams and GEMM handles go before the
+  // buffers, the model and the SM share.
+  ThreadContexts threads_;
+  OpContext op_;  ///< this rank's ops' view of the above
 };
 
 }  // namespace

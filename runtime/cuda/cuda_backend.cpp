@@ -1,23 +1,20 @@
-// The CUDA backend: each op's math as cuBLASLt GEMMs and the kernels of cuda/kernels.h (and, for
-// the Llama family, cuda/llama_kernels.h) on this rank's GPU, in fp32 (TF32 off: the correctness
-// check) or bf16 with fp32 accumulation. The layer's math and tensor layouts are cpu::layer_forward's
-// and cpu::layer_backward's step for step, so that an fp32 run reproduces the CPU's numbers. Each
-// calling thread's stream, GEMM handle and memory: op_context.h.
+// The CUDA backend: each op's math as cuBLASLt GEMMs and the kernels of cuda/kernels.h on this
+// rank's GPU, in fp32 (TF32 off: the correctness check) or bf16 with fp32 accumulation. The
+// transformer layers: layer.h, on layer_ops.h. Each calling thread's stream, GEMM handle and memory:
+// op_context.h.
 #include "cuda/cuda_backend.h"
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <utility>
 
 #include "cuda/check.h"
 #include "cuda/device_model.h"
-#include "cuda/attention_cudnn.h"
-#include "cuda/attention_gemm.h"
 #include "cuda/event_clock.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
-#include "cuda/llama_kernels.h"
+#include "cuda/layer.h"
+#include "cuda/layer_ops.h"
 #include "cuda/op_context.h"
 #include "cuda/reduce.h"
 #include "cuda/sm_share.h"
@@ -26,25 +23,6 @@
 namespace pipesim::runtime::cuda {
 namespace {
 
-/// What a layer keeps from F to B (and W): the inputs of every kernel's backward, and for a W split
-/// off B the output gradients of the four linear maps. As in cpu::LayerCache, for Llama ln1/ln2 are
-/// RMSNorm outputs (mean1/mean2 stay empty), qkv is after the rotary embedding, fc1 is the fused
-/// [gate | up] and gelu holds silu(gate)·up.
-struct CudaLayerActivations final : Activations {
-  Tensor input, ln1, mean1, rstd1, qkv, attention, lse, middle, ln2, mean2, rstd2, fc1, gelu;
-  struct Deferred {
-    Tensor fc2_dy, fc1_dy, proj_dy, qkv_dy;
-  } deferred;
-
-  Bytes bytes() const override {
-    std::size_t total = 0;
-    for (const Tensor* t : {&input, &ln1, &mean1, &rstd1, &qkv, &attention, &lse, &middle, &ln2, &mean2, &rstd2, &fc1,
-                            &gelu, &deferred.fc2_dy, &deferred.fc1_dy, &deferred.proj_dy, &deferred.qkv_dy})
-      total += t->bytes();
-    return Bytes(total);
-  }
-};
-
 /// The final norm's input and output (mean empty for RMSNorm), and the baseline LM head's logit
 /// gradients (last stage).
 struct CudaHeadActivations final : Activations {
@@ -52,18 +30,6 @@ struct CudaHeadActivations final : Activations {
   Bytes bytes() const override {
     return Bytes(input.bytes() + mean.bytes() + rstd.bytes() + normed.bytes() + dlogits.bytes());
   }
-};
-
-/// The widths of this rank's part of a layer (cpu/model.cpp's Part): split over the tensor-parallel
-/// group as Megatron splits it (its query and key/value heads, its slice of the FFN), the whole layer
-/// without tensor parallelism.
-struct LayerPart {
-  int heads, kv_heads;
-  int attention;  ///< the attention output's width: heads · head width
-  int qkv, ffn, fc1;
-  LayerPart(const ModelShape& s, int ranks)
-      : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
-        qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
 };
 
 int group_size(const BackendOptions& o) { return o.tensor_parallel ? o.tensor_parallel->size() : 1; }
@@ -77,12 +43,12 @@ class CudaBackend final : public Backend {
   CudaBackend(const ModelShape& shape, const Layout& layout, int pipeline_device, std::uint64_t seed,
               const BackendOptions& o)
       : shape_(shape), options_(o), n_(shape.tokens()), h_(shape.hidden), tp_(o.tensor_parallel),
-        part_(shape, group_size(o)),
         host_(make_rank_model(shape, layout,
                               {.device = pipeline_device, .tp_rank = o.tp_rank, .tp = group_size(o), .owned = o.owned},
                               seed)),
         share_(bind_device(o)), model_(host_, o.dtype), threads_(o.device, share_),
-        op_{.threads = threads_, .owner = *this, .dtype = o.dtype, .n = shape.tokens(), .h = shape.hidden} {
+        op_{.threads = threads_, .owner = *this, .dtype = o.dtype, .n = shape.tokens(), .h = shape.hidden},
+        layer_ops_(op_, shape_, LayerPart(shape, group_size(o)), o.tensor_parallel), layers_(op_, layer_ops_) {
     // Freed blocks stay in the pool for the next step instead of going back to the driver.
     cudaMemPool_t pool = nullptr;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, o.device));
@@ -135,30 +101,25 @@ class CudaBackend final : public Backend {
                        {.n = n_, .h = h_}, host_.shard, dtype(), stream());
   }
 
-  std::size_t layer_activation_count() const override { return std::size_t(rows()) * std::size_t(h_); }
+  std::size_t layer_activation_count() const override { return layer_ops_.layer_activation_count(); }
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CudaLayerActivations>();
-    forward(model_.layers.at(layer), x, *cache);
+    layers_.forward(model_.layers.at(layer), x, *cache);
     return cache;
   }
   void layer_backward(int layer, Activations& cache, Tensor& dy, bool defer_weights) override {
-    partial_gradients_ = partial_gradients_ || sequence_parallel();
-    backward(model_.layers.at(layer), layer_cache(cache), dy, defer_weights);
+    partial_gradients_ = partial_gradients_ || layer_ops_.sequence_parallel();
+    layers_.backward(model_.layers.at(layer), layer_cache(cache), dy, defer_weights);
   }
   void layer_weight(int layer, Activations& base) override {
-    DeviceLayer& w = model_.layers.at(layer);
-    const CudaLayerActivations& c = layer_cache(base);
-    const CudaLayerActivations::Deferred& d = c.deferred;
-    linear_weight_grad(c.gelu, d.fc2_dy, w.fc2_weight, w.fc2_bias, part_.ffn, h_);
-    linear_weight_grad(c.ln2, d.fc1_dy, w.fc1_weight, w.fc1_bias, h_, part_.fc1);
-    linear_weight_grad(c.attention, d.proj_dy, w.proj_weight, w.proj_bias, part_.attention, h_);
-    linear_weight_grad(c.ln1, d.qkv_dy, w.qkv_weight, w.qkv_bias, h_, part_.qkv);
+    layers_.weight(model_.layers.at(layer), layer_cache(base));
   }
 
   std::unique_ptr<Activations> final_norm(Tensor x) override {
     auto cache = std::make_unique<CudaHeadActivations>();
     cache->input = std::move(x);
-    norm_forward(model_.final_gain, model_.final_bias, cache->input, cache->normed, cache->mean, cache->rstd, n_);
+    layer_ops_.norm_forward(model_.final_gain, model_.final_bias, cache->input, cache->normed, cache->mean,
+                            cache->rstd, n_);
     return cache;
   }
   Tensor final_output(const Activations& base) override {
@@ -170,7 +131,8 @@ class CudaBackend final : public Backend {
   Tensor final_norm_backward(Activations& base, const Tensor& dnormed) override {
     CudaHeadActivations& cache = head_cache(base);
     Tensor dy = activation();
-    norm_backward(model_.final_gain, model_.final_bias, cache.input, cache.mean, cache.rstd, dnormed, dy, n_);
+    layer_ops_.norm_backward(model_.final_gain, model_.final_bias, cache.input, cache.mean, cache.rstd, dnormed, dy,
+                             n_);
     return dy;
   }
 
@@ -278,88 +240,6 @@ class CudaBackend final : public Backend {
     return SmShare(o.device, o.ranks_on_device, o.index_on_device);
   }
 
-  /// cuBLASLt's GELU epilogues evaluate the tanh approximation their own way; fp32 runs, which the
-  /// check compares with the CPU, keep GELU in the kernels that share the CPU's formula. Llama's
-  /// SwiGLU has no epilogue.
-  bool fused_gelu() const { return dtype() == DType::BF16 && !llama(); }
-  bool llama() const { return shape_.family == LayerFamily::Llama; }
-
-  /// The family's norm over `rows` rows of x (cpu::norm_forward): LayerNorm, keeping mean and rstd,
-  /// for GPT; RMSNorm, gain only and keeping rstd (mean stays empty), for Llama. A layer's norms run
-  /// on its rows() rows, the final norm on all n.
-  void norm_forward(const DeviceParam& gain, const DeviceParam& bias, const Tensor& x, Tensor& y, Tensor& mean,
-                    Tensor& rstd, int rows) {
-    y = uninitialized(std::size_t(rows) * std::size_t(h_), dtype());
-    rstd = uninitialized(std::size_t(rows), DType::F32);
-    switch (shape_.family) {
-      case LayerFamily::Gpt:
-        mean = uninitialized(std::size_t(rows), DType::F32);
-        return layernorm_forward({.x = x.data(), .gamma = gain.weight.get(), .beta = bias.weight.get(), .y = y.data(),
-                                  .mean = f32(mean), .rstd = f32(rstd)},
-                                 {.n = rows, .h = h_}, dtype(), stream());
-      case LayerFamily::Llama:
-        return rmsnorm_forward({.x = x.data(), .gain = gain.weight.get(), .y = y.data(), .rstd = f32(rstd)},
-                               {.n = rows, .h = h_}, dtype(), stream());
-    }
-  }
-  /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate: under
-  /// sequence parallelism partial sums over this rank's rows, until sum_partial_gradients.
-  void norm_backward(DeviceParam& gain, DeviceParam& bias, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                     const Tensor& dy, Tensor& dx, int rows) {
-    switch (shape_.family) {
-      case LayerFamily::Gpt:
-        return layernorm_backward({.x = x.data(), .gamma = gain.weight.get(), .mean = f32(mean), .rstd = f32(rstd),
-                                   .dy = dy.data(), .dx = dx.data(), .dgamma = gain.grad.get(),
-                                   .dbeta = bias.grad.get()},
-                                  {.n = rows, .h = h_}, dtype(), stream());
-      case LayerFamily::Llama:
-        return rmsnorm_backward({.x = x.data(), .gain = gain.weight.get(), .rstd = f32(rstd), .dy = dy.data(),
-                                 .dx = dx.data(), .dgain = gain.grad.get()},
-                                {.n = rows, .h = h_}, dtype(), stream());
-    }
-  }
-  /// Llama's rotary embedding of the q and k heads of this rank's fused QKV (n × part qkv: its query
-  /// heads, then its key and value heads), in place, as cpu::rotate_qk: forward on the projection's
-  /// output, backward on its gradient. GPT has none.
-  void rotate_qk(Tensor& qkv, bool backward) {
-    if (!llama()) return;
-    const auto rope = backward ? rope_backward : rope_forward;
-    rope(qkv.data(),
-         {.n = n_, .seq = shape_.seq, .width = part_.qkv, .heads = part_.heads + part_.kv_heads,
-          .d = shape_.head_width(), .theta = shape_.rope_theta},
-         dtype(), stream());
-  }
-  bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }
-  /// Rows of a layer's input and output on this rank (cpu::layer_rows): n, or n / tp under sequence
-  /// parallelism.
-  int rows() const { return sequence_parallel() ? n_ / tp_->size() : n_; }
-
-  // The tensor-parallel collectives. Each first lets this stream's work finish (the communicator
-  // reads and writes from its own stream, NCCL's, or thread) and returns with its result in place,
-  // so what this stream launches next reads it.
-
-  /// Every rank's rows (n × h) of a tensor this rank holds rows() rows of (sequence parallelism).
-  Tensor gathered(const Tensor& part) {
-    Tensor whole = uninitialized(activation_size(), part.dtype());
-    synchronize();
-    tp_->all_gather(part.view(), whole.view());
-    return whole;
-  }
-  /// The sum over the group of `partial` (n × h, each rank's partial sum): this rank's rows of it
-  /// under sequence parallelism, else all of it, in place; `partial` itself without tensor
-  /// parallelism.
-  Tensor summed(Tensor partial) {
-    if (!tp_) return partial;
-    if (!sequence_parallel()) {
-      synchronize();
-      tp_->all_reduce(partial.view());
-      return partial;
-    }
-    Tensor mine = uninitialized(layer_activation_count(), partial.dtype());
-    synchronize();
-    tp_->reduce_scatter(partial.view(), mine.view());
-    return mine;
-  }
   /// Under sequence parallelism, once a step before the gradients are read: the norms' parameter
   /// gradients, partial sums over each rank's rows, summed over the group (cpu::sum_partial_gradients).
   void sum_partial_gradients() {
@@ -369,197 +249,6 @@ class CudaBackend final : public Backend {
       for (DeviceParam* p : {&layer.ln1_gain, &layer.ln1_bias, &layer.ln2_gain, &layer.ln2_bias})
         if (p->count() > 0) tp_->all_reduce({p->grad.get(), p->count(), DType::F32});
   }
-  /// A row-split map (proj, fc2): x (n × in, this rank's part) times its rows of W, summed over the
-  /// group (this rank's rows of the sum under sequence parallelism), then the bias (whole on every
-  /// rank) and the residual (rows() rows), as cpu::finish_row_split adds them; without tensor
-  /// parallelism linear() with the residual (one fused GEMM where it can).
-  Tensor row_split(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
-                   const Tensor& residual) {
-    if (!tp_) return linear(x, w, b, in, out, &residual);
-    Tensor partial = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
-    matmul(gemm(), x.data(), w.compute(dtype()), partial.data(), n_, in, out, {dtype(), dtype()}, false, stream());
-    Tensor y = summed(std::move(partial));
-    if (b.count() > 0) bias_add(y.data(), b.weight.get(), rows(), out, dtype(), stream());
-    add(y.data(), residual.data(), y.data(), y.count(), dtype(), stream());
-    return y;
-  }
-
-  /// y = x·W + b (+ residual), keeping x (the layer's cache holds it) and returning y: one GEMM with
-  /// the bias and the residual in its epilogue where cuBLASLt has one, else the GEMM and two kernels.
-  /// An empty b (Llama's layers have no biases) adds nothing.
-  Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
-                const Tensor* residual = nullptr) {
-    Tensor y = uninitialized(std::size_t(n_) * std::size_t(out), dtype());
-    const bool has_bias = b.count() > 0;
-    if (has_bias && linear_bias(gemm(), x.data(), w.compute(dtype()), b.weight.get(),
-                                residual ? residual->data() : nullptr, y.data(), n_, in, out, dtype(), stream()))
-      return y;
-    matmul(gemm(), x.data(), w.compute(dtype()), y.data(), n_, in, out, {dtype(), dtype()}, false, stream());
-    if (has_bias) bias_add(y.data(), b.weight.get(), n_, out, dtype(), stream());
-    if (residual) add(y.data(), residual->data(), y.data(), y.count(), dtype(), stream());
-    return y;
-  }
-  /// dW += xᵀ·dy and db += Σ dy, accumulated in fp32. The GEMM's BGRADA epilogue sums dy while it
-  /// reads it (a deterministic reduction, as every cuBLAS result is run to run on one GPU), into a
-  /// vector that is then added: cuBLASLt overwrites a bias gradient, and gradients accumulate over
-  /// microbatches.
-  void linear_weight_grad(const Tensor& x, const Tensor& dy, DeviceParam& w, DeviceParam& b, int in, int out) {
-    if (b.count() == 0) {  // no bias (Llama): the weight gradient alone
-      matmul_at(gemm(), x.data(), dy.data(), w.grad.get(), n_, in, out, {dtype(), DType::F32}, true, stream());
-      return;
-    }
-    Tensor db = uninitialized(std::size_t(out), DType::F32);
-    if (matmul_at_bgrad(gemm(), x.data(), dy.data(), w.grad.get(), f32(db), n_, in, out, {dtype(), DType::F32}, true,
-                        stream())) {
-      add(b.grad.get(), db.data(), b.grad.get(), std::size_t(out), DType::F32, stream());
-      return;
-    }
-    matmul_at(gemm(), x.data(), dy.data(), w.grad.get(), n_, in, out, {dtype(), DType::F32}, true, stream());
-    bias_grad(dy.data(), b.grad.get(), n_, out, dtype(), stream());
-  }
-  /// dx = dy·Wᵀ (dx is overwritten) and the weight gradients now, unless a W pass will compute them
-  /// from the kept dy.
-  void linear_backward(const Tensor& x, DeviceParam& w, DeviceParam& b, const Tensor& dy, Tensor& dx, int in, int out,
-                       bool defer) {
-    if (!defer) linear_weight_grad(x, dy, w, b, in, out);
-    matmul_bt(gemm(), dy.data(), w.compute(dtype()), dx.data(), n_, out, in, {dtype(), dtype()}, false, stream());
-  }
-
-  /// Causal attention of c.qkv into c.attention, keeping the logsumexp in c.lse. bf16 runs use the
-  /// tensor cores: cuDNN, else cuBLASLt (multi-head attention only), else the flash kernels, which
-  /// also stay the fp32 (checked) path. All three keep the same logsumexp, so any forward pairs with
-  /// any backward.
-  /// This rank's heads: attention of its query heads (width part_.attention) over its key/value heads.
-  void attention_forward_pass(CudaLayerActivations& c) {
-    const int heads = part_.heads, kv = part_.kv_heads, d = shape_.head_width(), width = part_.attention;
-    c.attention = scratch(std::size_t(n_) * std::size_t(width), dtype());
-    c.lse = scratch(std::size_t(shape_.batch) * std::size_t(heads) * std::size_t(shape_.seq), DType::F32);
-    if (dtype() == DType::BF16) {
-      if (use_cudnn_attention() && attention_forward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch,
-                                                           shape_.seq, heads, kv, d, stream()))
-        return;
-      if (kv == heads)
-        return attention_forward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), shape_.batch, shape_.seq,
-                                      width, heads, stream());
-    }
-    attention_forward({.qkv = c.qkv.data(), .out = c.attention.data(), .lse = f32(c.lse)},
-                      {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, dtype(),
-                      stream());
-  }
-  /// dqkv (fresh zeros, n × qkv_width) = the gradient of attention_forward_pass: cuDNN writes it,
-  /// the others add to it, the same on zeros.
-  void attention_backward_pass(const CudaLayerActivations& c, const Tensor& dattention, Tensor& dqkv) {
-    const int heads = part_.heads, kv = part_.kv_heads, d = shape_.head_width(), width = part_.attention;
-    if (dtype() == DType::BF16) {
-      if (use_cudnn_attention() && attention_backward_cudnn(c.qkv.data(), c.attention.data(), f32(c.lse),
-                                                            dattention.data(), dqkv.data(), shape_.batch, shape_.seq,
-                                                            heads, kv, d, stream()))
-        return;
-      if (kv == heads)
-        return attention_backward_gemm(gemm(), c.qkv.data(), c.attention.data(), f32(c.lse), dattention.data(),
-                                       dqkv.data(), shape_.batch, shape_.seq, width, heads, stream());
-    }
-    attention_backward({.qkv = c.qkv.data(), .out = c.attention.data(), .lse = f32(c.lse), .dout = dattention.data(),
-                        .dqkv = dqkv.data()},
-                       {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, dtype(),
-                       stream());
-  }
-
-  /// Under tensor parallelism the QKV map and fc1 are split by output columns (this rank's heads and
-  /// FFN slice; their biases too), proj and fc2 by input rows (row_split sums them over the group).
-  void forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
-    const int f = part_.ffn;
-    c.input = std::move(x);
-    norm_forward(w.ln1_gain, w.ln1_bias, c.input, c.ln1, c.mean1, c.rstd1, rows());
-    if (sequence_parallel()) c.ln1 = gathered(c.ln1);  // the column-split map reads every row
-    c.qkv = linear(c.ln1, w.qkv_weight, w.qkv_bias, h_, part_.qkv);
-    rotate_qk(c.qkv, false);  // the cache keeps the rotated q and k, which attention reads
-    attention_forward_pass(c);
-    c.middle = row_split(c.attention, w.proj_weight, w.proj_bias, part_.attention, h_, c.input);  // + residual
-    norm_forward(w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2, rows());
-    if (sequence_parallel()) c.ln2 = gathered(c.ln2);
-    // fc1 keeps its pre-activation (c.fc1) for the activation's backward.
-    const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    c.gelu = uninitialized(nf, dtype());
-    if (llama()) {
-      c.fc1 = linear(c.ln2, w.fc1_weight, w.fc1_bias, h_, part_.fc1);  // [gate | up], n × 2f
-      swiglu_forward(c.fc1.data(), c.gelu.data(), n_, f, dtype(), stream());
-    } else {
-      c.fc1 = uninitialized(nf, dtype());
-      if (!fused_gelu() || !linear_bias_gelu(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()),
-                                             w.fc1_bias.weight.get(), c.fc1.data(), c.gelu.data(), n_, h_, f, dtype(),
-                                             stream())) {
-        matmul(gemm(), c.ln2.data(), w.fc1_weight.compute(dtype()), c.fc1.data(), n_, h_, f, {dtype(), dtype()}, false,
-               stream());
-        bias_add(c.fc1.data(), w.fc1_bias.weight.get(), n_, f, dtype(), stream());
-        gelu_forward(c.fc1.data(), c.gelu.data(), nf, dtype(), stream());
-      }
-    }
-    x = row_split(c.gelu, w.fc2_weight, w.fc2_bias, f, h_, c.middle);  // with the residual
-  }
-
-  /// The MLP activation's input gradient dfc1 (n × fc1 width) from fc2's output gradient dy: GELU's
-  /// backward, fused into fc2's input-gradient GEMM where cuBLASLt can, or SwiGLU's.
-  Tensor activation_backward(DeviceLayer& w, const CudaLayerActivations& c, const Tensor& dy) {
-    const int f = part_.ffn;
-    const std::size_t nf = std::size_t(n_) * std::size_t(f);
-    Tensor dfc1 = uninitialized(std::size_t(n_) * std::size_t(part_.fc1), dtype());
-    if (fused_gelu() && matmul_bt_dgelu(gemm(), dy.data(), w.fc2_weight.compute(dtype()), c.fc1.data(), dfc1.data(), n_,
-                                        h_, f, dtype(), stream()))
-      return dfc1;
-    Tensor dgelu = uninitialized(nf, dtype());
-    matmul_bt(gemm(), dy.data(), w.fc2_weight.compute(dtype()), dgelu.data(), n_, h_, f, {dtype(), dtype()}, false,
-              stream());
-    CUDA_CHECK(cudaMemsetAsync(dfc1.data(), 0, dfc1.bytes(), stream()));  // both backwards add
-    if (llama())
-      swiglu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), n_, f, dtype(), stream());
-    else
-      gelu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), nf, dtype(), stream());
-    return dfc1;
-  }
-
-  /// With `defer` (a W pass split off), the four output gradients move into c.deferred instead of
-  /// feeding weight GEMMs now; only proj's, which the first residual's gradient goes on adding to, is
-  /// copied. Under tensor parallelism the column-split maps' input gradients (dln2, dln1) are this rank's
-  /// partial sums, summed over the group before the norms' backward (this rank's rows of the sums
-  /// under sequence parallelism, where dy and dx are its rows too).
-  void backward(DeviceLayer& w, CudaLayerActivations& c, Tensor& dy, bool defer) {
-    const int f = part_.ffn;
-    CudaLayerActivations::Deferred* keep = defer ? &c.deferred : nullptr;
-    Tensor dmiddle = uninitialized(layer_activation_count(), dtype());  // through the second residual
-    copy(dy, 0, dmiddle, 0, dy.count());
-    // A row-split map reads the whole output gradient: under sequence parallelism every rank's rows.
-    if (sequence_parallel()) dy = gathered(dy);
-    if (!defer) linear_weight_grad(c.gelu, dy, w.fc2_weight, w.fc2_bias, f, h_);
-    Tensor dfc1 = activation_backward(w, c, dy);
-    if (defer) keep->fc2_dy = std::move(dy);
-    Tensor dln2 = uninitialized(activation_size(), dtype());
-    linear_backward(c.ln2, w.fc1_weight, w.fc1_bias, dfc1, dln2, h_, part_.fc1, defer);
-    if (defer) keep->fc1_dy = std::move(dfc1);
-    dln2 = summed(std::move(dln2));  // each rank's FFN slice contributes
-    norm_backward(w.ln2_gain, w.ln2_bias, c.middle, c.mean2, c.rstd2, dln2, dmiddle, rows());
-    Tensor dmiddle_gathered = sequence_parallel() ? gathered(dmiddle) : Tensor();
-    const Tensor& dmiddle_whole = sequence_parallel() ? dmiddle_gathered : dmiddle;
-    Tensor dattention = uninitialized(std::size_t(n_) * std::size_t(part_.attention), dtype());
-    Tensor dqkv = scratch(std::size_t(n_) * std::size_t(part_.qkv), dtype());
-    linear_backward(c.attention, w.proj_weight, w.proj_bias, dmiddle_whole, dattention, part_.attention, h_, defer);
-    if (defer && sequence_parallel()) {
-      keep->proj_dy = std::move(dmiddle_gathered);  // read for the last time above
-    } else if (defer) {
-      keep->proj_dy = uninitialized(dmiddle.count(), dtype());
-      copy(dmiddle, 0, keep->proj_dy, 0, dmiddle.count());
-    }
-    attention_backward_pass(c, dattention, dqkv);
-    rotate_qk(dqkv, true);  // back to the projection's output: what qkv's weight gradient reads
-    Tensor dln1 = uninitialized(activation_size(), dtype());
-    linear_backward(c.ln1, w.qkv_weight, w.qkv_bias, dqkv, dln1, h_, part_.qkv, defer);
-    if (defer) keep->qkv_dy = std::move(dqkv);
-    dln1 = summed(std::move(dln1));  // likewise each rank's heads
-    // dx: through the first residual, plus the first norm's backward.
-    norm_backward(w.ln1_gain, w.ln1_bias, c.input, c.mean1, c.rstd1, dln1, dmiddle, rows());
-    dy = std::move(dmiddle);
-  }
-
 
   Tensor uninitialized(std::size_t count, DType dtype) { return op_.uninitialized(count, dtype); }
   Tensor scratch(std::size_t count, DType dtype) { return op_.scratch(count, dtype); }
@@ -578,7 +267,6 @@ class CudaBackend final : public Backend {
   BackendOptions options_;
   int n_, h_;
   TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when its layers are whole
-  LayerPart part_;             ///< the widths of its part of each layer
   bool partial_gradients_ = false;  ///< a backward under sequence parallelism since sum_partial_gradients
   RankModel host_;  ///< the CPU copy: the weights uploaded, and where gradients land for the check
   SmShare share_;
@@ -587,7 +275,9 @@ class CudaBackend final : public Backend {
   // Declared after what they use, so destroyed first: the streams and GEMM handles go before the
   // buffers, the model and the SM share.
   ThreadContexts threads_;
-  OpContext op_;  ///< this rank's ops' view of the above
+  OpContext op_;        ///< this rank's ops' view of the above
+  LayerOps layer_ops_;  ///< the layers' building blocks, on this rank's part of each layer
+  LayerPasses layers_;  ///< the layers' F, B and W
 };
 
 }  // namespace

@@ -4,7 +4,7 @@
 /// tensor-parallel sum), causal attention, and the collectives of tensor and sequence parallelism.
 /// Each is cpu/model.cpp's step of the same role, on cuBLASLt GEMMs and the kernels of cuda/kernels.h
 /// and cuda/llama_kernels.h, so that an fp32 run reproduces the CPU's numbers. layer.h composes them
-/// into a layer's passes; the backend uses the norms for the final one too.
+/// into a layer's passes; vocab_passes.h uses the norms for the final one.
 #include <cstddef>
 
 #include "cuda/device_model.h"

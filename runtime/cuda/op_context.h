@@ -1,7 +1,8 @@
 #pragma once
 /// What the CUDA backend's ops run with: the calling thread's stream and cuBLASLt handle
 /// (ThreadContexts) and, around them, the rank's activation type and sizes and the stream-ordered
-/// memory every op takes (OpContext).
+/// memory every op takes (OpContext). The layer and vocabulary math (layer_ops.h, layer.h,
+/// vocab_passes.h) see the backend only through an OpContext.
 ///
 /// Streams: every host thread that calls the backend gets a stream of its own (the rank's compute
 /// thread and its communication thread), created in the rank's share of the GPU's SMs. Every op ends

@@ -314,24 +314,27 @@ bool GemmHandle::try_run(const Call& call, const void* a, const void* b, void* c
 // Row-major X is column-major Xᵀ with the same leading dimension, so each row-major product
 // C = op(A)·op(B) runs as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS's A is our B and its B our A.
 
-void matmul(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
-            bool accumulate, cudaStream_t stream) {
+void matmul(GemmHandle& gemm, const MatmulTensors& t, GemmShape shape, GemmTypes types, bool accumulate,
+            cudaStream_t stream) {
+  const auto [n, k, m] = shape;
   const GemmHandle::Call call{.m = m, .n = n, .k = k, .lda = m, .ldb = k, .ldc = m, .types = types, .accumulate = accumulate};
-  gemm.run(call, b, a, c, stream);
+  gemm.run(call, t.b, t.a, t.c, stream);
 }
 
-void matmul_bt(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
-               bool accumulate, cudaStream_t stream) {
+void matmul_bt(GemmHandle& gemm, const MatmulTensors& t, GemmShape shape, GemmTypes types, bool accumulate,
+               cudaStream_t stream) {
+  const auto [n, k, m] = shape;
   const GemmHandle::Call call{.transpose_a = true, .m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldc = m, .types = types,
                               .accumulate = accumulate};
-  gemm.run(call, b, a, c, stream);
+  gemm.run(call, t.b, t.a, t.c, stream);
 }
 
-void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
-               bool accumulate, cudaStream_t stream) {
+void matmul_at(GemmHandle& gemm, const MatmulTensors& t, GemmShape shape, GemmTypes types, bool accumulate,
+               cudaStream_t stream) {
+  const auto [n, k, m] = shape;
   const GemmHandle::Call call{.transpose_b = true, .m = m, .n = k, .k = n, .lda = m, .ldb = k, .ldc = m, .types = types,
                               .accumulate = accumulate};
-  gemm.run(call, b, a, c, stream);
+  gemm.run(call, t.b, t.a, t.c, stream);
 }
 
 // The fused products. Column-major D is the row-major output transposed, so its rows (m) are the
@@ -356,37 +359,40 @@ bool run_with_bias(GemmHandle& gemm, GemmHandle::Call call, const void* a, const
 
 }  // namespace
 
-bool linear_bias(GemmHandle& gemm, const void* x, const void* w, const float* bias, const void* residual, void* y,
-                 int n, int in, int out, DType dtype, cudaStream_t stream) {
+bool linear_bias(GemmHandle& gemm, const LinearBiasTensors& t, LinearShape shape, DType dtype, cudaStream_t stream) {
+  const auto [n, in, out] = shape;
   const GemmHandle::Call call{.m = out, .n = n, .k = in, .lda = out, .ldb = in, .ldc = out, .types = {dtype, dtype},
-                              .accumulate = residual != nullptr, .epilogue = GemmHandle::Epilogue::Bias,
-                              .bias = bias, .c_in = residual};
-  return run_with_bias(gemm, call, w, x, y, stream);
+                              .accumulate = t.residual != nullptr, .epilogue = GemmHandle::Epilogue::Bias,
+                              .bias = t.bias, .c_in = t.residual};
+  return run_with_bias(gemm, call, t.w, t.x, t.y, stream);
 }
 
-bool linear_bias_gelu(GemmHandle& gemm, const void* x, const void* w, const float* bias, void* pre, void* y, int n,
-                      int in, int out, DType dtype, cudaStream_t stream) {
+bool linear_bias_gelu(GemmHandle& gemm, const LinearBiasGeluTensors& t, LinearShape shape, DType dtype,
+                      cudaStream_t stream) {
+  const auto [n, in, out] = shape;
   const GemmHandle::Call call{.m = out, .n = n, .k = in, .lda = out, .ldb = in, .ldc = out, .types = {dtype, dtype},
-                              .epilogue = GemmHandle::Epilogue::GeluAuxBias, .bias = bias, .aux = pre,
+                              .epilogue = GemmHandle::Epilogue::GeluAuxBias, .bias = t.bias, .aux = t.pre,
                               .ld_aux = out};
-  return run_with_bias(gemm, call, w, x, y, stream);
+  return run_with_bias(gemm, call, t.w, t.x, t.y, stream);
 }
 
-bool matmul_bt_dgelu(GemmHandle& gemm, const void* dy, const void* w, const void* pre, void* dx, int n, int out,
-                     int in, DType dtype, cudaStream_t stream) {
+bool matmul_bt_dgelu(GemmHandle& gemm, const MatmulBtDgeluTensors& t, LinearShape shape, DType dtype,
+                     cudaStream_t stream) {
+  const auto [n, in, out] = shape;
   const GemmHandle::Call call{.transpose_a = true, .m = in, .n = n, .k = out, .lda = out, .ldb = out, .ldc = in,
-                              .types = {dtype, dtype}, .epilogue = GemmHandle::Epilogue::DGelu, .aux = pre,
+                              .types = {dtype, dtype}, .epilogue = GemmHandle::Epilogue::DGelu, .aux = t.pre,
                               .ld_aux = in};
-  return gemm.try_run(call, w, dy, dx, stream);
+  return gemm.try_run(call, t.w, t.dy, t.dx, stream);
 }
 
-bool matmul_at_bgrad(GemmHandle& gemm, const void* x, const void* dy, void* dw, float* dbias, int n, int in, int out,
-                     GemmTypes types, bool accumulate, cudaStream_t stream) {
+bool matmul_at_bgrad(GemmHandle& gemm, const MatmulAtBgradTensors& t, LinearShape shape, GemmTypes types,
+                     bool accumulate, cudaStream_t stream) {
+  const auto [n, in, out] = shape;
   // cuBLAS's A is dy (out×n column-major): BGRADA sums it over k = n, one sum per output feature.
   const GemmHandle::Call call{.transpose_b = true, .m = out, .n = in, .k = n, .lda = out, .ldb = in, .ldc = out,
                               .types = types, .accumulate = accumulate, .epilogue = GemmHandle::Epilogue::BiasGradA,
-                              .bias = dbias};
-  return gemm.try_run(call, dy, x, dw, stream);
+                              .bias = t.dbias};
+  return gemm.try_run(call, t.dy, t.x, t.dw, stream);
 }
 
 }  // namespace pipesim::runtime::cuda

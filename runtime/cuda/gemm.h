@@ -124,37 +124,83 @@ class GemmHandle {
   std::set<Key> unsupported_;
 };
 
+/// The sizes of a plain product, as each of matmul, matmul_bt and matmul_at names them below (for
+/// matmul: C n×m = A n×k · B k×m). No defaults: -Wmissing-field-initializers catches one left out.
+struct GemmShape {
+  int n, k, m;
+};
+
+/// A plain product's operands: C from A and B, in the layouts each product states.
+struct MatmulTensors {
+  const void* a;
+  const void* b;
+  void* c;  ///< written, or added to with `accumulate`
+};
+
 /// C (n×m) = A (n×k) · B (k×m); with `accumulate`, C += instead.
-void matmul(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
-            bool accumulate, cudaStream_t stream);
+void matmul(GemmHandle& gemm, const MatmulTensors& t, GemmShape shape, GemmTypes types, bool accumulate,
+            cudaStream_t stream);
 /// C (n×m) = A (n×k) · Bᵀ, B stored m×k (a linear layer's dx from dy and W, or logits = X·Wᵀ).
 /// cpu::matmul_bt always accumulates: pass accumulate = true to match it.
-void matmul_bt(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
-               bool accumulate, cudaStream_t stream);
+void matmul_bt(GemmHandle& gemm, const MatmulTensors& t, GemmShape shape, GemmTypes types, bool accumulate,
+               cudaStream_t stream);
 /// C (k×m) = Aᵀ · B, A stored n×k and B n×m (a weight gradient). cpu::matmul_at always accumulates.
-void matmul_at(GemmHandle& gemm, const void* a, const void* b, void* c, int n, int k, int m, GemmTypes types,
-               bool accumulate, cudaStream_t stream);
+void matmul_at(GemmHandle& gemm, const MatmulTensors& t, GemmShape shape, GemmTypes types, bool accumulate,
+               cudaStream_t stream);
 
 // Fused linear-layer products: row-major, activations and weights in `dtype` (F32 or BF16), biases
 // and bias gradients fp32 (where cuBLASLt takes no fp32 bias with a bf16 output, the bias epilogues
 // use a bf16 copy made for the call). Each returns false, having written nothing, where cuBLASLt has
 // no such epilogue here (see GemmHandle::try_run).
 
+/// A linear map's sizes: n rows (tokens) through W (in×out), from width `in` to width `out`.
+struct LinearShape {
+  int n, in, out;
+};
+
+struct LinearBiasTensors {
+  const void* x;         ///< n×in
+  const void* w;         ///< in×out
+  const float* bias;     ///< out floats
+  const void* residual;  ///< n×out, or null: none
+  void* y;               ///< n×out (written)
+};
 /// y (n×out) = x (n×in)·W (in×out) + bias, plus `residual` (n×out, may be null) when given: a linear
 /// layer and the residual connection after it in one pass.
-bool linear_bias(GemmHandle& gemm, const void* x, const void* w, const float* bias, const void* residual, void* y,
-                 int n, int in, int out, DType dtype, cudaStream_t stream);
+bool linear_bias(GemmHandle& gemm, const LinearBiasTensors& t, LinearShape shape, DType dtype, cudaStream_t stream);
+
+struct LinearBiasGeluTensors {
+  const void* x;      ///< n×in
+  const void* w;      ///< in×out
+  const float* bias;  ///< out floats
+  void* pre;          ///< n×out: x·W + bias (written)
+  void* y;            ///< n×out: gelu(pre) (written)
+};
 /// pre (n×out) = x·W + bias and y = gelu(pre), the tanh approximation; pre is what the backward
 /// needs. out must be a multiple of 8.
-bool linear_bias_gelu(GemmHandle& gemm, const void* x, const void* w, const float* bias, void* pre, void* y, int n,
-                      int in, int out, DType dtype, cudaStream_t stream);
+bool linear_bias_gelu(GemmHandle& gemm, const LinearBiasGeluTensors& t, LinearShape shape, DType dtype,
+                      cudaStream_t stream);
+
+struct MatmulBtDgeluTensors {
+  const void* dy;   ///< n×out
+  const void* w;    ///< in×out
+  const void* pre;  ///< n×in: the pre-activation of the GELU before the linear map
+  void* dx;         ///< n×in (written)
+};
 /// dx (n×in) = (dy (n×out)·Wᵀ) ∘ gelu'(pre), pre n×in; dx is overwritten (the linear layer's input
 /// gradient through the GELU before it). in must be a multiple of 8.
-bool matmul_bt_dgelu(GemmHandle& gemm, const void* dy, const void* w, const void* pre, void* dx, int n, int out,
-                     int in, DType dtype, cudaStream_t stream);
-/// dW (in×out) = xᵀ·dy (+= with `accumulate`; x n×in, dy n×out) and dbias (out, fp32) = the column
-/// sums of dy, overwritten: a weight gradient and its bias gradient in one pass. types.output F32.
-bool matmul_at_bgrad(GemmHandle& gemm, const void* x, const void* dy, void* dw, float* dbias, int n, int in, int out,
-                     GemmTypes types, bool accumulate, cudaStream_t stream);
+bool matmul_bt_dgelu(GemmHandle& gemm, const MatmulBtDgeluTensors& t, LinearShape shape, DType dtype,
+                     cudaStream_t stream);
+
+struct MatmulAtBgradTensors {
+  const void* x;   ///< n×in
+  const void* dy;  ///< n×out
+  void* dw;        ///< in×out (written, or added to with `accumulate`)
+  float* dbias;    ///< out floats (written)
+};
+/// dW (in×out) = xᵀ·dy (+= with `accumulate`) and dbias (out, fp32) = the column sums of dy,
+/// overwritten: a weight gradient and its bias gradient in one pass. types.output F32.
+bool matmul_at_bgrad(GemmHandle& gemm, const MatmulAtBgradTensors& t, LinearShape shape, GemmTypes types,
+                     bool accumulate, cudaStream_t stream);
 
 }  // namespace pipesim::runtime::cuda

@@ -29,11 +29,13 @@ void LayerPasses::forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
     swiglu_forward(c.fc1.data(), c.gelu.data(), n, f, op_.dtype, op_.stream());
   } else {
     c.fc1 = op_.uninitialized(nf, op_.dtype);
-    if (!ops_.fused_gelu() || !linear_bias_gelu(op_.gemm(), c.ln2.data(), w.fc1_weight.compute(op_.dtype),
-                                                w.fc1_bias.weight.get(), c.fc1.data(), c.gelu.data(), n, h, f,
-                                                op_.dtype, op_.stream())) {
-      matmul(op_.gemm(), c.ln2.data(), w.fc1_weight.compute(op_.dtype), c.fc1.data(), n, h, f,
-             {op_.dtype, op_.dtype}, false, op_.stream());
+    if (!ops_.fused_gelu() || !linear_bias_gelu(op_.gemm(),
+                                                {.x = c.ln2.data(), .w = w.fc1_weight.compute(op_.dtype),
+                                                 .bias = w.fc1_bias.weight.get(), .pre = c.fc1.data(),
+                                                 .y = c.gelu.data()},
+                                                {.n = n, .in = h, .out = f}, op_.dtype, op_.stream())) {
+      matmul(op_.gemm(), {.a = c.ln2.data(), .b = w.fc1_weight.compute(op_.dtype), .c = c.fc1.data()},
+             {.n = n, .k = h, .m = f}, {op_.dtype, op_.dtype}, false, op_.stream());
       bias_add(c.fc1.data(), w.fc1_bias.weight.get(), n, f, op_.dtype, op_.stream());
       gelu_forward(c.fc1.data(), c.gelu.data(), nf, op_.dtype, op_.stream());
     }
@@ -45,12 +47,14 @@ Tensor LayerPasses::activation_backward(DeviceLayer& w, const CudaLayerActivatio
   const int f = ops_.part().ffn, n = op_.n, h = op_.h;
   const std::size_t nf = std::size_t(n) * std::size_t(f);
   Tensor dfc1 = op_.uninitialized(std::size_t(n) * std::size_t(ops_.part().fc1), op_.dtype);
-  if (ops_.fused_gelu() && matmul_bt_dgelu(op_.gemm(), dy.data(), w.fc2_weight.compute(op_.dtype), c.fc1.data(),
-                                           dfc1.data(), n, h, f, op_.dtype, op_.stream()))
+  if (ops_.fused_gelu() &&
+      matmul_bt_dgelu(op_.gemm(),
+                      {.dy = dy.data(), .w = w.fc2_weight.compute(op_.dtype), .pre = c.fc1.data(), .dx = dfc1.data()},
+                      {.n = n, .in = f, .out = h}, op_.dtype, op_.stream()))
     return dfc1;
   Tensor dgelu = op_.uninitialized(nf, op_.dtype);
-  matmul_bt(op_.gemm(), dy.data(), w.fc2_weight.compute(op_.dtype), dgelu.data(), n, h, f, {op_.dtype, op_.dtype},
-            false, op_.stream());
+  matmul_bt(op_.gemm(), {.a = dy.data(), .b = w.fc2_weight.compute(op_.dtype), .c = dgelu.data()},
+            {.n = n, .k = h, .m = f}, {op_.dtype, op_.dtype}, false, op_.stream());
   CUDA_CHECK(cudaMemsetAsync(dfc1.data(), 0, dfc1.bytes(), op_.stream()));  // both backwards add
   if (ops_.llama())
     swiglu_backward(c.fc1.data(), dgelu.data(), dfc1.data(), n, f, op_.dtype, op_.stream());

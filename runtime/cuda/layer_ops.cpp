@@ -74,8 +74,8 @@ Tensor LayerOps::row_split(const Tensor& x, const DeviceParam& w, const DevicePa
                            const Tensor& residual) {
   if (!tp_) return linear(x, w, b, in, out, &residual);
   Tensor partial = op_.uninitialized(std::size_t(op_.n) * std::size_t(out), op_.dtype);
-  matmul(op_.gemm(), x.data(), w.compute(op_.dtype), partial.data(), op_.n, in, out, {op_.dtype, op_.dtype}, false,
-         op_.stream());
+  matmul(op_.gemm(), {.a = x.data(), .b = w.compute(op_.dtype), .c = partial.data()}, {.n = op_.n, .k = in, .m = out},
+         {op_.dtype, op_.dtype}, false, op_.stream());
   Tensor y = summed(std::move(partial));
   if (b.count() > 0) bias_add(y.data(), b.weight.get(), rows(), out, op_.dtype, op_.stream());
   add(y.data(), residual.data(), y.data(), y.count(), op_.dtype, op_.stream());
@@ -86,12 +86,13 @@ Tensor LayerOps::linear(const Tensor& x, const DeviceParam& w, const DeviceParam
                         const Tensor* residual) {
   Tensor y = op_.uninitialized(std::size_t(op_.n) * std::size_t(out), op_.dtype);
   const bool has_bias = b.count() > 0;
-  if (has_bias && linear_bias(op_.gemm(), x.data(), w.compute(op_.dtype), b.weight.get(),
-                              residual ? residual->data() : nullptr, y.data(), op_.n, in, out, op_.dtype,
-                              op_.stream()))
+  if (has_bias && linear_bias(op_.gemm(),
+                              {.x = x.data(), .w = w.compute(op_.dtype), .bias = b.weight.get(),
+                               .residual = residual ? residual->data() : nullptr, .y = y.data()},
+                              {.n = op_.n, .in = in, .out = out}, op_.dtype, op_.stream()))
     return y;
-  matmul(op_.gemm(), x.data(), w.compute(op_.dtype), y.data(), op_.n, in, out, {op_.dtype, op_.dtype}, false,
-         op_.stream());
+  matmul(op_.gemm(), {.a = x.data(), .b = w.compute(op_.dtype), .c = y.data()}, {.n = op_.n, .k = in, .m = out},
+         {op_.dtype, op_.dtype}, false, op_.stream());
   if (has_bias) bias_add(y.data(), b.weight.get(), op_.n, out, op_.dtype, op_.stream());
   if (residual) add(y.data(), residual->data(), y.data(), y.count(), op_.dtype, op_.stream());
   return y;
@@ -99,26 +100,26 @@ Tensor LayerOps::linear(const Tensor& x, const DeviceParam& w, const DeviceParam
 
 void LayerOps::linear_weight_grad(const Tensor& x, const Tensor& dy, DeviceParam& w, DeviceParam& b, int in, int out) {
   if (b.count() == 0) {  // no bias (Llama): the weight gradient alone
-    matmul_at(op_.gemm(), x.data(), dy.data(), w.grad.get(), op_.n, in, out, {op_.dtype, DType::F32}, true,
-              op_.stream());
+    matmul_at(op_.gemm(), {.a = x.data(), .b = dy.data(), .c = w.grad.get()}, {.n = op_.n, .k = in, .m = out},
+              {op_.dtype, DType::F32}, true, op_.stream());
     return;
   }
   Tensor db = op_.uninitialized(std::size_t(out), DType::F32);
-  if (matmul_at_bgrad(op_.gemm(), x.data(), dy.data(), w.grad.get(), f32(db), op_.n, in, out,
-                      {op_.dtype, DType::F32}, true, op_.stream())) {
+  if (matmul_at_bgrad(op_.gemm(), {.x = x.data(), .dy = dy.data(), .dw = w.grad.get(), .dbias = f32(db)},
+                      {.n = op_.n, .in = in, .out = out}, {op_.dtype, DType::F32}, true, op_.stream())) {
     add(b.grad.get(), db.data(), b.grad.get(), std::size_t(out), DType::F32, op_.stream());
     return;
   }
-  matmul_at(op_.gemm(), x.data(), dy.data(), w.grad.get(), op_.n, in, out, {op_.dtype, DType::F32}, true,
-            op_.stream());
+  matmul_at(op_.gemm(), {.a = x.data(), .b = dy.data(), .c = w.grad.get()}, {.n = op_.n, .k = in, .m = out},
+            {op_.dtype, DType::F32}, true, op_.stream());
   bias_grad(dy.data(), b.grad.get(), op_.n, out, op_.dtype, op_.stream());
 }
 
 void LayerOps::linear_backward(const Tensor& x, DeviceParam& w, DeviceParam& b, const Tensor& dy, Tensor& dx, int in,
                                int out, bool defer) {
   if (!defer) linear_weight_grad(x, dy, w, b, in, out);
-  matmul_bt(op_.gemm(), dy.data(), w.compute(op_.dtype), dx.data(), op_.n, out, in, {op_.dtype, op_.dtype}, false,
-            op_.stream());
+  matmul_bt(op_.gemm(), {.a = dy.data(), .b = w.compute(op_.dtype), .c = dx.data()}, {.n = op_.n, .k = out, .m = in},
+            {op_.dtype, op_.dtype}, false, op_.stream());
 }
 
 void LayerOps::attention_forward_pass(const Tensor& qkv, Tensor& out, Tensor& lse) {

@@ -159,7 +159,8 @@ void output_grad(const OutputGradTensors& t, VocabShard shard, float g, int n, D
 
 void output_logits(GemmHandle& gemm, const OutputLogitsTensors& t, VocabShard shard, RowShape shape, DType dtype,
                    cudaStream_t stream) {
-  matmul_bt(gemm, t.x, t.w, t.logits, shape.n, shape.h, shard.rows, GemmTypes{dtype, DType::F32}, false, stream);
+  matmul_bt(gemm, {.a = t.x, .b = t.w, .c = t.logits}, {.n = shape.n, .k = shape.h, .m = shard.rows},
+            GemmTypes{dtype, DType::F32}, false, stream);
   shard_softmax_stats({.logits = t.logits, .targets = t.targets, .max = t.max, .sum_exp = t.sum_exp,
                        .target_logit = t.target_logit},
                       shard, shape.n, stream);
@@ -172,7 +173,8 @@ void output_input_grad_terms(GemmHandle& gemm, const OutputInputGradTermsTensors
   local_softmax({.logits = t.logits, .max = t.max, .sum_exp = t.sum_exp, .softmax = softmax.as<void>()}, n, rows,
                 dtype, stream);
   // An empty shard has k = 0: the GEMM writes A = 0.
-  matmul(gemm, softmax.as<void>(), t.w, t.a, n, rows, h, GemmTypes{dtype, dtype}, false, stream);
+  matmul(gemm, {.a = softmax.as<void>(), .b = t.w, .c = t.a}, {.n = n, .k = rows, .m = h}, GemmTypes{dtype, dtype},
+         false, stream);
   gather_target_rows({.w = t.w, .targets = t.targets, .y = t.y}, shard, shape, dtype, stream);
 }
 
@@ -183,9 +185,12 @@ void output_backward(GemmHandle& gemm, const OutputBackwardTensors& t, VocabShar
   output_grad({.logits = t.logits, .global_max = t.global_max, .global_sum_exp = t.global_sum_exp,
                .targets = t.targets, .grad = grad.as<void>()},
               shard, g, n, dtype, stream);
-  matmul_at(gemm, grad.as<void>(), t.x, t.dw, n, rows, h, GemmTypes{dtype, DType::F32}, true, stream);
+  matmul_at(gemm, {.a = grad.as<void>(), .b = t.x, .c = t.dw}, {.n = n, .k = rows, .m = h},
+            GemmTypes{dtype, DType::F32}, true, stream);
   // With rows = 0 the GEMM has k = 0 and writes dX = 0, as the CPU's fill does.
-  if (t.dx != nullptr) matmul(gemm, grad.as<void>(), t.w, t.dx, n, rows, h, GemmTypes{dtype, dtype}, false, stream);
+  if (t.dx != nullptr)
+    matmul(gemm, {.a = grad.as<void>(), .b = t.w, .c = t.dx}, {.n = n, .k = rows, .m = h}, GemmTypes{dtype, dtype},
+           false, stream);
 }
 
 }  // namespace pipesim::runtime::cuda

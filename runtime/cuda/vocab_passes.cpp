@@ -45,8 +45,8 @@ Tensor VocabPasses::final_norm_backward(CudaHeadActivations& cache, const Tensor
 double VocabPasses::head_forward(CudaHeadActivations& cache, const int* targets, float scale) {
   const int vocab = shape_.vocab;
   Tensor logits = op_.uninitialized(std::size_t(op_.n) * std::size_t(vocab), DType::F32);
-  matmul_bt(op_.gemm(), cache.normed.data(), model_.head.compute(op_.dtype), logits.data(), op_.n, op_.h, vocab,
-            {op_.dtype, DType::F32}, false, op_.stream());
+  matmul_bt(op_.gemm(), {.a = cache.normed.data(), .b = model_.head.compute(op_.dtype), .c = logits.data()},
+            {.n = op_.n, .k = op_.h, .m = vocab}, {op_.dtype, DType::F32}, false, op_.stream());
   cache.dlogits = op_.uninitialized(logits.count(), op_.dtype);  // cross_entropy writes every element
   Tensor loss = op_.scratch(1, DType::F64);
   cross_entropy({.logits = f32(logits), .targets = targets, .dlogits = cache.dlogits.data(),
@@ -59,10 +59,10 @@ double VocabPasses::head_forward(CudaHeadActivations& cache, const int* targets,
 Tensor VocabPasses::head_backward(CudaHeadActivations& cache) {
   const int vocab = shape_.vocab;
   Tensor dnormed = op_.uninitialized(op_.activation_size(), op_.dtype);
-  matmul_at(op_.gemm(), cache.dlogits.data(), cache.normed.data(), model_.head.grad.get(), op_.n, vocab, op_.h,
-            {op_.dtype, DType::F32}, true, op_.stream());
-  matmul(op_.gemm(), cache.dlogits.data(), model_.head.compute(op_.dtype), dnormed.data(), op_.n, vocab, op_.h,
-         {op_.dtype, op_.dtype}, false, op_.stream());
+  matmul_at(op_.gemm(), {.a = cache.dlogits.data(), .b = cache.normed.data(), .c = model_.head.grad.get()},
+            {.n = op_.n, .k = vocab, .m = op_.h}, {op_.dtype, DType::F32}, true, op_.stream());
+  matmul(op_.gemm(), {.a = cache.dlogits.data(), .b = model_.head.compute(op_.dtype), .c = dnormed.data()},
+         {.n = op_.n, .k = vocab, .m = op_.h}, {op_.dtype, op_.dtype}, false, op_.stream());
   return dnormed;
 }
 

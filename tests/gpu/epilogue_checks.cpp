@@ -47,14 +47,16 @@ void check_linear(Report& report, GemmHandle& gemm, const Stream& stream, std::m
   for (std::size_t i = 0; i < ys; ++i) yr[i] += residual[i];
 
   if (fused("linear_bias", shape, t,
-            gpu::linear_bias(gemm, x_d.get(), w_d.get(), f32(b_d), nullptr, y_d.get(), s.n, s.in, s.out, t,
-                             stream.get()))) {
+            gpu::linear_bias(gemm,
+                             {.x = x_d.get(), .w = w_d.get(), .bias = f32(b_d), .residual = nullptr, .y = y_d.get()},
+                             {.n = s.n, .in = s.in, .out = s.out}, t, stream.get()))) {
     stream.sync();
     report.compare("linear_bias", shape, t, "y", y_d.download(), y, tol);
   }
   if (fused("linear_bias +residual", shape, t,
-            gpu::linear_bias(gemm, x_d.get(), w_d.get(), f32(b_d), r_d.get(), yr_d.get(), s.n, s.in, s.out, t,
-                             stream.get()))) {
+            gpu::linear_bias(gemm,
+                             {.x = x_d.get(), .w = w_d.get(), .bias = f32(b_d), .residual = r_d.get(), .y = yr_d.get()},
+                             {.n = s.n, .in = s.in, .out = s.out}, t, stream.get()))) {
     stream.sync();
     report.compare("linear_bias +residual", shape, t, "y", yr_d.download(), yr, tol);
     report.compare_bits("linear_bias +residual", shape, t, "residual kept", r_d.download(), residual);
@@ -74,8 +76,9 @@ void check_gelu_pair(Report& report, GemmHandle& gemm, const Stream& stream, std
   cpu::matmul(x, w, pre, s.n, s.in, s.out);
   for (std::size_t i = 0; i < ys; ++i) pre[i] += bias[i % std::size_t(s.out)];
   if (fused("linear_bias_gelu", shape, t,
-            gpu::linear_bias_gelu(gemm, x_d.get(), w_d.get(), f32(b_d), pre_d.get(), y_d.get(), s.n, s.in, s.out, t,
-                                  stream.get()))) {
+            gpu::linear_bias_gelu(
+                gemm, {.x = x_d.get(), .w = w_d.get(), .bias = f32(b_d), .pre = pre_d.get(), .y = y_d.get()},
+                {.n = s.n, .in = s.in, .out = s.out}, t, stream.get()))) {
     stream.sync();
     report.compare("linear_bias_gelu", shape, t, "pre (aux)", pre_d.download(), pre, tol);
     // GELU of what the device kept: in bf16 the aux is rounded, the output is not rounded twice.
@@ -93,8 +96,8 @@ void check_gelu_pair(Report& report, GemmHandle& gemm, const Stream& stream, std
   cpu::matmul_bt(dy, w2, dgelu, s.n, out2, s.out);
   cpu::gelu_backward(pre_in, dgelu, dpre);
   if (fused("matmul_bt_dgelu", shape, t,
-            gpu::matmul_bt_dgelu(gemm, dy_d.get(), w2_d.get(), pre_in_d.get(), dpre_d.get(), s.n, out2, s.out, t,
-                                 stream.get()))) {
+            gpu::matmul_bt_dgelu(gemm, {.dy = dy_d.get(), .w = w2_d.get(), .pre = pre_in_d.get(), .dx = dpre_d.get()},
+                                 {.n = s.n, .in = s.out, .out = out2}, t, stream.get()))) {
     stream.sync();
     report.compare("matmul_bt_dgelu", shape, t, "dx", dpre_d.download(), dpre, gelu_tol);
   }
@@ -112,8 +115,8 @@ void check_bias_grad(Report& report, GemmHandle& gemm, const Stream& stream, std
   const gpu::GemmTypes types{t, DType::F32};
   Tensor x_d(x, t), dy_d(dy, t), dw_d(dw0, DType::F32), db_d(std::size_t(s.out), DType::F32);
   if (!fused("matmul_at_bgrad", shape, t,
-             gpu::matmul_at_bgrad(gemm, x_d.get(), dy_d.get(), dw_d.get(), f32(db_d), s.n, s.in, s.out, types, true,
-                                  stream.get())))
+             gpu::matmul_at_bgrad(gemm, {.x = x_d.get(), .dy = dy_d.get(), .dw = dw_d.get(), .dbias = f32(db_d)},
+                                  {.n = s.n, .in = s.in, .out = s.out}, types, true, stream.get())))
     return;
   stream.sync();
   const double tol = tolerance(t, kF32);
@@ -122,7 +125,8 @@ void check_bias_grad(Report& report, GemmHandle& gemm, const Stream& stream, std
   // The bias gradient is a reduction: a rerun must give the same bits.
   const auto first_db = db_d.download(), first_dw = dw_d.download();
   Tensor dw2(dw0, DType::F32), db2(std::size_t(s.out), DType::F32);
-  gpu::matmul_at_bgrad(gemm, x_d.get(), dy_d.get(), dw2.get(), f32(db2), s.n, s.in, s.out, types, true, stream.get());
+  gpu::matmul_at_bgrad(gemm, {.x = x_d.get(), .dy = dy_d.get(), .dw = dw2.get(), .dbias = f32(db2)},
+                       {.n = s.n, .in = s.in, .out = s.out}, types, true, stream.get());
   stream.sync();
   report.compare_bits("matmul_at_bgrad rerun", shape, t, "db", db2.download(), first_db);
   report.compare_bits("matmul_at_bgrad rerun", shape, t, "dW", dw2.download(), first_dw);

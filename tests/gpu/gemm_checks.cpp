@@ -41,18 +41,19 @@ void run_case(Report& report, GemmHandle& gemm, const Stream& stream, std::mt199
   std::vector<float> want = c0;
   switch (c.product) {
     case Product::AB:
-      runtime::cuda::matmul(gemm, a_d.get(), b_d.get(), c_d.get(), c.n, c.k, c.m, c.types, c.accumulate, stream.get());
+      runtime::cuda::matmul(gemm, {.a = a_d.get(), .b = b_d.get(), .c = c_d.get()}, {.n = c.n, .k = c.k, .m = c.m},
+                            c.types, c.accumulate, stream.get());
       cpu::matmul(a, b, want, c.n, c.k, c.m, c.accumulate);
       break;
     case Product::ABt:
-      runtime::cuda::matmul_bt(gemm, a_d.get(), b_d.get(), c_d.get(), c.n, c.k, c.m, c.types, c.accumulate,
-                               stream.get());
+      runtime::cuda::matmul_bt(gemm, {.a = a_d.get(), .b = b_d.get(), .c = c_d.get()}, {.n = c.n, .k = c.k, .m = c.m},
+                               c.types, c.accumulate, stream.get());
       if (!c.accumulate) std::fill(want.begin(), want.end(), 0.0f);
       cpu::matmul_bt(a, b, want, c.n, c.k, c.m);
       break;
     case Product::AtB:
-      runtime::cuda::matmul_at(gemm, a_d.get(), b_d.get(), c_d.get(), c.n, c.k, c.m, c.types, c.accumulate,
-                               stream.get());
+      runtime::cuda::matmul_at(gemm, {.a = a_d.get(), .b = b_d.get(), .c = c_d.get()}, {.n = c.n, .k = c.k, .m = c.m},
+                               c.types, c.accumulate, stream.get());
       if (!c.accumulate) std::fill(want.begin(), want.end(), 0.0f);
       cpu::matmul_at(a, b, want, c.n, c.k, c.m);
       break;

@@ -31,7 +31,7 @@ double time_gemm(int n, int iterations, gpu::DType dtype) {
   CUDA_CHECK(cudaStreamCreate(&stream));
   const gpu::GemmTypes types{dtype, dtype};
   const double ms = pipesim::mean_gpu_ms(stream, iterations, [&] {
-    gpu::matmul(gemm, a.get(), b.get(), c.get(), n, n, n, types, false, stream);
+    gpu::matmul(gemm, {.a = a.get(), .b = b.get(), .c = c.get()}, {.n = n, .k = n, .m = n}, types, false, stream);
   });
   static_cast<void>(cudaStreamDestroy(stream));
   return ms;

@@ -16,11 +16,8 @@ namespace pipesim::runtime::cuda {
 
 bool cudnn_attention_built() { return false; }
 bool use_cudnn_attention() { return false; }
-bool attention_forward_cudnn(const void*, void*, float*, int, int, int, int, int, cudaStream_t) { return false; }
-bool attention_backward_cudnn(const void*, const void*, const float*, const void*, void*, int, int, int, int, int,
-                              cudaStream_t, bool) {
-  return false;
-}
+bool attention_forward_cudnn(const AttentionForwardTensors&, AttentionShape, cudaStream_t) { return false; }
+bool attention_backward_cudnn(const AttentionBackwardTensors&, AttentionShape, cudaStream_t, bool) { return false; }
 std::string cudnn_attention_last_problem() { return "this build has no cuDNN"; }
 
 }  // namespace pipesim::runtime::cuda
@@ -630,6 +627,17 @@ struct Columns {
 Columns columns(int heads, int kv_heads, int d) {
   return {std::size_t(heads) * std::size_t(d), std::size_t(heads + kv_heads) * std::size_t(d)};
 }
+
+/// The plan cache's key of a call: the head width from AttentionShape's h = heads·d, and its
+/// kv_heads 0 as heads.
+Key key_of(const AttentionShape& shape, bool backward, bool deterministic) {
+  if (shape.heads < 1 || shape.h % shape.heads != 0)
+    throw CudaError("attention (cuDNN): need heads >= 1 and h divisible by heads; got h=" + std::to_string(shape.h) +
+                    " heads=" + std::to_string(shape.heads));
+  const int kv_heads = shape.kv_heads > 0 ? shape.kv_heads : shape.heads;
+  return Key{shape.batch, shape.seq, shape.heads, kv_heads, shape.h / shape.heads, backward, deterministic,
+             current_device()};
+}
 using bf16_bits = std::uint16_t;  // pointer arithmetic only
 
 }  // namespace
@@ -647,34 +655,32 @@ bool use_cudnn_attention() {
   return use;
 }
 
-bool attention_forward_cudnn(const void* qkv, void* out, float* lse, int batch, int seq, int heads, int kv_heads,
-                             int head_dim, cudaStream_t stream) {
-  const Key key{batch, seq, heads, kv_heads, head_dim, false, false, current_device()};
-  const auto* row = static_cast<const bf16_bits*>(qkv);
-  const Columns c = columns(heads, kv_heads, head_dim);
+bool attention_forward_cudnn(const AttentionForwardTensors& t, AttentionShape shape, cudaStream_t stream) {
+  const Key key = key_of(shape, false, false);
+  const auto* row = static_cast<const bf16_bits*>(t.qkv);
+  const Columns c = columns(key.heads, key.kv_heads, key.d);
   return run(key, stream, [&](Binding& b) {
     b.add(kQ, row);
     b.add(kK, row + c.k);
     b.add(kV, row + c.v);
-    b.add(kO, out);
-    b.add(kStats, lse);
+    b.add(kO, t.out);
+    b.add(kStats, t.lse);
   });
 }
 
-bool attention_backward_cudnn(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
-                              int batch, int seq, int heads, int kv_heads, int head_dim, cudaStream_t stream,
+bool attention_backward_cudnn(const AttentionBackwardTensors& t, AttentionShape shape, cudaStream_t stream,
                               bool deterministic) {
-  const Key key{batch, seq, heads, kv_heads, head_dim, true, deterministic, current_device()};
-  const auto* row = static_cast<const bf16_bits*>(qkv);
-  auto* grad = static_cast<bf16_bits*>(dqkv);
-  const Columns c = columns(heads, kv_heads, head_dim);
+  const Key key = key_of(shape, true, deterministic);
+  const auto* row = static_cast<const bf16_bits*>(t.qkv);
+  auto* grad = static_cast<bf16_bits*>(t.dqkv);
+  const Columns c = columns(key.heads, key.kv_heads, key.d);
   return run(key, stream, [&](Binding& b) {
     b.add(kQ, row);
     b.add(kK, row + c.k);
     b.add(kV, row + c.v);
-    b.add(kO, out);
-    b.add(kdO, dout);
-    b.add(kStats, lse);
+    b.add(kO, t.out);
+    b.add(kdO, t.dout);
+    b.add(kStats, t.lse);
     b.add(kdQ, grad);
     b.add(kdK, grad + c.k);
     b.add(kdV, grad + c.v);

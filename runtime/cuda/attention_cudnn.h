@@ -10,6 +10,9 @@
 /// operation patterns the fused engines recognise (matmul, scale, causal mask from generated indices,
 /// softmax as max/sub/exp/sum with the logsumexp as stats, matmul; and the matching backward).
 ///
+/// Shapes: kernels.h's AttentionShape, whose h is heads·d (the head width d = h / heads) and whose
+/// kv_heads 0 means heads.
+///
 /// Layouts (row-major, as kernels.h): qkv rows of width (heads + 2·kv_heads)·d holding
 /// [Q: heads·d | K: kv_heads·d | V: kv_heads·d], head `i` at columns i·d of its part; out and dout
 /// rows of width heads·d; lse fp32 at (b·heads + head)·seq + i, the natural-log logsumexp of the
@@ -37,6 +40,8 @@
 
 #include <string>
 
+#include "kernels.h"
+
 namespace pipesim::runtime::cuda {
 
 /// Whether this build has cuDNN (Meson found it).
@@ -53,11 +58,9 @@ bool use_cudnn_attention();
 /// Falling back rather than failing: a shape without an engine (a head width, an older GPU or cuDNN)
 /// still trains, at the unfused path's speed, and the stderr line says why; the GPU test counts a
 /// refusal as a failure, so a graph the engines stop accepting cannot pass unnoticed there.
-bool attention_forward_cudnn(const void* qkv, void* out, float* lse, int batch, int seq, int heads, int kv_heads,
-                             int head_dim, cudaStream_t stream);
+bool attention_forward_cudnn(const AttentionForwardTensors& t, AttentionShape shape, cudaStream_t stream);
 /// The backward: dqkv (=) from qkv, the forward's out and lse, and dout. Same return contract.
-bool attention_backward_cudnn(const void* qkv, const void* out, const float* lse, const void* dout, void* dqkv,
-                              int batch, int seq, int heads, int kv_heads, int head_dim, cudaStream_t stream,
+bool attention_backward_cudnn(const AttentionBackwardTensors& t, AttentionShape shape, cudaStream_t stream,
                               bool deterministic = true);
 
 /// Why the last refused call was refused (empty if none was): the shape and cuDNN's message.

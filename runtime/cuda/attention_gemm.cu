@@ -105,11 +105,24 @@ void for_head_groups(const AttentionLayout& s, int group, Step step) {
 
 std::size_t squares(const AttentionLayout& s) { return std::size_t(s.heads) * std::size_t(s.seq) * std::size_t(s.seq); }
 
+/// The layout of `shape`, which must be multi-head attention: these products read one key/value head
+/// per query head.
+AttentionLayout multi_head_layout(const AttentionShape& shape) {
+  if (shape.kv_heads != 0 && shape.kv_heads != shape.heads)
+    throw CudaError("attention (cuBLASLt): multi-head attention only; got heads=" + std::to_string(shape.heads) +
+                    " kv_heads=" + std::to_string(shape.kv_heads));
+  return attention_layout(shape.batch, shape.seq, shape.h, shape.heads, shape.heads);
+}
+
 }  // namespace
 
-void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
-                            int heads, cudaStream_t stream, std::size_t workspace_bytes) {
-  const AttentionLayout s = attention_layout(batch, seq, h, heads, heads);
+void attention_forward_gemm(GemmHandle& gemm, const AttentionForwardTensors& t, AttentionShape shape,
+                            cudaStream_t stream, std::size_t workspace_bytes) {
+  const void* qkv = t.qkv;
+  void* out = t.out;
+  float* lse = t.lse;
+  const int seq = shape.seq, h = shape.h, heads = shape.heads;
+  const AttentionLayout s = multi_head_layout(shape);
   AttentionLayout most = s;
   most.heads = heads_per_call(s, sizeof(float) + sizeof(bf16), workspace_bytes);
   StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream);
@@ -128,10 +141,13 @@ void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float*
   });
 }
 
-void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
-                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream,
-                             std::size_t workspace_bytes) {
-  const AttentionLayout s = attention_layout(batch, seq, h, heads, heads);
+void attention_backward_gemm(GemmHandle& gemm, const AttentionBackwardTensors& t, AttentionShape shape,
+                             cudaStream_t stream, std::size_t workspace_bytes) {
+  const void *qkv = t.qkv, *out = t.out, *dout = t.dout;
+  const float* lse = t.lse;
+  void* dqkv = t.dqkv;
+  const int batch = shape.batch, seq = shape.seq, h = shape.h, heads = shape.heads;
+  const AttentionLayout s = multi_head_layout(shape);
   AttentionLayout most = s;
   most.heads = heads_per_call(s, 2 * sizeof(float) + sizeof(bf16), workspace_bytes);
   StreamScratch scores(squares(most) * sizeof(float), stream), probs(squares(most) * sizeof(bf16), stream),

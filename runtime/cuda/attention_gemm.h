@@ -12,16 +12,17 @@
 #include <cstddef>
 
 #include "gemm.h"
+#include "kernels.h"
 
 namespace pipesim::runtime::cuda {
 
 /// Per call. At seq 4096 that is up to 12 heads a call backward (10 bytes a score) and 21 forward (6).
 constexpr std::size_t kAttentionWorkspaceBytes = std::size_t(2) << 30;
 
-void attention_forward_gemm(GemmHandle& gemm, const void* qkv, void* out, float* lse, int batch, int seq, int h,
-                            int heads, cudaStream_t stream, std::size_t workspace_bytes = kAttentionWorkspaceBytes);
-void attention_backward_gemm(GemmHandle& gemm, const void* qkv, const void* out, const float* lse, const void* dout,
-                             void* dqkv, int batch, int seq, int h, int heads, cudaStream_t stream,
-                             std::size_t workspace_bytes = kAttentionWorkspaceBytes);
+/// Multi-head attention only: `shape.kv_heads` must be 0 or `shape.heads` (else CudaError).
+void attention_forward_gemm(GemmHandle& gemm, const AttentionForwardTensors& t, AttentionShape shape,
+                            cudaStream_t stream, std::size_t workspace_bytes = kAttentionWorkspaceBytes);
+void attention_backward_gemm(GemmHandle& gemm, const AttentionBackwardTensors& t, AttentionShape shape,
+                             cudaStream_t stream, std::size_t workspace_bytes = kAttentionWorkspaceBytes);
 
 }  // namespace pipesim::runtime::cuda

@@ -123,36 +123,28 @@ void LayerOps::linear_backward(const Tensor& x, DeviceParam& w, DeviceParam& b, 
 }
 
 void LayerOps::attention_forward_pass(const Tensor& qkv, Tensor& out, Tensor& lse) {
-  const int heads = part_.heads, kv = part_.kv_heads, d = shape_.head_width(), width = part_.attention;
-  out = op_.scratch(std::size_t(op_.n) * std::size_t(width), op_.dtype);
+  const int heads = part_.heads, kv = part_.kv_heads;
+  out = op_.scratch(std::size_t(op_.n) * std::size_t(part_.attention), op_.dtype);
   lse = op_.scratch(std::size_t(shape_.batch) * std::size_t(heads) * std::size_t(shape_.seq), DType::F32);
+  const AttentionForwardTensors t{.qkv = qkv.data(), .out = out.data(), .lse = f32(lse)};
+  const AttentionShape shape = attention_shape();
   if (op_.dtype == DType::BF16) {
-    if (use_cudnn_attention() &&
-        attention_forward_cudnn(qkv.data(), out.data(), f32(lse), shape_.batch, shape_.seq, heads, kv, d, op_.stream()))
-      return;
-    if (kv == heads)
-      return attention_forward_gemm(op_.gemm(), qkv.data(), out.data(), f32(lse), shape_.batch, shape_.seq, width,
-                                    heads, op_.stream());
+    if (use_cudnn_attention() && attention_forward_cudnn(t, shape, op_.stream())) return;
+    if (kv == heads) return attention_forward_gemm(op_.gemm(), t, shape, op_.stream());
   }
-  attention_forward({.qkv = qkv.data(), .out = out.data(), .lse = f32(lse)},
-                    {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, op_.dtype,
-                    op_.stream());
+  attention_forward(t, shape, op_.dtype, op_.stream());
 }
 
 void LayerOps::attention_backward_pass(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                        Tensor& dqkv) {
-  const int heads = part_.heads, kv = part_.kv_heads, d = shape_.head_width(), width = part_.attention;
+  const AttentionBackwardTensors t{
+      .qkv = qkv.data(), .out = out.data(), .lse = f32(lse), .dout = dout.data(), .dqkv = dqkv.data()};
+  const AttentionShape shape = attention_shape();
   if (op_.dtype == DType::BF16) {
-    if (use_cudnn_attention() && attention_backward_cudnn(qkv.data(), out.data(), f32(lse), dout.data(), dqkv.data(),
-                                                          shape_.batch, shape_.seq, heads, kv, d, op_.stream()))
-      return;
-    if (kv == heads)
-      return attention_backward_gemm(op_.gemm(), qkv.data(), out.data(), f32(lse), dout.data(), dqkv.data(),
-                                     shape_.batch, shape_.seq, width, heads, op_.stream());
+    if (use_cudnn_attention() && attention_backward_cudnn(t, shape, op_.stream())) return;
+    if (part_.kv_heads == part_.heads) return attention_backward_gemm(op_.gemm(), t, shape, op_.stream());
   }
-  attention_backward({.qkv = qkv.data(), .out = out.data(), .lse = f32(lse), .dout = dout.data(), .dqkv = dqkv.data()},
-                     {.batch = shape_.batch, .seq = shape_.seq, .h = width, .heads = heads, .kv_heads = kv}, op_.dtype,
-                     op_.stream());
+  attention_backward(t, shape, op_.dtype, op_.stream());
 }
 
 }  // namespace pipesim::runtime::cuda

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "cuda/device_model.h"
+#include "cuda/kernels.h"
 #include "cuda/op_context.h"
 #include "model_shape.h"
 #include "tensor_parallel.h"
@@ -105,6 +106,14 @@ class LayerOps {
                                Tensor& dqkv);
 
  private:
+  /// This rank's attention: its query heads (of the model's head width: the config has heads divide
+  /// hidden and tp divide heads, so part attention / part heads is hidden / heads) over its key/value
+  /// heads, for every path's launcher.
+  AttentionShape attention_shape() const {
+    return {.batch = shape_.batch, .seq = shape_.seq, .h = part_.attention, .heads = part_.heads,
+            .kv_heads = part_.kv_heads};
+  }
+
   const OpContext& op_;
   const ModelShape& shape_;
   LayerPart part_;

@@ -82,10 +82,13 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
     gpu::GemmHandle gemm;
     Tensor gemm_out(n * c.h, t), gemm_lse(std::size_t(c.batch) * c.heads * c.seq, DType::F32), gemm_dqkv(dqkv0, t);
     auto* lse_g = static_cast<float*>(gemm_lse.get());
-    gpu::attention_forward_gemm(gemm, qkv_d.get(), gemm_out.get(), lse_g, c.batch, c.seq, c.h, c.heads, stream.get(),
+    const gpu::AttentionShape mha{.batch = c.batch, .seq = c.seq, .h = c.h, .heads = c.heads};
+    gpu::attention_forward_gemm(gemm, {.qkv = qkv_d.get(), .out = gemm_out.get(), .lse = lse_g}, mha, stream.get(),
                                 budget);
-    gpu::attention_backward_gemm(gemm, qkv_d.get(), gemm_out.get(), lse_g, dout_d.get(), gemm_dqkv.get(), c.batch, c.seq,
-                                 c.h, c.heads, stream.get(), budget);
+    gpu::attention_backward_gemm(gemm,
+                                 {.qkv = qkv_d.get(), .out = gemm_out.get(), .lse = lse_g, .dout = dout_d.get(),
+                                  .dqkv = gemm_dqkv.get()},
+                                 mha, stream.get(), budget);
     stream.sync();
     report.compare("attention_forward_gemm" + name, shape, t, "out", gemm_out.download(), out, tol);
     report.compare("attention_forward_gemm" + name, shape, t, "lse", gemm_lse.download(), reference_lse(qkv, c), tol);

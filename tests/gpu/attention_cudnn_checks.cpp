@@ -22,6 +22,11 @@ struct Case {
   int batch, seq, heads, kv_heads, d;
 };
 
+/// The case as the launchers take it: h is heads·d.
+gpu::AttentionShape cudnn_shape(const Case& c) {
+  return {.batch = c.batch, .seq = c.seq, .h = c.heads * c.d, .heads = c.heads, .kv_heads = c.kv_heads};
+}
+
 /// The bound: bf16's, widened for the two roundings to bf16 a fused kernel makes inside the backward
 /// (P before dV = Pᵀ·dO, dS before dQ = dS·K and dK = dSᵀ·Q), which an fp32 reference does not; on
 /// an H100 the largest error seen was 3.2e-2, in one dQ element of 204,800 (heads 8, kv_heads 2).
@@ -132,9 +137,10 @@ struct CudnnForward {
 void check_backward(Report& report, const Stream& stream, const Case& c, const Widths& w, const std::string& shape,
                     CudnnForward& f, const std::vector<float>& garbage, const std::vector<float>& want_dqkv) {
   const auto backward = [&](Tensor& dqkv, bool deterministic) {
-    return gpu::attention_backward_cudnn(f.qkv.get(), f.out.get(), static_cast<const float*>(f.lse.get()),
-                                         f.dout.get(), dqkv.get(), c.batch, c.seq, c.heads, c.kv_heads, c.d,
-                                         stream.get(), deterministic);
+    return gpu::attention_backward_cudnn({.qkv = f.qkv.get(), .out = f.out.get(),
+                                          .lse = static_cast<const float*>(f.lse.get()), .dout = f.dout.get(),
+                                          .dqkv = dqkv.get()},
+                                         cudnn_shape(c), stream.get(), deterministic);
   };
   std::vector<float> first;
   for (const bool deterministic : {true, false}) {
@@ -171,8 +177,10 @@ void run_case(Report& report, const Stream& stream, std::mt19937& rng, const Cas
 
   CudnnForward f{Tensor(qkv, DType::BF16), Tensor(w.n * w.h, DType::BF16), Tensor(w.stats, DType::F32),
                  Tensor(dout, DType::BF16)};
-  if (!ran(report, gpu::attention_forward_cudnn(f.qkv.get(), f.out.get(), static_cast<float*>(f.lse.get()), c.batch,
-                                                c.seq, c.heads, c.kv_heads, c.d, stream.get()),
+  if (!ran(report,
+           gpu::attention_forward_cudnn(
+               {.qkv = f.qkv.get(), .out = f.out.get(), .lse = static_cast<float*>(f.lse.get())}, cudnn_shape(c),
+               stream.get()),
            "attention_forward_cudnn", shape))
     return;
   stream.sync();

@@ -37,25 +37,25 @@ int bench_attention(const AttentionBenchShape& s, int iterations) {
     cudaStream_t stream = nullptr;
     CUDA_CHECK(cudaStreamCreate(&stream));
     gpu::GemmHandle gemm;
+    const gpu::AttentionShape shape{.batch = s.micro_batch, .seq = s.seq, .h = s.heads * s.head_dim, .heads = s.heads,
+                                    .kv_heads = s.kv_heads};
+    const gpu::AttentionBackwardTensors backward_tensors{
+        .qkv = qkv.get(), .out = out.get(), .lse = lse.get(), .dout = dout.get(), .dqkv = dqkv.get()};
     const auto forward = [&] {
       if (cudnn) {
-        if (!gpu::attention_forward_cudnn(qkv.get(), out.get(), lse.get(), s.micro_batch, s.seq, s.heads, s.kv_heads,
-                                          s.head_dim, stream))
+        if (!gpu::attention_forward_cudnn({.qkv = qkv.get(), .out = out.get(), .lse = lse.get()}, shape, stream))
           throw gpu::CudaError("cuDNN refused the shape: " + gpu::cudnn_attention_last_problem());
       } else {
-        gpu::attention_forward_gemm(gemm, qkv.get(), out.get(), lse.get(), s.micro_batch, s.seq, s.heads * s.head_dim,
-                                    s.heads, stream);
+        gpu::attention_forward_gemm(gemm, {.qkv = qkv.get(), .out = out.get(), .lse = lse.get()}, shape, stream);
       }
     };
     const auto backward = [&] {
       if (cudnn) {
-        if (!gpu::attention_backward_cudnn(qkv.get(), out.get(), lse.get(), dout.get(), dqkv.get(), s.micro_batch,
-                                           s.seq, s.heads, s.kv_heads, s.head_dim, stream))
+        if (!gpu::attention_backward_cudnn(backward_tensors, shape, stream))
           throw gpu::CudaError("cuDNN refused the shape: " + gpu::cudnn_attention_last_problem());
       } else {
         CUDA_CHECK(cudaMemsetAsync(dqkv.get(), 0, rows * width * 2, stream));  // the unfused backward adds
-        gpu::attention_backward_gemm(gemm, qkv.get(), out.get(), lse.get(), dout.get(), dqkv.get(), s.micro_batch,
-                                     s.seq, s.heads * s.head_dim, s.heads, stream);
+        gpu::attention_backward_gemm(gemm, backward_tensors, shape, stream);
       }
     };
     const double f = mean_gpu_ms(stream, iterations, forward);

@@ -1,6 +1,7 @@
 // End-to-end, the classes of input that used to end pipesim badly: strings that are not UTF-8,
 // closed pipes and full devices, malformed integer options, two outputs at one path, and inputs
-// whose time or memory ran away. Each case runs the binary as a user does (cli_helpers.h).
+// whose time or memory ran away (out of memory itself: cli_out_of_memory_test.cpp, which a sanitizer
+// build skips). Each case runs the binary as a user does (cli_helpers.h).
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -118,28 +119,6 @@ TEST_CASE("no exception leaves pipesim: every failure is one line and status 1")
     CHECK(one_line(out.text));
     CHECK(out.text.starts_with("pipesim: "));
   }
-}
-
-TEST_CASE("out of memory is one line, with advice only where it applies") {
-  // Under a cap on the address space the allocations fail; a sanitizer build cannot run under one.
-  if (run_command("ulimit -v 400000 && " + pipesim_binary() + " list").exit_code != 0) {
-    WARN("pipesim does not start within 400 MB of address space (a sanitizer build): skipped");
-    return;
-  }
-  const std::string limited = "ulimit -v 400000 && " + pipesim_binary() + " ";
-  const std::string large = "simulate " + config("default.json") + " --set parallel.microbatches=131072";
-  const Output plan = run_command("(" + limited + large + " >/dev/null)", true);
-  CHECK(plan.exit_code == 1);
-  CHECK_THAT(plan.text, Catch::EndsWith("pipesim: error: out of memory; try fewer microbatches or pipeline stages\n"));
-  // calibrate's size is its profiles: no advice about pipeline stages.
-  const auto dir = scratch_dir();
-  std::string ops = R"({"ops": [)";
-  for (int i = 0; i < 600'000; ++i) ops += R"({"flops": 1e9, "bytes": 1e6, "ms": 0.1}, )";
-  std::ofstream(dir / "ops.json") << ops << R"({"flops": 1e9, "bytes": 1e6, "ms": 0.1}]})";
-  const Output fit = run_command("(" + limited + "calibrate " + (dir / "ops.json").string() + " >/dev/null)", true);
-  CHECK(fit.exit_code == 1);
-  CHECK(fit.text == "pipesim: error: out of memory\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a reader that stops reading ends pipesim quietly; a full device or no file is an error") {

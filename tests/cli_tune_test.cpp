@@ -1,10 +1,15 @@
 // tune end to end: its rows with their rank and knobs, measured against yours; --fix; --write-config,
 // whose file simulate runs to the row's numbers; and the memory a fitting row leaves free.
+//
+// The full search of configs/default.json (33,699 candidates) runs once, for every test that reads it
+// (full_search); the others search spaces of a few hundred candidates, pinned with --fix, in seconds
+// under the sanitizers.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -46,6 +51,19 @@ std::string divisors(int n) {
   return out;
 }
 
+/// The pins that keep a search of default.json to its config's schedule and vocabulary mode: 486
+/// candidates at 8 GPUs, where pp, tp, dp, sp, the micro-batch, recomputation and ZeRO still vary.
+const std::string kDefaultPins = " --fix schedule=1f1b --fix vocab=baseline";
+/// The same for tiny.json: 4 microbatches (its global batch of 16 sequences in microbatches of 4, 2 or
+/// 1 at dp 1, 2 or 4) and vocab-1, its config's mode: 468 candidates at 4 GPUs, every schedule among them.
+const std::string kTinyPins = " --fix m=4 --fix vocab=vocab-1";
+
+/// `pipesim tune configs/default.json --top 10 --format json`: the whole search, run once.
+const json& full_search() {
+  static const json result = tune_json(config("default.json") + " --top 10");
+  return result;
+}
+
 /// A fresh folder for one test's files.
 std::filesystem::path fresh_dir(const std::string& name) {
   const std::filesystem::path dir = scratch_dir() / name;
@@ -57,26 +75,24 @@ std::filesystem::path fresh_dir(const std::string& name) {
 }  // namespace
 
 TEST_CASE("tune prints its top rows with what each changes, and its best beats compare's best that fits") {
-  const Output out = run("tune " + config("default.json") + " --top 5 --format json");
-  REQUIRE(out.exit_code == 0);
-  const json r = json::parse(out.text);
+  const json& r = full_search();
   CHECK(r["evaluated"].get<int>() == r["simulated"].get<int>() + r["pruned"].get<int>() + r["refused"].get<int>());
   CHECK(r["pruned"].get<int>() > 0);
   CHECK(r["seconds"].get<double>() > 0);
-  REQUIRE(r["results"].size() == 5);
+  REQUIRE(r["results"].size() == 10);
   for (const json& row : r["results"]) {
     for (const char* key : {"schedule", "vocab", "pp", "tp", "dp", "microbatches", "tokens_per_s", "peak_memory_bytes",
                             "fits_in_memory", "devices", "changes"})
       CHECK(row.contains(key));
     CHECK(row["fits_in_memory"] == true);
   }
-  CHECK(r["results"][0]["tokens_per_s"].get<double>() >= r["results"][4]["tokens_per_s"].get<double>());
+  CHECK(r["results"][0]["tokens_per_s"].get<double>() >= r["results"][9]["tokens_per_s"].get<double>());
   double best = 0;
   for (const json& row : json::parse(run("compare " + config("default.json") + " --format json").text))
     if (row["fits_in_memory"] == true) best = std::max(best, row["tokens_per_s"].get<double>());
   CHECK(r["results"][0]["tokens_per_s"].get<double>() >= best);
 
-  const Output csv = run("tune " + config("default.json") + " --top 3 --format csv");
+  const Output csv = run("tune " + config("default.json") + kDefaultPins + " --top 3 --format csv");
   REQUIRE(csv.exit_code == 0);
   CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,"
                                          "tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,"
@@ -86,9 +102,7 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
 }
 
 TEST_CASE("tune measures its rows against the config as given, shown as yours, even when it cannot run") {
-  const Output j = run("tune " + config("default.json") + " --top 3 --format json");
-  REQUIRE(j.exit_code == 0);
-  const json r = json::parse(j.text);
+  const json& r = full_search();
   CHECK(r["reference"] == "yours");
   const json& yours = r["yours"];
   CHECK(yours["schedule"] == "1f1b");
@@ -101,7 +115,7 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
     CHECK(row["reference"] == false);
     CHECK(row["speedup"].get<double>() == Approx(row["tokens_per_s"].get<double>() / base));
   }
-  const Output text = run("tune " + config("default.json") + " --top 3");
+  const Output text = run("tune " + config("default.json") + kDefaultPins + " --top 3");
   REQUIRE(text.exit_code == 0);
   CHECK(text.text.find("\n   -  " + config("default.json") + "  1f1b ") != std::string::npos);  // yours has no rank
   CHECK(text.text.find("  yours\n") != std::string::npos);  // the first row, right under the header
@@ -111,7 +125,7 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
 
   // Yours over the memory cap: still the reference, with why it does not fit (30 GiB less the preset's
   // 3 GiB reserved).
-  const json tight = json::parse(run("tune " + config("default.json") + " --top 1 --memory-gib 30 --format json").text);
+  const json tight = tune_json(config("default.json") + kDefaultPins + " --top 1 --memory-gib 30");
   CHECK(tight["reference"] == "yours");
   CHECK(tight["yours"]["fits_in_memory"] == false);
   CHECK_THAT(tight["yours"]["changes"].get<std::string>(),
@@ -119,7 +133,8 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
 
   // Yours cannot run (DualPipeV needs m >= 2p): shown with the error; the fastest row is the reference.
   const std::string cannot =
-      "tune " + config("tiny.json") + " --top 2 --set schedule.name=dualpipe-v --set parallel.microbatches=4";
+      "tune " + config("tiny.json") + kTinyPins + " --top 2 --set schedule.name=dualpipe-v "
+      "--set parallel.microbatches=4";
   const json failed = json::parse(run(cannot + " --format json").text);
   CHECK(failed["reference"] == "results[0]");
   CHECK(failed["yours"]["schedule"] == "dualpipe-v");
@@ -136,23 +151,24 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
   // Standard error through a pipe: notes only, never a bar. cli_terminal_test draws it on a terminal.
   for (const char* format : {"text", "json", "csv"}) {
-    const Output piped = run_stderr("tune " + config("tiny.json") + " --format " + format);  // the bar starts drawn
+    // The bar starts drawn.
+    const Output piped = run_stderr("tune " + config("tiny.json") + kTinyPins + " --format " + format);
     CHECK(piped.exit_code == 0);
     CHECK(piped.text.find('\r') == std::string::npos);
   }
 }
 
 TEST_CASE("tune says what would fit when nothing does") {
-  const Output out = run_stderr("tune " + config("default.json") + " --memory-gib 10");
+  const Output out = run_stderr("tune " + config("default.json") + kDefaultPins + " --memory-gib 10");
   CHECK(out.exit_code == 1);
   CHECK_THAT(out.text, Catch::StartsWith("pipesim: error: " + config("default.json") + ": nothing fits in 7.00 GiB per "
                                          "device (hardware.memory_gib, or --memory-gib, less hardware.reserved_gib 3.00): the "
                                          "smallest peak memory of any candidate is "));
   CHECK_THAT(out.text, Catch::Contains(" GiB, on device "));
   CHECK_THAT(out.text, Catch::Contains("; raise --memory-gib to at least "));
-  CHECK_THAT(out.text, Catch::EndsWith(" or give more --gpus than 8\n"));
-  // More GPUs make room (one schedule is enough to show it, and keeps the search short).
-  CHECK(run_stderr("tune " + config("default.json") + " --gpus 64 --memory-gib 10 --fix schedule=1f1b").exit_code == 0);
+  CHECK_THAT(out.text, Catch::EndsWith(" or give more --gpus than 8, or drop a --fix\n"));
+  // More GPUs make room (one schedule and vocabulary mode are enough to show it).
+  CHECK(run_stderr("tune " + config("default.json") + kDefaultPins + " --gpus 64 --memory-gib 10").exit_code == 0);
 }
 
 TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-batch size, chunks, recomputation "
@@ -163,7 +179,7 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
             m = field(shipped, "parallel", "microbatches", 1), mbs = field(shipped, "model", "micro_batch_size", 1);
   const bool sp = shipped["parallel"].value("sequence_parallel", true);
   // At 24 GiB the fastest rows recompute (docs/tune.md): both kinds of recompute cell are shown.
-  const std::string args = config("default.json") + " --top 6 --memory-gib 24";
+  const std::string args = config("default.json") + kDefaultPins + " --top 6 --memory-gib 24";
   const json r = tune_json(args);
   const json& yours = r["yours"];
   CHECK_FALSE(yours.contains("rank"));
@@ -233,43 +249,50 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
 }
 
 TEST_CASE("tune --fix keeps the search to one value of a knob, by its column name or config key") {
-  // tiny's whole space fits, so --top beyond it lists every fitting candidate, fastest first: the
-  // pinned search must give exactly the first rows of it with the pinned value.
+  // tiny's space fits whole, so --top beyond it lists every candidate that runs, fastest first: a
+  // search with one more pin must give exactly the first rows of it with the pinned value. The space is
+  // kTinyPins' few hundred candidates, or for the knobs those pin, the same with the schedule and
+  // recomputation pinned instead.
   const std::string tiny = config("tiny.json");
-  const json all = tune_json(tiny + " --top 100000");
-  REQUIRE(all["results"].size() > 100);
+  const std::string schedule_pins = " --fix schedule=1f1b --fix recompute=none";
+  std::map<std::string, json> all;  // each space's whole search, by its pins
+  for (const std::string& pins : {kTinyPins, schedule_pins}) {
+    all[pins] = tune_json(tiny + pins + " --top 100000");
+    REQUIRE(all[pins]["results"].size() > 100);
+  }
   struct Case {
     std::string fix;
     const char* field;
     json value;
+    std::string pins = kTinyPins;
   };
   for (const Case& c : std::vector<Case>{{"pp=2", "pp", 2},
                                          {"parallel.tp=2", "tp", 2},
                                          {"dp=2", "dp", 2},
-                                         {"m=4", "microbatches", 4},
+                                         {"m=4", "microbatches", 4, schedule_pins},
                                          {"model.micro_batch_size=1", "micro_batch_size", 1},
                                          {"chunks=4", "chunks", 4},
                                          {"schedule=zb-v", "schedule", "zb-v"},
-                                         {"schedule.vocab=vocab-2", "vocab", "vocab-2"},
+                                         {"schedule.vocab=vocab-2", "vocab", "vocab-2", schedule_pins},
                                          {"recompute=full", "recompute_granularity", "full"},
                                          {"zero_stage=1", "zero_stage", 1},
                                          {"training.zero_stage=3", "zero_stage", 3}}) {
-    INFO("--fix " + c.fix);
+    INFO("--fix " + c.fix + c.pins);
     std::vector<std::pair<std::string, double>> expected;
-    for (const json& row : all["results"])
+    for (const json& row : all[c.pins]["results"])
       if (row[c.field] == c.value && expected.size() < 3)
         expected.emplace_back(row["changes"], row["iteration_time_s"]);
     REQUIRE(expected.size() == 3);
-    const json pinned = tune_json(tiny + " --top 3 --fix " + c.fix);
+    const json pinned = tune_json(tiny + c.pins + " --top 3 --fix " + c.fix);
     std::vector<std::pair<std::string, double>> got;
     for (const json& row : pinned["results"]) got.emplace_back(row["changes"], row["iteration_time_s"]);
     CHECK(got == expected);
     CHECK(pinned["yours"]["changes"] == "yours");  // still shown, whatever it runs
-    CHECK(pinned["evaluated"].get<int>() < all["evaluated"].get<int>());
+    CHECK(pinned["evaluated"].get<int>() < all[c.pins]["evaluated"].get<int>());
   }
   // Two pins keep what has both; a short name and a dotted key pin the same knob.
-  const json both = tune_json(tiny + " --top 2 --fix pp=2 --fix training.recompute_granularity=full");
-  const json dotted = tune_json(tiny + " --top 2 --fix parallel.pp=2 --fix recompute=full");
+  const json both = tune_json(tiny + kTinyPins + " --top 2 --fix pp=2 --fix training.recompute_granularity=full");
+  const json dotted = tune_json(tiny + kTinyPins + " --top 2 --fix parallel.pp=2 --fix recompute=full");
   REQUIRE(both["results"].size() == 2);
   for (std::size_t i = 0; i < 2; ++i) {
     CHECK(both["results"][i]["pp"] == 2);
@@ -317,10 +340,13 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
     std::string args;
     int rank;  ///< 0: --rank left out (1)
   };
-  for (const Case& c : std::vector<Case>{{config("default.json") + " --top 3", 0},
-                                         {config("default.json") + " --top 3", 3},
-                                         {config("default.json") + " --top 2 --memory-gib 24", 2},
-                                         {config("tiny.json") + " --top 2 --fix zero=1 --gpus 8", 1}}) {
+  // default.json pinned to its microbatch count and vocab-1: its top rows run interleaved-1f1b at 4 and
+  // 8 chunks and, at 24 GiB, recompute.
+  const std::string pins = " --fix m=32 --fix vocab=vocab-1";
+  for (const Case& c : std::vector<Case>{{config("default.json") + pins + " --top 3", 0},
+                                         {config("default.json") + pins + " --top 3", 3},
+                                         {config("default.json") + pins + " --top 2 --memory-gib 24", 2},
+                                         {config("tiny.json") + kTinyPins + " --top 2 --fix zero=1 --gpus 8", 1}}) {
     const std::filesystem::path file = dir / fmt::format("row-{}-{}.json", c.args.size(), c.rank);
     INFO(c.args << " --rank " << c.rank);
     const json tuned =
@@ -357,18 +383,20 @@ TEST_CASE("tune --write-config never replaces a file it did not write, and refus
   CHECK(file_text(mine) == "{\"model\": \"the user's\"}\n");
 
   // Its own file a later --write-config replaces.
-  REQUIRE(run("tune " + tiny + " --top 2 --write-config " + written.string()).exit_code == 0);
+  REQUIRE(run("tune " + tiny + kTinyPins + " --top 2 --write-config " + written.string()).exit_code == 0);
   const json first = file_json(written);
-  REQUIRE(run("tune " + tiny + " --top 2 --rank 2 --write-config " + written.string()).exit_code == 0);
+  REQUIRE(run("tune " + tiny + kTinyPins + " --top 2 --rank 2 --write-config " + written.string()).exit_code == 0);
   CHECK(file_json(written)["description"] != first["description"]);
 
-  const Output past_top = run_stderr("tune " + tiny + " --top 3 --rank 4 --write-config " + absent.string());
+  const Output past_top =
+      run_stderr("tune " + tiny + kTinyPins + " --top 3 --rank 4 --write-config " + absent.string());
   CHECK(past_top.exit_code == 1);
   CHECK(past_top.text == "pipesim: error: --rank 4: only 3 row(s) are shown (--top 3); give a rank from 1 to 3\n");
   // Fewer rows fit than --top asks for: those are all there is.
-  const std::size_t fitting = tune_json(tiny + " --top 100000 --fix pp=1 --fix schedule=gpipe")["results"].size();
-  const Output past_fitting = run_stderr(fmt::format("tune {} --top 100000 --fix pp=1 --fix schedule=gpipe --rank {} "
-                                                    "--write-config {}", tiny, fitting + 1, absent.string()));
+  const std::string few = tiny + kTinyPins + " --fix pp=1 --fix schedule=gpipe --top 100000";
+  const std::size_t fitting = tune_json(few)["results"].size();
+  const Output past_fitting =
+      run_stderr(fmt::format("tune {} --rank {} --write-config {}", few, fitting + 1, absent.string()));
   CHECK(past_fitting.exit_code == 1);
   CHECK(past_fitting.text == fmt::format("pipesim: error: --rank {}: only {} row(s) are shown (all that fit); give a "
                                          "rank from 1 to {}\n", fitting + 1, fitting, fitting));
@@ -384,7 +412,7 @@ TEST_CASE("tune --write-config never replaces a file it did not write, and refus
 TEST_CASE("a row fits only when its peak memory leaves hardware.reserved_gib of the device free") {
   // The fastest row with nothing reserved, then a device 0.5 GiB larger than its peak: it fits there
   // with nothing reserved, and not with 1 GiB reserved, where every row shown leaves 1 GiB free.
-  const std::string base = config("default.json") + " --top 10";
+  const std::string base = config("default.json") + kDefaultPins + " --top 10";
   const json unreserved = tune_json(base + " --set hardware.reserved_gib=0");
   const json& fastest = unreserved["results"][0];
   const double peak = fastest["peak_memory_bytes"].get<double>(), gib = double(1 << 30);

@@ -1,7 +1,12 @@
 // tune: the pruned search keeps what the exhaustive one finds, its bounds never exceed what the
 // simulator reports, it never does worse than compare, and it says why when nothing fits. sweep's
 // --grid syntax.
+//
+// The searches run on spaces of a few hundred candidates: the analytic ones pinned (TuneSearch::pins,
+// as --fix pins them) to 4 microbatches and one vocabulary mode or schedule, with every other knob free.
+// Each space's exhaustive search runs once, and every test that compares with it reuses it.
 #include <algorithm>
+#include <map>
 
 #include "config_files.h"
 #include "helpers.h"
@@ -14,15 +19,38 @@ using namespace pipesim::testing;
 
 namespace {
 
-/// Small spaces, each candidate simulated in well under a millisecond: the runtime's tiny GPT under
-/// the analytic model (hundreds of candidates), and a pipeline with explicit per-device costs (tens:
-/// its pp, tp and micro-batch stay fixed).
+/// Small configs: the runtime's tiny GPT under the analytic model, the same with a sequence long
+/// enough that tune tries context parallelism (each rank keeps 4096 tokens or more), and a pipeline
+/// with explicit per-device costs (tens of candidates: its pp, tp and micro-batch stay fixed).
 Config small_config(const std::string& name) {
   // No reserved memory: the caps the tests set are what the tensors may use.
   if (name == "tiny") return shipped_config("tiny.json", {"hardware.reserved_gib=0"});
-  // Long enough a sequence that tune tries context parallelism (each rank keeps 4096 tokens or more).
   if (name == "long") return shipped_config("tiny.json", {"hardware.reserved_gib=0", "model.seq_len=8192"});
   return parse_or_fail(explicit_json(4, 8, 2, 1.0, 2.0, "1f1b", 1e6), {"hardware.memory_gib=1", "hardware.reserved_gib=0"});
+}
+
+std::vector<Pin> parse_pins(const std::vector<std::string>& fixes) {
+  std::vector<Pin> pins;
+  for (const std::string& fix : fixes) {
+    Result<Pin> pin = parse_pin(fix);
+    if (!pin.ok()) FAIL(pin.error().message);
+    pins.push_back(pin.value());
+  }
+  return pins;
+}
+
+/// What keeps each analytic space to a few hundred candidates: 468 of tiny's 10,917 at 4 GPUs, 437 of
+/// its 16,884 at 8, and 366 of the long sequence's 15,273. The other knobs vary: pp, tp, dp, cp,
+/// sequence parallelism, the micro-batch, chunks, recomputation, ZeRO, and the schedule or the
+/// vocabulary mode. 4 microbatches keep refusals in the space (DualPipeV needs m >= 2 pp,
+/// interleaved-1f1b a multiple of pp). The vocabulary mode is a vocabulary-parallel one at 4 GPUs (the
+/// bounds' logits shard) and redistribute at 8 (its layer splits, up to three per layout: recomputation
+/// stays none there); the long sequence keeps every mode and pins the schedule instead.
+std::vector<Pin> space_pins(const std::string& name, int gpus) {
+  if (name == "tiny" && gpus == 4) return parse_pins({"m=4", "vocab=vocab-2"});
+  if (name == "tiny" && gpus == 8) return parse_pins({"m=4", "vocab=redistribute", "recompute=none"});
+  if (name == "long") return parse_pins({"m=4", "schedule=1f1b"});
+  return {};  // explicit costs: tens of candidates already
 }
 
 TuneResult tune_or_fail(const Config& config, const TuneSearch& search) {
@@ -31,11 +59,45 @@ TuneResult tune_or_fail(const Config& config, const TuneSearch& search) {
   return std::move(result).value();
 }
 
+/// The space's exhaustive search: every candidate simulated, under no memory cap so that each one the
+/// schedule runs is a row, fastest first. Run once per config and GPU count.
+const TuneResult& exhaustive(const std::string& name, int gpus) {
+  static std::map<std::pair<std::string, int>, TuneResult> searches;
+  auto it = searches.find({name, gpus});
+  if (it == searches.end()) {
+    Config unlimited = small_config(name);
+    unlimited.hardware.memory_gib = 1e6;
+    TuneResult all =
+        tune_or_fail(unlimited, {.gpus = gpus, .top = 1'000'000, .prune = false, .pins = space_pins(name, gpus)});
+    REQUIRE(all.rows.size() == all.simulated);  // every run fits: none is left out of the rows
+    it = searches.emplace(std::pair(name, gpus), std::move(all)).first;
+  }
+  return it->second;
+}
+
 /// Candidate and iteration time of each row: what "the same top K" means.
-std::vector<std::pair<std::size_t, TimeNs>> ranking(const TuneResult& result) {
-  std::vector<std::pair<std::size_t, TimeNs>> rows;
+using Ranking = std::vector<std::pair<std::size_t, TimeNs>>;
+Ranking ranking(const TuneResult& result) {
+  Ranking rows;
   for (const TuneRow& row : result.rows) rows.emplace_back(row.candidate, row.report.metrics.iteration_ns);
   return rows;
+}
+
+/// What the exhaustive search finds under `config`'s memory cap: its fastest `top` rows that fit there
+/// (a row fits when its peak is at most the cap, as simulate decides).
+Ranking exhaustive_top(const TuneResult& all, const Config& config, std::size_t top) {
+  Ranking rows;
+  for (const TuneRow& row : all.rows)
+    if (max_peak(row.report) <= memory_capacity_bytes(config.hardware) && rows.size() < top)
+      rows.emplace_back(row.candidate, row.report.metrics.iteration_ns);
+  return rows;
+}
+
+/// The space as the pinned search sees it: TuneRow::candidate indexes it.
+std::vector<Candidate> pinned_space(const Config& config, int gpus, const std::vector<Pin>& pins) {
+  Result<std::vector<Candidate>> space = pin_space(config, tune_space(config, gpus), pins, gpus);
+  if (!space.ok()) FAIL(space.error().message);
+  return std::move(space).value();
 }
 
 }  // namespace
@@ -45,8 +107,11 @@ TEST_CASE("the pruned search keeps exactly the exhaustive search's top K") {
   const int gpus = GENERATE(4, 8);
   CAPTURE(name, gpus);
   Config config = small_config(name);
-  // A cap at the median peak of every fitting run: about half the candidates fit.
-  const TuneResult all = tune_or_fail(config, {.gpus = gpus, .top = 1'000'000, .prune = false});
+  const std::vector<Pin> pins = space_pins(name, gpus);
+  const TuneResult& all = exhaustive(name, gpus);
+  CHECK(all.pruned() == 0);
+  if (name == "tiny") CHECK(all.refused > 0);  // refused candidates are counted, never ranked
+  // A cap at the median peak of every run: about half the candidates fit.
   std::vector<Bytes> peaks;
   for (const TuneRow& row : all.rows) peaks.push_back(max_peak(row.report));
   std::nth_element(peaks.begin(), peaks.begin() + std::ptrdiff_t(peaks.size() / 2), peaks.end());
@@ -55,23 +120,26 @@ TEST_CASE("the pruned search keeps exactly the exhaustive search's top K") {
   for (const double memory_gib : {config.hardware.memory_gib, median_gib}) {
     CAPTURE(top, memory_gib);
     config.hardware.memory_gib = memory_gib;
-    const TuneResult exhaustive = tune_or_fail(config, {.gpus = gpus, .top = top, .prune = false});
     // Small batches move the bar often, so the bounds get to prune.
-    const TuneResult pruned = tune_or_fail(config, {.gpus = gpus, .top = top, .prune = true, .batch = 4});
-    CHECK(ranking(pruned) == ranking(exhaustive));
-    CHECK(exhaustive.pruned() == 0);
+    const TuneResult pruned = tune_or_fail(config, {.gpus = gpus, .top = top, .prune = true, .batch = 4, .pins = pins});
+    const Ranking expected = exhaustive_top(all, config, top);
+    CHECK(expected.size() == top);
+    CHECK(ranking(pruned) == expected);
     CHECK(pruned.evaluated == pruned.simulated + pruned.pruned() + pruned.refused);
-    CHECK(pruned.evaluated == exhaustive.evaluated);
+    CHECK(pruned.evaluated == all.evaluated);
     // Explicit costs keep pp and tp, and give every schedule the same compute: no time bound separates
-    // them. The analytic space has both, so there the bounds must prune.
+    // them. The analytic space has both, so there the bounds must prune, and under the median cap
+    // the memory bounds too.
     if (name == "tiny") CHECK(pruned.pruned_by_time > 0);
-    if (name == "tiny") CHECK(pruned.simulated < exhaustive.simulated);
+    if (name == "tiny") CHECK(pruned.simulated < all.simulated);
+    if (name == "tiny" && memory_gib == median_gib) CHECK(pruned.pruned_by_memory > 0);
   }
 }
 
 TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the candidates with that value") {
   const Config config = small_config("tiny");
-  const TuneResult all = tune_or_fail(config, {.gpus = 8, .top = 1'000'000, .prune = false});
+  const std::vector<Pin> pins = space_pins("tiny", 4);
+  const TuneResult& all = exhaustive("tiny", 4);
   for (const std::string fix : {"pp=2", "parallel.pp=2", "mbs=1", "schedule=zb-v", "recompute=full", "zero_stage=3"}) {
     CAPTURE(fix);
     Result<Pin> pin = parse_pin(fix);
@@ -80,10 +148,13 @@ TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the
     for (const TuneRow& row : all.rows)
       if (knob_value(row.config, pin.value().knob) == pin.value().value && expected.size() < 5)
         expected.emplace_back(row.changes, row.report.metrics.iteration_ns);
-    const TuneResult pinned = tune_or_fail(config, {.gpus = 8, .top = 5, .pins = {pin.value()}});
+    std::vector<Pin> more = pins;
+    more.push_back(pin.value());
+    const TuneResult pinned = tune_or_fail(config, {.gpus = 4, .top = 5, .pins = more});
     for (const TuneRow& row : pinned.rows) got.emplace_back(row.changes, row.report.metrics.iteration_ns);
     CHECK(got == expected);
     CHECK(expected.size() == 5);
+    CHECK(pinned.evaluated < all.evaluated);
   }
   // A number as the user may write it is compared as a number.
   REQUIRE(parse_pin("parallel.pp=02").ok());
@@ -93,41 +164,45 @@ TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the
 
 TEST_CASE("the search's result does not depend on its batches or its threads' timing") {
   const Config config = small_config("tiny");
-  const TuneResult first = tune_or_fail(config, {.gpus = 4, .top = 7, .batch = 1});
+  const std::vector<Pin> pins = space_pins("tiny", 4);
+  const TuneResult first = tune_or_fail(config, {.gpus = 4, .top = 7, .batch = 1, .pins = pins});
+  CHECK(ranking(first) == exhaustive_top(exhaustive("tiny", 4), config, 7));
   for (const std::size_t batch : {3, 16, 1000}) {
-    const TuneResult again = tune_or_fail(config, {.gpus = 4, .top = 7, .batch = batch});
+    const TuneResult again = tune_or_fail(config, {.gpus = 4, .top = 7, .batch = batch, .pins = pins});
     CHECK(ranking(again) == ranking(first));
   }
   for (int run = 0; run < 3; ++run) {
-    const TuneResult same = tune_or_fail(config, {.gpus = 4, .top = 7, .batch = 16});
-    CHECK(same.pruned() == tune_or_fail(config, {.gpus = 4, .top = 7, .batch = 16}).pruned());
+    const TuneResult same = tune_or_fail(config, {.gpus = 4, .top = 7, .batch = 16, .pins = pins});
+    CHECK(same.pruned() == tune_or_fail(config, {.gpus = 4, .top = 7, .batch = 16, .pins = pins}).pruned());
   }
 }
 
 TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration time") {
   const std::string name = GENERATE("tiny", "explicit", "long");
   const int gpus = GENERATE(4, 8);
-  if (name == "long" && gpus != 4) return;  // cp 2 needs no more GPUs, and the long case is the slowest
+  if (name == "long" && gpus != 4) return;  // cp 2 needs no more GPUs
   CAPTURE(name, gpus);
   const Config config = small_config(name);
-  const std::vector<Candidate> space = tune_space(config, gpus);
+  const std::vector<Candidate> space = pinned_space(config, gpus, space_pins(name, gpus));
   REQUIRE(space.size() > 40);
   // Context and sequence parallelism are among the knobs the bounds must hold for.
   const auto has = [&](auto predicate) { return std::any_of(space.begin(), space.end(), predicate); };
   CHECK(has([](const Candidate& c) { return c.parallel.cp == 2; }) == (name == "long"));
   CHECK(has([](const Candidate& c) { return c.parallel.tp > 1 && !c.parallel.sequence_parallel; }) == (name != "explicit"));
-  std::size_t simulated = 0;
-  for (const Candidate& candidate : space) {
-    const Config c = apply_candidate(config, candidate);
-    const Result<SimulatedRun> run = simulate_config(c);
-    const Result<LowerBounds> bounds = lower_bounds(c);
-    if (!run.ok()) continue;  // refused by the schedule: the search skips it either way
+  // Every candidate the simulator runs is a row of the exhaustive search, its report the simulator's.
+  const TuneResult& all = exhaustive(name, gpus);
+  REQUIRE(all.evaluated == space.size());
+  std::vector<bool> simulated(space.size(), false);
+  for (const TuneRow& row : all.rows) {
+    simulated[row.candidate] = true;
+    const Candidate& candidate = space[row.candidate];
+    const Result<LowerBounds> bounds = lower_bounds(row.config);
     const ParallelConfig& p = candidate.parallel;
-    INFO(candidate.schedule << " / " << vocab_mode_name(candidate.vocab) << ", pp " << p.pp << " tp " << p.tp << " dp " << p.dp << " m "
-                            << p.microbatches << " x " << candidate.micro_batch_size << " chunks " << p.chunks << " "
-                            << candidate.split_change);
+    INFO(candidate.schedule << " / " << vocab_mode_name(candidate.vocab) << ", pp " << p.pp << " tp " << p.tp << " dp " << p.dp << " cp "
+                            << p.cp << " m " << p.microbatches << " x " << candidate.micro_batch_size << " chunks "
+                            << p.chunks << " " << candidate.split_change);
     REQUIRE(bounds.ok());
-    const RunMetrics& metrics = run.value().report.metrics;
+    const RunMetrics& metrics = row.report.metrics;
     REQUIRE(bounds.value().memory_bytes.size() == metrics.devices.size());
     for (const DeviceMetrics& d : metrics.devices) {
       CHECK(bounds.value().memory_bytes[std::size_t(d.rank)] <= d.peak_memory_bytes);
@@ -135,9 +210,12 @@ TEST_CASE("the lower bounds never exceed the simulated peak memory and iteration
     }
     CHECK(bounds.value().iteration_ns <= metrics.iteration_ns);
     CHECK(bounds.value().iteration_ns > 0);
-    ++simulated;
   }
-  CHECK(simulated > space.size() / 2);
+  CHECK(all.rows.size() > space.size() / 2);
+  // The rest were refused, by the bounds' checks or by the schedule: the simulator refuses them too,
+  // so a bound that fails never hides a run.
+  for (std::size_t i = 0; i < space.size(); ++i)
+    if (!simulated[i]) CHECK_FALSE(simulate_config(apply_candidate(config, space[i])).ok());
 }
 
 TEST_CASE("tune's best fitting row is never worse than compare's, whose points are all in its space") {
@@ -154,12 +232,19 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
         best = std::max(best, run.value().report.metrics.tokens_per_s);
     }
   REQUIRE(best > 0);
-  const TuneResult result = tune_or_fail(config, {});
+  // Compare varies the schedule and the vocabulary mode only (and with them chunks and the split):
+  // the search pinned to the config's other knobs holds every point of it.
+  std::vector<Pin> pins;
+  for (const Knob knob : {Knob::Pp, Knob::Tp, Knob::Dp, Knob::Cp, Knob::SequenceParallel, Knob::Microbatches,
+                          Knob::MicroBatchSize, Knob::Recompute, Knob::ZeroStage})
+    pins.push_back({knob, knob_value(config, knob), fmt::format("{}={}", knob_name(knob), knob_value(config, knob))});
+  const TuneResult result = tune_or_fail(config, {.pins = pins});
   REQUIRE(!result.rows.empty());
   CHECK(result.rows.front().report.metrics.tokens_per_s >= best);
   CHECK(result.rows.size() <= 10);
   // One candidate is the config itself: nothing changed.
-  const std::vector<Candidate> space = tune_space(config, config.parallel.pp * config.parallel.tp * config.parallel.dp);
+  const std::vector<Candidate> space =
+      pinned_space(config, config.parallel.pp * config.parallel.tp * config.parallel.dp, pins);
   CHECK(std::any_of(space.begin(), space.end(), [&](const Candidate& c) {
     return c.schedule == config.schedule.name && c.vocab == config.schedule.vocab && describe_changes(config, c) == "none";
   }));
@@ -228,39 +313,48 @@ TEST_CASE("with explicit costs, pp, tp and the micro-batch stay the config's: th
 
 TEST_CASE("when nothing fits, tune names the smallest peak memory, its device, its candidate and the cap") {
   Config config = small_config("tiny");
+  const std::vector<Pin> pins = space_pins("tiny", 4);
+  // The run with the smallest peak, as the exhaustive search finds it: ties go to the first in the
+  // space's order, and the device named is its fullest (the first of those).
+  const TuneResult& all = exhaustive("tiny", 4);
+  const auto least = std::min_element(all.rows.begin(), all.rows.end(), [](const TuneRow& a, const TuneRow& b) {
+    return std::pair(max_peak(a.report), a.candidate) < std::pair(max_peak(b.report), b.candidate);
+  });
+  const Bytes peak = max_peak(least->report);
+  const std::vector<DeviceMetrics>& devices = least->report.metrics.devices;
+  const auto device = std::find_if(devices.begin(), devices.end(),
+                                   [&](const DeviceMetrics& d) { return d.peak_memory_bytes == peak; });
+  const Candidate c = pinned_space(config, 4, pins)[least->candidate];
+  const std::string named = fmt::format(
+      "the smallest peak memory of any candidate is {:.2f} MiB, on device {}, for {} / {}, pp {} tp {} dp {}{}, "
+      "m {} x {}",
+      double(peak) / double(1 << 20), device->rank, c.schedule, vocab_mode_name(c.vocab), c.parallel.pp, c.parallel.tp, c.parallel.dp,
+      c.parallel.tp == 1 ? "" : c.parallel.sequence_parallel ? ", sp on" : ", sp off", c.parallel.microbatches,
+      c.micro_batch_size);
   SECTION("every bound is over the cap: the smallest peak is still simulated, not a bound") {
     config.hardware.memory_gib = 1e-6;
-    const Result<TuneResult> result = tune(config, {});
+    const Result<TuneResult> result = tune(config, {.pins = pins});
     REQUIRE(!result.ok());
     CHECK_THAT(result.error().message, Catch::StartsWith("configs/tiny.json: nothing fits in 0.00 GiB per device "
-                                                         "(hardware.memory_gib, or --memory-gib): the smallest peak "
-                                                         "memory of any candidate is "));
-    CHECK_THAT(result.error().message, Catch::Contains(" MiB, on device "));
-    CHECK_THAT(result.error().message, Catch::EndsWith("; raise --memory-gib to at least 0.01 or give more --gpus than 4"));
-    CHECK(result.error().message == tune(config, {.prune = false}).error().message);
+                                                         "(hardware.memory_gib, or --memory-gib): " + named));
+    CHECK_THAT(result.error().message,
+               Catch::EndsWith("; raise --memory-gib to at least 0.01 or give more --gpus than 4, or drop a --fix"));
+    // Without pruning nothing is left to a bound: the same run is named.
+    CHECK(result.error().message == tune(config, {.prune = false, .pins = pins}).error().message);
   }
   SECTION("a cap one byte under the smallest simulated peak: that run is named") {
-    // Without pruning every candidate is simulated; ties go to the first in the space's order.
-    const TuneResult all = tune_or_fail(config, {.top = 1'000'000, .prune = false});
-    const auto least = std::min_element(all.rows.begin(), all.rows.end(), [](const TuneRow& a, const TuneRow& b) {
-      return std::pair(max_peak(a.report), a.candidate) < std::pair(max_peak(b.report), b.candidate);
-    });
-    const Bytes peak = max_peak(least->report);
     config.hardware.memory_gib = double(peak - 1) / double(1 << 30);
-    const Result<TuneResult> result = tune(config, {.prune = false});
+    const Result<TuneResult> result = tune(config, {.pins = pins});
     REQUIRE(!result.ok());
-    const std::vector<DeviceMetrics>& devices = least->report.metrics.devices;
-    const auto device = std::find_if(devices.begin(), devices.end(),
-                                     [&](const DeviceMetrics& d) { return d.peak_memory_bytes == peak; });
-    CHECK(tune(config, {}).error().message == result.error().message);  // pruning changes nothing here either
-    const Candidate c = tune_space(config, 4)[least->candidate];
-    CHECK_THAT(result.error().message,
-               Catch::Contains(fmt::format("the smallest peak memory of any candidate is {:.2f} MiB, on device {}, for "
-                                           "{} / {}, pp {} tp {} dp {}{}, m {} x {}",
-                                           double(peak) / double(1 << 20), device->rank, c.schedule, vocab_mode_name(c.vocab),
-                                           c.parallel.pp, c.parallel.tp, c.parallel.dp,
-                                           c.parallel.tp == 1 ? "" : c.parallel.sequence_parallel ? ", sp on" : ", sp off",
-                                           c.parallel.microbatches, c.micro_batch_size)));
+    CHECK_THAT(result.error().message, Catch::Contains(named));  // pruning changes nothing here either
+  }
+  SECTION("a search without --fix suggests more GPUs only") {
+    Config costs = small_config("explicit");  // pp 4 and dp 1: 4 GPUs
+    costs.hardware.memory_gib = 1e-6;
+    const Result<TuneResult> result = tune(costs, {});
+    REQUIRE(!result.ok());
+    CHECK_THAT(result.error().message, Catch::StartsWith("test.json: nothing fits in 0.00 GiB per device "));
+    CHECK_THAT(result.error().message, Catch::EndsWith(" or give more --gpus than 4"));
   }
 }
 

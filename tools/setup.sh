@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pipesim needs (only those missing), then configures and builds it in
-# ./build. Safe to run again: it only does what is not done yet.
+# Installs the Debian packages pipesim needs (only those missing), then configures ./build and builds
+# the program there (build/tools/pipesim), nothing else: `meson test -C build` builds the tests and what
+# they run before running them, and `ninja -C build` everything (the MPI and CUDA plugins that `mpirun`
+# and `--backend cuda` load, the benches). Safe to run again: it only does what is not done yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,5 +21,5 @@ if ((${#missing[@]})); then
 fi
 
 [[ -f build/build.ninja ]] || meson setup build >/dev/null
-ninja -C build >/dev/null
+ninja -C build tools/pipesim >/dev/null
 echo "pipesim setup: built build/tools/pipesim" >&2

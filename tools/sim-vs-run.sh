@@ -42,7 +42,7 @@ while (($#)); do
   esac
 done
 pipesim=build/tools/pipesim
-[[ -x $pipesim ]] || tools/setup.sh
+[[ -x $pipesim ]] || { tools/setup.sh && ninja -C build >/dev/null; }  # with the MPI plugin mpirun loads
 # The model both the runs and the predictions take: --set's, or tiny.json widened.
 model=("${sets[@]}")
 [[ $config == configs/tiny.json && ${#sets[@]} == 0 ]] &&

@@ -68,7 +68,8 @@ TEST_CASE("under recomputation the planned peak counts what R rebuilds before B 
   const Config c = shipped_config("tiny.json", {"schedule.name=\"gpipe\"", "schedule.vocab=\"baseline\"",
                                                 "training.recompute_granularity=\"full\""});
   const Plan plan = plan_or_fail(c);
-  const StageWork& w = schedule_context(plan.config, plan.layout, *plan.costs).work[0];
+  const ScheduleContext context = schedule_context(plan.config, plan.layout, *plan.costs);
+  const StageWork& w = context.work[0];
   REQUIRE(w.recomputes());
   const Bytes all_forwards = Bytes(c.parallel.microbatches) * w.activation_bytes;
   // The first B comes when every F has kept its part: R's rebuilt layer comes on top of them.

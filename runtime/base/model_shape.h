@@ -28,4 +28,16 @@ struct ModelShape {
   int fc1_width() const { return family == LayerFamily::Llama ? 2 * ffn : ffn; }
 };
 
+/// The widths of one tensor-parallel rank's part of a layer, split over `ranks` as Megatron splits
+/// it (its query and key/value heads, its slice of the FFN); the whole layer on one rank. The CPU
+/// model and the CUDA backend both compute on these.
+struct LayerPart {
+  int heads, kv_heads;
+  int attention;  ///< the attention output's width: heads · head width
+  int qkv, ffn, fc1;
+  LayerPart(const ModelShape& s, int ranks)
+      : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
+        qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
+};
+
 }  // namespace pipesim::runtime

@@ -121,16 +121,6 @@ void linear_backward(std::span<const float> x, const std::vector<float>& weight,
 /// Per-row means a norm of `rows` rows keeps: LayerNorm's; RMSNorm keeps none.
 std::size_t mean_count(const ModelShape& s, int rows) { return s.family == LayerFamily::Gpt ? std::size_t(rows) : 0; }
 
-/// The widths of one tensor-parallel rank's part of a layer (the whole layer on one rank).
-struct Part {
-  int heads, kv_heads;
-  int attention;  ///< the attention output's width: heads · head width
-  int qkv, ffn, fc1;
-  Part(const ModelShape& s, int ranks)
-      : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
-        qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
-};
-
 int ranks_of(const TensorParallel* tp) { return tp ? tp->size() : 1; }
 
 /// Host fp32 values as the tensor-parallel group's buffers.
@@ -140,21 +130,21 @@ runtime::Buffer host(std::span<const float> values) {
 
 /// Llama's rotary embedding of the q and k heads of a fused QKV (n × part.qkv), in place; GPT has
 /// none. `backward` rotates a gradient back.
-void rotate_qk(const ModelShape& s, const Part& part, std::span<float> qkv, bool backward) {
+void rotate_qk(const ModelShape& s, const LayerPart& part, std::span<float> qkv, bool backward) {
   if (s.family != LayerFamily::Llama) return;
   const auto rope = backward ? rope_backward : rope_forward;
   rope(qkv, s.tokens(), s.seq, part.qkv, part.heads + part.kv_heads, s.head_width(), s.rope_theta);
 }
 
 /// The MLP's activation: gelu(fc1) (n × ffn) for GPT, silu(gate)·up of fc1 = [gate | up] for Llama.
-void activation_forward(const ModelShape& s, const Part& part, std::span<const float> fc1, std::span<float> out) {
+void activation_forward(const ModelShape& s, const LayerPart& part, std::span<const float> fc1, std::span<float> out) {
   switch (s.family) {
     case LayerFamily::Gpt: return gelu_forward(fc1, out);
     case LayerFamily::Llama: return swiglu_forward(fc1, out, s.tokens(), part.ffn);
   }
 }
 
-void activation_backward(const ModelShape& s, const Part& part, std::span<const float> fc1, std::span<const float> dout,
+void activation_backward(const ModelShape& s, const LayerPart& part, std::span<const float> fc1, std::span<const float> dout,
                          std::span<float> dfc1) {
   switch (s.family) {
     case LayerFamily::Gpt: return gelu_backward(fc1, dout, dfc1);
@@ -278,7 +268,7 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
                    TensorParallel* tp) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
-  const Part part(s, ranks_of(tp));
+  const LayerPart part(s, ranks_of(tp));
   c.input.assign(x.begin(), x.end());
   std::vector<float> ln1(mine);
   c.mean1.resize(mean_count(s, rows)), c.rstd1.resize(std::size_t(rows));
@@ -308,7 +298,7 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
                     std::span<float> dx, Layer& g, DeferredWeightGrad* deferred, TensorParallel* tp) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
-  const Part part(s, ranks_of(tp));
+  const LayerPart part(s, ranks_of(tp));
   const auto keep = [deferred](std::vector<float> DeferredWeightGrad::*field) {
     return deferred ? &(deferred->*field) : nullptr;
   };
@@ -349,7 +339,7 @@ void sum_partial_gradients(Layer& g, TensorParallel& tp) {
 
 void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g, int ranks) {
   const int n = s.tokens(), h = s.hidden;
-  const Part part(s, ranks);
+  const LayerPart part(s, ranks);
   linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, part.ffn, h);
   linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, part.fc1);
   linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, part.attention, h);
@@ -359,7 +349,7 @@ void layer_weight_backward(const ModelShape& s, const LayerCache& c, const Defer
 std::vector<std::vector<std::size_t>> split_elements(const ModelShape& s, int rank, int ranks) {
   const std::size_t h = std::size_t(s.hidden), n_qkv = std::size_t(s.qkv_width()), n_fc1 = std::size_t(s.fc1_width());
   const std::vector<std::size_t> qkv = qkv_columns(s, rank, ranks), fc1 = fc1_columns(s, rank, ranks);
-  const Part part(s, ranks);
+  const LayerPart part(s, ranks);
   const bool gpt = s.family == LayerFamily::Gpt;  // Llama's biases are empty: nothing to split
   // Layer::tensors() order: ln1 gain, bias; qkv weight, bias; proj weight, bias; ln2 gain, bias; fc1
   // weight, bias; fc2 weight, bias.

@@ -20,6 +20,7 @@ namespace pipesim::cpu {
 /// The shape is the runtime's (model_shape.h): the one a Job carries to every backend. The CPU model
 /// reads it as it is. tied_embeddings: make_model's head is then a copy of its embedding.
 using runtime::LayerFamily;
+using runtime::LayerPart;
 using runtime::ModelShape;
 /// A tensor-parallel group (tensor_parallel.h: how a layer splits over it, what each collective
 /// does), the runtime's: the CPU layers call it on host fp32 buffers.

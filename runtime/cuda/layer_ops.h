@@ -15,18 +15,6 @@
 
 namespace pipesim::runtime::cuda {
 
-/// The widths of this rank's part of a layer (cpu/model.cpp's Part): split over the tensor-parallel
-/// group as Megatron splits it (its query and key/value heads, its slice of the FFN), the whole layer
-/// without tensor parallelism.
-struct LayerPart {
-  int heads, kv_heads;
-  int attention;  ///< the attention output's width: heads · head width
-  int qkv, ffn, fc1;
-  LayerPart(const ModelShape& s, int ranks)
-      : heads(s.heads / ranks), kv_heads(s.key_value_heads() / ranks), attention(s.hidden / ranks),
-        qkv(s.qkv_width() / ranks), ffn(s.ffn / ranks), fc1(s.fc1_width() / ranks) {}
-};
-
 class LayerOps {
  public:
   /// `op`, `shape` and the group `tp` (null when the layers are whole) outlive this.

@@ -152,9 +152,13 @@ DataParallelWork data_parallel_work(const Config& config, const Layout& layout) 
 }
 
 ScheduleContext schedule_context(const Config& config, const Layout& layout, const CostModel& costs) {
-  ScheduleContext context{layout, config.parallel.microbatches, {}, stage_work(config, layout),
-                          0, vocab_delay(layout.vocab, layout.devices)};
+  ScheduleContext context{.layout = layout, .microbatches = config.parallel.microbatches,
+                          .work = stage_work(config, layout), .vocab_delay = vocab_delay(layout.vocab, layout.devices)};
   for (int s = 0; s < layout.stage_count(); ++s) context.times.push_back(costs.stage(s));
+  context.memory_limit = config.schedule.memory_limit;
+  context.iterations_overlap = config.training.optimizer_post_validation;
+  const Bytes capacity = memory_capacity_bytes(config.hardware);
+  for (const Bytes held : static_memory_bytes(config, layout)) context.activation_room.push_back(std::max<Bytes>(capacity - held, 0));
   const int next_device = std::min(1, layout.devices - 1);
   context.transfer_ns = costs.transfer({.kind = OpKind::Send, .device = 0, .peer = next_device},
                                        {.bytes = double(Bytes(hidden_activation_bytes(config)))});

@@ -5,7 +5,7 @@
 namespace pipesim {
 namespace {
 
-const std::array<ScheduleInfo, 8> kSchedules = {{
+const std::array<ScheduleInfo, 12> kSchedules = {{
     {"gpipe", "all forwards, then all backwards; activations of every microbatch stay alive", Placement::Loop, 1,
      generate_gpipe},
     {"1f1b", "PipeDream-flush: warm-up forwards, then one forward one backward; p-i microbatches alive",
@@ -14,6 +14,14 @@ const std::array<ScheduleInfo, 8> kSchedules = {{
      Placement::Loop, 0, generate_interleaved_1f1b},
     {"zb-h1", "zero bubble H1: 1F1B with B and W split, W deferred into bubbles; 1F1B memory", Placement::Loop, 1,
      generate_zb_h1},
+    {"zb-h2", "zero bubble H2: ZB-H1 with twice the warm-up forwards; bubble-free at F = B = W, 2p-1 microbatches alive",
+     Placement::Loop, 1, generate_zb_h2},
+    {"zb-1p", "zero-bubble paper's automatic scheduler within 1F1B's peak activation memory (ZB-1p)", Placement::Loop, 1,
+     generate_zb_1p},
+    {"zb-2p", "the same within twice 1F1B's peak activation memory (ZB-2p): almost no bubble", Placement::Loop, 1,
+     generate_zb_2p},
+    {"zb-auto", "the same within schedule.memory_limit (x 1F1B's peak, \"N GiB\", or \"fit\": all the device has)",
+     Placement::Loop, 1, generate_zb_auto},
     {"v-half", "V placement, 2 chunks per device, half of 1F1B's activation memory, about half its bubble",
      Placement::V, 2, generate_v_half},
     {"v-min", "V placement, 2 chunks per device, about a third of 1F1B's activation memory", Placement::V, 2,

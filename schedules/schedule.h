@@ -39,8 +39,8 @@ inline bool splits_weight(const DeviceOrders& orders) {
 struct ScheduleContext {
   const Layout& layout;
   int microbatches;
-  std::vector<StageTimes> times;  ///< per virtual stage; backward is the input-gradient part
-  std::vector<StageWork> work;    ///< per virtual stage: activation_bytes, weight_held_bytes
+  std::vector<StageTimes> times{};  ///< per virtual stage; backward is the input-gradient part
+  std::vector<StageWork> work{};    ///< per virtual stage: activation_bytes, weight_held_bytes
   TimeNs transfer_ns = 0;         ///< one activation or gradient between neighbouring devices
   /// Microbatches by which the last stage's backward trails its forward, waiting for the vocabulary
   /// passes (0 when the vocabulary layers sit on the stages). 1F1B-style generators add it to
@@ -48,6 +48,13 @@ struct ScheduleContext {
   /// (plan/vocab_placement.cpp) moves the last stage's backwards for the other schedules where the
   /// orders stay executable.
   int vocab_delay = 0;
+  /// What zb-auto may fill with activations (schedule.memory_limit), and per device the room beside
+  /// its static memory (device memory less reserved and static; empty: unbounded), for "fit".
+  ActivationLimit memory_limit{};
+  std::vector<Bytes> activation_room{};
+  /// training.optimizer_post_validation: iterations overlap, so an iteration lasts the longest
+  /// device span, not the makespan (metrics.h). The zero-bubble scheduler chooses by it.
+  bool iterations_overlap = false;
 
   /// Whether generating orders for it repays a second thread (two_threads.h): 2^13
   /// stage-microbatches are about 2^16 ops.
@@ -74,6 +81,10 @@ Result<DeviceOrders> generate_gpipe(const ScheduleContext& context);
 Result<DeviceOrders> generate_1f1b(const ScheduleContext& context);
 Result<DeviceOrders> generate_interleaved_1f1b(const ScheduleContext& context);
 Result<DeviceOrders> generate_zb_h1(const ScheduleContext& context);
+Result<DeviceOrders> generate_zb_h2(const ScheduleContext& context);
+Result<DeviceOrders> generate_zb_1p(const ScheduleContext& context);
+Result<DeviceOrders> generate_zb_2p(const ScheduleContext& context);
+Result<DeviceOrders> generate_zb_auto(const ScheduleContext& context);
 Result<DeviceOrders> generate_v_half(const ScheduleContext& context);
 Result<DeviceOrders> generate_v_min(const ScheduleContext& context);
 Result<DeviceOrders> generate_zb_v(const ScheduleContext& context);

@@ -58,6 +58,15 @@ constexpr std::array kVocabModes = {VocabMode::Baseline, VocabMode::Redistribute
                                     VocabMode::Interlaced};
 }  // namespace
 
+std::string activation_limit_text(const ActivationLimit& limit) {
+  switch (limit.unit) {
+    case ActivationLimit::Unit::Fit: return "fit";
+    case ActivationLimit::Unit::Times1F1B: return fmt::format("{:g}x", limit.value);
+    case ActivationLimit::Unit::Bytes: return fmt::format("{:g} GiB", limit.value / double(Bytes(1) << 30));
+  }
+  return "?";
+}
+
 std::string_view vocab_mode_name(VocabMode mode) {
   switch (mode) {
     case VocabMode::Baseline: return "baseline";

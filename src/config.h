@@ -53,6 +53,18 @@ std::optional<VocabMode> vocab_mode_named(std::string_view name);
 /// Every mode's name, in the order of the enum (and of `pipesim list`).
 std::vector<std::string> vocab_mode_names();
 
+/// The activation memory per device that the automatic zero-bubble scheduler (zb-auto) may fill:
+/// as the zero-bubble paper states its limits, a multiple of 1F1B's peak activation memory (1 for
+/// ZB-1p, 2 for ZB-2p), or bytes, or all that fits beside the device's static memory.
+struct ActivationLimit {
+  enum class Unit { Fit, Times1F1B, Bytes };
+  Unit unit = Unit::Fit;
+  double value = 0;  ///< the multiple, or bytes; unused for Fit
+  bool operator==(const ActivationLimit&) const = default;
+};
+/// "fit", "2x" or "40 GiB", as configs spell it (config.cpp).
+std::string activation_limit_text(const ActivationLimit& limit);
+
 struct ScheduleConfig {
   std::string name = "1f1b";
   VocabMode vocab = VocabMode::Baseline;
@@ -60,6 +72,7 @@ struct ScheduleConfig {
   /// virtual stage (split_per_stage in layout.h); empty means "auto" (the split that minimises the
   /// slowest stage under the cost model).
   std::vector<int> layers_per_stage;
+  ActivationLimit memory_limit;  ///< read by zb-auto only
 };
 
 /// Every field is a number the user can override; presets only fill defaults.
@@ -112,6 +125,12 @@ struct TrainingConfig {
   bool overlap_grad_reduce = false;   ///< gradient reduce-scatter/all-reduce hidden behind the backward
   bool overlap_param_gather = false;  ///< parameter all-gather hidden behind the next step's forwards
   bool tp_comm_overlap = false;       ///< tensor-parallel collectives overlapped with their GEMMs
+  /// The zero-bubble paper's optimizer post-validation (its Megatron fork's
+  /// --enable-optimizer-post-validation): no all-reduce across stages before the optimizer step, so
+  /// each device starts its next iteration once its own step is done, and the iteration time is the
+  /// steady-state period, the longest device span (docs/cost-model.md). Without it every stage waits
+  /// for the slowest at the step, and the iteration time is the makespan from a common start.
+  bool optimizer_post_validation = false;
 };
 
 /// The first layers of a stage of `layers` that full recomputation runs again before their backward

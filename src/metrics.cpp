@@ -1,6 +1,7 @@
 #include "metrics.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "model_math.h"
 #include "parallel_shape.h"
@@ -82,9 +83,9 @@ void track_memory(const TaskGraph& graph, const Timeline& timeline, DeviceMetric
 }
 
 /// Busy time, communication and peak activation memory of one device (its bubbles need the
-/// iteration's length: the caller's), and the latest end of its ops in `last_end`.
+/// iteration's length: the caller's), and the earliest start and latest end of its ops in `span`.
 DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, int d, Bytes static_bytes,
-                             TimeNs& last_end) {
+                             Interval& span) {
   DeviceMetrics device;
   device.rank = d;
   std::vector<Interval> compute, comm;
@@ -92,12 +93,12 @@ DeviceMetrics measure_device(const TaskGraph& graph, const Timeline& timeline, i
   const std::size_t compute_ops = graph.stream(graph.first_stream(d)).size();  // a device's first stream
   compute.reserve(compute_ops);
   comm.reserve(stream_ops(graph, graph.first_stream(d), graph.first_stream(d + 1)) - compute_ops);
-  last_end = 0;
+  span = {std::numeric_limits<TimeNs>::max(), 0};
   for (std::size_t s = graph.first_stream(d); s < graph.first_stream(d + 1); ++s) {
     std::vector<Interval>& into = graph.stream_kind_of(s) == Stream::Compute ? compute : comm;
     for (TaskId id : graph.stream(s)) {
       const Interval ran{timeline.start[static_cast<std::size_t>(id)], timeline.end[static_cast<std::size_t>(id)]};
-      last_end = std::max(last_end, ran.end);
+      span = {std::min(span.start, ran.start), std::max(span.end, ran.end)};
       into.push_back(ran);
     }
     if (&into == &comm && !graph.stream(s).empty()) comm_ends.push_back(comm.size());
@@ -151,14 +152,19 @@ RunMetrics compute_metrics(const Config& config, const TaskGraph& graph, const T
                            const std::vector<Bytes>& static_bytes) {
   RunMetrics run;
   // Devices are independent: on a large graph, half of them are measured on a second thread. Every
-  // op runs on a device, so the iteration ends with the last of theirs.
+  // op runs on a device, so the iteration ends with the last of theirs -- or, where no device waits
+  // for the others at the optimizer step, iterations follow each other at the longest device span:
+  // shifted by it, every device's next iteration keeps the times this one had relative to the others.
   run.devices.resize(std::size_t(graph.devices()));
-  std::vector<TimeNs> last_end(run.devices.size(), 0);
+  std::vector<Interval> spans(run.devices.size(), Interval{0, 0});
   in_two_halves(run.devices.size(), graph.size() >= kOpsWorthAThread, [&](std::size_t begin, std::size_t end) {
     for (std::size_t d = begin; d < end; ++d)
-      run.devices[d] = measure_device(graph, timeline, int(d), static_bytes[d], last_end[d]);
+      run.devices[d] = measure_device(graph, timeline, int(d), static_bytes[d], spans[d]);
   });
-  for (const TimeNs end : last_end) run.iteration_ns = std::max(run.iteration_ns, end);
+  for (const Interval& span : spans)
+    run.iteration_ns = std::max(run.iteration_ns, config.training.optimizer_post_validation && span.end > span.start
+                                                      ? span.end - span.start
+                                                      : span.end);
   for (DeviceMetrics& d : run.devices)
     d.bubble_fraction = 1.0 - double(d.busy_ns) / double(std::max<TimeNs>(run.iteration_ns, 1));
   const double iteration_s = std::max(seconds(run.iteration_ns), 1e-12);

@@ -7,6 +7,7 @@
 // Each space's exhaustive search runs once, and every test that compares with it reuses it.
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "config_files.h"
 #include "helpers.h"
@@ -59,18 +60,19 @@ TuneResult tune_or_fail(const Config& config, const TuneSearch& search) {
   return std::move(result).value();
 }
 
-/// The space's exhaustive search: every candidate simulated, under no memory cap so that each one the
-/// schedule runs is a row, fastest first. Run once per config and GPU count.
-const TuneResult& exhaustive(const std::string& name, int gpus) {
-  static std::map<std::pair<std::string, int>, TuneResult> searches;
-  auto it = searches.find({name, gpus});
+/// The space's exhaustive search: every candidate simulated, fastest first; by default under no memory
+/// cap, so that each one the schedule runs is a row. Run once per config, GPU count and cap. (zb-auto
+/// fills what the device has, so a cap changes its runs, not only which of them fit.)
+const TuneResult& exhaustive(const std::string& name, int gpus, double memory_gib = 1e6) {
+  static std::map<std::tuple<std::string, int, double>, TuneResult> searches;
+  auto it = searches.find({name, gpus, memory_gib});
   if (it == searches.end()) {
-    Config unlimited = small_config(name);
-    unlimited.hardware.memory_gib = 1e6;
+    Config capped = small_config(name);
+    capped.hardware.memory_gib = memory_gib;
     TuneResult all =
-        tune_or_fail(unlimited, {.gpus = gpus, .top = 1'000'000, .prune = false, .pins = space_pins(name, gpus)});
-    REQUIRE(all.rows.size() == all.simulated);  // every run fits: none is left out of the rows
-    it = searches.emplace(std::pair(name, gpus), std::move(all)).first;
+        tune_or_fail(capped, {.gpus = gpus, .top = 1'000'000, .prune = false, .pins = space_pins(name, gpus)});
+    if (memory_gib == 1e6) REQUIRE(all.rows.size() == all.simulated);  // every run fits: none is left out of the rows
+    it = searches.emplace(std::tuple(name, gpus, memory_gib), std::move(all)).first;
   }
   return it->second;
 }
@@ -122,7 +124,7 @@ TEST_CASE("the pruned search keeps exactly the exhaustive search's top K") {
     config.hardware.memory_gib = memory_gib;
     // Small batches move the bar often, so the bounds get to prune.
     const TuneResult pruned = tune_or_fail(config, {.gpus = gpus, .top = top, .prune = true, .batch = 4, .pins = pins});
-    const Ranking expected = exhaustive_top(all, config, top);
+    const Ranking expected = exhaustive_top(exhaustive(name, gpus, memory_gib), config, top);
     CHECK(expected.size() == top);
     CHECK(ranking(pruned) == expected);
     CHECK(pruned.evaluated == pruned.simulated + pruned.pruned() + pruned.refused);

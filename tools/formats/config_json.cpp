@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -138,6 +139,26 @@ ParallelConfig read_parallel(ObjectReader r) {
   return p;
 }
 
+/// A number is a multiple of 1F1B's peak activation memory; a string is "fit" or GiB ("40 GiB").
+ActivationLimit read_activation_limit(const json& v, const std::string& path) {
+  constexpr std::string_view kForms = "a multiple of 1F1B's peak activation memory (2 for ZB-2p), \"40 GiB\" or \"fit\"";
+  if (v.is_number()) {
+    const double times = v.get<double>();
+    if (!(times > 0) || times > 1e6) throw ConfigError{path, fmt::format("expected {}, got {}", kForms, v.dump())};
+    return {ActivationLimit::Unit::Times1F1B, times};
+  }
+  if (v.is_string()) {
+    const std::string text = v.get<std::string>();
+    if (text == "fit") return {};
+    double gib = 0;
+    int used = 0;
+    if (std::sscanf(text.c_str(), "%lf %n", &gib, &used) == 1 && text.substr(std::size_t(used)) == "GiB" && gib > 0 &&
+        gib <= 1e6)
+      return {ActivationLimit::Unit::Bytes, gib * double(Bytes(1) << 30)};
+  }
+  throw ConfigError{path, fmt::format("expected {}, got {}", kForms, describe(v))};
+}
+
 ScheduleConfig read_schedule(ObjectReader r) {
   ScheduleConfig s;
   s.name = r.string("name", s.name);
@@ -167,6 +188,7 @@ ScheduleConfig read_schedule(ObjectReader r) {
       throw ConfigError{path, "expected \"auto\" or an array of layer counts, got " + describe(v)};
     }
   }
+  if (r.has("memory_limit")) s.memory_limit = read_activation_limit(r.value("memory_limit"), r.at("memory_limit"));
   r.reject_unknown();
   return s;
 }
@@ -237,6 +259,7 @@ TrainingConfig read_training(const json* object, const json* precision) {
                                   visible(abbreviate(method)))};
   t.recompute_method = method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
   t.recompute_num_layers = r.integer("recompute_num_layers", 1, 1, false, limits::kLayers);
+  t.optimizer_post_validation = r.boolean("optimizer_post_validation", t.optimizer_post_validation);
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

@@ -26,7 +26,9 @@ json parallel_json(const ParallelConfig& p) {
 json schedule_json(const ScheduleConfig& s) {
   return {{"name", s.name},
           {"vocab", std::string(vocab_mode_name(s.vocab))},
-          {"layers_per_stage", s.layers_per_stage.empty() ? json("auto") : json(s.layers_per_stage)}};
+          {"layers_per_stage", s.layers_per_stage.empty() ? json("auto") : json(s.layers_per_stage)},
+          {"memory_limit", s.memory_limit.unit == ActivationLimit::Unit::Times1F1B ? json(s.memory_limit.value)
+                                                                                   : json(activation_limit_text(s.memory_limit))}};
 }
 
 /// Every number, not only those that differ from the preset: the preset names where they came from.
@@ -65,7 +67,8 @@ json training_json(const TrainingConfig& t) {
           {"zero_stage", t.zero_stage},
           {"overlap_grad_reduce", t.overlap_grad_reduce},
           {"overlap_param_gather", t.overlap_param_gather},
-          {"tp_comm_overlap", t.tp_comm_overlap}};
+          {"tp_comm_overlap", t.tp_comm_overlap},
+          {"optimizer_post_validation", t.optimizer_post_validation}};
 }
 
 json costs_json(const ExplicitCosts& c) {

@@ -3,8 +3,10 @@
 /// `assemble` turns those orders into the one TaskGraph (adding the P2P ops and dependencies), so
 /// a generator is only the interesting part: who computes what, when.
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.h"
@@ -75,6 +77,10 @@ std::span<const ScheduleInfo> schedules();
 /// nullptr for an unknown name.
 const ScheduleInfo* find_schedule(const std::string& name);
 std::vector<std::string> schedule_names();
+
+/// The activation limit the zero-bubble paper's automatic scheduler runs a schedule under: 1x 1F1B's
+/// peak for zb-1p, 2x for zb-2p, `configured` (schedule.memory_limit) for zb-auto; none for the others.
+std::optional<ActivationLimit> automatic_limit(std::string_view schedule, const ActivationLimit& configured);
 
 // Generators registered in the table (one file each).
 Result<DeviceOrders> generate_gpipe(const ScheduleContext& context);

@@ -270,16 +270,21 @@ Result<DeviceOrders> zero_bubble_auto(const ScheduleContext& context, const Acti
 
 }  // namespace
 
-/// zb-auto: the paper's automatic scheduler under schedule.memory_limit.
-Result<DeviceOrders> generate_zb_auto(const ScheduleContext& context) {
-  return zero_bubble_auto(context, context.memory_limit);
+std::optional<ActivationLimit> automatic_limit(std::string_view schedule, const ActivationLimit& configured) {
+  if (schedule == "zb-1p") return ActivationLimit{ActivationLimit::Unit::Times1F1B, 1};
+  if (schedule == "zb-2p") return ActivationLimit{ActivationLimit::Unit::Times1F1B, 2};
+  if (schedule == "zb-auto") return configured;
+  return std::nullopt;
 }
-/// ZB-1p and ZB-2p: the automatic scheduler at once and twice 1F1B's peak activation memory.
+
+Result<DeviceOrders> generate_zb_auto(const ScheduleContext& context) {
+  return zero_bubble_auto(context, *automatic_limit("zb-auto", context.memory_limit));
+}
 Result<DeviceOrders> generate_zb_1p(const ScheduleContext& context) {
-  return zero_bubble_auto(context, {ActivationLimit::Unit::Times1F1B, 1});
+  return zero_bubble_auto(context, *automatic_limit("zb-1p", context.memory_limit));
 }
 Result<DeviceOrders> generate_zb_2p(const ScheduleContext& context) {
-  return zero_bubble_auto(context, {ActivationLimit::Unit::Times1F1B, 2});
+  return zero_bubble_auto(context, *automatic_limit("zb-2p", context.memory_limit));
 }
 
 }  // namespace pipesim

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -283,7 +284,11 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   // Other schedules run a fixed chunk count, whatever parallel.chunks says.
   if (const ScheduleInfo* s = find_schedule(candidate.schedule); s && s->chunks == 0)
     number("chunks", from.chunks, to.chunks);
-  if (candidate.schedule != config.schedule.name) parts.push_back("schedule " + candidate.schedule);
+  if (candidate.schedule != config.schedule.name) {
+    const std::optional<ActivationLimit> limit = automatic_limit(candidate.schedule, config.schedule.memory_limit);
+    parts.push_back("schedule " + candidate.schedule +
+                    (limit ? fmt::format(" (memory limit {})", activation_limit_text(*limit)) : std::string()));
+  }
   if (candidate.vocab != config.schedule.vocab) parts.push_back(fmt::format("vocab {}", vocab_mode_name(candidate.vocab)));
   if (!candidate.split_change.empty()) parts.push_back(candidate.split_change);
   if (const std::string recompute = recompute_text(apply_candidate(config, candidate).training);

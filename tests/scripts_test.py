@@ -22,6 +22,7 @@ def expect(args, status, words):
 expect(["tools/speed.sh", "/nonexistent/pipesim", "1"], 1, ["/nonexistent/pipesim is not an executable pipesim"])
 expect(["tools/speed.sh", "/nonexistent/pipesim", "1", "old/pipesim"], 1, ["is not an executable pipesim"])
 expect(["tools/speed.sh", "/bin/true", "x"], 1, ["RUNS must be a whole number"])
+expect(["tools/zero-bubble-table.py", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not an executable pipesim"])
 expect(["tools/published-runs.py", "--pipesim", "/nonexistent/pipesim"], 1,
        ["/nonexistent/pipesim is not a pipesim executable"])
 expect(["tools/published-runs.py", "--pipesim", pipesim, "--only", "no such run"], 1, ["no run in", "no such run"])
@@ -44,5 +45,19 @@ def published_runs_table():
     failures += not ok
 
 
+def zero_bubble_table():
+    """The zero-bubble paper's table: a row per setup, ZB-2p's bubble under 1% wherever m >= 4p."""
+    global failures
+    run = subprocess.run(["tools/zero-bubble-table.py", pipesim], cwd=root, capture_output=True, text=True, timeout=120)
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| ") and "B |" in line]
+    ok = run.returncode == 0 and len(rows) == 12
+    for cells in rows:
+        p, m, zb_2p = int(cells[1]), int(cells[2]), float(cells[7])
+        ok = ok and (m < 4 * p or zb_2p < 0.01)
+    print(f"{'ok  ' if ok else 'FAIL'} tools/zero-bubble-table.py: {len(rows)} rows")
+    failures += not ok
+
+
 published_runs_table()
+zero_bubble_table()
 sys.exit(1 if failures else 0)

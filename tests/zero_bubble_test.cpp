@@ -120,3 +120,20 @@ TEST_CASE("zero-bubble schedules run every vocabulary mode, and under full recom
       "tiny.json", {"schedule.name=" + schedule, "training.recompute_granularity=full", "parallel.microbatches=8"}));
   CHECK(recomputed.metrics.iteration_ns > 0);
 }
+
+TEST_CASE("ZB-H2 at F = B = W: no bubble in a device's span, and (p - 1) F more from a common start") {
+  const int p = GENERATE(4, 8);
+  const int m = GENERATE_COPY(2 * p, 4 * p);
+  CAPTURE(p, m);
+  const std::string json = fmt::format(R"({{
+    "model": {{"layers": {}, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}},
+    "parallel": {{"pp": {}, "microbatches": {}}}, "schedule": {{"name": "zb-h2"}},
+    "costs": {{"forward_ms": 2, "backward_ms": 2, "weight_ms": 2, "p2p_ms": 0, "activation_bytes": 1000}}}})",
+                                       2 * p, p, m);
+  const TimeNs unit = 2 * kNsPerMs;
+  const Simulated common_start = simulate_or_fail(parse_or_fail(json));
+  CHECK(common_start.metrics.iteration_ns == 3 * m * unit + (p - 1) * unit);
+  const Simulated overlapping = simulate_or_fail(parse_or_fail(json, {"training.optimizer_post_validation=true"}));
+  CHECK(overlapping.metrics.iteration_ns == 3 * m * unit);
+  CHECK(overlapping.metrics.bubble_fraction == 0);
+}

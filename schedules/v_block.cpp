@@ -180,11 +180,19 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   // (nothing if it failed).
   std::promise<std::optional<Bytes>> reference_peak;
   auto squeezed = beside(context.worth_a_thread(), [&, peak = reference_peak.get_future()]() mutable {
-    std::optional<DeviceOrders> orders;
-    if (pattern) orders = squeezed_v_orders(context, *pattern);
+    std::vector<DeviceOrders> orders;
+    if (pattern)
+      for (const SqueezeMemory memory : {SqueezeMemory::Bytes, SqueezeMemory::ReferenceUnits})
+        orders.push_back(squeezed_v_orders(context, *pattern, memory));
     const std::optional<Bytes> limit = peak.get();
-    if (!limit || !orders) return std::optional<Timed>();
-    return std::optional(timed(within_memory(context, *orders, std::vector<Bytes>(context.layout.devices, *limit))));
+    std::optional<Timed> fastest;
+    if (!limit) return fastest;
+    for (DeviceOrders& candidate : orders) {
+      Timed fitted = timed(within_memory(context, candidate, std::vector<Bytes>(context.layout.devices, *limit)));
+      if (fitted.second.ok() && (!fastest || fitted.second.value().makespan < fastest->second.value().makespan))
+        fastest = std::move(fitted);
+    }
+    return fastest;
   });
 
   DeviceOrders best = orders_from_block(context, reference);

@@ -295,7 +295,7 @@ Grid compacted(Grid g) {
   return g;
 }
 
-DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern) {
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern, SqueezeMemory memory) {
   const Layout& layout = context.layout;
   const int p = layout.devices, m = context.microbatches;
   Grid g;
@@ -309,9 +309,12 @@ DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& p
   for (int d = 0; d < p; ++d) {
     const StageWork& w0 = context.work[std::size_t(layout.stage_of(d, 0))];
     const StageWork& w1 = context.work[std::size_t(layout.stage_of(d, 1))];
-    bytes.push_back({{w0.activation_bytes, w1.activation_bytes},
-                     {w0.weight_held_bytes, w1.weight_held_bytes},
-                     {w0.recompute_alloc(true), w1.recompute_alloc(true)}});
+    if (memory == SqueezeMemory::ReferenceUnits)
+      bytes.push_back({{1, 1}, {1, 1}, {0, 0}});  // W holds all F took: B frees nothing
+    else
+      bytes.push_back({{w0.activation_bytes, w1.activation_bytes},
+                       {w0.weight_held_bytes, w1.weight_held_bytes},
+                       {w0.recompute_alloc(true), w1.recompute_alloc(true)}});
   }
   // As the reference generator: squeeze with the W passes placed, compact, drop the W passes,
   // squeeze again (W implicit in free slots), compact.

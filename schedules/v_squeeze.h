@@ -18,9 +18,15 @@ using VPattern = std::vector<std::array<int, 4>>;
 /// F0 at 2i, F1 at 3p - i - 2, B1 at 3p + δ + 2i - 1, B0 at 6p + δ - i - 2; δ = 3 for even p.
 VPattern v_half_pattern(int devices);
 
+/// How a squeeze counts a device's memory: in activation bytes as the simulator does (B frees all but
+/// what W needs), or in the reference generator's own units (each chunk's F takes one, its W returns
+/// it, B returns nothing). Neither order is better everywhere: the units' order is the reference's
+/// own, and runs faster at B = 2F (84 against 82 unit slots at p = 4, m = 8) in the same peak bytes.
+enum class SqueezeMemory { Bytes, ReferenceUnits };
+
 /// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B.
 /// Each squeeze moves a pass only where its device stays within the most any device held before
-/// it (in activation bytes), and compacts the slots after it, as the reference generator does.
-DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern);
+/// it (counted as `memory` says), and compacts the slots after it, as the reference generator does.
+DeviceOrders squeezed_v_orders(const ScheduleContext& context, const VPattern& pattern, SqueezeMemory memory);
 
 }  // namespace pipesim

@@ -161,6 +161,23 @@ TEST_CASE("V-Half with the reference generator's squeeze, within (p + 2)/2 micro
   CHECK(2 * half.peak <= (p + 2) * kActivation);
 }
 
+TEST_CASE("V-Half at least as fast as the reference generator at F = B = W and at B = 2F, in (p + 2)/2 microbatches") {
+  // The reference: sail-sg's zbv_greedy.py (PipelineGraph(p, m, 'half', F, B, W, 0), its
+  // schedule_from_pattern with the squeeze), run on every case; its iteration, in unit slots (one
+  // pass of one chunk), is the longest device span of its order timed with these costs. pipesim's
+  // F, B and W are for a device's two chunks: 2 ms is one slot.
+  using Case = std::tuple<int, int, int, int>;  // p, m, B in slots, the reference's slots
+  const auto [p, m, b, slots] = GENERATE(
+      Case{4, 8, 1, 53}, Case{4, 16, 1, 101}, Case{4, 32, 1, 197}, Case{8, 16, 1, 113}, Case{8, 32, 1, 209},
+      Case{8, 64, 1, 401}, Case{16, 32, 1, 233}, Case{16, 64, 1, 425}, Case{16, 128, 1, 809},
+      Case{4, 8, 2, 82}, Case{4, 16, 2, 154}, Case{4, 32, 2, 298}, Case{8, 16, 2, 176}, Case{8, 32, 2, 320},
+      Case{8, 64, 2, 608}, Case{16, 32, 2, 365}, Case{16, 64, 2, 653}, Case{16, 128, 2, 1229});
+  CAPTURE(p, m, b);
+  const Outcome half = run(split_costs(p, m, 2, 2 * b, 2), "v-half");
+  CHECK(half.bubble + m * ns_from_ms(2 + 2 * b + 2) <= slots * kNsPerMs);
+  CHECK(2 * half.peak <= (p + 2) * kActivation);
+}
+
 TEST_CASE("the greedy scheduler's own makespan and peaks are what evaluating its orders gives") {
   // The zero-bubble and V generators take the greedy order's cost from the scheduler instead of
   // evaluating the order again: both start an op once its device is free and its input has arrived.

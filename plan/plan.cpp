@@ -158,7 +158,8 @@ ScheduleContext schedule_context(const Config& config, const Layout& layout, con
   context.memory_limit = config.schedule.memory_limit;
   context.iterations_overlap = config.training.optimizer_post_validation;
   const Bytes capacity = memory_capacity_bytes(config.hardware);
-  for (const Bytes held : static_memory_bytes(config, layout)) context.activation_room.push_back(std::max<Bytes>(capacity - held, 0));
+  for (const Bytes held : static_memory_bytes(config, layout))
+    context.activation_room.push_back(std::max<Bytes>(capacity - held, 0));
   const int next_device = std::min(1, layout.devices - 1);
   context.transfer_ns = costs.transfer({.kind = OpKind::Send, .device = 0, .peer = next_device},
                                        {.bytes = double(Bytes(hidden_activation_bytes(config)))});

@@ -10,7 +10,6 @@
 
 #include "assemble.h"
 #include "model_math.h"
-#include "spellcheck.h"
 #include "validate.h"
 #include "vocab_passes.h"
 #include "vocab_placement.h"
@@ -121,9 +120,12 @@ Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) 
     config.schedule.name = custom->name;
   } else {
     planned.schedule = find_schedule(config.schedule.name);
-    if (!planned.schedule)
-      return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
-                               config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
+    if (!planned.schedule) {
+      std::string names;
+      for (const std::string& name : schedule_names()) names += (names.empty() ? "" : ", ") + name;
+      return Error{fmt::format("schedule.name: unknown schedule '{}'{} Schedules: {} (`pipesim list` describes them)",
+                               config.schedule.name, schedule_did_you_mean(config.schedule.name), names)};
+    }
   }
   planned.vocab = &vocab_mode_info(config.schedule.vocab);
   const int chunks = custom ? custom->chunks : planned.schedule->chunks;

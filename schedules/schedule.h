@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.h"
@@ -68,6 +69,9 @@ std::span<const ScheduleInfo> schedules();
 /// nullptr for an unknown name.
 const ScheduleInfo* find_schedule(const std::string& name);
 std::vector<std::string> schedule_names();
+/// did_you_mean (spellcheck.h) for a schedule name: the names close to `name`; when none is, those
+/// whose description holds every word of it ("zero-bubble": zb-h1 and zb-v, "megatron": interleaved-1f1b).
+std::string schedule_did_you_mean(std::string_view name);
 
 // Generators registered in the table (one file each).
 Result<DeviceOrders> generate_gpipe(const ScheduleContext& context);

@@ -150,12 +150,17 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       {kBase + "}", {"parallel"}, "--set 'parallel': expected key.path=value, e.g. --set parallel.pp=4"},
       {kBase + "}", {"model.layers.x=3"}, "--set 'model.layers.x=3': 'model.layers' is not an object"},
       {kBase + "}", {"schedule.name=gpipe2"},
-       "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? `pipesim list` shows them all"},
+       "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? Schedules: gpipe, 1f1b, interleaved-1f1b, "
+       "zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
+      {kBase + "}", {"schedule.name=pipedream"},
+       "schedule.name: unknown schedule 'pipedream'; did you mean '1f1b'? Schedules: gpipe, 1f1b, interleaved-1f1b, "
+       "zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.vocab=vocab-9"},
-       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1'? `pipesim list` "
-       "shows them all"},
+       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1' or 'vocab-2'? "
+       "Modes: baseline, redistribute, vocab-1, vocab-2, interlaced (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.vocab=tied"},
-       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'tied'. `pipesim list` shows them all"},
+       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'tied'. Modes: baseline, redistribute, vocab-1, "
+       "vocab-2, interlaced (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.name=interleaved-1f1b"},
        "parallel.chunks: interleaved-1f1b needs at least 2 chunks per device, got 1; set parallel.chunks to 2 or more"},
       {kBase + "}", {"schedule.name=interleaved-1f1b", "parallel.chunks=2", "parallel.microbatches=6"},

@@ -45,7 +45,7 @@ void add_format_option(CLI::App& command, Format& format, const std::vector<std:
       .add_option_function<std::string>(
           "--format", [&format](const std::string& name) { format = kFormats.at(name); },
           "output format: " + CLI::detail::join(names, ", "))
-      ->check(CLI::IsMember(names));
+      ->check(one_of(names));
 }
 
 void add_selection_options(CLI::App& command, std::string& config, std::string& schedule, std::string& vocab,

@@ -172,7 +172,22 @@ TEST_CASE("--set reaches the config, and bad names get a did-you-mean and exit 1
 
   const Output typo = run("simulate " + config("default.json") + " --schedule 1f1c", true);
   CHECK(typo.exit_code == 1);
-  CHECK(typo.text == "pipesim: error: --schedule: unknown name '1f1c'; did you mean '1f1b'? `pipesim list` shows them all\n");
+  const std::string schedules = "gpipe, 1f1b, interleaved-1f1b, zb-h1, v-half, v-min, zb-v, dualpipe-v";
+  CHECK(typo.text == "pipesim: error: --schedule: unknown name '1f1c'; did you mean '1f1b'? Known names: " + schedules +
+                         " (`pipesim list` describes them)\n");
+  // A name far from every schedule's is matched on the schedules' descriptions.
+  const Output described = run("simulate " + config("tiny.json") + " --schedule zero-bubble", true);
+  CHECK(described.exit_code == 1);
+  CHECK_THAT(described.text, Catch::StartsWith("pipesim: error: --schedule: unknown name 'zero-bubble'; did you mean "
+                                               "'zb-h1', 'zb-v' or 'dualpipe-v'? Known names: " + schedules));
+  // A choice of the command line names the choices and the closest of them.
+  const Output choice = run("run " + config("tiny.json") + " --optimizer adamw", true);
+  CHECK(choice.exit_code == 1);
+  CHECK_THAT(choice.text, Catch::StartsWith("pipesim: error: --optimizer: 'adamw' is not one of adam, sgd; did you mean "
+                                            "'adam'?"));
+  const Output value = run("simulate " + config("tiny.json") + " --set training.recompute_granularity=ful", true);
+  CHECK(value.exit_code == 1);
+  CHECK_THAT(value.text, Catch::EndsWith("got \"ful\"; did you mean 'full'?\n"));
 
   const Output missing = run("simulate no-such-config.json", true);
   CHECK(missing.exit_code == 1);
@@ -588,7 +603,7 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
        "--seed: '18446744073709551616' is not an integer from 0 to 18446744073709551615" + help},
       {"run " + tiny + " --optimizer sgd --lr 100 --steps 8",
        "the loss is NaN at step 6: training diverged; use a smaller --lr (it is 100)\n"},
-      {"run " + tiny + " --optimizer lamb", "--optimizer: lamb not in {adam,sgd}" + help},
+      {"run " + tiny + " --optimizer lamb", "--optimizer: 'lamb' is not one of adam, sgd; did you mean 'adam'?" + help},
       {"simulate " + d, d + ": is a directory; give a file\n"},
       {"simulate /dev/zero", "/dev/zero: is not a regular file (a character device); give a file\n"},
       {"simulate " + d + "/array.json",

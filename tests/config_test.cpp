@@ -125,8 +125,15 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       {kBase + "}", {"parallel.microbatches=0"}, "c.json: parallel.microbatches (from --set): must be at least 1, got 0"},
       {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000 (pipesim's limit; docs/config.md says why)"},
       {kBase + "}", {"parallel.pp=16"},
-       "c.json: model.layers: 8 layers cannot fill 16 virtual stages (pp 16 x chunks 1); use at least 16 layers or "
-       "fewer stages"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages: 1f1b runs one stage per device, so pp 16 needs 16; "
+       "use parallel.pp of at most 8 or at least 16 layers"},
+      // Each schedule is checked with its own chunk count, and its own fixes: parallel.chunks only where it is read.
+      {kBase + "}", {"parallel.pp=8", "schedule.name=zb-v"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages: zb-v runs 2 chunks per device, so pp 8 needs 16; "
+       "use parallel.pp of at most 4, at least 16 layers or a schedule with one stage per device (gpipe, 1f1b, zb-h1)"},
+      {kBase + "}", {"parallel.chunks=4", "schedule.name=interleaved-1f1b"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages: interleaved-1f1b runs parallel.chunks = 4 chunks "
+       "per device, so pp 4 needs 16; use parallel.chunks of at most 2, parallel.pp of at most 2 or at least 16 layers"},
       {kBase + "}", {"model.heads=5"}, "c.json: model.heads (from --set): 5 heads do not divide hidden size 64; choose a divisor of 64"},
       {kBase + "}", {"parallel.tp=8"}, "c.json: parallel.tp (from --set): tp 8 does not divide 4 heads; choose a divisor of 4"},
       {kBase + "}", {"schedule.vocab=redistribute", "schedule.layers_per_stage=[1,2,5]"},

@@ -34,11 +34,11 @@ Result<Config> load_selected_config(const std::string& path, const std::vector<s
   const auto given = [](const std::string& name) { return name.empty() ? std::vector<std::string>{} : std::vector{name}; };
   if (Status s = check_names("--schedule", given(schedule), schedule_names(), schedule_did_you_mean); !s.ok()) return s.error();
   if (Status s = check_names("--vocab", given(vocab), vocab_mode_names()); !s.ok()) return s.error();
-  Result<Config> config = load_config(path, overrides);
-  if (!config.ok()) return config;
-  if (!schedule.empty()) config.value().schedule.name = schedule;
-  if (!vocab.empty()) config.value().schedule.vocab = *vocab_mode_named(vocab);  // a known name: checked above
-  return config;
+  // As overrides, after the user's: the config is checked as the selection runs it (a schedule's own chunk count).
+  std::vector<std::string> selected = overrides;
+  if (!schedule.empty()) selected.push_back("schedule.name=" + schedule);
+  if (!vocab.empty()) selected.push_back("schedule.vocab=" + vocab);
+  return load_config(path, selected);
 }
 
 Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path, const Config& config) {

@@ -11,6 +11,7 @@
 
 #include "config_includes.h"
 #include "files.h"
+#include "plan.h"
 #include "sizes.h"
 #include "spellcheck.h"
 
@@ -317,7 +318,12 @@ Config read_config(json root, const std::string& source, FieldOrigins& origins) 
   if (r.has("costs")) c.costs = read_costs(ObjectReader(r.value("costs"), "costs"));
   r.has("description");  // free text for the reader of the file
   r.reject_unknown();
-  if (std::optional<FieldError> e = check_config(c)) throw ConfigError{e->path, e->message};
+  // Checked as the named schedule runs it: its own chunk count (1f1b's one) in place of parallel.chunks,
+  // which only interleaved-1f1b reads (a parallel.chunks past pipesim's cap is refused all the same).
+  Config as_run = c;
+  const ScheduleInfo* schedule = find_schedule(c.schedule.name);
+  if (schedule && schedule->chunks > 0 && c.parallel.chunks <= limits::kChunks) as_run.parallel.chunks = schedule->chunks;
+  if (std::optional<FieldError> e = check_config_for(as_run, schedule)) throw ConfigError{e->path, e->message};
   return c;
 }
 

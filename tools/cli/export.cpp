@@ -42,6 +42,7 @@ ExitStatus run_export(const ExportOptions& o) {
     return ExitStatus::Success;
   }
   if (Status s = write_output_file(o.output, csv, ""); !s.ok()) return fail(s.error().message);
+  note_written(o.output);
   return ExitStatus::Success;
 }
 

@@ -13,6 +13,10 @@ ExitStatus fail(const std::string& message) {
   return ExitStatus::Failure;
 }
 
+void note_written(const std::string& path, const std::string& use) {
+  fmt::print(stderr, "pipesim: wrote {}{}\n", path, use.empty() ? "" : " (" + use + ")");
+}
+
 namespace {
 
 /// The file a path names, as far as it can be told before it exists: "x", "./x" and "d/../x" are one.

@@ -220,7 +220,7 @@ std::string simulate_command(const RunFlags& o, int pp) {
   return command;
 }
 
-void print_text(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
+void print_text(const RunReport& measured, const runtime::RunResult& r,
                 std::optional<TimeNs> predicted, const std::optional<RunReport>& simulated) {
   fmt::print("{}", format_run(measured, Format::Text));
   if (simulated) print_memory_comparison(measured, *simulated);
@@ -239,9 +239,6 @@ void print_text(const RunFlags& o, const RunReport& measured, const runtime::Run
   if (r.check)
     fmt::print("check {}: bounds {:g} on the loss{}\n", r.check->passed() ? "passed" : "FAILED", r.check->loss_tolerance,
                r.check->grad_tolerance > 0 ? fmt::format(", {:g} on every gradient", r.check->grad_tolerance) : "");
-  if (!o.trace.empty()) fmt::print("trace written to {} (open in ui.perfetto.dev)\n", o.trace);
-  if (!o.profile.empty())
-    fmt::print("profile written to {} (use: {})\n", o.profile, simulate_command(o, measured.parallel.pp));
 }
 
 /// A diverged run trained nothing: its report would be NaN with exit status 0.
@@ -268,16 +265,19 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
                                            tensor_parallel);
         !s.ok())
       return fail(s.error().message);
+    note_written(o.trace, "open it in ui.perfetto.dev");
   }
-  if (!o.profile.empty())
+  if (!o.profile.empty()) {
     if (Status s = write_output_file(o.profile, json_text(profile, 2) + "\n", kProfileGenerator); !s.ok())
       return fail(s.error().message);
+    note_written(o.profile, "use: " + simulate_command(o, measured.parallel.pp));
+  }
   const std::optional<TimeNs> predicted = predicted_iteration(plan, profile);
   const std::optional<RunReport> simulated = simulated_memory(o, plan);
   if (o.format == Format::Json)
     fmt::print("{}\n", json_text(run_result_json(o, measured, r, backend, predicted, simulated), 2));
   else
-    print_text(o, measured, r, predicted, simulated);
+    print_text(measured, r, predicted, simulated);
   if (r.check && !r.check->passed())
     return fail(fmt::format("--check: the run does not match the single-device reference (loss {:.9g} vs {:.9g}, max "
                             "gradient relative error {:.2e} in {})",

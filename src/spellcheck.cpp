@@ -37,6 +37,7 @@ std::vector<std::string> closest_matches(std::string_view word, std::span<const 
     const std::size_t gap = word.size() > candidate.size() ? word.size() - candidate.size() : candidate.size() - word.size();
     if (gap > max_distance) continue;
     const std::size_t d = edit_distance(word, candidate);
+    if (d > max_distance) continue;
     if (d < best_distance) best_distance = d, matches.clear();
     if (d == best_distance) matches.push_back(candidate);
   }

@@ -10,7 +10,7 @@
 
 #include "assemble.h"
 #include "model_math.h"
-#include "spellcheck.h"
+#include "sizes.h"
 #include "validate.h"
 #include "vocab_passes.h"
 #include "vocab_placement.h"
@@ -115,21 +115,55 @@ Status check_orders(const DeviceOrders& orders, const Layout& layout, int microb
 
 std::span<const VocabModeInfo> vocab_modes() { return kVocabModes; }
 
+std::optional<FieldError> check_config_for(const Config& config, const ScheduleInfo* schedule,
+                                           const CustomSchedule* custom) {
+  const int pp = config.parallel.pp, chunks = config.parallel.chunks, layers = config.model.layers;
+  // Past a cap check_sizes names the cap; below them pp × chunks is exact.
+  const bool within_caps = pp <= limits::kPp && chunks <= limits::kChunks && layers <= limits::kLayers;
+  if ((!schedule && !custom) || !within_caps || pp * chunks <= layers) return check_config(config);
+  const std::string& name = config.schedule.name;
+  const int stages = pp * chunks;
+  const std::string runs = !schedule               ? fmt::format("the schedule file {} runs {} chunks per device", name, chunks)
+                           : schedule->chunks == 0 ? fmt::format("{} runs parallel.chunks = {} chunks per device", name, chunks)
+                           : chunks == 1           ? fmt::format("{} runs one stage per device", name)
+                                                   : fmt::format("{} runs {} chunks per device", name, chunks);
+  std::vector<std::string> fixes;
+  if (schedule && schedule->chunks == 0 && layers / pp >= 2)
+    fixes.push_back(fmt::format("parallel.chunks of at most {}", layers / pp));
+  if (layers / chunks >= 1) fixes.push_back(fmt::format("parallel.pp of at most {}", layers / chunks));
+  fixes.push_back(fmt::format("at least {} layers", stages));
+  if (chunks > 1 && (!schedule || schedule->chunks > 0)) {
+    std::string single;
+    for (const ScheduleInfo& s : schedules())
+      if (s.chunks == 1) single += (single.empty() ? "" : ", ") + s.name;
+    fixes.push_back(fmt::format("a schedule with one stage per device ({})", single));
+  }
+  std::string fix;
+  for (std::size_t i = 0; i < fixes.size(); ++i)
+    fix += (i == 0 ? "" : i + 1 == fixes.size() ? " or " : ", ") + fixes[i];
+  return FieldError{"model.layers", fmt::format("{} layers cannot fill {} virtual stages: {}, so pp {} needs {}; use {}",
+                                                layers, stages, runs, pp, stages, fix)};
+}
+
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) {
   PlannedLayout planned;
   if (custom) {
     config.schedule.name = custom->name;
   } else {
     planned.schedule = find_schedule(config.schedule.name);
-    if (!planned.schedule)
-      return Error{fmt::format("schedule.name: unknown schedule '{}'{} `pipesim list` shows them all",
-                               config.schedule.name, did_you_mean(config.schedule.name, schedule_names()))};
+    if (!planned.schedule) {
+      std::string names;
+      for (const std::string& name : schedule_names()) names += (names.empty() ? "" : ", ") + name;
+      return Error{fmt::format("schedule.name: unknown schedule '{}'{} Schedules: {} (`pipesim list` describes them)",
+                               config.schedule.name, schedule_did_you_mean(config.schedule.name), names)};
+    }
   }
   planned.vocab = &vocab_mode_info(config.schedule.vocab);
   const int chunks = custom ? custom->chunks : planned.schedule->chunks;
   if (chunks > 0) config.parallel.chunks = chunks;
   if (layer_split(config) != LayerSplit::Explicit) config.schedule.layers_per_stage.clear();
-  if (std::optional<FieldError> e = check_config(config)) return Error{e->path + ": " + e->message};
+  if (std::optional<FieldError> e = check_config_for(config, planned.schedule, custom))
+    return Error{e->path + ": " + e->message};
   if (Status s = check_split_length(config, planned.schedule); !s.ok()) return s.error();
 
   Result<Layout> layout = make_layout(config, custom ? custom->placement : planned.schedule->placement,

@@ -48,6 +48,13 @@ struct Plan {
 /// bounds): finds the schedule and vocabulary mode, sets in `config` what the plan runs with (the
 /// schedule's chunk count; layers_per_stage only for `redistribute`, where it must have one count per
 /// device or one per virtual stage), checks it and lays the model out. Errors as make_plan's.
+/// check_config for the schedule that runs (`schedule`, or `custom`; neither: check_config alone), with
+/// `config.parallel.chunks` already its chunk count: layers too few for its virtual stages are refused
+/// in its terms (pp × its own chunks; parallel.chunks only for interleaved-1f1b) with the fixes that
+/// apply to it.
+std::optional<FieldError> check_config_for(const Config& config, const ScheduleInfo* schedule,
+                                           const CustomSchedule* custom = nullptr);
+
 struct PlannedLayout {
   const ScheduleInfo* schedule = nullptr;  ///< nullptr for a custom schedule
   const VocabModeInfo* vocab = nullptr;

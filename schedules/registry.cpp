@@ -1,6 +1,9 @@
+#include <algorithm>
 #include <array>
+#include <cctype>
 
 #include "schedule.h"
+#include "spellcheck.h"
 
 namespace pipesim {
 namespace {
@@ -46,6 +49,37 @@ std::vector<std::string> schedule_names() {
   std::vector<std::string> names;
   for (const ScheduleInfo& s : kSchedules) names.push_back(s.name);
   return names;
+}
+
+namespace {
+
+/// The lowercase words of `text` (letters and digits; anything else separates them).
+std::vector<std::string> words(std::string_view text) {
+  std::vector<std::string> out(1);
+  for (const char c : text)
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      out.back() += char(std::tolower(static_cast<unsigned char>(c)));
+    else if (!out.back().empty())
+      out.emplace_back();
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+std::string schedule_did_you_mean(std::string_view name) {
+  const std::vector<std::string> names = schedule_names();
+  if (!closest_matches(name, names).empty()) return did_you_mean(name, names);
+  const std::vector<std::string> asked = words(name);
+  std::vector<std::string> described;
+  for (const ScheduleInfo& s : kSchedules) {
+    const std::vector<std::string> description = words(s.description);
+    const auto in_description = [&](const std::string& w) {
+      return std::find(description.begin(), description.end(), w) != description.end();
+    };
+    if (!asked.empty() && std::all_of(asked.begin(), asked.end(), in_description)) described.push_back(s.name);
+  }
+  return did_you_mean_names(described);
 }
 
 }  // namespace pipesim

@@ -77,6 +77,9 @@ std::span<const ScheduleInfo> schedules();
 /// nullptr for an unknown name.
 const ScheduleInfo* find_schedule(const std::string& name);
 std::vector<std::string> schedule_names();
+/// did_you_mean (spellcheck.h) for a schedule name: the names close to `name`; when none is, those
+/// whose description holds every word of it ("zero-bubble": zb-h1 and zb-v, "megatron": interleaved-1f1b).
+std::string schedule_did_you_mean(std::string_view name);
 
 /// The activation limit the zero-bubble paper's automatic scheduler runs a schedule under: 1x 1F1B's
 /// peak for zb-1p, 2x for zb-2p, `configured` (schedule.memory_limit) for zb-auto; none for the others.

@@ -63,11 +63,26 @@ TEST_CASE("mpirun -np 8 runs tensor- and data-parallel ranks inside a 2-stage pi
   const Output out = run_command(std::string(mpirun) + " -np 8 " + std::getenv("PIPESIM") + " run " + config("tiny.json") +
                                  layout + " --schedule zb-v --vocab vocab-2 --set training.zero_stage=1 --check --format json");
   check_report(out, 8);
-  // A process count that is not pipeline devices × tp × dp is refused with the count to give.
+  // A process count that is not the layout's tp × cp × dp × pp is refused with the count to give.
   const Output wrong = run_command(std::string(mpirun) + " -np 6 " + std::getenv("PIPESIM") + " run " +
                                    config("tiny.json") + layout, true);
   CHECK(wrong.exit_code != 0);
-  CHECK_THAT(wrong.text, Catch::Contains("not a multiple of parallel.tp × parallel.dp = 4: give mpirun -np 8"));
+  CHECK_THAT(wrong.text, Catch::Contains("this MPI job has 6 processes but the layout has 8 ranks (tp 2 × cp 1 × dp 2 "
+                                         "× pp 2); give mpirun -np 8 (or a multiple of tp × cp × dp = 4"));
+}
+
+TEST_CASE("mpirun with fewer processes than the config's pipeline refuses, never runs a shorter pipeline") {
+  const char* mpirun = std::getenv("PIPESIM_MPIRUN");
+  REQUIRE(mpirun);
+  const Output out = run_command(std::string(mpirun) + " -np 3 " + std::getenv("PIPESIM") + " run " + config("tiny.json"), true);
+  CHECK(out.exit_code != 0);
+  CHECK_THAT(out.text, Catch::Contains("tiny.json: this MPI job has 3 processes but the layout has 4 ranks (tp 1 × cp 1 × "
+                                       "dp 1 × pp 4); give mpirun -np 4, or --set parallel.pp=3 to run 3 pipeline stages"));
+  // --ranks names the pipeline instead of parallel.pp, and must agree too.
+  const Output ranks = run_command(std::string(mpirun) + " -np 3 " + std::getenv("PIPESIM") + " run " +
+                                   config("tiny.json") + " --ranks 2", true);
+  CHECK(ranks.exit_code != 0);
+  CHECK_THAT(ranks.text, Catch::Contains("give mpirun -np 2, or --ranks 3 to run 3 pipeline stages"));
 }
 
 TEST_CASE("mpirun: a tied embedding on the first and last stage's processes, ZeRO 3 per stage, matches the reference") {

@@ -252,11 +252,11 @@ TEST_CASE("report writes one page: compare's rows, sortable, and each run's time
   std::filesystem::remove(page);
   const std::string selection = config("tiny.json") + " " + config("default.json") +
                                 " --schedules 1f1b,zb-v --vocab baseline,vocab-1";
-  const Output out = run("report " + selection + " -o " + page);
+  const Output out = run_stderr("report " + selection + " -o " + page);
   REQUIRE(out.exit_code == 0);
   const std::string html = read_file(page);
-  CHECK(out.text == "report written to " + page + ": 8 run(s), " + std::to_string((html.size() + 1023) / 1024) +
-                        " KiB (open it in a browser; it needs no network)\n");
+  CHECK(out.text == "pipesim: wrote " + page + " (8 run(s), " + std::to_string((html.size() + 1023) / 1024) +
+                        " KiB; open it in a browser, it needs no network)\n");
   CHECK(html.rfind("<!DOCTYPE html>\n<!-- report written by pipesim -->\n<html lang=\"en\">", 0) == 0);
   // The table is compare's, cell for cell, in compare's order.
   const Output csv = run("compare " + selection + " --format csv");
@@ -289,9 +289,9 @@ TEST_CASE("report --tune adds tune's rows and a throughput-vs-memory scatter wit
   const std::string page = (dir / "tuned.html").string();
   std::filesystem::remove(page);
   const std::string tiny = config("tiny.json");
-  const Output out = run("report " + tiny + " --schedules 1f1b --vocab baseline --tune --top 3 --fix pp=4 -o " + page);
+  const Output out = run_stderr("report " + tiny + " --schedules 1f1b --vocab baseline --tune --top 3 --fix pp=4 -o " + page);
   REQUIRE(out.exit_code == 0);
-  CHECK(out.text.find(": 1 run(s), tune of 1 config(s), ") != std::string::npos);
+  CHECK_THAT(out.text, Catch::Contains("pipesim: wrote " + page + " (1 run(s), tune of 1 config(s), "));
   const std::string html = read_file(page);
   // The comparison's one row, then tune's: yours and ranks 1-3, as `tune --format csv` prints them.
   const Output tuned = run("tune " + tiny + " --top 3 --fix pp=4 --format csv");
@@ -326,7 +326,8 @@ TEST_CASE("report refuses a file it did not write, bad names and tune options wi
   const Output misspelt = run_stderr("report " + tiny + " --schedules 1f1x -o " + (dir / "x.html").string());
   CHECK(misspelt.exit_code == 1);
   CHECK(misspelt.text ==
-        "pipesim: error: --schedules: unknown name '1f1x'; did you mean '1f1b'? `pipesim list` shows them all\n");
+        "pipesim: error: --schedules: unknown name '1f1x'; did you mean '1f1b'? Known names: gpipe, 1f1b, "
+        "interleaved-1f1b, zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)\n");
   CHECK(!std::filesystem::exists(dir / "x.html"));
   // A config that does not load fails as compare fails on it, and nothing is written.
   const std::string missing = (dir / "missing.json").string();

@@ -172,7 +172,22 @@ TEST_CASE("--set reaches the config, and bad names get a did-you-mean and exit 1
 
   const Output typo = run("simulate " + config("default.json") + " --schedule 1f1c", true);
   CHECK(typo.exit_code == 1);
-  CHECK(typo.text == "pipesim: error: --schedule: unknown name '1f1c'; did you mean '1f1b'? `pipesim list` shows them all\n");
+  const std::string schedules = "gpipe, 1f1b, interleaved-1f1b, zb-h1, v-half, v-min, zb-v, dualpipe-v";
+  CHECK(typo.text == "pipesim: error: --schedule: unknown name '1f1c'; did you mean '1f1b'? Known names: " + schedules +
+                         " (`pipesim list` describes them)\n");
+  // A name far from every schedule's is matched on the schedules' descriptions.
+  const Output described = run("simulate " + config("tiny.json") + " --schedule zero-bubble", true);
+  CHECK(described.exit_code == 1);
+  CHECK_THAT(described.text, Catch::StartsWith("pipesim: error: --schedule: unknown name 'zero-bubble'; did you mean "
+                                               "'zb-h1', 'zb-v' or 'dualpipe-v'? Known names: " + schedules));
+  // A choice of the command line names the choices and the closest of them.
+  const Output choice = run("run " + config("tiny.json") + " --optimizer adamw", true);
+  CHECK(choice.exit_code == 1);
+  CHECK_THAT(choice.text, Catch::StartsWith("pipesim: error: --optimizer: 'adamw' is not one of adam, sgd; did you mean "
+                                            "'adam'?"));
+  const Output value = run("simulate " + config("tiny.json") + " --set training.recompute_granularity=ful", true);
+  CHECK(value.exit_code == 1);
+  CHECK_THAT(value.text, Catch::EndsWith("got \"ful\"; did you mean 'full'?\n"));
 
   const Output missing = run("simulate no-such-config.json", true);
   CHECK(missing.exit_code == 1);
@@ -218,7 +233,8 @@ TEST_CASE("export and import of a vocabulary-parallel schedule say that the mode
   const Output exported = run_stderr("export " + config("tiny.json") + " --vocab vocab-1 -o " + csv);
   REQUIRE(exported.exit_code == 0);
   CHECK(exported.text == "pipesim: note: export: vocabulary mode vocab-1 is not in the file (PyTorch's format has no "
-                         "vocabulary passes): import it with --vocab vocab-1 to simulate the same schedule\n");
+                         "vocabulary passes): import it with --vocab vocab-1 to simulate the same schedule\n"
+                         "pipesim: wrote " + csv + "\n");
   const Output imported = run_stderr("simulate " + config("tiny.json") + " --vocab vocab-1 --schedule-file " + csv);
   CHECK(imported.exit_code == 0);
   CHECK(imported.text == "pipesim: note: " + csv + ": the file's order is the transformer stages'; the vocabulary "
@@ -369,15 +385,59 @@ TEST_CASE("a tensor- and data-parallel run's trace shows its collectives: DP_ALL
   CHECK(json::parse(std::ifstream(profile))["costs"]["dp_allreduce_ms"].get<double>() > 0);
 }
 
+TEST_CASE("the summary echoes the training settings that differ from the defaults; JSON has them all") {
+  const Output plain = run("simulate " + config("tiny.json"));
+  REQUIRE(plain.exit_code == 0);
+  CHECK_THAT(plain.text, Catch::StartsWith(config("tiny.json") + ": schedule 1f1b, vocab vocab-1, pp 4 tp 1 dp 1, 8 "
+                                           "microbatches, 1 chunk(s), analytic costs\n"));
+  const std::string settings = " --set training.recompute_granularity=full --set training.recompute_method=block "
+                               "--set training.recompute_num_layers=2 --set parallel.dp=2 --set training.zero_stage=1 "
+                               "--set training.overlap_grad_reduce=true --set parallel.sequence_parallel=false "
+                               "--set parallel.cp=2 --set model.seq_len=32";
+  const Output set = run("simulate " + config("tiny.json") + settings);
+  REQUIRE(set.exit_code == 0);
+  CHECK_THAT(set.text, Catch::StartsWith(config("tiny.json") + ": schedule 1f1b, vocab vocab-1, pp 4 tp 1 dp 2 cp 2, 8 "
+                                         "microbatches, 1 chunk(s), analytic costs, recompute full (block, 2 layer(s)), "
+                                         "ZeRO 1, no sequence parallelism, overlap_grad_reduce\n"));
+  const json j = json::parse(run("simulate " + config("tiny.json") + settings + " --format json").text);
+  CHECK(j["cp"] == 2);
+  CHECK(j["sequence_parallel"] == false);
+  CHECK(j["recompute_granularity"] == "full");
+  CHECK(j["recompute_method"] == "block");
+  CHECK(j["recompute_num_layers"] == 2);
+  CHECK(j["zero_stage"] == 1);
+  CHECK(j["overlap_grad_reduce"] == true);
+  CHECK(j["overlap_param_gather"] == false);
+  CHECK(j["tp_comm_overlap"] == false);
+}
+
+TEST_CASE("every file a command writes is named once on standard error, and standard output keeps the report") {
+  const auto dir = scratch_dir();
+  const std::string svg = (dir / "run.svg").string(), memory = (dir / "memory.svg").string(),
+                    trace = (dir / "trace.json").string(), csv = (dir / "order.csv").string();
+  for (const std::string& file : {svg, memory, trace, csv}) std::filesystem::remove(file);
+  const Output out = run_stderr("simulate " + config("tiny.json") + " --svg " + svg + " --memory-svg " + memory +
+                                " --trace " + trace);
+  REQUIRE(out.exit_code == 0);
+  CHECK(out.text == "pipesim: wrote " + trace + " (open it in ui.perfetto.dev)\npipesim: wrote " + svg +
+                        "\npipesim: wrote " + memory + "\n");
+  const Output report = run("simulate " + config("tiny.json") + " --svg " + svg);
+  CHECK_THAT(report.text, !Catch::Contains(svg));
+  const Output exported = run_stderr("export " + config("tiny.json") + " --vocab baseline -o " + csv);
+  REQUIRE(exported.exit_code == 0);
+  CHECK(exported.text == "pipesim: wrote " + csv + "\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the simulate command run suggests for its profile is the model that was measured; another is refused") {
   const auto dir = scratch_dir();
   const std::string profile = (dir / "p.json").string();
-  const Output out = run("run " + config("tiny.json") + " --ranks 2 --vocab vocab-1 --set 'model.hidden=48' --profile " +
-                         profile);
+  const Output out = run_stderr("run " + config("tiny.json") + " --ranks 2 --vocab vocab-1 --set 'model.hidden=48' --profile " +
+                                profile);
   REQUIRE(out.exit_code == 0);
   const std::string expected = "pipesim simulate " + config("tiny.json") +
                                " --vocab vocab-1 --set model.hidden=48 --set parallel.pp=2 --profile " + profile;
-  CHECK_THAT(out.text, Catch::Contains("profile written to " + profile + " (use: " + expected + ")"));
+  CHECK(out.text == "pipesim: wrote " + profile + " (use: " + expected + ")\n");
   // The suggestion, run as printed (its first word is this binary), is accepted.
   CHECK(run(expected.substr(std::string("pipesim ").size()) + " --format json").exit_code == 0);
   // Without the run's --set the model differs: refused, naming the field.
@@ -451,6 +511,33 @@ TEST_CASE("calibrate recovers the efficiencies that produced the op times, and c
   std::ofstream(dir / "mine.json") << "{}";
   const Output refused = run("calibrate " + (dir / "ops.json").string() + " -o " + (dir / "mine.json").string(), true);
   CHECK(refused.exit_code == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("calibrate warns of a poor fit, and refuses to write one worse than the preset unless forced") {
+  // Three ops of the same work that took 1, 1 and 100 ms: the least log error predicts 4.64 ms for all
+  // three, 275% off on average, where h100-sxm's 0.87 ms is 42% off.
+  const auto dir = scratch_dir();
+  const std::string ops = (dir / "ops.json").string(), hw = (dir / "hw.json").string();
+  std::filesystem::remove(hw);
+  std::ofstream(ops) << R"({"ops": [{"name": "a", "flops": 6e11, "bytes": 0, "ms": 1},
+    {"name": "b", "flops": 6e11, "bytes": 0, "ms": 1}, {"name": "c", "flops": 6e11, "bytes": 0, "ms": 100}]})";
+  const std::string warning = "pipesim: warning: calibrate: the fit misses the 3 measured ops by 274.6% on average "
+                              "(364.2% at worst); its predictions are no better: check that the profiles measure one "
+                              "machine\n";
+  const Output printed = run_stderr("calibrate " + ops);
+  CHECK(printed.exit_code == 0);
+  CHECK(printed.text == warning);
+  const Output refused = run_stderr("calibrate " + ops + " -o " + hw);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.text == warning + "pipesim: error: calibrate: the fit's mean error, 274.6% (364.2% at worst), is worse "
+                                  "than the preset h100-sxm's, 41.9% (99.1% at worst), on the 3 measured ops; " + hw +
+                                  " not written: keep the preset, or pass --force to write the fit anyway\n");
+  CHECK(!std::filesystem::exists(hw));
+  const Output forced = run_stderr("calibrate " + ops + " -o " + hw + " --force");
+  CHECK(forced.exit_code == 0);
+  CHECK(forced.text == warning + "pipesim: wrote " + hw + " (use: \"hardware\": {\"file\": \"" + hw + "\"} in a config)\n");
+  CHECK(std::filesystem::exists(hw));
   std::filesystem::remove_all(dir);
 }
 
@@ -588,7 +675,7 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
        "--seed: '18446744073709551616' is not an integer from 0 to 18446744073709551615" + help},
       {"run " + tiny + " --optimizer sgd --lr 100 --steps 8",
        "the loss is NaN at step 6: training diverged; use a smaller --lr (it is 100)\n"},
-      {"run " + tiny + " --optimizer lamb", "--optimizer: lamb not in {adam,sgd}" + help},
+      {"run " + tiny + " --optimizer lamb", "--optimizer: 'lamb' is not one of adam, sgd" + help},
       {"simulate " + d, d + ": is a directory; give a file\n"},
       {"simulate /dev/zero", "/dev/zero: is not a regular file (a character device); give a file\n"},
       {"simulate " + d + "/array.json",

@@ -125,8 +125,15 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       {kBase + "}", {"parallel.microbatches=0"}, "c.json: parallel.microbatches (from --set): must be at least 1, got 0"},
       {kBase + "}", {"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000 (pipesim's limit; docs/config.md says why)"},
       {kBase + "}", {"parallel.pp=16"},
-       "c.json: model.layers: 8 layers cannot fill 16 virtual stages (pp 16 x chunks 1); use at least 16 layers or "
-       "fewer stages"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages: 1f1b runs one stage per device, so pp 16 needs 16; "
+       "use parallel.pp of at most 8 or at least 16 layers"},
+      // Each schedule is checked with its own chunk count, and its own fixes: parallel.chunks only where it is read.
+      {kBase + "}", {"parallel.pp=8", "schedule.name=zb-v"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages: zb-v runs 2 chunks per device, so pp 8 needs 16; "
+       "use parallel.pp of at most 4, at least 16 layers or a schedule with one stage per device (gpipe, 1f1b, zb-h1)"},
+      {kBase + "}", {"parallel.chunks=4", "schedule.name=interleaved-1f1b"},
+       "c.json: model.layers: 8 layers cannot fill 16 virtual stages: interleaved-1f1b runs parallel.chunks = 4 chunks "
+       "per device, so pp 4 needs 16; use parallel.chunks of at most 2, parallel.pp of at most 2 or at least 16 layers"},
       {kBase + "}", {"model.heads=5"}, "c.json: model.heads (from --set): 5 heads do not divide hidden size 64; choose a divisor of 64"},
       {kBase + "}", {"parallel.tp=8"}, "c.json: parallel.tp (from --set): tp 8 does not divide 4 heads; choose a divisor of 4"},
       {kBase + "}", {"schedule.vocab=redistribute", "schedule.layers_per_stage=[1,2,5]"},
@@ -150,12 +157,17 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       {kBase + "}", {"parallel"}, "--set 'parallel': expected key.path=value, e.g. --set parallel.pp=4"},
       {kBase + "}", {"model.layers.x=3"}, "--set 'model.layers.x=3': 'model.layers' is not an object"},
       {kBase + "}", {"schedule.name=gpipe2"},
-       "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? `pipesim list` shows them all"},
+       "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? Schedules: gpipe, 1f1b, interleaved-1f1b, "
+       "zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
+      {kBase + "}", {"schedule.name=pipedream"},
+       "schedule.name: unknown schedule 'pipedream'; did you mean '1f1b'? Schedules: gpipe, 1f1b, interleaved-1f1b, "
+       "zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.vocab=vocab-9"},
-       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1'? `pipesim list` "
-       "shows them all"},
+       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1' or 'vocab-2'? "
+       "Modes: baseline, redistribute, vocab-1, vocab-2, interlaced (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.vocab=tied"},
-       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'tied'. `pipesim list` shows them all"},
+       "c.json: schedule.vocab (from --set): unknown vocabulary mode 'tied'. Modes: baseline, redistribute, vocab-1, "
+       "vocab-2, interlaced (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.name=interleaved-1f1b"},
        "parallel.chunks: interleaved-1f1b needs at least 2 chunks per device, got 1; set parallel.chunks to 2 or more"},
       {kBase + "}", {"schedule.name=interleaved-1f1b", "parallel.chunks=2", "parallel.microbatches=6"},

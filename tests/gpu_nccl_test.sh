@@ -64,7 +64,9 @@ fail() {
 for schedule in $schedules; do
   for vocab in $vocabs; do launch "np4-$schedule-$vocab" 300 4 --schedule "$schedule" --vocab "$vocab" --check --timeout 60 --format json; done
 done
-for schedule in $schedules; do launch "np2-$schedule-vocab-1" 300 2 --schedule "$schedule" --vocab vocab-1 --check --timeout 60 --format json; done
+for schedule in $schedules; do
+  launch "np2-$schedule-vocab-1" 300 2 --set parallel.pp=2 --schedule "$schedule" --vocab vocab-1 --check --timeout 60 --format json
+done
 # Two replicas of a 2-device pipeline: a pipeline group and a data-parallel group per rank.
 dp="--set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=4"
 for zero in 0 1; do

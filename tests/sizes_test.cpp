@@ -47,9 +47,10 @@ TEST_CASE("sizes past a limit, or whose products overflow, are refused with the 
       // pp × chunks once wrapped a 32-bit int to 0 (a division by zero); the chunk cap now comes first.
       {{"parallel.chunks=1073741824"},
        "c.json: parallel.chunks (from --set): must be at most 127, got 1073741824" + limit},
-      {{"parallel.chunks=100"},
-       "c.json: model.layers: 16 layers cannot fill 400 virtual stages (pp 4 x chunks 100); use at least 400 layers "
-       "or fewer stages"},
+      {{"parallel.chunks=100", "schedule.name=interleaved-1f1b"},
+       "c.json: model.layers: 16 layers cannot fill 400 virtual stages: interleaved-1f1b runs parallel.chunks = 100 "
+       "chunks per device, so pp 4 needs 400; use parallel.chunks of at most 4 or at least 400 layers"},
+      {{"parallel.chunks=100"}, "(no error)"},  // 1f1b runs one stage per device, whatever parallel.chunks says
       {{"parallel.pp=2000"}, "c.json: parallel.pp (from --set): must be at most 1024, got 2000" + limit},
       {{"parallel.chunks=128"}, "c.json: parallel.chunks (from --set): must be at most 127, got 128" + limit},
       {{"model.layers=2147483647"}, "c.json: model.layers (from --set): must be at most 4096, got 2147483647" + limit},
@@ -67,10 +68,11 @@ TEST_CASE("sizes past a limit, or whose products overflow, are refused with the 
        "c.json: parallel.dp (from --set): pp 4 x tp 2147483647 x dp 2147483647 x cp 1 is over pipesim's limit of "
        "16777216 GPUs; use a smaller dp, tp or cp"},
       {{"parallel.pp=1024", "model.layers=4096", "parallel.microbatches=1048576"},
-       // 7 tasks per virtual stage and microbatch, 16 per device for the iteration (baseline vocabulary).
-       fmt::format("c.json: parallel.microbatches (from --set): pp 1024 x chunks 2 x microbatches 1048576 would build "
+       // 7 tasks per virtual stage and microbatch, 16 per device for the iteration (baseline vocabulary); 1f1b
+       // runs one chunk per device.
+       fmt::format("c.json: parallel.microbatches (from --set): pp 1024 x chunks 1 x microbatches 1048576 would build "
                    "about {} tasks, over pipesim's limit of 268435456; use fewer microbatches or pipeline stages",
-                   1024 * 2 * 7 * std::int64_t(1048576) + 16 * 1024)},
+                   1024 * 1 * 7 * std::int64_t(1048576) + 16 * 1024)},
       // Without flash attention the b·a·s² scores dominate: past 2^56 bytes the sums would overflow.
       {{"model.seq_len=4194304", "model.hidden=4096", "model.heads=32", "precision.flash_attention=false"},
        fmt::format("c.json: parallel.microbatches: the activations of all microbatches would take {:.3g} bytes, over "

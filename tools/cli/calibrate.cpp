@@ -26,7 +26,11 @@ struct CalibrateOptions {
   std::vector<std::string> profiles;  ///< `run --profile` files, measure-ops.py output, or {"ops": [{name, flops, bytes, ms}]}
   std::string output;                 ///< the hardware file to write; empty: print the errors only
   std::string preset = "h100-sxm";    ///< whose peak FLOP/s and bandwidth the efficiencies scale
+  bool force = false;                 ///< write the fit even when it misses the ops more than the preset does
 };
+
+/// A fit whose mean error is above this is warned of: it predicts the machine it measured that poorly.
+constexpr double kPoorFitPercent = 10;
 
 ExitStatus run_calibrate(const CalibrateOptions& o) {
   Result<Config> base =
@@ -80,7 +84,20 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
                g.sum_after / g.ops, g.max_after);
   fmt::print("fitted: compute_efficiency {:.3g}, attention_efficiency {:.3g}, hbm_efficiency {:.3g}, kernel_launch_us {:.3g}\n",
              after.compute_efficiency, after.attention_efficiency, after.hbm_efficiency, after.kernel_launch_us);
+  // The fit minimises the squared log error; the mean |error| in percent, which the table shows, can
+  // still come out large, or larger than the preset's (profiles of several machines, ops the model
+  // does not cover): say so rather than hand over a hardware file that predicts worse.
+  const double mean_before = all.sum_before / all.ops, mean_after = all.sum_after / all.ops;
+  if (mean_after > kPoorFitPercent)
+    fmt::print(stderr, "pipesim: warning: calibrate: the fit misses the {} measured ops by {:.1f}% on average ({:.1f}% "
+                       "at worst); its predictions are no better: check that the profiles measure one machine\n",
+               all.ops, mean_after, all.max_after);
   if (o.output.empty()) return ExitStatus::Success;
+  if (mean_after > mean_before && !o.force)
+    return fail(fmt::format("calibrate: the fit's mean error, {:.1f}% ({:.1f}% at worst), is worse than the preset {}'s, "
+                            "{:.1f}% ({:.1f}% at worst), on the {} measured ops; {} not written: keep the preset, or "
+                            "pass --force to write the fit anyway",
+                            mean_after, all.max_after, o.preset, mean_before, all.max_before, all.ops, o.output));
   const json file{{"generator", "pipesim calibrate"},
                   {"description", fmt::format("fitted by pipesim calibrate to {} measured ops", samples.size())},
                   {"preset", o.preset},
@@ -90,7 +107,7 @@ ExitStatus run_calibrate(const CalibrateOptions& o) {
                   {"kernel_launch_us", after.kernel_launch_us}};
   if (Status s = write_output_file(o.output, json_text(file, 2) + "\n", kHardwareGenerator); !s.ok())
     return fail(s.error().message);
-  fmt::print("hardware written to {} (use: \"hardware\": {{\"file\": \"{}\"}} in a config)\n", o.output, o.output);
+  note_written(o.output, fmt::format("use: \"hardware\": {{\"file\": \"{}\"}} in a config", o.output));
   return ExitStatus::Success;
 }
 
@@ -106,6 +123,9 @@ void define_calibrate(CLI::App& cal, ExitStatus& status) {
       ->check(kNonEmpty);
   cal.add_option("--preset", o->preset, "the preset whose peak and bandwidth are scaled (default h100-sxm)")
       ->check(kNonEmpty);
+  cal.add_flag("--force", o->force,
+               "with -o: write the fit even when its mean error is worse than the preset's (refused otherwise)")
+      ->needs("-o");
   cal.callback([o, &status] { status = run_calibrate(*o); });
 }
 

@@ -15,6 +15,11 @@ enum class ExitStatus : int {
 /// Prints "pipesim: error: MESSAGE" and returns the failure status.
 ExitStatus fail(const std::string& message);
 
+/// Says on standard error that the command wrote `path` ("pipesim: wrote run.svg"), with `use` (what the
+/// file is for, what to run on it) in parentheses when given: every command names each file it writes
+/// once, alike, and keeps standard output for what it prints.
+void note_written(const std::string& path, const std::string& use = "");
+
 /// Adds a command's options to its subcommand, and a callback that runs it and sets `status`.
 using DefineCommand = void (*)(CLI::App& command, ExitStatus& status);
 

@@ -17,7 +17,7 @@ void add_compare_selection(CLI::App& command, CompareSelection& o) {
 
 Result<std::vector<RunReport>> compare_runs(const CompareSelection& o, bool progress,
                                             const std::function<void(const SimulatedRun&)>& each) {
-  if (Status s = check_names("--schedules", o.schedules, schedule_names()); !s.ok()) return s.error();
+  if (Status s = check_names("--schedules", o.schedules, schedule_names(), schedule_did_you_mean); !s.ok()) return s.error();
   if (Status s = check_names("--vocab", o.vocab, vocab_mode_names()); !s.ok()) return s.error();
   const bool every_schedule = o.schedules.empty();
   const std::vector<std::string> schedules = every_schedule ? schedule_names() : o.schedules;

@@ -42,6 +42,7 @@ ExitStatus run_export(const ExportOptions& o) {
     return ExitStatus::Success;
   }
   if (Status s = write_output_file(o.output, csv, ""); !s.ok()) return fail(s.error().message);
+  note_written(o.output);
   return ExitStatus::Success;
 }
 
@@ -51,7 +52,7 @@ void define_export(CLI::App& exp, ExitStatus& status) {
   auto o = std::make_shared<ExportOptions>();
   add_selection_options(exp, o->config, o->schedule, o->vocab, o->overrides);
   exp.add_option("--format", "pytorch-csv: one row per rank, actions like 0F0, 1I3, 2W1 (the only format)")
-      ->check(CLI::IsMember({"pytorch-csv"}));
+      ->check(one_of({"pytorch-csv"}));
   exp.add_option("-o,--output", o->output, "write to a new file instead of standard output")->check(kNonEmpty);
   exp.callback([o, &status] { status = run_export(*o); });
 }

@@ -13,6 +13,10 @@ ExitStatus fail(const std::string& message) {
   return ExitStatus::Failure;
 }
 
+void note_written(const std::string& path, const std::string& use) {
+  fmt::print(stderr, "pipesim: wrote {}{}\n", path, use.empty() ? "" : " (" + use + ")");
+}
+
 namespace {
 
 /// The file a path names, as far as it can be told before it exists: "x", "./x" and "d/../x" are one.
@@ -45,7 +49,7 @@ void add_format_option(CLI::App& command, Format& format, const std::vector<std:
       .add_option_function<std::string>(
           "--format", [&format](const std::string& name) { format = kFormats.at(name); },
           "output format: " + CLI::detail::join(names, ", "))
-      ->check(CLI::IsMember(names));
+      ->check(one_of(names));
 }
 
 void add_selection_options(CLI::App& command, std::string& config, std::string& schedule, std::string& vocab,

@@ -3,6 +3,7 @@
 /// empty strings, NaN (every comparison with it is false, so CLI::PositiveNumber accepts it) and
 /// integers that wrap on conversion.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "fmt/format.h"
 #include "report.h"
+#include "spellcheck.h"
 #include "status.h"
 
 namespace pipesim {
@@ -74,6 +76,19 @@ inline CLI::Validator whole_from(long long low, long long high) {
         return std::string();
       },
       fmt::format("INT in [{} - {}]", low, high), "WHOLE");  // as CLI::Range shows it
+}
+
+/// One of `names`, exactly; any other value is refused with the closest names (spellcheck.h) and all of
+/// them, as the config's name lists are.
+inline CLI::Validator one_of(std::vector<std::string> names) {
+  const std::string all = CLI::detail::join(names, ", ");
+  return CLI::Validator(
+      [names, all](const std::string& value) {
+        if (std::find(names.begin(), names.end(), value) != names.end()) return std::string();
+        return fmt::format("'{}' is not one of {}{}", abbreviate(value), all,
+                           closest_matches(value, names).empty() ? "" : did_you_mean(value, names));
+      },
+      "{" + CLI::detail::join(names, ",") + "}", "ONE_OF");
 }
 
 /// Decimal digits only, within 64 bits: strtoull would wrap "-1" and saturate past 2^64.

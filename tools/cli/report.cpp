@@ -108,9 +108,9 @@ ExitStatus run_report(const ReportOptions& o) {
   const std::string html = html_report(page);
   if (Status s = file.value().write(html); !s.ok()) return fail(s.error().message);
   if (Status s = file.value().commit(); !s.ok()) return fail(s.error().message);
-  fmt::print("report written to {}: {} run(s){}, {} KiB (open it in a browser; it needs no network)\n", o.output,
-             runs.size(), o.tune ? fmt::format(", tune of {} config(s)", page.tunes.size()) : "",
-             (html.size() + 1023) / 1024);
+  note_written(o.output, fmt::format("{} run(s){}, {} KiB; open it in a browser, it needs no network", runs.size(),
+                                     o.tune ? fmt::format(", tune of {} config(s)", page.tunes.size()) : "",
+                                     (html.size() + 1023) / 1024));
   return ExitStatus::Success;
 }
 

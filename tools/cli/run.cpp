@@ -34,7 +34,7 @@ struct RunFlags {
   std::string schedule;  ///< empty: the config's
   std::string vocab;     ///< empty: the config's
   std::vector<std::string> overrides;
-  int ranks = 0;         ///< pipeline devices, one rank each; 0: parallel.pp (under MPI: the job's size)
+  int ranks = 0;         ///< pipeline devices, one rank each; 0: parallel.pp
   std::string schedule_file;  ///< a PyTorch compute-only CSV to run instead of a generated schedule
   std::string trace;     ///< measured Chrome trace; empty: none
   std::string profile;   ///< measured per-op costs for `simulate --profile`; empty: none
@@ -220,7 +220,7 @@ std::string simulate_command(const RunFlags& o, int pp) {
   return command;
 }
 
-void print_text(const RunFlags& o, const RunReport& measured, const runtime::RunResult& r,
+void print_text(const RunReport& measured, const runtime::RunResult& r,
                 std::optional<TimeNs> predicted, const std::optional<RunReport>& simulated) {
   fmt::print("{}", format_run(measured, Format::Text));
   if (simulated) print_memory_comparison(measured, *simulated);
@@ -239,9 +239,6 @@ void print_text(const RunFlags& o, const RunReport& measured, const runtime::Run
   if (r.check)
     fmt::print("check {}: bounds {:g} on the loss{}\n", r.check->passed() ? "passed" : "FAILED", r.check->loss_tolerance,
                r.check->grad_tolerance > 0 ? fmt::format(", {:g} on every gradient", r.check->grad_tolerance) : "");
-  if (!o.trace.empty()) fmt::print("trace written to {} (open in ui.perfetto.dev)\n", o.trace);
-  if (!o.profile.empty())
-    fmt::print("profile written to {} (use: {})\n", o.profile, simulate_command(o, measured.parallel.pp));
 }
 
 /// A diverged run trained nothing: its report would be NaN with exit status 0.
@@ -268,16 +265,19 @@ ExitStatus report(const RunFlags& o, const Plan& plan, const runtime::RunResult&
                                            tensor_parallel);
         !s.ok())
       return fail(s.error().message);
+    note_written(o.trace, "open it in ui.perfetto.dev");
   }
-  if (!o.profile.empty())
+  if (!o.profile.empty()) {
     if (Status s = write_output_file(o.profile, json_text(profile, 2) + "\n", kProfileGenerator); !s.ok())
       return fail(s.error().message);
+    note_written(o.profile, "use: " + simulate_command(o, measured.parallel.pp));
+  }
   const std::optional<TimeNs> predicted = predicted_iteration(plan, profile);
   const std::optional<RunReport> simulated = simulated_memory(o, plan);
   if (o.format == Format::Json)
     fmt::print("{}\n", json_text(run_result_json(o, measured, r, backend, predicted, simulated), 2));
   else
-    print_text(o, measured, r, predicted, simulated);
+    print_text(measured, r, predicted, simulated);
   if (r.check && !r.check->passed())
     return fail(fmt::format("--check: the run does not match the single-device reference (loss {:.9g} vs {:.9g}, max "
                             "gradient relative error {:.2e} in {})",
@@ -316,18 +316,24 @@ ExitStatus run_run(const RunFlags& o) {
     std::optional<Plan> plan;
     const runtime::MpiRun run = runtime::run_mpi(
         [&](int processes) -> Result<runtime::Job> {
-          // One process per rank: pipeline devices × tensor-parallel × data-parallel ranks.
-          const int per_device = config.value().parallel.tp * config.value().parallel.dp;
-          if (processes % per_device != 0)
-            return Error{fmt::format("this MPI job has {} processes, not a multiple of parallel.tp × parallel.dp = {}: give "
-                                     "mpirun -np {} for {} pipeline devices",
-                                     processes, per_device, per_device * config.value().parallel.pp,
-                                     config.value().parallel.pp)};
-          const int ranks = processes / per_device;
-          if (o.ranks != 0 && o.ranks != ranks)
-            return Error{fmt::format("--ranks {}: this MPI job has {} processes, {} pipeline devices; give mpirun -np {} or "
-                                     "drop --ranks",
-                                     o.ranks, processes, ranks, o.ranks * per_device)};
+          // One process per rank: pipeline devices × tensor-parallel × context-parallel × data-parallel
+          // ranks. The layout is the config's (or --ranks'): a job of another size is refused, never run as
+          // another pipeline.
+          const ParallelConfig& layout = config.value().parallel;
+          const int ranks = o.ranks != 0 ? o.ranks : layout.pp;
+          const int per_stage = layout.tp * layout.cp * layout.dp, expected = ranks * per_stage;
+          if (processes != expected) {
+            const std::string pp = o.ranks != 0 ? fmt::format("--ranks {}", ranks) : fmt::format("pp {}", ranks);
+            const std::string instead =
+                processes % per_stage == 0
+                    ? fmt::format(", or {} to run {} pipeline stages", o.ranks != 0 ? fmt::format("--ranks {}", processes / per_stage)
+                                                                                  : fmt::format("--set parallel.pp={}", processes / per_stage),
+                                  processes / per_stage)
+                    : fmt::format(" (or a multiple of tp × cp × dp = {} with parallel.pp to match)", per_stage);
+            return Error{fmt::format("{}: this MPI job has {} processes but the layout has {} ranks (tp {} × cp {} × dp "
+                                     "{} × {}); give mpirun -np {}{}",
+                                     o.config, processes, expected, layout.tp, layout.cp, layout.dp, pp, expected, instead)};
+          }
           Result<Plan> p = runnable_plan(config.value(), ranks, o.schedule_file, options);
           if (!p.ok()) return p.error();
           if (Status s = check_fault(options.fault, p.value(), o.inject_fault); !s.ok()) return s.error();
@@ -360,7 +366,8 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   auto o = std::make_shared<RunFlags>();
   add_selection_options(rn, o->config, o->schedule, o->vocab, o->overrides);
   add_format_option(rn, o->format, {"text", "json"});
-  rn.add_option("--ranks", o->ranks, "pipeline devices, each parallel.tp × parallel.dp ranks (default: parallel.pp; under MPI: -np / (tp × dp))")
+  rn.add_option("--ranks", o->ranks, "pipeline devices, each parallel.tp × parallel.dp ranks (default: parallel.pp; under MPI, "
+                "-np must be this × tp × cp × dp)")
       ->check(whole_from(1, 64));
   rn.add_option("--schedule-file", o->schedule_file,
                 "run per-rank orders from a PyTorch compute-only CSV (0F0,0I0,0W0,...) instead of a schedule")
@@ -368,9 +375,9 @@ void define_run(CLI::App& rn, ExitStatus& status) {
       ->check(kNonEmpty);
   rn.add_option("--backend", o->backend, "cpu (threads or MPI processes) or cuda (GPUs: in-process ranks share "
                 "the GPUs present; under mpirun, one process per GPU over NCCL) (default cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(one_of({"cpu", "cuda"}));
   rn.add_option("--dtype", o->dtype, "fp32 or bf16 weights and activations (bf16: cuda only; default fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+      ->check(one_of({"fp32", "bf16"}));
   rn.add_option("--steps", o->runtime.steps, "training steps (default 1)")->check(whole_from(1, 1000000));
   rn.add_flag("--check", o->runtime.check,
               "compare the first step with a single-device reference: loss and max gradient relative error");
@@ -386,7 +393,7 @@ void define_run(CLI::App& rn, ExitStatus& status) {
   rn.add_option("--seed", o->runtime.seed, "seed of the weights and the data (default 1234)")->check(kUint64);
   // Larger steps only diverge; NaN would train nothing and still exit 0.
   rn.add_option("--optimizer", o->optimizer, "adam (the default: PyTorch's betas and epsilon, no weight decay) or sgd")
-      ->check(CLI::IsMember({"adam", "sgd"}));
+      ->check(one_of({"adam", "sgd"}));
   rn.add_option("--lr", o->learning_rate, "learning rate (default 1e-3 with Adam, 0.1 with SGD)")->check(finite_in(0, 100));
   rn.add_option("--timeout", o->runtime.timeout_s, "seconds without progress after which a rank ends the run (default 60)")
       ->check(finite_in(0, 1e6));  // NaN would never time out

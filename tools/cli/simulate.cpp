@@ -57,6 +57,7 @@ ExitStatus run_simulate(const SimulateOptions& o) {
     const std::string title = fmt::format("{} {} {} (simulated)", o.config, r.report.schedule, r.report.vocab);
     if (Status s = write_chrome_trace_file(o.trace, r.plan.graph, r.timeline, r.plan.static_bytes, title); !s.ok())
       return fail(s.error().message);
+    note_written(o.trace, "open it in ui.perfetto.dev");
   }
   if (!o.svg.empty()) {
     const SimulatedRun& r = run.value();
@@ -64,6 +65,7 @@ ExitStatus run_simulate(const SimulateOptions& o) {
     if (Status s = write_output_file(o.svg, svg_document(svg_timeline(r.plan.graph, r.timeline, title)), kSvgGenerator);
         !s.ok())
       return fail(s.error().message);
+    note_written(o.svg);
   }
   if (!o.memory_svg.empty()) {
     const SimulatedRun& r = run.value();
@@ -72,9 +74,9 @@ ExitStatus run_simulate(const SimulateOptions& o) {
         svg_memory(r.plan.graph, r.timeline, r.plan.static_bytes, r.report.metrics.memory_capacity_bytes, title);
     if (Status s = write_output_file(o.memory_svg, svg_document(plot), kSvgGenerator); !s.ok())
       return fail(s.error().message);
+    note_written(o.memory_svg);
   }
   fmt::print("{}", format_run(run.value().report, o.format));
-  if (!o.trace.empty() && o.format != Format::Json) fmt::print("\ntrace written to {} (open in ui.perfetto.dev)\n", o.trace);
   return ExitStatus::Success;
 }
 

@@ -141,8 +141,7 @@ ExitStatus run_tune(const TuneOptions& o) {
                r.evaluated, r.seconds, r.simulated, r.pruned(), r.pruned_by_memory, r.pruned_by_time, o.top, r.refused);
   if (!written) return ExitStatus::Success;
   if (Status s = write_row(*written, o, r); !s.ok()) return fail("--write-config: " + s.error().message);
-  fmt::print(stderr, "pipesim: note: tune: rank {} written to {}; `pipesim simulate {}` runs it\n", o.rank,
-             o.write_config, o.write_config);
+  note_written(o.write_config, fmt::format("rank {}; `pipesim simulate {}` runs it", o.rank, o.write_config));
   return ExitStatus::Success;
 }
 

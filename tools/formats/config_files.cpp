@@ -1,6 +1,7 @@
 #include "config_files.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -18,24 +19,26 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
   return parse_config(text.value(), path, overrides);
 }
 
-Status check_names(const std::string& flag, const std::vector<std::string>& names, const std::vector<std::string>& known) {
+Status check_names(const std::string& flag, const std::vector<std::string>& names, const std::vector<std::string>& known,
+                   const std::function<std::string(const std::string&)>& suggest) {
   for (const std::string& name : names)
     if (std::find(known.begin(), known.end(), name) == known.end())
-      return Error{fmt::format("{}: unknown name '{}'{} `pipesim list` shows them all", flag, name,
-                               did_you_mean(name, known))};
+      return Error{fmt::format("{}: unknown name '{}'{} Known names: {} (`pipesim list` describes them)", flag,
+                               abbreviate(name), suggest ? suggest(name) : did_you_mean(name, known),
+                               fmt::join(known, ", "))};
   return Status::Ok();
 }
 
 Result<Config> load_selected_config(const std::string& path, const std::vector<std::string>& overrides,
                                     const std::string& schedule, const std::string& vocab) {
   const auto given = [](const std::string& name) { return name.empty() ? std::vector<std::string>{} : std::vector{name}; };
-  if (Status s = check_names("--schedule", given(schedule), schedule_names()); !s.ok()) return s.error();
+  if (Status s = check_names("--schedule", given(schedule), schedule_names(), schedule_did_you_mean); !s.ok()) return s.error();
   if (Status s = check_names("--vocab", given(vocab), vocab_mode_names()); !s.ok()) return s.error();
-  Result<Config> config = load_config(path, overrides);
-  if (!config.ok()) return config;
-  if (!schedule.empty()) config.value().schedule.name = schedule;
-  if (!vocab.empty()) config.value().schedule.vocab = *vocab_mode_named(vocab);  // a known name: checked above
-  return config;
+  // As overrides, after the user's: the config is checked as the selection runs it (a schedule's own chunk count).
+  std::vector<std::string> selected = overrides;
+  if (!schedule.empty()) selected.push_back("schedule.name=" + schedule);
+  if (!vocab.empty()) selected.push_back("schedule.vocab=" + vocab);
+  return load_config(path, selected);
 }
 
 Result<std::optional<CustomSchedule>> load_schedule_file(const std::string& path, const Config& config) {

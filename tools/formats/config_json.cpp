@@ -1,6 +1,7 @@
 #include "config_json.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <climits>
@@ -11,6 +12,7 @@
 
 #include "config_includes.h"
 #include "files.h"
+#include "plan.h"
 #include "sizes.h"
 #include "spellcheck.h"
 
@@ -30,6 +32,11 @@ struct ConfigError {
 
 /// How deep a config goes, for the message that refuses a deeper one.
 constexpr std::string_view kConfigNesting = "pipesim configs nest at most 3 levels (costs.forward_ms: [...])";
+
+/// did_you_mean for a message that lists the choices already: nothing when none is close.
+std::string suggestion(const std::string& word, const std::vector<std::string>& choices) {
+  return closest_matches(word, choices).empty() ? "" : did_you_mean(word, choices);
+}
 
 std::string describe(const json& value) { return (value.is_string() ? "string " : "") + describe_json(value); }
 
@@ -118,7 +125,8 @@ ModelConfig read_model(ObjectReader r) {
   const std::string mlp = r.string("mlp", "gelu");
   if (mlp != "gelu" && mlp != "swiglu")
     throw ConfigError{r.at("mlp"), fmt::format("expected \"gelu\" (GPT: two matrices) or \"swiglu\" (Llama, Qwen: "
-                                               "gate, up and down matrices), got \"{}\"", mlp)};
+                                               "gate, up and down matrices), got \"{}\"{}", visible(abbreviate(mlp)),
+                                               suggestion(mlp, {"gelu", "swiglu"}))};
   m.mlp = mlp == "swiglu" ? MlpKind::SwiGlu : MlpKind::Gelu;
   m.tied_embeddings = r.boolean("tied_embeddings", false);
   r.has("hf_config");  // expand_hf_config has turned it into the fields above
@@ -165,8 +173,9 @@ ScheduleConfig read_schedule(ObjectReader r) {
   const std::string vocab = r.string("vocab", std::string(vocab_mode_name(s.vocab)));
   const std::optional<VocabMode> mode = vocab_mode_named(vocab);
   if (!mode)
-    throw ConfigError{r.at("vocab"), fmt::format("unknown vocabulary mode '{}'{} `pipesim list` shows them all", vocab,
-                                                 did_you_mean(vocab, vocab_mode_names()))};
+    throw ConfigError{r.at("vocab"), fmt::format("unknown vocabulary mode '{}'{} Modes: {} (`pipesim list` describes "
+                                                 "them)", visible(abbreviate(vocab)), did_you_mean(vocab, vocab_mode_names()),
+                                                 fmt::join(vocab_mode_names(), ", "))};
   s.vocab = *mode;
   if (r.has("layers_per_stage")) {
     const json& v = r.value("layers_per_stage");
@@ -247,7 +256,8 @@ TrainingConfig read_training(const json* object, const json* precision) {
   if (granularity != "none" && granularity != "selective" && granularity != "full")
     throw ConfigError{r.at("recompute_granularity"),
                       fmt::format("expected \"none\", \"selective\" (core attention) or \"full\" (whole layers), got "
-                                  "\"{}\"", visible(abbreviate(granularity)))};
+                                  "\"{}\"{}", visible(abbreviate(granularity)),
+                                  suggestion(granularity, {"none", "selective", "full"}))};
   t.recompute_granularity = granularity == "full"        ? Recompute::Full
                             : granularity == "selective" ? Recompute::Selective
                                                          : Recompute::None;
@@ -255,8 +265,8 @@ TrainingConfig read_training(const json* object, const json* precision) {
   if (method != "uniform" && method != "block")
     throw ConfigError{r.at("recompute_method"),
                       fmt::format("expected \"uniform\" (every layer, in groups of recompute_num_layers) or \"block\" "
-                                  "(the first recompute_num_layers layers of each stage), got \"{}\"",
-                                  visible(abbreviate(method)))};
+                                  "(the first recompute_num_layers layers of each stage), got \"{}\"{}",
+                                  visible(abbreviate(method)), suggestion(method, {"uniform", "block"}))};
   t.recompute_method = method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
   t.recompute_num_layers = r.integer("recompute_num_layers", 1, 1, false, limits::kLayers);
   t.optimizer_post_validation = r.boolean("optimizer_post_validation", t.optimizer_post_validation);
@@ -331,7 +341,12 @@ Config read_config(json root, const std::string& source, FieldOrigins& origins) 
   if (r.has("costs")) c.costs = read_costs(ObjectReader(r.value("costs"), "costs"));
   r.has("description");  // free text for the reader of the file
   r.reject_unknown();
-  if (std::optional<FieldError> e = check_config(c)) throw ConfigError{e->path, e->message};
+  // Checked as the named schedule runs it: its own chunk count (1f1b's one) in place of parallel.chunks,
+  // which only interleaved-1f1b reads (a parallel.chunks past pipesim's cap is refused all the same).
+  Config as_run = c;
+  const ScheduleInfo* schedule = find_schedule(c.schedule.name);
+  if (schedule && schedule->chunks > 0 && c.parallel.chunks <= limits::kChunks) as_run.parallel.chunks = schedule->chunks;
+  if (std::optional<FieldError> e = check_config_for(as_run, schedule)) throw ConfigError{e->path, e->message};
   return c;
 }
 

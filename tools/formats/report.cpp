@@ -51,7 +51,7 @@ json run_json(const RunReport& r) {
                        {"peak_time_s", seconds(d.peak_time_ns)},
                        {"comm_s", seconds(d.comm_ns)},
                        {"exposed_comm_s", seconds(d.exposed_comm_ns)}});
-  return {{"config", r.config},
+  json out{{"config", r.config},
           {"schedule", r.schedule},
           {"vocab", r.vocab},
           {"cost_source", r.cost_source},
@@ -60,6 +60,18 @@ json run_json(const RunReport& r) {
           {"dp", r.parallel.dp},
           {"chunks", r.parallel.chunks},
           {"microbatches", r.parallel.microbatches},
+          {"cp", r.parallel.cp},
+          {"sequence_parallel", r.parallel.sequence_parallel}};
+  const TrainingConfig& t = r.training;
+  out["recompute_granularity"] = recompute_name(t.recompute_granularity);
+  if (t.recompute_granularity == Recompute::Full) {  // method and layers say nothing otherwise
+    out["recompute_method"] = t.recompute_method == RecomputeMethod::Block ? "block" : "uniform";
+    out["recompute_num_layers"] = t.recompute_num_layers;
+  }
+  out.update(json{{"zero_stage", t.zero_stage},
+          {"overlap_grad_reduce", t.overlap_grad_reduce},
+          {"overlap_param_gather", t.overlap_param_gather},
+          {"tp_comm_overlap", t.tp_comm_overlap},
           {"layers_per_stage", r.layers_per_stage},
           {"vocab_padding", r.vocab_padding},
           {"iteration_time_s", seconds(m.iteration_ns)},
@@ -72,7 +84,8 @@ json run_json(const RunReport& r) {
           {"memory_capacity_bytes", m.memory_capacity_bytes},
           {"fits_in_memory", m.fits_in_memory},
           {"headroom_bytes", m.headroom_bytes},
-          {"devices", devices}};
+          {"devices", devices}});
+  return out;
 }
 
 namespace {
@@ -94,6 +107,26 @@ std::string csv_cell(const std::string& cell) {
   std::string quoted = "\"";
   for (char c : cell) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
   return quoted + "\"";
+}
+
+/// The settings that differ from the defaults, as ", recompute full, ZeRO 1, ...": the summary line shows
+/// that what the user set took.
+std::string changed_settings(const RunReport& r) {
+  const TrainingConfig& t = r.training;
+  const TrainingConfig defaults;
+  std::string out;
+  if (t.recompute_granularity != Recompute::None) out += fmt::format(", recompute {}", recompute_name(t.recompute_granularity));
+  if (t.recompute_granularity == Recompute::Full &&
+      (t.recompute_method != defaults.recompute_method || t.recompute_num_layers != defaults.recompute_num_layers))
+    out += fmt::format(" ({}, {} layer(s))", t.recompute_method == RecomputeMethod::Block ? "block" : "uniform",
+                       t.recompute_num_layers);
+  if (t.zero_stage != defaults.zero_stage) out += fmt::format(", ZeRO {}", t.zero_stage);
+  if (r.parallel.sequence_parallel != ParallelConfig{}.sequence_parallel)
+    out += r.parallel.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism";
+  if (t.overlap_grad_reduce) out += ", overlap_grad_reduce";
+  if (t.overlap_param_gather) out += ", overlap_param_gather";
+  if (t.tp_comm_overlap) out += ", tp_comm_overlap";
+  return out;
 }
 
 }  // namespace
@@ -161,6 +194,7 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
   r.cost_source = cost_source;
   r.mfu_defined = !plan.config.costs.has_value();
   r.parallel = plan.config.parallel;
+  r.training = plan.config.training;
   for (const VirtualStage& s : plan.layout.stages) r.layers_per_stage.push_back(s.layers);
   r.vocab_padding = plan.layout.padded_vocab - plan.config.model.vocab;
   for (const DeviceMetrics& d : metrics.devices)
@@ -177,12 +211,13 @@ std::string format_run(const RunReport& r, Format format) {
   const char* unit = small ? "MiB" : "GiB";
   const auto mem = [small](Bytes b) { return small ? double(b) / double(1 << 20) : gib(b); };
   std::string out = fmt::format(
-      "{}: schedule {}, vocab {}, pp {} tp {} dp {}, {} microbatches, {} chunk(s), {} costs\n"
+      "{}: schedule {}, vocab {}, pp {} tp {} dp {}{}, {} microbatches, {} chunk(s), {} costs{}\n"
       "layers per stage: {}{}\n"
       "iteration {:.3f} ms, {:.0f} tokens/s, MFU {}, bubble {:.1f}% (mean), exposed comm {:.3f} ms (max)\n"
       "peak memory {} {} of {:.2f} {}{}, imbalance {:.2f}x\n\n",
       r.config, r.schedule, r.vocab, r.parallel.pp,
-      r.parallel.tp, r.parallel.dp, r.parallel.microbatches, r.parallel.chunks, r.cost_source,
+      r.parallel.tp, r.parallel.dp, r.parallel.cp != 1 ? fmt::format(" cp {}", r.parallel.cp) : "",
+      r.parallel.microbatches, r.parallel.chunks, r.cost_source, changed_settings(r),
       join(r.layers_per_stage),
       r.vocab_padding ? fmt::format("; vocabulary padded by {} rows to split evenly over {} devices", r.vocab_padding,
                                     r.parallel.pp)

@@ -20,6 +20,7 @@ struct RunReport {
   /// for a measured run (another GPU, perhaps) or explicit costs (times the user gave), and reads n/a.
   bool mfu_defined = true;
   ParallelConfig parallel;
+  TrainingConfig training;  ///< recomputation, ZeRO and overlaps, as planned
   std::vector<int> layers_per_stage;
   int vocab_padding = 0;  ///< rows added so the vocabulary splits evenly over the devices
   std::vector<std::string> peak_ops;  ///< per device: the op at which memory peaked

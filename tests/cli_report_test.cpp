@@ -327,7 +327,7 @@ TEST_CASE("report refuses a file it did not write, bad names and tune options wi
   CHECK(misspelt.exit_code == 1);
   CHECK(misspelt.text ==
         "pipesim: error: --schedules: unknown name '1f1x'; did you mean '1f1b'? Known names: gpipe, 1f1b, "
-        "interleaved-1f1b, zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)\n");
+        "interleaved-1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)\n");
   CHECK(!std::filesystem::exists(dir / "x.html"));
   // A config that does not load fails as compare fails on it, and nothing is written.
   const std::string missing = (dir / "missing.json").string();

@@ -172,14 +172,14 @@ TEST_CASE("--set reaches the config, and bad names get a did-you-mean and exit 1
 
   const Output typo = run("simulate " + config("default.json") + " --schedule 1f1c", true);
   CHECK(typo.exit_code == 1);
-  const std::string schedules = "gpipe, 1f1b, interleaved-1f1b, zb-h1, v-half, v-min, zb-v, dualpipe-v";
+  const std::string schedules = "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto, v-half, v-min, zb-v, dualpipe-v";
   CHECK(typo.text == "pipesim: error: --schedule: unknown name '1f1c'; did you mean '1f1b'? Known names: " + schedules +
                          " (`pipesim list` describes them)\n");
   // A name far from every schedule's is matched on the schedules' descriptions.
   const Output described = run("simulate " + config("tiny.json") + " --schedule zero-bubble", true);
   CHECK(described.exit_code == 1);
   CHECK_THAT(described.text, Catch::StartsWith("pipesim: error: --schedule: unknown name 'zero-bubble'; did you mean "
-                                               "'zb-h1', 'zb-v' or 'dualpipe-v'? Known names: " + schedules));
+                                               "'zb-h1', 'zb-h2', 'zb-1p', 'zb-v' or 'dualpipe-v'? Known names: " + schedules));
   // A choice of the command line names the choices and the closest of them.
   const Output choice = run("run " + config("tiny.json") + " --optimizer adamw", true);
   CHECK(choice.exit_code == 1);

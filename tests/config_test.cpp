@@ -130,7 +130,7 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       // Each schedule is checked with its own chunk count, and its own fixes: parallel.chunks only where it is read.
       {kBase + "}", {"parallel.pp=8", "schedule.name=zb-v"},
        "c.json: model.layers: 8 layers cannot fill 16 virtual stages: zb-v runs 2 chunks per device, so pp 8 needs 16; "
-       "use parallel.pp of at most 4, at least 16 layers or a schedule with one stage per device (gpipe, 1f1b, zb-h1)"},
+       "use parallel.pp of at most 4, at least 16 layers or a schedule with one stage per device (gpipe, 1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto)"},
       {kBase + "}", {"parallel.chunks=4", "schedule.name=interleaved-1f1b"},
        "c.json: model.layers: 8 layers cannot fill 16 virtual stages: interleaved-1f1b runs parallel.chunks = 4 chunks "
        "per device, so pp 4 needs 16; use parallel.chunks of at most 2, parallel.pp of at most 2 or at least 16 layers"},
@@ -158,10 +158,10 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       {kBase + "}", {"model.layers.x=3"}, "--set 'model.layers.x=3': 'model.layers' is not an object"},
       {kBase + "}", {"schedule.name=gpipe2"},
        "schedule.name: unknown schedule 'gpipe2'; did you mean 'gpipe'? Schedules: gpipe, 1f1b, interleaved-1f1b, "
-       "zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
+       "zb-h1, zb-h2, zb-1p, zb-2p, zb-auto, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.name=pipedream"},
        "schedule.name: unknown schedule 'pipedream'; did you mean '1f1b'? Schedules: gpipe, 1f1b, interleaved-1f1b, "
-       "zb-h1, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
+       "zb-h1, zb-h2, zb-1p, zb-2p, zb-auto, v-half, v-min, zb-v, dualpipe-v (`pipesim list` describes them)"},
       {kBase + "}", {"schedule.vocab=vocab-9"},
        "c.json: schedule.vocab (from --set): unknown vocabulary mode 'vocab-9'; did you mean 'vocab-1' or 'vocab-2'? "
        "Modes: baseline, redistribute, vocab-1, vocab-2, interlaced (`pipesim list` describes them)"},

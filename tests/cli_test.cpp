@@ -247,6 +247,42 @@ TEST_CASE("export and import of a vocabulary-parallel schedule say that the mode
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("export --format megatron, then import, runs the same; what Megatron-LM cannot run is refused or changed") {
+  const auto dir = scratch_dir();
+  const std::string args = (dir / "megatron.args").string(), imported = (dir / "imported.json").string();
+  const std::string plan = config("default.json") + " --schedule interleaved-1f1b --set parallel.microbatches=8";
+  REQUIRE(run("export " + plan + " --format megatron -o " + args).exit_code == 0);
+  const Output wrote = run_stderr("import megatron " + args + " -o " + imported);
+  REQUIRE(wrote.exit_code == 0);
+  CHECK(wrote.text == "pipesim: wrote " + imported + " (use: pipesim simulate " + imported + ")\n");
+  const Output original = run("simulate " + plan + " --format json"), back = run("simulate " + imported + " --format json");
+  CHECK(json::parse(back.text)["iteration_time_s"] == json::parse(original.text)["iteration_time_s"]);
+  CHECK(json::parse(back.text)["schedule"] == "interleaved-1f1b");
+  // A schedule Megatron-LM does not run: refused, naming the field; --nearest writes 1F1B and says so.
+  const Output refused = run("export " + config("default.json") + " --schedule zb-v --format megatron", true);
+  CHECK(refused.exit_code == 1);
+  CHECK_THAT(refused.text, Catch::Contains("schedule.name: Megatron-LM runs 1f1b and interleaved-1f1b (1f1b)") &&
+                               Catch::Contains("pass --nearest"));
+  const Output nearest = run_stderr("export " + config("default.json") + " --schedule zb-v --format megatron --nearest");
+  CHECK(nearest.exit_code == 0);
+  CHECK_THAT(nearest.text, Catch::StartsWith("pipesim: note: export: schedule.name → 1f1b (Megatron-LM runs"));
+}
+
+TEST_CASE("export --format torchtitan, then import, runs the same; tune --framework keeps what it runs") {
+  const auto dir = scratch_dir();
+  const std::string job = (dir / "job.toml").string(), imported = (dir / "imported.json").string();
+  const std::string plan = config("default.json") + " --schedule zb-v --set parallel.microbatches=16";
+  REQUIRE(run("export " + plan + " --format torchtitan -o " + job).exit_code == 0);
+  REQUIRE(run("import torchtitan " + job + " -o " + imported).exit_code == 0);
+  const Output original = run("simulate " + plan + " --format json"), back = run("simulate " + imported + " --format json");
+  CHECK(json::parse(back.text)["iteration_time_s"] == json::parse(original.text)["iteration_time_s"]);
+  const Output tuned = run("tune " + config("tiny.json") + " --fix m=4 --fix vocab=baseline --framework megatron --top 50 --format json");
+  REQUIRE(tuned.exit_code == 0);
+  const json results = json::parse(tuned.text)["results"];
+  REQUIRE_FALSE(results.empty());
+  for (const json& row : results) CHECK((row["schedule"] == "1f1b" || row["schedule"] == "interleaved-1f1b"));
+}
+
 TEST_CASE("export writes a PyTorch CSV that simulate --schedule-file runs to the same result") {
   const auto dir = scratch_dir();
   const std::string csv = (dir / "zbv.csv").string();
@@ -659,9 +695,9 @@ TEST_CASE("bad inputs exit 1 with one line naming the file or option, the field 
   const std::string help = " (see pipesim --help)\n";
   const std::pair<std::string, std::string> cases[] = {
       {"frobnicate", "unknown command 'frobnicate'. Commands: simulate, run, calibrate, compare, report, tune, sweep, "
-                     "list, export, bench\n"},
+                     "list, export, import, bench\n"},
       {"simulat " + tiny, "unknown command 'simulat'; did you mean 'simulate'? Commands: simulate, run, calibrate, "
-                          "compare, report, tune, sweep, list, export, bench\n"},
+                          "compare, report, tune, sweep, list, export, import, bench\n"},
       {"simulate", "config is required" + help},
       {"simulate " + tiny + " --bogus", "The following argument was not expected: --bogus" + help},
       {"simulate " + tiny + " --schedule ''", "--schedule: an empty value; give one, or leave the option out" + help},

@@ -33,7 +33,7 @@ struct Command {
 constexpr const char* kSmallerPlan = "try fewer microbatches or pipeline stages";
 
 /// In the order `pipesim --help` lists them.
-constexpr std::array<Command, 10> kCommands{{
+constexpr std::array<Command, 11> kCommands{{
     {"simulate", "simulate one schedule on one config", define_simulate, kSmallerPlan},
     {"run", "execute the schedule with real math on CPU threads or GPUs (or MPI processes: mpirun -np N pipesim run ...)",
      define_run, kSmallerPlan},
@@ -48,8 +48,11 @@ constexpr std::array<Command, 10> kCommands{{
     {"sweep", "simulate every point of a grid of --set values, one row each", define_sweep,
      "sweep fewer points, or fewer microbatches or pipeline stages"},
     {"list", "list schedules, vocabulary modes and hardware presets", define_list, ""},
-    {"export", "write a generated schedule for PyTorch's torch.distributed.pipelining", define_export,
-     kSmallerPlan},
+    {"export",
+     "write a generated schedule for PyTorch's torch.distributed.pipelining, or the plan as Megatron-LM's arguments or a "
+     "torchtitan job file",
+     define_export, kSmallerPlan},
+    {"import", "write a pipesim config from Megatron-LM's arguments or a torchtitan job file", define_import, ""},
     {"bench", "measure graph building and simulation speed on large pipelines", define_bench,
      "try bench --quick"},
 }};

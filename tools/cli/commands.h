@@ -32,6 +32,7 @@ void define_tune(CLI::App& command, ExitStatus& status);
 void define_sweep(CLI::App& command, ExitStatus& status);
 void define_list(CLI::App& command, ExitStatus& status);
 void define_export(CLI::App& command, ExitStatus& status);
+void define_import(CLI::App& command, ExitStatus& status);
 void define_bench(CLI::App& command, ExitStatus& status);
 
 }  // namespace pipesim

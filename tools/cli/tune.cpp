@@ -30,6 +30,7 @@ struct TuneOptions {
   Format format = Format::Text;
   std::string write_config;  ///< empty: nothing written
   int rank = 1;              ///< the row --write-config writes: 1 is the fastest that fits, as the rank column counts
+  std::string framework = "any";  ///< --framework: only candidates it runs
 };
 
 /// How a config tune wrote begins: a later --write-config may replace such a file, and no other.
@@ -119,8 +120,11 @@ ExitStatus run_tune(const TuneOptions& o) {
     written.emplace(std::move(file).value());
   }
   const bool text = o.format == Format::Text;
-  const TuneSearch search{
-      .gpus = o.gpus, .top = std::size_t(o.top), .progress = text && isatty(fileno(stderr)), .pins = pins};
+  const TuneSearch search{.gpus = o.gpus,
+                          .top = std::size_t(o.top),
+                          .progress = text && isatty(fileno(stderr)),
+                          .pins = pins,
+                          .framework = *framework_named(o.framework)};
   Result<TuneResult> searched = tune(config.value(), search);
   if (!searched.ok()) return fail(searched.error().message);
   const TuneResult& r = searched.value();
@@ -155,6 +159,10 @@ void define_tune(CLI::App& tn, ExitStatus& status) {
                 "search only candidates with this value: key=value, key a column (pp, tp, dp, cp, sp, m, mbs, "
                 "chunks, schedule, vocab, recompute, zero) or its config key (parallel.pp, training.zero_stage, ...) "
                 "(repeatable)");
+  tn.add_option("--framework", o->framework,
+                "only candidates this framework runs: megatron, torchtitan, pytorch or any (default); `pipesim export "
+                "--format megatron|torchtitan` then writes the launch file (docs/frameworks.md)")
+      ->check(one_of(framework_names()));
   tn.add_option("--memory-gib", o->memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
       ->check(finite_in(0, 1e9));
   tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp x cp (default: the config's pp x tp x dp x cp)")

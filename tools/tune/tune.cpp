@@ -229,6 +229,16 @@ Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
     space = std::move(pinned).value();
   else
     return pinned.error();
+  if (search.framework != Framework::Any) {
+    std::erase_if(space, [&](const Candidate& c) {
+      return !unsupported(search.framework, apply_candidate(config, c), c.layers_per_stage.empty() ? c.auto_split
+                                                                                                  : c.layers_per_stage)
+                  .empty();
+    });
+    if (space.empty())
+      return Error{fmt::format("--framework {}: none of the candidates on {} GPUs is one it runs (docs/frameworks.md)",
+                               framework_name(search.framework), gpus)};
+  }
   std::vector<Evaluation> evaluations(space.size());
   {
     ProgressBar progress(space.size(), search.progress);

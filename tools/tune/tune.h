@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config.h"
+#include "frameworks.h"
 #include "report.h"
 #include "status.h"
 #include "tune_knobs.h"
@@ -74,6 +75,8 @@ struct TuneSearch {
   bool progress = false;  ///< draw the progress bar on stderr
   /// `--fix`: only candidates with these values are searched (yours is simulated all the same).
   std::vector<Pin> pins = {};
+  /// `--framework`: only candidates that framework runs (frameworks.h); yours is simulated all the same.
+  Framework framework = Framework::Any;
 };
 
 struct TuneRow {

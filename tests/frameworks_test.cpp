@@ -1,0 +1,130 @@
+// Carrying a plan into Megatron-LM and torchtitan: export then import simulates the same for every
+// schedule the framework runs, what it cannot run is refused by field, and the nearest runnable plan
+// changes only those fields (docs/frameworks.md).
+#include <algorithm>
+
+#include "frameworks.h"
+#include "helpers.h"
+#include "megatron_args.h"
+#include "torchtitan_toml.h"
+
+using namespace pipesim;
+using namespace pipesim::testing;
+
+namespace {
+
+std::vector<int> split_of(const Config& config) {
+  Config copy = config;
+  Result<PlannedLayout> planned = plan_layout(copy);
+  if (!planned.ok()) FAIL(planned.error().message);
+  std::vector<int> split;
+  for (const VirtualStage& stage : planned.value().layout.stages) split.push_back(stage.layers);
+  return split;
+}
+
+/// The config through the framework's file and back, as `pipesim import` reads it.
+Config round_trip(const Config& config, Framework framework) {
+  REQUIRE(unsupported(framework, config, split_of(config)).empty());
+  Result<ImportedConfig> imported =
+      framework == Framework::Megatron
+          ? config_from_megatron(megatron_arguments(config, split_of(config), "test"), "args", std::nullopt)
+          : config_from_torchtitan(torchtitan_toml(config, split_of(config), "test"), "job.toml", std::nullopt);
+  if (!imported.ok()) FAIL(imported.error().message);
+  return parse_or_fail(imported.value().config.dump());
+}
+
+/// Same iteration time and per-device peaks.
+void check_same_run(const Config& a, const Config& b) {
+  const Simulated x = simulate_or_fail(a), y = simulate_or_fail(b);
+  CHECK(x.metrics.iteration_ns == y.metrics.iteration_ns);
+  REQUIRE(x.metrics.devices.size() == y.metrics.devices.size());
+  for (std::size_t d = 0; d < x.metrics.devices.size(); ++d)
+    CHECK(x.metrics.devices[d].peak_memory_bytes == y.metrics.devices[d].peak_memory_bytes);
+}
+
+/// Llama-3-8B's shape (one of torchtitan's flavors) on 8 GPUs, small enough to simulate in milliseconds.
+Config llama(const std::vector<std::string>& sets) {
+  std::vector<std::string> all = {"parallel.microbatches=8", "model.seq_len=1024"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return source_config("default.json", all);
+}
+
+}  // namespace
+
+TEST_CASE("Megatron-LM: export then import simulates the same, for both schedules it runs") {
+  const std::string schedule = GENERATE("1f1b", "interleaved-1f1b");
+  using Sets = std::vector<std::string>;
+  const Sets sets = GENERATE(Sets{}, Sets{"parallel.pp=4", "parallel.dp=2", "training.zero_stage=1"},
+                             Sets{"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "training.zero_stage=3",
+                                  "training.recompute_granularity=full", "training.recompute_method=block",
+                                  "training.recompute_num_layers=2", "training.overlap_grad_reduce=true"},
+                             Sets{"parallel.pp=4", "parallel.cp=2", "training.zero_stage=2", "parallel.dp=1"});
+  Sets all = sets;
+  all.push_back("schedule.name=" + schedule);
+  CAPTURE(all);
+  const Config config = llama(all);
+  check_same_run(config, round_trip(config, Framework::Megatron));
+}
+
+TEST_CASE("Megatron-LM: a split uneven only at the ends travels as --decoder-first/last-pipeline-num-layers") {
+  const Config config = llama({"schedule.vocab=redistribute", "schedule.layers_per_stage=[1,5,5,5,5,5,5,1]"});
+  const std::string args = megatron_arguments(config, split_of(config), "test");
+  CHECK_THAT(args, Catch::Contains("--decoder-first-pipeline-num-layers 1\n") &&
+                       Catch::Contains("--decoder-last-pipeline-num-layers 1\n"));
+  check_same_run(config, round_trip(config, Framework::Megatron));
+}
+
+TEST_CASE("torchtitan: export then import simulates the same, for every schedule it names") {
+  const std::string schedule = GENERATE("gpipe", "1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v");
+  using Sets = std::vector<std::string>;
+  const Sets sets = GENERATE(Sets{"parallel.microbatches=16"},
+                             Sets{"parallel.microbatches=16", "parallel.pp=4", "parallel.dp=2", "training.zero_stage=3"},
+                             Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
+                                  "training.zero_stage=2", "training.recompute_granularity=full"});
+  Sets all = sets;
+  all.push_back("schedule.name=" + schedule);
+  CAPTURE(all);
+  const Config config = llama(all);
+  const Config back = round_trip(config, Framework::Torchtitan);
+  CHECK(back.schedule.name == schedule);
+  check_same_run(config, back);
+}
+
+TEST_CASE("what a framework cannot run is refused by field, and the nearest plan changes only those fields") {
+  const Config config = llama({"schedule.name=zb-v", "schedule.vocab=vocab-2", "parallel.dp=2",
+                               "parallel.pp=4", "training.zero_stage=1", "training.optimizer_post_validation=true"});
+  std::vector<std::string> fields;
+  for (const Unsupported& u : unsupported(Framework::Megatron, config, split_of(config))) fields.push_back(u.field);
+  CHECK(fields == std::vector<std::string>{"schedule.name", "schedule.vocab", "training.optimizer_post_validation"});
+  std::vector<std::string> changes;
+  const Config nearest = nearest_runnable(Framework::Megatron, config, split_of(config), changes);
+  CHECK(changes.size() == 3);
+  CHECK(nearest.schedule.name == "1f1b");
+  CHECK(nearest.schedule.vocab == VocabMode::Baseline);
+  CHECK(nearest.training.zero_stage == 1);  // Megatron's distributed optimizer
+  CHECK(unsupported(Framework::Megatron, nearest, split_of(nearest)).empty());
+
+  fields.clear();
+  for (const Unsupported& u : unsupported(Framework::Torchtitan, config, split_of(config))) fields.push_back(u.field);
+  CHECK(fields == std::vector<std::string>{"schedule.vocab", "training.zero_stage", "training.optimizer_post_validation"});
+  CHECK(unsupported(Framework::Any, config, split_of(config)).empty());
+  CHECK(unsupported(Framework::Torchtitan, llama({"schedule.name=v-half"}), {}).front().nearest == "zb-v");
+}
+
+TEST_CASE("import names what is missing or does not add up") {
+  CHECK_THAT(config_from_megatron("--num-layers 4\n", "a.args", 8).error().message,
+             Catch::Contains("a.args: --hidden-size is missing"));
+  const std::string args = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 1 "
+                           "--global-batch-size 8 --vocab-size 1000 --pipeline-model-parallel-size 2 --lr 3e-4 "
+                           "--data-path /data/x";
+  CHECK_THAT(config_from_megatron(args, "a.args", std::nullopt).error().message, Catch::Contains("give --gpus N"));
+  CHECK_THAT(config_from_megatron(args, "a.args", 3).error().message, Catch::Contains("3 GPUs are not a multiple"));
+  Result<ImportedConfig> ok = config_from_megatron(args, "a.args", 4);
+  REQUIRE(ok.ok());
+  CHECK(ok.value().ignored == std::vector<std::string>{"--lr", "--data-path"});
+  CHECK(ok.value().config["parallel"]["dp"] == 2);
+  CHECK(ok.value().config["parallel"]["microbatches"] == 4);
+  CHECK_THAT(config_from_torchtitan("[model]\nname = \"llama3\"\nflavor = \"3B\"\n", "j.toml", std::nullopt).error().message,
+             Catch::Contains("j.toml: [model] llama3 3B: pipesim knows"));
+  CHECK_THAT(config_from_torchtitan("[model\n", "j.toml", std::nullopt).error().message, Catch::StartsWith("j.toml:1:"));
+}

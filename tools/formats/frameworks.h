@@ -1,0 +1,38 @@
+#pragma once
+/// What the training frameworks a plan is carried into can run: Megatron-LM, torchtitan and plain
+/// PyTorch (torch.distributed.pipelining). `tune --framework` keeps the candidates a framework runs,
+/// and `export` refuses what it cannot run, or writes the nearest plan it can with the changes named
+/// (docs/frameworks.md says where each rule comes from in the framework's source).
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+
+namespace pipesim {
+
+enum class Framework { Any, Megatron, Torchtitan, Pytorch };
+
+std::string_view framework_name(Framework framework);
+/// "any", "megatron", "torchtitan" or "pytorch"; nullopt otherwise.
+std::optional<Framework> framework_named(std::string_view name);
+std::vector<std::string> framework_names();
+
+/// One thing in a config that a framework cannot run.
+struct Unsupported {
+  std::string field;   ///< the config field, e.g. "schedule.name"
+  std::string reason;  ///< what the framework lacks, e.g. "Megatron-LM runs 1f1b and interleaved-1f1b"
+  std::string nearest; ///< the value the nearest runnable plan takes, e.g. "1f1b"
+};
+
+/// What in `config` the framework cannot run; empty when it runs all of it. `layers_per_stage` is the
+/// split the plan runs (one count per device, from the planned layout): frameworks that split layers
+/// unevenly only at the ends are checked against it.
+std::vector<Unsupported> unsupported(Framework framework, const Config& config, const std::vector<int>& layers_per_stage);
+
+/// `config` with every unsupported field set to its nearest runnable value, and one line per change.
+Config nearest_runnable(Framework framework, Config config, const std::vector<int>& layers_per_stage,
+                        std::vector<std::string>& changes);
+
+}  // namespace pipesim

@@ -124,9 +124,11 @@ std::string op_box(const TaskGraph& graph, const Timeline& timeline, TaskId id, 
   const TimeNs from = std::max(op_start, segment.from), to = std::min(op_end, segment.to);
   // An op of no duration is drawn where it happens; one of some duration where a part of it is.
   if (op_start == op_end ? op_start < segment.from || op_start > segment.to : from >= to) return "";
-  const double left = segment.x0 + double(from - segment.from) * scale;
   const double exact = double(to - from) * scale;
   const double w = std::max(exact, is_collective(t.kind) ? kMinCollectivePx : 0.6);
+  double left = segment.x0 + double(from - segment.from) * scale;
+  // A part cut off at the break is widened leftwards, so that it never reaches into the break.
+  if (op_end > segment.to) left = std::min(left, segment.x0 + double(segment.to - segment.from) * scale - w);
   // A white edge separates adjacent boxes; on a box a few px wide it would hide the colour.
   const std::string_view edge = w >= 4 ? R"( stroke="white" stroke-width="0.5")" : "";
   std::string out = fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"{}><title>{} {:.3f}–{:.3f} ms</title></rect>)",

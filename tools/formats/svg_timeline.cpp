@@ -19,7 +19,7 @@ constexpr OpKind kLegendKinds[] = {OpKind::F, OpKind::B,  OpKind::W,  OpKind::R,
 
 /// A long run's steady state is elided when the busiest device's compute ops, spread evenly over the
 /// full width, would get less than kElideBelowPx each: below that its boxes lose their white edges and
-/// the row reads as one bar (an 8 × 32 run gets 3.5 px or more, a 64 × 1024 one 0.3 px).
+/// the row reads as one bar (configs/default.json's 8 × 32 runs get 2.9 px or more, a 64 × 1024 one 0.3 px).
 constexpr double kElideBelowPx = 2.5;
 /// What an elided picture aims at instead: the head and tail it keeps grow until the median
 /// transformer op (F, B, W, R) would be this wide, so that the pipeline's fill and drain, which set

@@ -48,24 +48,34 @@ std::string fixed(double value, int decimals) {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
-/// An op's box: x, y, width, height, fill, and its tooltip.
+/// An op's box: x, width, height, fill, and its tooltip.
 struct Box {
-  double width, height;
+  double x, width, height;
   std::string fill, title;
 };
 std::vector<Box> op_boxes(const std::string& svg) {
   std::vector<Box> boxes;
-  for (const std::smatch& m : matches(svg, R"re(<rect x="[\d.]+" y="[\d.]+" width="([\d.]+)" height="([\d.]+)" fill="(#[0-9a-f]{6})"[^>]*><title>([^<]*)</title>)re"))
-    boxes.push_back({std::stod(m[1]), std::stod(m[2]), m[3], m[4]});
+  for (const std::smatch& m : matches(svg, R"re(<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)" height="([\d.]+)" fill="(#[0-9a-f]{6})"[^>]*><title>([^<]*)</title>)re"))
+    boxes.push_back({std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), m[4], m[5]});
   return boxes;
 }
 
-/// The legend: its swatches' colours and the words beside them.
+/// The legend: its swatches' colours (one per entry, or one per chunk) and the words beside them.
 std::map<std::string, std::string> legend(const std::string& svg) {
   std::map<std::string, std::string> entries;
-  for (const std::smatch& m : matches(svg, R"re(<rect x="\d+" y="\d+" width="11" height="11" fill="(#[0-9a-f]{6})"/><text[^>]*>([^<]*)</text>)re"))
-    entries[m[1]] = m[2];
+  const std::string swatch = R"re(<rect x="\d+" y="\d+" width="\d+" height="11" fill="#[0-9a-f]{6}"/>)re";
+  for (const std::smatch& m : matches(svg, "((?:" + swatch + ")+)<text[^>]*>([^<]*)</text>")) {
+    const std::string swatches = m[1];
+    for (const std::smatch& fill : matches(swatches, R"re(fill="(#[0-9a-f]{6})")re")) entries[fill[1]] = m[2];
+  }
   return entries;
+}
+
+/// The legend's words, entry by entry.
+std::set<std::string> legend_words(const std::string& svg) {
+  std::set<std::string> words;
+  for (const auto& [fill, text] : legend(svg)) words.insert(text);
+  return words;
 }
 
 /// The cells of a page's table body rows (links and escapes undone), row by row.
@@ -185,9 +195,8 @@ TEST_CASE("the legend shows every colour drawn, each explained in words") {
     INFO(fill);
     CHECK(key.count(fill) == 1);
   }
-  std::set<std::string> words;
-  for (const auto& [fill, text] : key) words.insert(text);
-  for (const char* expected : {"F forward", "B backward (input gradient only, where W is split off)",
+  const std::set<std::string> words = legend_words(svg);
+  for (const char* expected : {"F forward", "B backward, input gradient only (W is split off)",
                                "W weight gradient", "R recomputed forward, before its B",
                                "S vocabulary output pass: logits, max, sum of exp",
                                "T vocabulary output pass: softmax gradient, dW",
@@ -197,10 +206,103 @@ TEST_CASE("the legend shows every colour drawn, each explained in words") {
     INFO(expected);
     CHECK(words.count(expected) == 1);
   }
-  // A run without vocabulary passes has no S in its legend.
-  const std::string baseline = picture(config("tiny.json") + " --vocab baseline", "--svg");
-  CHECK(baseline.find("S vocabulary output pass") == std::string::npos);
-  CHECK(baseline.find("F forward") != std::string::npos);
+  // zb-v's two chunks per device: a swatch per chunk, and what the shades mean.
+  CHECK(svg.find(">shades, left to right: chunks 0 to 1 of a device (its virtual stages)</text>") != std::string::npos);
+}
+
+TEST_CASE("the legend names only the kinds the graph has, B as the whole backward unless W is split off") {
+  // Plain 1F1B without vocabulary passes or recomputation: F, B (the full backward), the optimizer.
+  const std::set<std::string> plain = legend_words(picture(config("tiny.json") + " --schedule 1f1b --vocab baseline", "--svg"));
+  CHECK(plain.count("F forward") == 1);
+  CHECK(plain.count("B backward: input and weight gradients") == 1);
+  for (const std::string& words : plain) {
+    INFO(words);
+    CHECK(words.rfind("W ", 0) == std::string::npos);
+    CHECK(words.rfind("R ", 0) == std::string::npos);
+    CHECK(words.find("vocabulary") == std::string::npos);
+    CHECK(words.find("input gradient only") == std::string::npos);
+    CHECK(words.find("shades") == std::string::npos);  // one chunk per device
+  }
+  // Zero bubble splits W off: B is the input gradient alone, and W has its entry.
+  const std::set<std::string> split = legend_words(picture(config("tiny.json") + " --schedule zb-h1 --vocab baseline", "--svg"));
+  CHECK(split.count("B backward, input gradient only (W is split off)") == 1);
+  CHECK(split.count("W weight gradient") == 1);
+  CHECK(split.count("B backward: input and weight gradients") == 0);
+  // R only with recomputation, the vocabulary passes only where the vocabulary is split.
+  const std::set<std::string> full = legend_words(picture(config("tiny.json") + " --schedule 1f1b --vocab vocab-1 " +
+                                                              "--set training.recompute_granularity=full", "--svg"));
+  CHECK(full.count("R recomputed forward, before its B") == 1);
+  CHECK(full.count("S vocabulary output pass: logits, max, sum of exp") == 1);
+  CHECK(full.count("IF vocabulary input pass: embedding lookup") == 1);
+}
+
+TEST_CASE("chunks on one device are shades of their kind's colour, a swatch each in the legend") {
+  // Loop placement: with 8 devices, stage s is chunk s / 8 of device s % 8.
+  const std::string svg = picture(config("default.json") + " --schedule interleaved-1f1b --set parallel.chunks=4 " +
+                                      "--vocab baseline", "--svg");
+  std::map<int, std::set<std::string>> forward_fills;  // by chunk
+  for (const Box& b : op_boxes(svg)) {
+    std::smatch stage;
+    if (std::regex_search(b.title, stage, std::regex(R"re(^F\(d\d+,s(\d+),)re")))
+      forward_fills[std::stoi(stage[1]) / 8].insert(b.fill);
+  }
+  REQUIRE(forward_fills.size() == 4);
+  std::set<std::string> shades;
+  for (const auto& [chunk, fills] : forward_fills) {
+    INFO(chunk);
+    CHECK(fills.size() == 1);  // one shade per chunk
+    shades.insert(*fills.begin());
+  }
+  CHECK(shades.size() == 4);  // a different one for each
+  CHECK(forward_fills[0].count("#4e79a7") == 1);  // chunk 0 has the kind's own colour
+  const std::map<std::string, std::string> key = legend(svg);
+  for (const std::string& shade : shades) {
+    INFO(shade);
+    CHECK(key.count(shade) == 1);
+    CHECK(key.at(shade) == "F forward");
+  }
+  CHECK(svg.find(">shades, left to right: chunks 0 to 3 of a device (its virtual stages)</text>") != std::string::npos);
+  // V placement (zb-v): 2 chunks, 2 shades of F.
+  std::set<std::string> v_fills;
+  for (const Box& b : op_boxes(picture(config("tiny.json") + " --schedule zb-v --vocab baseline", "--svg")))
+    if (b.title.rfind("F(", 0) == 0) v_fills.insert(b.fill);
+  CHECK(v_fills.size() == 2);
+}
+
+TEST_CASE("a long run keeps its head and tail at a readable scale, with the elided middle marked") {
+  json run;
+  const std::string svg = picture(std::string(std::getenv("PIPESIM_SOURCE")) + "/tools/speed-p64-m1024.json", "--svg", &run);
+  const double iteration = run["iteration_time_s"].get<double>() * 1e3;
+  // The break: a band over the rows, and above them the elided time, from where to where.
+  const std::vector<std::smatch> band = matches(svg, R"re(<rect class="elided" x="([\d.]+)" y="[\d.]+" width="([\d.]+)")re");
+  REQUIRE(band.size() == 1);
+  const double band_left = std::stod(band[0][1]), band_right = band_left + std::stod(band[0][2]);
+  const std::vector<std::smatch> label = matches(svg, R"re(>⋯ ([\d.]+) ms elided \(([\d.]+)–([\d.]+) ms\) ⋯</text>)re");
+  REQUIRE(label.size() == 1);
+  const double elided = std::stod(label[0][1]), head_end = std::stod(label[0][2]), tail_start = std::stod(label[0][3]);
+  CHECK(elided == Approx(tail_start - head_end).margin(0.01));
+  CHECK(elided > iteration / 2);  // most of 1024 microbatches' steady state
+  CHECK(head_end > 0);
+  CHECK(tail_start < iteration);
+  // Every box lies beside the band, and shows a part of its op outside the elided time.
+  std::size_t boxes = 0;
+  for (const Box& b : op_boxes(svg)) {
+    std::smatch times;
+    REQUIRE(std::regex_search(b.title, times, std::regex(R"re(([\d.]+)–([\d.]+) ms$)re")));
+    INFO(b.title);
+    CHECK((b.x + b.width <= band_left + 0.15 || b.x >= band_right - 0.15));
+    CHECK((std::stod(times[1]) <= head_end || std::stod(times[2]) >= tail_start));
+    ++boxes;
+  }
+  // Of the 131072 transformer ops, a few thousand are drawn: each device's fill and drain.
+  CHECK(boxes > 64 * 20);
+  CHECK(boxes < 20000);
+  for (int d : {0, 63}) CHECK(svg.find("<title>F(d" + std::to_string(d) + ",") != std::string::npos);
+  // Both sides have their ticks; the iteration's end is still marked.
+  CHECK(svg.find(">iteration " + fixed(iteration, 2) + " ms</text>") != std::string::npos);
+  CHECK(svg.size() < 2'000'000);  // 16.8 MB drawn whole
+  // A run of 8 devices × 32 microbatches is drawn whole.
+  CHECK(picture(config("default.json"), "--svg").find("elided") == std::string::npos);
 }
 
 TEST_CASE("--memory-svg plots one line per device on a GiB axis, with the capacity") {
@@ -293,12 +395,14 @@ TEST_CASE("report --tune adds tune's rows and a throughput-vs-memory scatter wit
   REQUIRE(out.exit_code == 0);
   CHECK_THAT(out.text, Catch::Contains("pipesim: wrote " + page + " (1 run(s), tune of 1 config(s), "));
   const std::string html = read_file(page);
-  // The comparison's one row, then tune's: yours and ranks 1-3, as `tune --format csv` prints them.
+  // Tune's rows first (yours and ranks 1-3, as `tune --format csv` prints them), then the comparison's one.
   const Output tuned = run("tune " + tiny + " --top 3 --fix pp=4 --format csv");
   REQUIRE(tuned.exit_code == 0);
   const std::vector<std::vector<std::string>> rows = table_rows(html), expected = csv_rows(tuned.text);
   REQUIRE(rows.size() == 1 + expected.size());
-  CHECK(std::vector(rows.begin() + 1, rows.end()) == expected);
+  CHECK(std::vector(rows.begin(), rows.end() - 1) == expected);
+  CHECK(html.find("<h2>Tune</h2>") < html.find("<h2>Comparison</h2>"));
+  CHECK(html.find("<h2>Comparison</h2>") < html.find("<h2>Timelines and memory</h2>"));
   CHECK(expected.size() == 4);
   CHECK(html.find("<th>rank</th>") != std::string::npos);
   // One point per row (circles) and yours (a square), under the cap line.

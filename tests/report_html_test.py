@@ -4,12 +4,15 @@ HTML standard does): every element closed in order, nothing fetched from a netwo
 each run's pictures in place; and the pictures `simulate` writes as files parsed as XML.
 
 With --browser, loads the page in headless Chromium (Debian's `chromium`) instead: a screenshot, the
-pictures in its DOM, and the table sorted by clicks on a header; exits 77 (SKIP) where Chromium is not
-installed. $PIPESIM_SCREENSHOT, when set, names a file to keep the screenshot in.
+pictures in its DOM, the table sorted by clicks on a header, tune's answer first and no wider than a
+1400 px window, and the report of a 64 x 1024 run with its timeline's break drawn; exits 77 (SKIP)
+where Chromium is not installed. $PIPESIM_SCREENSHOT, when set, names a file to keep the screenshot in.
 
 usage: report_html_test.py [--browser]   ($PIPESIM: the binary; $PIPESIM_SOURCE: the source root)
 """
+import html
 import html.parser
+import json
 import os
 import shutil
 import subprocess
@@ -29,10 +32,11 @@ def check(ok, what):
     failures += not ok
 
 
-# Clicks the comparison table's iter_ms header twice and writes the column after each click.
+# Clicks the comparison table's iter_ms header twice and writes the column after each click (the
+# comparison's is the page's last table: tune's, where it ran, comes first).
 CLICKS = """<!DOCTYPE html><html><body><iframe id="page" src="PAGE"></iframe><script>
 document.getElementById('page').onload = function () {
-  var table = this.contentDocument.querySelector('table.sortable');
+  var tables = this.contentDocument.querySelectorAll('table.sortable'), table = tables[tables.length - 1];
   var column = function () {
     return Array.prototype.map.call(table.tBodies[0].rows, function (row) { return row.cells[3].textContent; }).join(' ');
   };
@@ -42,6 +46,22 @@ document.getElementById('page').onload = function () {
   var out = document.createElement('pre');
   out.id = 'sorted';
   out.textContent = seen.join('\\n');
+  document.body.appendChild(out);
+};
+</script></body></html>
+"""
+
+# Loads a report in a frame 1400 px wide and writes down what it measures: the page's width (its
+# widest content, scrolled boxes excluded), the first section's heading, and the drawn size of a
+# timeline's break where there is one.
+MEASURE = """<!DOCTYPE html><html><body style="margin:0"><iframe id="page" src="PAGE"
+ style="width:1400px;height:900px;border:0"></iframe><script>
+document.getElementById('page').onload = function () {
+  var d = this.contentDocument, band = d.querySelector('rect.elided'), box = band && band.getBoundingClientRect();
+  var out = document.createElement('pre');
+  out.id = 'measured';
+  out.textContent = JSON.stringify({width: d.documentElement.scrollWidth, first: d.querySelector('h2').textContent,
+                                    band: box ? [box.width, box.height] : null});
   document.body.appendChild(out);
 };
 </script></body></html>
@@ -120,9 +140,10 @@ def main():
     # 4 runs (2 schedules x 2 modes): a timeline and a memory plot each, and tune's scatter.
     check(page.counts.get("svg") == 9, f"9 pictures: {page.counts.get('svg')}")
     check(page.counts.get("details") == 4, "a section per run")
-    # Compare's table (4 rows of 12 cells), then tune's (yours and 3 ranks).
-    check(page.rows[:4] == [12] * 4, f"compare's table has 4 rows of 12 cells: {page.rows[:4]}")
-    check(len(page.rows) == 8 and len(set(page.rows[4:])) == 1, f"tune's table has 4 rows: {page.rows[4:]}")
+    # Tune's table first (yours and 3 ranks), then compare's (4 rows of 12 cells).
+    check(len(page.rows) == 8 and len(set(page.rows[:4])) == 1, f"tune's table has 4 rows: {page.rows[:4]}")
+    check(page.rows[4:] == [12] * 4, f"compare's table has 4 rows of 12 cells: {page.rows[4:]}")
+    check(text.index("<h2>Tune</h2>") < text.index("<h2>Comparison</h2>"), "tune's answer comes first")
 
     for option in ("--svg", "--memory-svg"):
         path = os.path.join(folder, option.strip("-") + ".svg")
@@ -134,6 +155,15 @@ def main():
                   f"simulate {option} writes well-formed SVG")
         except (ElementTree.ParseError, OSError) as error:
             check(False, f"simulate {option} writes well-formed SVG: {error}")
+    # 64 devices x 1024 microbatches: the elided timeline is well-formed too, its break marked.
+    big = os.path.join(folder, "big.svg")
+    drawn = pipesim("simulate", os.path.join(SOURCE, "tools", "speed-p64-m1024.json"), "--svg", big)
+    try:
+        root = ElementTree.parse(big).getroot()
+        bands = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "elided"]
+        check(drawn.returncode == 0 and len(bands) == 1, "a 64 x 1024 timeline is well-formed SVG with one break")
+    except (ElementTree.ParseError, OSError) as error:
+        check(False, f"a 64 x 1024 timeline is well-formed SVG: {error}")
     shutil.rmtree(folder)
     return 1 if failures else 0
 
@@ -163,8 +193,45 @@ def browser(page_path, folder):
     orders = [[float(cell) for cell in column.split()] for column in columns if column.strip()]
     check(len(orders) == 3 and len(orders[0]) == 4 and orders[1] == sorted(orders[0])
           and orders[2] == sorted(orders[0], reverse=True), f"a click sorts by iter_ms, a second reverses: {orders}")
+
+    # Tune first, and nothing wider than a 1400 px window, even under a config path too long to break
+    # at a space (its tables scroll in their own boxes instead).
+    long_config = os.path.join(folder, "a" * 150 + "-config.json")
+    shutil.copy(os.path.join(SOURCE, "configs", "tiny.json"), long_config)
+    long_page = os.path.join(folder, "long.html")
+    made = pipesim("report", long_config, "--schedules", "1f1b", "--tune", "--top", "3", "-o", long_page)
+    measured = measure(chromium, common, long_page, folder)
+    check(made.returncode == 0 and measured.get("first") == "Tune" and 0 < measured.get("width", 0) <= 1400,
+          f"tune's answer first, the page fits 1400 px: {measured}")
+    # 64 devices x 1024 microbatches: a screenshot of the page, whose timeline's break is drawn.
+    big_page = os.path.join(folder, "big.html")
+    made = pipesim("report", os.path.join(SOURCE, "tools", "speed-p64-m1024.json"), "--schedules", "1f1b", "--vocab",
+                   "baseline", "-o", big_page)
+    measured = measure(chromium, common, big_page, folder)
+    band = measured.get("band") or [0, 0]
+    check(made.returncode == 0 and 0 < measured.get("width", 0) <= 1400 and band[0] > 10 and band[1] > 1000,
+          f"a 64 x 1024 timeline fits the page, its break drawn through the rows: {measured}")
+    big_shot = os.path.join(folder, "big.png")
+    shot = subprocess.run([chromium, *common, f"--screenshot={big_shot}", "file://" + big_page],
+                          capture_output=True, text=True, timeout=120)
+    size = os.path.getsize(big_shot) if os.path.exists(big_shot) else 0
+    check(shot.returncode == 0 and size > 20000, f"chromium draws the 64 x 1024 page: a {size}-byte screenshot")
     shutil.rmtree(folder)
     return 1 if failures else 0
+
+
+def measure(chromium, common, page_path, folder):
+    """What MEASURE writes down for the page, as a dict (empty when Chromium wrote nothing)."""
+    wrapper = os.path.join(folder, "measure.html")
+    with open(wrapper, "w", encoding="utf-8") as out:
+        out.write(MEASURE.replace("PAGE", os.path.basename(page_path)))
+    dumped = subprocess.run([chromium, *common, "--allow-file-access-from-files", "--virtual-time-budget=5000",
+                             "--dump-dom", "file://" + wrapper], capture_output=True, text=True, timeout=120)
+    text = dumped.stdout.split('<pre id="measured">')[-1].split("</pre>")[0]
+    try:
+        return json.loads(html.unescape(text))
+    except ValueError:
+        return {}
 
 
 if __name__ == "__main__":

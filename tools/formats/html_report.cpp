@@ -8,11 +8,12 @@ namespace pipesim {
 namespace {
 
 constexpr std::string_view kStyle = R"css(
-body { font-family: sans-serif; margin: 1.5em; color: #222; background: white; }
+body { font-family: sans-serif; margin: 1.5em; color: #222; background: white; overflow-wrap: anywhere; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; white-space: nowrap; }
 div.wide { overflow-x: auto; max-width: 100%; }
+th, td { overflow-wrap: normal; }
 td.number { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f0f0f0; cursor: pointer; user-select: none; white-space: nowrap; }
 th[aria-sort=ascending]::after { content: " \25B2"; }
@@ -105,9 +106,10 @@ std::string html_report(const HtmlReport& report) {
   std::string out(kHtmlReportMarker);
   out += "<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>pipesim report: " + configs + "</title>\n";
   out += "<style>" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
-  out += "<h1>pipesim report</h1>\n<p>" + configs + "</p>\n<h2>Comparison</h2>\n";
-  out += table(report.comparison, links);
-  out += runs(report) + tunes(report);
+  out += "<h1>pipesim report</h1>\n<p>" + configs + "</p>\n";
+  // Tune's answer first where it ran: what to change is what the page is read for, and the
+  // comparison's runs, each with its pictures, can be many.
+  out += tunes(report) + "<h2>Comparison</h2>\n" + table(report.comparison, links) + runs(report);
   out += "<script>" + std::string(kSortScript) + "</script>\n</body>\n</html>\n";
   return out;
 }

@@ -96,20 +96,30 @@ std::string svg_document(std::string_view element) {
 }
 
 std::string bottom_axis(const PlotArea& area, double max, const std::string& unit, int ticks) {
-  const std::vector<double> values = round_ticks(max, ticks);
+  return bottom_axis(area, 0, max, unit, ticks);
+}
+
+std::string bottom_axis(const PlotArea& area, double from, double to, const std::string& unit, int ticks) {
+  std::vector<double> values = round_ticks(to - from, ticks);
   const double step = step_of(values);
+  if (from > 0) {  // the same step, at its multiples from `from` on
+    const double first = std::ceil(from / step - 1e-9) * step;
+    values.clear();
+    for (int i = 0; first + i * step <= to * (1 + 1e-9); ++i) values.push_back(first + i * step);
+  }
   std::string out = fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="#444"/>)", area.left,
                                 area.bottom(), area.right(), area.bottom()) + "\n";
   for (double v : values) {
-    if (v > max * (1 + 1e-9)) break;
-    const double x = area.left + (max > 0 ? v / max : 0) * area.width;
+    if (v > to * (1 + 1e-9)) break;
+    const double x = area.left + (to > from ? (v - from) / (to - from) : 0) * area.width;
     out += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{0:.1f}" y2="{2:.1f}" stroke="#e4e4e4"/>)"
                        R"(<line x1="{0:.1f}" y1="{2:.1f}" x2="{0:.1f}" y2="{3:.1f}" stroke="#444"/>)"
                        R"(<text x="{0:.1f}" y="{4:.1f}" text-anchor="middle" fill="#333">{5}</text>)",
                        x, area.top, area.bottom(), area.bottom() + 4, area.bottom() + 15, tick_label(v, step)) + "\n";
   }
-  out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="end" fill="#333">{}</text>)", area.right(),
-                     area.bottom() + 28, xml_escaped(unit)) + "\n";
+  if (!unit.empty())
+    out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="end" fill="#333">{}</text>)", area.right(),
+                       area.bottom() + 28, xml_escaped(unit)) + "\n";
   return out;
 }
 

@@ -37,6 +37,9 @@ struct PlotArea {
 /// A horizontal axis under `area` from 0 to `max` in `unit`, with light grid lines up through `area`
 /// (drawn first, so that what is plotted over them stays on top).
 std::string bottom_axis(const PlotArea& area, double max, const std::string& unit, int ticks);
+/// The same for a stretch [from, to] of a longer axis (one side of a break): ticks at the round values
+/// inside it, and `unit` written only when it is not empty.
+std::string bottom_axis(const PlotArea& area, double from, double to, const std::string& unit, int ticks);
 /// The same, vertical, at the left of `area`, 0 at the bottom.
 std::string left_axis(const PlotArea& area, double max, const std::string& unit, int ticks);
 

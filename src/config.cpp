@@ -127,8 +127,8 @@ std::optional<FieldError> check_config(const Config& config) {
     const std::optional<int> derived =
         microbatches_for(*training.global_batch_size, model.micro_batch_size, parallel.dp);
     return FieldError{"parallel.microbatches",
-                      fmt::format("{} microbatches of {} sequences (model.micro_batch_size) over dp {} make a global "
-                                  "batch of {}, but training.global_batch_size is {}; give one of the two{}",
+                      fmt::format("{} microbatches x micro_batch_size {} x dp {} make a global batch of {} sequences, "
+                                  "but training.global_batch_size is {}; give one of the two{}",
                                   parallel.microbatches, model.micro_batch_size, parallel.dp, global_batch_size(config),
                                   *training.global_batch_size,
                                   derived ? fmt::format(" (the global batch alone makes {} microbatches)", *derived) : "")};

@@ -248,7 +248,7 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
   }
 }
 
-TEST_CASE("tune --fix keeps the search to one value of a knob, by its column name or config key") {
+TEST_CASE("tune --fix keeps the search to one value of a knob, or a list of them, by its column name or config key") {
   // tiny's space fits whole, so --top beyond it lists every candidate that runs, fastest first: a
   // search with one more pin must give exactly the first rows of it with the pinned value. The space is
   // kTinyPins' few hundred candidates, or for the knobs those pin, the same with the schedule and
@@ -290,6 +290,14 @@ TEST_CASE("tune --fix keeps the search to one value of a knob, by its column nam
     CHECK(pinned["yours"]["changes"] == "yours");  // still shown, whatever it runs
     CHECK(pinned["evaluated"].get<int>() < all[c.pins]["evaluated"].get<int>());
   }
+  // A list keeps what has any of its values: the first rows of the whole search with either mode.
+  std::vector<std::pair<std::string, double>> either, listed;
+  for (const json& row : all[schedule_pins]["results"])
+    if ((row["vocab"] == "baseline" || row["vocab"] == "vocab-1") && either.size() < 3)
+      either.emplace_back(row["changes"], row["iteration_time_s"]);
+  const json list = tune_json(tiny + schedule_pins + " --top 3 --fix vocab=baseline,vocab-1");
+  for (const json& row : list["results"]) listed.emplace_back(row["changes"], row["iteration_time_s"]);
+  CHECK(listed == either);
   // Two pins keep what has both; a short name and a dotted key pin the same knob.
   const json both = tune_json(tiny + kTinyPins + " --top 2 --fix pp=2 --fix training.recompute_granularity=full");
   const json dotted = tune_json(tiny + kTinyPins + " --top 2 --fix parallel.pp=2 --fix recompute=full");
@@ -316,10 +324,13 @@ TEST_CASE("tune --fix refuses an unknown key, a value the search never takes, a 
   for (const std::string& name : pipesim::schedule_names()) schedules += (schedules.empty() ? "" : ", ") + name;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--fix ppp=2", "--fix 'ppp=2': unknown key 'ppp'; did you mean 'pp'? Keys: " + keys},
-      {"--fix pp", "--fix 'pp': expected key=value, e.g. --fix pp=8; keys: " + keys},
+      {"--fix pp", "--fix 'pp': expected key=value, e.g. --fix pp=8 (or values, --fix pp=4,8); keys: " + keys},
       {"--fix pp=two", "--fix 'pp=two': pp takes a whole number, got 'two'"},
       {"--fix pp=3", fmt::format("--fix 'pp=3': the search on {} GPUs never takes pp 3. It takes {}", gpus,
                                  divisors(gpus))},
+      // In a list, the value the search never takes is the one named.
+      {"--fix pp=2,3", fmt::format("--fix 'pp=2,3': the search on {} GPUs never takes pp 3. It takes {}", gpus,
+                                   divisors(gpus))},
       {"--fix schedule=zbv", fmt::format("--fix 'schedule=zbv': the search on {} GPUs never takes schedule zbv; did "
                                          "you mean 'zb-v'? It takes {}", gpus, schedules)},
       {"--fix pp=2 --fix parallel.pp=4", "--fix 'parallel.pp=4': pp is already fixed by --fix 'pp=2'; give each key once"},

@@ -144,13 +144,15 @@ TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the
   const Config config = small_config("tiny");
   const std::vector<Pin> pins = space_pins("tiny", 4);
   const TuneResult& all = exhaustive("tiny", 4);
-  for (const std::string fix : {"pp=2", "parallel.pp=2", "mbs=1", "schedule=zb-v", "recompute=full", "zero_stage=3"}) {
+  for (const std::string fix : {"pp=2", "parallel.pp=2", "mbs=1", "schedule=zb-v", "recompute=full", "zero_stage=3",
+                                "pp=1,4", "schedule=zb-v,1f1b", "zero=0,3"}) {
     CAPTURE(fix);
     Result<Pin> pin = parse_pin(fix);
     REQUIRE(pin.ok());
+    const std::vector<std::string>& values = pin.value().values;
     std::vector<std::pair<std::string, TimeNs>> expected, got;
     for (const TuneRow& row : all.rows)
-      if (knob_value(row.config, pin.value().knob) == pin.value().value && expected.size() < 5)
+      if (std::ranges::count(values, knob_value(row.config, pin.value().knob)) == 1 && expected.size() < 5)
         expected.emplace_back(row.changes, row.report.metrics.iteration_ns);
     std::vector<Pin> more = pins;
     more.push_back(pin.value());
@@ -162,7 +164,13 @@ TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the
   }
   // A number as the user may write it is compared as a number.
   REQUIRE(parse_pin("parallel.pp=02").ok());
-  CHECK(parse_pin("parallel.pp=02").value().value == "2");
+  CHECK(parse_pin("parallel.pp=02").value().values == std::vector<std::string>{"2"});
+  // A list, each value read the same way, once each.
+  REQUIRE(parse_pin("sp=true,off,on").ok());
+  CHECK(parse_pin("sp=true,off,on").value().values == std::vector<std::string>{"on", "off"});
+  CHECK(parse_pin("pp=2,,4").error().message ==
+        "--fix 'pp=2,,4': an empty value; give values between the commas, e.g. --fix pp=4,8");
+  CHECK(parse_pin("pp=2,x").error().message == "--fix 'pp=2,x': pp takes a whole number, got 'x'");
   CHECK(parse_pin("parallel.pp=02").value().knob == Knob::Pp);
 }
 
@@ -241,7 +249,7 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
   std::vector<Pin> pins;
   for (const Knob knob : {Knob::Pp, Knob::Tp, Knob::Dp, Knob::Cp, Knob::SequenceParallel, Knob::Microbatches,
                           Knob::MicroBatchSize, Knob::Recompute, Knob::ZeroStage})
-    pins.push_back({knob, knob_value(config, knob), fmt::format("{}={}", knob_name(knob), knob_value(config, knob))});
+    pins.push_back({knob, {knob_value(config, knob)}, fmt::format("{}={}", knob_name(knob), knob_value(config, knob))});
   const TuneResult result = tune_or_fail(config, {.pins = pins});
   REQUIRE(!result.rows.empty());
   CHECK(result.rows.front().report.metrics.tokens_per_s >= best);

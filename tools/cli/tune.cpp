@@ -23,7 +23,7 @@ namespace {
 struct TuneOptions {
   std::string config;
   std::vector<std::string> overrides;
-  std::vector<std::string> fixes;  ///< --fix key=value
+  std::vector<std::string> fixes;  ///< --fix key=value[,value...]
   double memory_gib = 0;           ///< 0: the config's hardware.memory_gib
   int gpus = 0;                    ///< 0: the config's pp x tp x dp x cp
   int top = 10;
@@ -152,9 +152,9 @@ void define_tune(CLI::App& tn, ExitStatus& status) {
   tn.add_option("config", o->config, "JSON config file")->required()->check(kNonEmpty);
   tn.add_option("--set", o->overrides, "override a config field: key.path=value (repeatable)");
   tn.add_option("--fix", o->fixes,
-                "search only candidates with this value: key=value, key a column (pp, tp, dp, cp, sp, m, mbs, "
-                "chunks, schedule, vocab, recompute, zero) or its config key (parallel.pp, training.zero_stage, ...) "
-                "(repeatable)");
+                "search only candidates with one of these values: key=value[,value...], key a column (pp, tp, dp, "
+                "cp, sp, m, mbs, chunks, schedule, vocab, recompute, zero) or its config key (parallel.pp, "
+                "training.zero_stage, ...) (repeatable, one knob each)");
   tn.add_option("--memory-gib", o->memory_gib, "device memory a config must fit in (default: hardware.memory_gib)")
       ->check(finite_in(0, 1e9));
   tn.add_option("--gpus", o->gpus, "GPUs to factor into pp x tp x dp x cp (default: the config's pp x tp x dp x cp)")

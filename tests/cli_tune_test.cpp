@@ -95,8 +95,8 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
   const Output csv = run("tune " + config("default.json") + kDefaultPins + " --top 3 --format csv");
   REQUIRE(csv.exit_code == 0);
   CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,"
-                                         "tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,"
-                                         "changes\n"));
+                                         "tokens_per_s,tokens_per_s_per_gpu,mfu_pct,bubble_pct,peak_mem_gib,speedup,"
+                                         "speedup_per_gpu,mem_vs_first,fits,headroom_gib,changes\n"));
   CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);  // the header, yours, the top 3
   CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
 }
@@ -146,6 +146,41 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
   CHECK(failed_text.text.find("  -  yours, which cannot run: " + config("tiny.json") + ": ") != std::string::npos);
   CHECK_THAT(failed_text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of rank 1 (the fastest; yours cannot "
                                                "run); mem_vs_first = peak memory ÷ its peak memory\n"));
+}
+
+TEST_CASE("tune --gpus shows tokens/s and the speedup per GPU beside the totals") {
+  // tiny.json runs on 4 GPUs (pp 4); the rows on 8. Per GPU, a row's speedup is its total speedup x 4 / 8.
+  const std::string args = config("tiny.json") + kTinyPins + " --gpus 8 --top 3";
+  const json r = tune_json(args);
+  const json& yours = r["yours"];
+  CHECK(yours["tokens_per_s_per_gpu"].get<double>() == Approx(yours["tokens_per_s"].get<double>() / 4));
+  CHECK(yours["speedup_per_gpu"] == 1.0);
+  REQUIRE(r["results"].size() == 3);
+  for (const json& row : r["results"]) {
+    CHECK(row["pp"].get<int>() * row["tp"].get<int>() * row["dp"].get<int>() * row["cp"].get<int>() == 8);
+    CHECK(row["tokens_per_s_per_gpu"].get<double>() == Approx(row["tokens_per_s"].get<double>() / 8));
+    CHECK(row["speedup_per_gpu"].get<double>() == Approx(row["speedup"].get<double>() * 4 / 8));
+  }
+  // The table's cells say the same, each beside its total.
+  const Output csv = run("tune " + args + " --format csv");
+  REQUIRE(csv.exit_code == 0);
+  std::istringstream lines(csv.text);
+  std::string header, first;
+  std::getline(lines, header);
+  std::getline(lines, first);  // yours
+  std::getline(lines, first);  // rank 1
+  const auto cell = [](const std::string& line, std::size_t column) {
+    std::size_t at = 0;
+    for (std::size_t c = 0; c < column; ++c) at = line.find(',', at) + 1;
+    return line.substr(at, line.find(',', at) - at);
+  };
+  CHECK(cell(header, 16) == "tokens_per_s_per_gpu");
+  CHECK(cell(header, 21) == "speedup_per_gpu");
+  const json& best = r["results"][0];
+  CHECK(cell(first, 15) == fmt::format("{:.0f}", best["tokens_per_s"].get<double>()));
+  CHECK(cell(first, 16) == fmt::format("{:.0f}", best["tokens_per_s_per_gpu"].get<double>()));
+  CHECK(cell(first, 20) == fmt::format("{:.3f}", best["speedup"].get<double>()));
+  CHECK(cell(first, 21) == fmt::format("{:.3f}", best["speedup_per_gpu"].get<double>()));
 }
 
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
@@ -230,8 +265,9 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
   std::istringstream lines(csv.text);
   std::string line;
   std::getline(lines, line);
-  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,mfu_pct,"
-                "bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,changes");
+  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,"
+                "tokens_per_s_per_gpu,mfu_pct,bubble_pct,peak_mem_gib,speedup,speedup_per_gpu,mem_vs_first,fits,"
+                "headroom_gib,changes");
   for (int k = -1; k < 6 && std::getline(lines, line); ++k) {
     const json& row = k < 0 ? yours : r["results"][std::size_t(k)];
     std::vector<std::string> cells;  // the first fourteen: none of them holds a comma

@@ -386,6 +386,7 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
   struct Case {
     std::string args;
     int rank;  ///< 0: --rank left out (1)
+    int global_batch = 0;  ///< the --set training.global_batch_size, which the file keeps; 0: none
   };
   // default.json pinned to its microbatch count and vocab-1: its top rows run interleaved-1f1b at 4 and
   // 8 chunks and, at 24 GiB, recompute.
@@ -393,7 +394,11 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
   for (const Case& c : std::vector<Case>{{config("default.json") + pins + " --top 3", 0},
                                          {config("default.json") + pins + " --top 3", 3},
                                          {config("default.json") + pins + " --top 2 --memory-gib 24", 2},
-                                         {config("tiny.json") + kTinyPins + " --top 2 --fix zero=1 --gpus 8", 1}}) {
+                                         {config("tiny.json") + kTinyPins + " --top 2 --fix zero=1 --gpus 8", 1},
+                                         // tiny's 16 sequences as a global batch, split on dp 2 as the row runs.
+                                         {config("tiny.json") + kTinyPins +
+                                              " --set training.global_batch_size=16 --top 1 --fix dp=2 --gpus 8",
+                                          1, 16}}) {
     const std::filesystem::path file = dir / fmt::format("row-{}-{}.json", c.args.size(), c.rank);
     INFO(c.args << " --rank " << c.rank);
     const json tuned =
@@ -405,6 +410,9 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
                       std::max(c.rank, 1), tuned["results"].size(), row["changes"].get<std::string>()));
     for (const char* block : {"model", "parallel", "schedule", "hardware", "precision", "training"})
       CHECK(written.contains(block));  // complete: nothing left to a preset's or a default's future value
+    // A global batch is kept, and the microbatches left to follow from it (4 here: 16 / (mbs 2 x dp 2)).
+    CHECK(written["parallel"].contains("microbatches") == (c.global_batch == 0));
+    if (c.global_batch) CHECK(written["training"]["global_batch_size"] == c.global_batch);
     const Output simulated = run("simulate " + file.string() + " --format json");
     REQUIRE(simulated.exit_code == 0);
     const json s = json::parse(simulated.text);

@@ -6,6 +6,7 @@
 #include <array>
 #include <numeric>
 
+#include "parallel_shape.h"
 #include "sizes.h"
 
 namespace pipesim {
@@ -121,6 +122,17 @@ std::optional<FieldError> check_config(const Config& config) {
                                                  "causal attention; choose a cp that divides {}",
                                                  parallel.cp, model.seq_len, 2 * parallel.cp, model.seq_len / 2)};
   const TrainingConfig& training = config.training;
+  // Both given (derive_microbatches fills microbatches only when the config leaves it out): they must agree.
+  if (training.global_batch_size && global_batch_size(config) != *training.global_batch_size) {
+    const std::optional<int> derived =
+        microbatches_for(*training.global_batch_size, model.micro_batch_size, parallel.dp);
+    return FieldError{"parallel.microbatches",
+                      fmt::format("{} microbatches x micro_batch_size {} x dp {} make a global batch of {} sequences, "
+                                  "but training.global_batch_size is {}; give one of the two{}",
+                                  parallel.microbatches, model.micro_batch_size, parallel.dp, global_batch_size(config),
+                                  *training.global_batch_size,
+                                  derived ? fmt::format(" (the global batch alone makes {} microbatches)", *derived) : "")};
+  }
   if (training.tp_comm_overlap && !(parallel.sequence_parallel && parallel.tp > 1))
     return FieldError{"training.tp_comm_overlap", "overlaps the all-gathers and reduce-scatters of sequence "
                                                   "parallelism, so it needs parallel.tp > 1 and "

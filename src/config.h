@@ -116,6 +116,10 @@ enum class RecomputeMethod {
 /// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding
 /// and the overlap of data- and tensor-parallel communication with compute.
 struct TrainingConfig {
+  /// Megatron-LM's --global-batch-size: sequences per iteration over all data-parallel replicas. When
+  /// given, parallel.microbatches follows from it (microbatches_for in parallel_shape.h), so a change
+  /// of dp or micro_batch_size keeps the batch; when not, the batch is what the microbatches make.
+  std::optional<int> global_batch_size;
   Recompute recompute_granularity = Recompute::None;
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int recompute_num_layers = 1;

@@ -2,14 +2,78 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "model_math.h"
+#include "sizes.h"
 
 namespace pipesim {
 
 int gpu_count(const ParallelConfig& p) { return p.pp * p.tp * p.cp * p.dp; }
+
+std::int64_t global_batch_size(const Config& c) {
+  return std::int64_t(c.parallel.microbatches) * c.model.micro_batch_size * c.parallel.dp;
+}
+
+std::optional<int> microbatches_for(std::int64_t global_batch, int micro_batch_size, int dp) {
+  const std::int64_t per_step = std::int64_t(micro_batch_size) * dp;  // sequences of one microbatch on every replica
+  if (per_step < 1 || global_batch < per_step || global_batch % per_step != 0 || global_batch / per_step > INT_MAX)
+    return std::nullopt;
+  return int(global_batch / per_step);
+}
+
+namespace {
+
+/// What makes a global batch that does not split into micro-batches over the replicas split: the nearest
+/// multiples of micro_batch_size · dp around it and, when dp divides it, the nearest micro-batch sizes
+/// that divide each replica's share.
+std::string global_batch_fixes(std::int64_t global_batch, int micro_batch_size, int dp) {
+  const std::int64_t per_step = std::int64_t(micro_batch_size) * dp;
+  const std::int64_t below = global_batch / per_step * per_step, above = below + per_step;
+  // A global batch is an int: past INT_MAX there is no larger one to offer.
+  std::string fixes = below == 0 && above > INT_MAX ? std::string("use a smaller micro_batch_size or dp")
+                      : below == 0                  ? fmt::format("use {}", above)
+                      : above > INT_MAX             ? fmt::format("use {}", below)
+                                                    : fmt::format("use {} or {}", below, above);
+  if (global_batch % dp != 0) return fixes;  // no micro-batch size splits what dp does not
+  const std::int64_t share = global_batch / dp;
+  std::int64_t smaller = 1, larger = 0;  // the nearest divisors of the share either side
+  for (std::int64_t d = 1; d * d <= share; ++d)
+    for (const std::int64_t divisor : {d, share / d})
+      if (share % d == 0) {
+        if (divisor < micro_batch_size) smaller = std::max(smaller, divisor);
+        if (divisor > micro_batch_size && (larger == 0 || divisor < larger)) larger = divisor;
+      }
+  return fixes + (larger > 0 ? fmt::format(", or a micro_batch_size of {} or {}", smaller, larger)
+                             : fmt::format(", or a micro_batch_size of {}", smaller));
+}
+
+}  // namespace
+
+std::optional<FieldError> derive_microbatches(Config& c) {
+  if (!c.training.global_batch_size) return std::nullopt;
+  const std::int64_t global_batch = *c.training.global_batch_size;
+  const int b = c.model.micro_batch_size, dp = c.parallel.dp;
+  const std::optional<int> m = microbatches_for(global_batch, b, dp);
+  if (!m)
+    return FieldError{"training.global_batch_size",
+                      fmt::format("{} sequences do not split over dp {} (parallel.dp) in micro-batches of {} "
+                                  "(model.micro_batch_size): the global batch must be a multiple of {} x {} = {}; {}",
+                                  global_batch, dp, b, b, dp, std::int64_t(b) * dp, global_batch_fixes(global_batch, b, dp))};
+  if (*m > limits::kMicrobatches)
+    return FieldError{"training.global_batch_size",
+                      fmt::format("{} sequences over dp {} in micro-batches of {} make {} microbatches per pipeline, "
+                                  "over pipesim's limit of {}; use a larger micro_batch_size or dp, or a global batch "
+                                  "of at most {}",
+                                  global_batch, dp, b, *m, limits::kMicrobatches,
+                                  std::int64_t(limits::kMicrobatches) * b * dp)};
+  c.parallel.microbatches = *m;
+  return std::nullopt;
+}
 
 int global_rank(const ParallelConfig& p, int device) { return device * p.tp * p.cp * p.dp; }
 

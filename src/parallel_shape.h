@@ -1,10 +1,12 @@
 #pragma once
-/// What the parallel layout makes of one model, in one place: GPU counts and ranks, the tokens a rank
-/// works on, the bytes of an activation that crosses a stage, ZeRO's sharding, the parameters and
-/// static bytes each stage and device holds, the activations a stage keeps and rebuilds, and the
-/// memory a device or this machine offers. The cost model, the schedules' order evaluation, the
+/// What the parallel layout makes of one model, in one place: GPU counts and ranks, the global batch
+/// and its microbatches, the tokens a rank works on, the bytes of an activation that crosses a stage,
+/// ZeRO's sharding, the parameters and static bytes each stage and device holds, the activations a
+/// stage keeps and rebuilds, and the memory a device or this machine offers. The cost model, the schedules' order evaluation, the
 /// planner, the runtime and the commands all read these, so they cannot disagree
 /// (docs/cost-model.md, "Memory").
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config.h"
@@ -15,6 +17,22 @@ namespace pipesim {
 
 /// GPUs the config runs on: pp · tp · cp · dp.
 int gpu_count(const ParallelConfig& p);
+
+/// Megatron-LM's global batch: the sequences one iteration trains on over every data-parallel replica,
+/// microbatches · micro_batch_size · dp.
+std::int64_t global_batch_size(const Config& c);
+
+/// The microbatches per pipeline of a global batch of `global_batch` sequences in micro-batches of
+/// `micro_batch_size` on each of `dp` replicas: global_batch / (micro_batch_size · dp), or nullopt when
+/// that is not a whole number of at least 1 that fits an int. The one place a global batch becomes
+/// microbatches: the config reader (training.global_batch_size, after every --set), tune's candidates
+/// and so sweep's points all come here.
+std::optional<int> microbatches_for(std::int64_t global_batch, int micro_batch_size, int dp);
+
+/// Sets parallel.microbatches from training.global_batch_size where the config gives one. An error on
+/// training.global_batch_size when the batch does not split (naming the three numbers and the nearest
+/// global batches and micro-batch sizes that do) or splits into more microbatches than pipesim takes.
+std::optional<FieldError> derive_microbatches(Config& c);
 
 /// The global rank of pipeline device `device`'s first GPU in Megatron-LM's order: tensor-parallel
 /// ranks innermost, then context-parallel, then data-parallel, then pipeline.

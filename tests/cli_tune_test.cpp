@@ -95,8 +95,8 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
   const Output csv = run("tune " + config("default.json") + kDefaultPins + " --top 3 --format csv");
   REQUIRE(csv.exit_code == 0);
   CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,"
-                                         "tokens_per_s,mfu_pct,bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,"
-                                         "changes\n"));
+                                         "tokens_per_s,tokens_per_s_per_gpu,mfu_pct,bubble_pct,peak_mem_gib,speedup,"
+                                         "speedup_per_gpu,mem_vs_first,fits,headroom_gib,changes\n"));
   CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);  // the header, yours, the top 3
   CHECK(csv.text.find(",\"pp 8→") != std::string::npos);  // the changes hold commas: quoted
 }
@@ -146,6 +146,41 @@ TEST_CASE("tune measures its rows against the config as given, shown as yours, e
   CHECK(failed_text.text.find("  -  yours, which cannot run: " + config("tiny.json") + ": ") != std::string::npos);
   CHECK_THAT(failed_text.text, Catch::EndsWith("\nspeedup = tokens/s ÷ those of rank 1 (the fastest; yours cannot "
                                                "run); mem_vs_first = peak memory ÷ its peak memory\n"));
+}
+
+TEST_CASE("tune --gpus shows tokens/s and the speedup per GPU beside the totals") {
+  // tiny.json runs on 4 GPUs (pp 4); the rows on 8. Per GPU, a row's speedup is its total speedup x 4 / 8.
+  const std::string args = config("tiny.json") + kTinyPins + " --gpus 8 --top 3";
+  const json r = tune_json(args);
+  const json& yours = r["yours"];
+  CHECK(yours["tokens_per_s_per_gpu"].get<double>() == Approx(yours["tokens_per_s"].get<double>() / 4));
+  CHECK(yours["speedup_per_gpu"] == 1.0);
+  REQUIRE(r["results"].size() == 3);
+  for (const json& row : r["results"]) {
+    CHECK(row["pp"].get<int>() * row["tp"].get<int>() * row["dp"].get<int>() * row["cp"].get<int>() == 8);
+    CHECK(row["tokens_per_s_per_gpu"].get<double>() == Approx(row["tokens_per_s"].get<double>() / 8));
+    CHECK(row["speedup_per_gpu"].get<double>() == Approx(row["speedup"].get<double>() * 4 / 8));
+  }
+  // The table's cells say the same, each beside its total.
+  const Output csv = run("tune " + args + " --format csv");
+  REQUIRE(csv.exit_code == 0);
+  std::istringstream lines(csv.text);
+  std::string header, first;
+  std::getline(lines, header);
+  std::getline(lines, first);  // yours
+  std::getline(lines, first);  // rank 1
+  const auto cell = [](const std::string& line, std::size_t column) {
+    std::size_t at = 0;
+    for (std::size_t c = 0; c < column; ++c) at = line.find(',', at) + 1;
+    return line.substr(at, line.find(',', at) - at);
+  };
+  CHECK(cell(header, 16) == "tokens_per_s_per_gpu");
+  CHECK(cell(header, 21) == "speedup_per_gpu");
+  const json& best = r["results"][0];
+  CHECK(cell(first, 15) == fmt::format("{:.0f}", best["tokens_per_s"].get<double>()));
+  CHECK(cell(first, 16) == fmt::format("{:.0f}", best["tokens_per_s_per_gpu"].get<double>()));
+  CHECK(cell(first, 20) == fmt::format("{:.3f}", best["speedup"].get<double>()));
+  CHECK(cell(first, 21) == fmt::format("{:.3f}", best["speedup_per_gpu"].get<double>()));
 }
 
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
@@ -230,8 +265,9 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
   std::istringstream lines(csv.text);
   std::string line;
   std::getline(lines, line);
-  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,mfu_pct,"
-                "bubble_pct,peak_mem_gib,speedup,mem_vs_first,fits,headroom_gib,changes");
+  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,"
+                "tokens_per_s_per_gpu,mfu_pct,bubble_pct,peak_mem_gib,speedup,speedup_per_gpu,mem_vs_first,fits,"
+                "headroom_gib,changes");
   for (int k = -1; k < 6 && std::getline(lines, line); ++k) {
     const json& row = k < 0 ? yours : r["results"][std::size_t(k)];
     std::vector<std::string> cells;  // the first fourteen: none of them holds a comma
@@ -248,7 +284,7 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
   }
 }
 
-TEST_CASE("tune --fix keeps the search to one value of a knob, by its column name or config key") {
+TEST_CASE("tune --fix keeps the search to one value of a knob, or a list of them, by its column name or config key") {
   // tiny's space fits whole, so --top beyond it lists every candidate that runs, fastest first: a
   // search with one more pin must give exactly the first rows of it with the pinned value. The space is
   // kTinyPins' few hundred candidates, or for the knobs those pin, the same with the schedule and
@@ -290,6 +326,14 @@ TEST_CASE("tune --fix keeps the search to one value of a knob, by its column nam
     CHECK(pinned["yours"]["changes"] == "yours");  // still shown, whatever it runs
     CHECK(pinned["evaluated"].get<int>() < all[c.pins]["evaluated"].get<int>());
   }
+  // A list keeps what has any of its values: the first rows of the whole search with either mode.
+  std::vector<std::pair<std::string, double>> either, listed;
+  for (const json& row : all[schedule_pins]["results"])
+    if ((row["vocab"] == "baseline" || row["vocab"] == "vocab-1") && either.size() < 3)
+      either.emplace_back(row["changes"], row["iteration_time_s"]);
+  const json list = tune_json(tiny + schedule_pins + " --top 3 --fix vocab=baseline,vocab-1");
+  for (const json& row : list["results"]) listed.emplace_back(row["changes"], row["iteration_time_s"]);
+  CHECK(listed == either);
   // Two pins keep what has both; a short name and a dotted key pin the same knob.
   const json both = tune_json(tiny + kTinyPins + " --top 2 --fix pp=2 --fix training.recompute_granularity=full");
   const json dotted = tune_json(tiny + kTinyPins + " --top 2 --fix parallel.pp=2 --fix recompute=full");
@@ -316,10 +360,13 @@ TEST_CASE("tune --fix refuses an unknown key, a value the search never takes, a 
   for (const std::string& name : pipesim::schedule_names()) schedules += (schedules.empty() ? "" : ", ") + name;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--fix ppp=2", "--fix 'ppp=2': unknown key 'ppp'; did you mean 'pp'? Keys: " + keys},
-      {"--fix pp", "--fix 'pp': expected key=value, e.g. --fix pp=8; keys: " + keys},
+      {"--fix pp", "--fix 'pp': expected key=value, e.g. --fix pp=8 (or values, --fix pp=4,8); keys: " + keys},
       {"--fix pp=two", "--fix 'pp=two': pp takes a whole number, got 'two'"},
       {"--fix pp=3", fmt::format("--fix 'pp=3': the search on {} GPUs never takes pp 3. It takes {}", gpus,
                                  divisors(gpus))},
+      // In a list, the value the search never takes is the one named.
+      {"--fix pp=2,3", fmt::format("--fix 'pp=2,3': the search on {} GPUs never takes pp 3. It takes {}", gpus,
+                                   divisors(gpus))},
       {"--fix schedule=zbv", fmt::format("--fix 'schedule=zbv': the search on {} GPUs never takes schedule zbv; did "
                                          "you mean 'zb-v'? It takes {}", gpus, schedules)},
       {"--fix pp=2 --fix parallel.pp=4", "--fix 'parallel.pp=4': pp is already fixed by --fix 'pp=2'; give each key once"},
@@ -339,6 +386,7 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
   struct Case {
     std::string args;
     int rank;  ///< 0: --rank left out (1)
+    int global_batch = 0;  ///< the --set training.global_batch_size, which the file keeps; 0: none
   };
   // default.json pinned to its microbatch count and vocab-1: its top rows run interleaved-1f1b at 4 and
   // 8 chunks and, at 24 GiB, recompute.
@@ -346,7 +394,11 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
   for (const Case& c : std::vector<Case>{{config("default.json") + pins + " --top 3", 0},
                                          {config("default.json") + pins + " --top 3", 3},
                                          {config("default.json") + pins + " --top 2 --memory-gib 24", 2},
-                                         {config("tiny.json") + kTinyPins + " --top 2 --fix zero=1 --gpus 8", 1}}) {
+                                         {config("tiny.json") + kTinyPins + " --top 2 --fix zero=1 --gpus 8", 1},
+                                         // tiny's 16 sequences as a global batch, split on dp 2 as the row runs.
+                                         {config("tiny.json") + kTinyPins +
+                                              " --set training.global_batch_size=16 --top 1 --fix dp=2 --gpus 8",
+                                          1, 16}}) {
     const std::filesystem::path file = dir / fmt::format("row-{}-{}.json", c.args.size(), c.rank);
     INFO(c.args << " --rank " << c.rank);
     const json tuned =
@@ -358,6 +410,9 @@ TEST_CASE("tune --write-config writes the row of --rank as a config simulate run
                       std::max(c.rank, 1), tuned["results"].size(), row["changes"].get<std::string>()));
     for (const char* block : {"model", "parallel", "schedule", "hardware", "precision", "training"})
       CHECK(written.contains(block));  // complete: nothing left to a preset's or a default's future value
+    // A global batch is kept, and the microbatches left to follow from it (4 here: 16 / (mbs 2 x dp 2)).
+    CHECK(written["parallel"].contains("microbatches") == (c.global_batch == 0));
+    if (c.global_batch) CHECK(written["training"]["global_batch_size"] == c.global_batch);
     const Output simulated = run("simulate " + file.string() + " --format json");
     REQUIRE(simulated.exit_code == 0);
     const json s = json::parse(simulated.text);

@@ -176,6 +176,55 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
   check_refused(c);
 }
 
+TEST_CASE("training.global_batch_size makes the microbatches, after every --set") {
+  const std::string gbs = "{" + kModel + R"json(, "parallel": {"pp": 4, "dp": 2}, "training": {"global_batch_size": 48}})json";
+  const auto microbatches = [&](const std::vector<std::string>& overrides) {
+    const Config c = parse_or_fail(gbs, overrides);
+    CHECK(c.training.global_batch_size == 48);
+    return c.parallel.microbatches;
+  };
+  CHECK(microbatches({}) == 48 / (1 * 2));
+  CHECK(microbatches({"parallel.dp=4"}) == 48 / (1 * 4));  // the batch is kept, the microbatches halve
+  CHECK(microbatches({"model.micro_batch_size=3"}) == 48 / (3 * 2));
+  // Given alongside and agreeing, microbatches are accepted as they are.
+  CHECK(microbatches({"parallel.microbatches=24", "training.global_batch_size=48"}) == 24);
+  // A --set of one of the two restates the batch: the other, as the file gives it, follows.
+  CHECK(parse_or_fail(kBase + "}", {"training.global_batch_size=32"}).parallel.microbatches == 32 / (1 * 1));
+  const Config restated = parse_or_fail(gbs, {"parallel.microbatches=5"});
+  CHECK(restated.parallel.microbatches == 5);
+  CHECK_FALSE(restated.training.global_batch_size.has_value());
+}
+
+TEST_CASE("a global batch that does not split, or disagrees with the microbatches, is refused with the fix") {
+  const std::string gbs = "{" + kModel + R"json(, "parallel": {"pp": 4, "dp": 2}, "training": {"global_batch_size": 30}})json";
+  check_refused(GENERATE_COPY(values<BadConfig>({
+      // 30 = 2 x 15: an odd share per replica, so no even micro-batch; 28 and 32 are the multiples of 2 x 2 around it.
+      {gbs, {"model.micro_batch_size=2"},
+       "c.json: training.global_batch_size: 30 sequences do not split over dp 2 (parallel.dp) in micro-batches of 2 "
+       "(model.micro_batch_size): the global batch must be a multiple of 2 x 2 = 4; use 28 or 32, or a "
+       "micro_batch_size of 1 or 3"},
+      // dp 4 does not divide 30, so no micro-batch size can help: only global batches are offered.
+      {gbs, {"parallel.dp=4"},
+       "c.json: training.global_batch_size: 30 sequences do not split over dp 4 (parallel.dp) in micro-batches of 1 "
+       "(model.micro_batch_size): the global batch must be a multiple of 1 x 4 = 4; use 28 or 32"},
+      {gbs, {"parallel.dp=32"},
+       "c.json: training.global_batch_size: 30 sequences do not split over dp 32 (parallel.dp) in micro-batches of 1 "
+       "(model.micro_batch_size): the global batch must be a multiple of 1 x 32 = 32; use 32"},
+      {kBase + R"json(, "training": {"global_batch_size": 16}})json", {},
+       "c.json: parallel.microbatches: 8 microbatches x micro_batch_size 1 x dp 1 make a global batch of 8 sequences, "
+       "but training.global_batch_size is 16; give one of the two (the global batch alone makes 16 microbatches)"},
+      {"{" + kModel + R"json(, "parallel": {"pp": 4}})json", {},
+       "c.json: parallel.microbatches: required; give an integer >= 1, or training.global_batch_size (sequences per "
+       "iteration) to derive it from"},
+      {gbs, {"training.global_batch_size=0"}, "c.json: training.global_batch_size (from --set): must be at least 1, got 0"},
+      // 2 x 2^20 + 2 sequences over dp 2: one microbatch past the limit.
+      {gbs, {"training.global_batch_size=2097154"},
+       "c.json: training.global_batch_size (from --set): 2097154 sequences over dp 2 in micro-batches of 1 make 1048577 "
+       "microbatches per pipeline, over pipesim's limit of 1048576; use a larger micro_batch_size or dp, or a global "
+       "batch of at most 2097152"},
+  })));
+}
+
 TEST_CASE("a written config reads back as the same config, and simulates the same") {
   // Every shipped kind: a Hugging Face include, several presets, explicit costs, recomputation and ZeRO.
   const std::vector<Config> configs = {
@@ -185,6 +234,7 @@ TEST_CASE("a written config reads back as the same config, and simulates the sam
       source_config("tiny.json", {"training.recompute_granularity=full", "training.recompute_method=block",
                                   "training.recompute_num_layers=2", "parallel.dp=2", "training.zero_stage=3",
                                   "hardware.preset=a100-80gb", "hardware.reserved_gib=1.25"}),
+      source_config("tiny.json", {"training.global_batch_size=32", "parallel.dp=2"}),
   };
   for (const Config& config : configs) {
     const std::string text = json_text(config_json(config, "round trip"), 2);
@@ -197,6 +247,16 @@ TEST_CASE("a written config reads back as the same config, and simulates the sam
     for (std::size_t d = 0; d < before.metrics.devices.size(); ++d)
       CHECK(after.metrics.devices[d].peak_memory_bytes == before.metrics.devices[d].peak_memory_bytes);
   }
+}
+
+TEST_CASE("a written config with a global batch leaves the microbatches to follow from it, as its source does") {
+  const Config config = source_config("tiny.json", {"training.global_batch_size=32", "parallel.dp=2"});
+  const std::string text = json_text(config_json(config, "written"), 2);
+  CHECK(text.find("\"microbatches\"") == std::string::npos);
+  CHECK(text.find("\"global_batch_size\": 32") != std::string::npos);
+  CHECK(parse_or_fail(text).parallel.microbatches == 32 / (2 * 2));  // micro_batch_size 2, dp 2
+  // So a new dp keeps the batch on the written file as on its source, never contradicting a written count.
+  CHECK(parse_or_fail(text, {"parallel.dp=4"}).parallel.microbatches == 32 / (2 * 4));
 }
 
 TEST_CASE("a written config starts with its description, which marks pipesim's own files") {

@@ -7,10 +7,12 @@
 // Each space's exhaustive search runs once, and every test that compares with it reuses it.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "config_files.h"
 #include "helpers.h"
+#include "parallel_shape.h"
 #include "simulate_config.h"
 #include "sweep.h"
 #include "tune.h"
@@ -142,13 +144,15 @@ TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the
   const Config config = small_config("tiny");
   const std::vector<Pin> pins = space_pins("tiny", 4);
   const TuneResult& all = exhaustive("tiny", 4);
-  for (const std::string fix : {"pp=2", "parallel.pp=2", "mbs=1", "schedule=zb-v", "recompute=full", "zero_stage=3"}) {
+  for (const std::string fix : {"pp=2", "parallel.pp=2", "mbs=1", "schedule=zb-v", "recompute=full", "zero_stage=3",
+                                "pp=1,4", "schedule=zb-v,1f1b", "zero=0,3"}) {
     CAPTURE(fix);
     Result<Pin> pin = parse_pin(fix);
     REQUIRE(pin.ok());
+    const std::vector<std::string>& values = pin.value().values;
     std::vector<std::pair<std::string, TimeNs>> expected, got;
     for (const TuneRow& row : all.rows)
-      if (knob_value(row.config, pin.value().knob) == pin.value().value && expected.size() < 5)
+      if (std::ranges::count(values, knob_value(row.config, pin.value().knob)) == 1 && expected.size() < 5)
         expected.emplace_back(row.changes, row.report.metrics.iteration_ns);
     std::vector<Pin> more = pins;
     more.push_back(pin.value());
@@ -160,7 +164,13 @@ TEST_CASE("a pinned search keeps exactly the exhaustive search's top K among the
   }
   // A number as the user may write it is compared as a number.
   REQUIRE(parse_pin("parallel.pp=02").ok());
-  CHECK(parse_pin("parallel.pp=02").value().value == "2");
+  CHECK(parse_pin("parallel.pp=02").value().values == std::vector<std::string>{"2"});
+  // A list, each value read the same way, once each.
+  REQUIRE(parse_pin("sp=true,off,on").ok());
+  CHECK(parse_pin("sp=true,off,on").value().values == std::vector<std::string>{"on", "off"});
+  CHECK(parse_pin("pp=2,,4").error().message ==
+        "--fix 'pp=2,,4': an empty value; give values between the commas, e.g. --fix pp=4,8");
+  CHECK(parse_pin("pp=2,x").error().message == "--fix 'pp=2,x': pp takes a whole number, got 'x'");
   CHECK(parse_pin("parallel.pp=02").value().knob == Knob::Pp);
 }
 
@@ -239,7 +249,7 @@ TEST_CASE("tune's best fitting row is never worse than compare's, whose points a
   std::vector<Pin> pins;
   for (const Knob knob : {Knob::Pp, Knob::Tp, Knob::Dp, Knob::Cp, Knob::SequenceParallel, Knob::Microbatches,
                           Knob::MicroBatchSize, Knob::Recompute, Knob::ZeroStage})
-    pins.push_back({knob, knob_value(config, knob), fmt::format("{}={}", knob_name(knob), knob_value(config, knob))});
+    pins.push_back({knob, {knob_value(config, knob)}, fmt::format("{}={}", knob_name(knob), knob_value(config, knob))});
   const TuneResult result = tune_or_fail(config, {.pins = pins});
   REQUIRE(!result.rows.empty());
   CHECK(result.rows.front().report.metrics.tokens_per_s >= best);
@@ -295,6 +305,50 @@ TEST_CASE("every candidate keeps the global batch, and the space holds each redi
     CHECK((stages.size() == 2 && stages[1] == stages[0] + 1));
     for (std::size_t j = 1; j < i; ++j) CHECK(splits[j].layers_per_stage != moved);
   }
+}
+
+TEST_CASE("tune splits training.global_batch_size as the config reader does: the same space, each candidate valid") {
+  // tiny.json: 8 microbatches of 2 on dp 1, so a global batch of 16 sequences either way.
+  const Config counted = small_config("tiny");
+  const Config given = shipped_config("tiny.json", {"hardware.reserved_gib=0", "training.global_batch_size=16"});
+  REQUIRE(given.parallel.microbatches == 16 / (2 * 1));
+  const std::vector<Candidate> space = tune_space(given, 4);
+  CHECK(space.size() == tune_space(counted, 4).size());
+  std::set<std::pair<int, int>> shapes;  // (dp, micro_batch_size)
+  for (const Candidate& c : space) {
+    const Config applied = apply_candidate(given, c);
+    CHECK(applied.training.global_batch_size == 16);
+    CHECK(global_batch_size(applied) == 16);
+    CHECK(!check_config(applied));  // microbatches agree with the global batch
+    shapes.emplace(c.parallel.dp, c.micro_batch_size);
+  }
+  // Every split of 16 sequences over dp 1, 2 and 4 (the divisors of 4 GPUs) into whole micro-batches.
+  CHECK(shapes == std::set<std::pair<int, int>>{{1, 1}, {1, 2}, {1, 4}, {1, 8}, {1, 16}, {2, 1}, {2, 2}, {2, 4},
+                                                {2, 8}, {4, 1}, {4, 2}, {4, 4}});
+}
+
+TEST_CASE("sweep keeps training.global_batch_size as its grid varies dp and the micro-batch, and refuses what does not split") {
+  const std::string text = explicit_json(4, 8, 1, 1.0, 2.0);  // 8 microbatches of 1 on dp 1
+  const std::vector<GridAxis> axes{{"parallel.dp", {"1", "2", "3"}}, {"model.micro_batch_size", {"1", "2"}}};
+  std::vector<std::string> errors;
+  sweep(text, "c.json", {"training.global_batch_size=8"}, axes, false, [&](std::size_t index, SweepRow&& row) {
+    const int dp = index / 2 + 1, mbs = index % 2 + 1;
+    if (dp == 3) {
+      CHECK(!row.report);
+      errors.push_back(row.error);
+      return;
+    }
+    REQUIRE(row.report);
+    CHECK(row.report->parallel.dp == dp);
+    CHECK(row.report->parallel.microbatches == 8 / (mbs * dp));
+  });
+  CHECK(errors == std::vector<std::string>{
+                      "c.json: training.global_batch_size (from --set): 8 sequences do not split over dp 3 (parallel.dp) "
+                      "in micro-batches of 1 (model.micro_batch_size): the global batch must be a multiple of 1 x 3 = 3; "
+                      "use 6 or 9",
+                      "c.json: training.global_batch_size (from --set): 8 sequences do not split over dp 3 (parallel.dp) "
+                      "in micro-batches of 2 (model.micro_batch_size): the global batch must be a multiple of 2 x 3 = 6; "
+                      "use 6 or 12"});
 }
 
 TEST_CASE("with explicit costs, pp, tp and the micro-batch stay the config's: the costs are times of those") {

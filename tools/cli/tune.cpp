@@ -23,7 +23,7 @@ namespace {
 struct TuneOptions {
   std::string config;
   std::vector<std::string> overrides;
-  std::vector<std::string> fixes;  ///< --fix key=value
+  std::vector<std::string> fixes;  ///< --fix key=value[,value...]
   double memory_gib = 0;           ///< 0: the config's hardware.memory_gib
   int gpus = 0;                    ///< 0: the config's pp x tp x dp x cp
   int top = 10;
@@ -53,10 +53,22 @@ void add_knobs(nlohmann::ordered_json& row, const Config& config) {
   row["zero_stage"] = t.zero_stage;
 }
 
+/// A run's object as compare's JSON has it, with the per-GPU figures after the totals they divide.
+nlohmann::ordered_json run_object(const RunReport& report, const RunReport& reference) {
+  const nlohmann::ordered_json compared = comparison_json(report, reference, &report == &reference);
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (auto field = compared.begin(); field != compared.end(); ++field) {
+    out[field.key()] = *field;
+    if (field.key() == "tokens_per_s") out["tokens_per_s_per_gpu"] = tokens_per_s_per_gpu(report);
+    if (field.key() == "speedup") out["speedup_per_gpu"] = speedup_per_gpu(report, reference);
+  }
+  return out;
+}
+
 nlohmann::ordered_json yours_json(const Config& config, const TuneResult& r) {
   nlohmann::ordered_json yours;
   if (r.yours) {
-    yours = comparison_json(*r.yours, *r.yours, true);
+    yours = run_object(*r.yours, *r.yours);
   } else {
     yours = {{"config", config.source}, {"schedule", config.schedule.name}, {"vocab", vocab_mode_name(config.schedule.vocab)},
              {"error", r.yours_error}};
@@ -71,7 +83,7 @@ void print_json(const Config& config, const TuneResult& r, const RunReport& refe
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     const TuneRow& row = r.rows[i];
     nlohmann::ordered_json result = {{"rank", i + 1}};
-    result.update(comparison_json(row.report, reference, &row.report == &reference));
+    result.update(run_object(row.report, reference));
     add_knobs(result, row.config);
     result["changes"] = row.changes;
     results.push_back(std::move(result));
@@ -156,9 +168,9 @@ void define_tune(CLI::App& tn, ExitStatus& status) {
   tn.add_option("config", o->config, "JSON config file")->required()->check(kNonEmpty);
   tn.add_option("--set", o->overrides, "override a config field: key.path=value (repeatable)");
   tn.add_option("--fix", o->fixes,
-                "search only candidates with this value: key=value, key a column (pp, tp, dp, cp, sp, m, mbs, "
-                "chunks, schedule, vocab, recompute, zero) or its config key (parallel.pp, training.zero_stage, ...) "
-                "(repeatable)");
+                "search only candidates with one of these values: key=value[,value...], key a column (pp, tp, dp, "
+                "cp, sp, m, mbs, chunks, schedule, vocab, recompute, zero) or its config key (parallel.pp, "
+                "training.zero_stage, ...) (repeatable, one knob each)");
   tn.add_option("--framework", o->framework,
                 "only candidates this framework runs: megatron, torchtitan, pytorch or any (default); `pipesim export "
                 "--format megatron|torchtitan` then writes the launch file (docs/frameworks.md)")

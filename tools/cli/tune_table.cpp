@@ -3,18 +3,28 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
+
+#include "parallel_shape.h"
 
 namespace pipesim {
 namespace {
 
-/// One row in tune_columns' order, from compare's cells of the run.
-std::vector<std::string> tune_cells(const std::string& rank, std::vector<std::string> compared, const Config& config,
-                                    const std::string& changes) {
+/// Where compare's column `name` is among its columns.
+std::ptrdiff_t comparison_index(std::string_view name) {
   const std::vector<Column> columns = comparison_columns();
-  const auto after_names = std::find_if(columns.begin(), columns.end(), [](const Column& c) { return c.name == "vocab"; }) -
-                           columns.begin() + 1;
+  return std::find_if(columns.begin(), columns.end(), [&](const Column& c) { return c.name == name; }) - columns.begin();
+}
+
+/// One row in tune_columns' order, from compare's cells of the run and its per-GPU cells ("-" for a
+/// run that cannot run). Inserted from the right, so each index is still compare's.
+std::vector<std::string> tune_cells(const std::string& rank, std::vector<std::string> compared, const Config& config,
+                                    const std::string& changes, const std::string& tokens_per_gpu,
+                                    const std::string& speedup_per_gpu) {
+  compared.insert(compared.begin() + comparison_index("speedup") + 1, speedup_per_gpu);
+  compared.insert(compared.begin() + comparison_index("tokens_per_s") + 1, tokens_per_gpu);
   const std::vector<std::string> knobs = knob_cells(config);
-  compared.insert(compared.begin() + after_names, knobs.begin(), knobs.end());
+  compared.insert(compared.begin() + comparison_index("vocab") + 1, knobs.begin(), knobs.end());
   compared.insert(compared.begin(), rank);
   compared.push_back(changes);
   return compared;
@@ -29,7 +39,20 @@ std::vector<std::string> yours_cells(const Config& config, const TuneResult& r) 
   return cells;
 }
 
+/// The per-GPU cells of a run against the reference, as compare writes tokens/s and speedup.
+std::pair<std::string, std::string> per_gpu_cells(const RunReport& report, const RunReport& reference) {
+  return {fmt::format("{:.0f}", tokens_per_s_per_gpu(report)), fmt::format("{:.3f}", speedup_per_gpu(report, reference))};
+}
+
 }  // namespace
+
+double tokens_per_s_per_gpu(const RunReport& report) {
+  return report.metrics.tokens_per_s / gpu_count(report.parallel);
+}
+
+double speedup_per_gpu(const RunReport& report, const RunReport& reference) {
+  return tokens_per_s_per_gpu(report) / tokens_per_s_per_gpu(reference);
+}
 
 std::string yours_changes(const TuneResult& r) {
   if (!r.yours) return "yours, which cannot run: " + r.yours_error;
@@ -42,11 +65,11 @@ std::string yours_changes(const TuneResult& r) {
 
 std::vector<Column> tune_columns() {
   std::vector<Column> columns = comparison_columns();
-  const auto after_names =
-      std::find_if(columns.begin(), columns.end(), [](const Column& c) { return c.name == "vocab"; }) + 1;
+  columns.insert(columns.begin() + comparison_index("speedup") + 1, {"speedup_per_gpu"});
+  columns.insert(columns.begin() + comparison_index("tokens_per_s") + 1, {"tokens_per_s_per_gpu"});
   std::vector<Column> knobs;
   for (const Knob knob : shown_knobs()) knobs.push_back({std::string(knob_name(knob)), knob == Knob::Recompute});
-  columns.insert(after_names, knobs.begin(), knobs.end());
+  columns.insert(columns.begin() + comparison_index("vocab") + 1, knobs.begin(), knobs.end());
   columns.insert(columns.begin(), {"rank", false});
   columns.push_back({"changes", true});
   return columns;
@@ -54,10 +77,15 @@ std::vector<Column> tune_columns() {
 
 std::vector<std::vector<std::string>> tune_table_rows(const Config& config, const TuneResult& r,
                                                       const RunReport& reference) {
-  std::vector<std::vector<std::string>> cells{tune_cells("-", yours_cells(config, r), config, yours_changes(r))};
+  const auto [yours_tokens, yours_speedup] =
+      r.yours ? per_gpu_cells(*r.yours, *r.yours) : std::pair<std::string, std::string>{"-", "-"};
+  std::vector<std::vector<std::string>> cells{
+      tune_cells("-", yours_cells(config, r), config, yours_changes(r), yours_tokens, yours_speedup)};
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     const TuneRow& row = r.rows[i];
-    cells.push_back(tune_cells(std::to_string(i + 1), comparison_cells(row.report, reference), row.config, row.changes));
+    const auto [tokens, speedup] = per_gpu_cells(row.report, reference);
+    cells.push_back(tune_cells(std::to_string(i + 1), comparison_cells(row.report, reference), row.config, row.changes,
+                               tokens, speedup));
   }
   return cells;
 }

@@ -9,7 +9,14 @@
 
 namespace pipesim {
 
-/// rank, compare's name columns (config, schedule, vocab), the knobs, compare's numbers, changes.
+/// A run's tokens/s per GPU: its tokens/s ÷ its pp·tp·dp·cp GPUs. `tune --gpus` ranks rows on another
+/// GPU count than yours, whose total speedup then mixes the two counts; per GPU it does not.
+double tokens_per_s_per_gpu(const RunReport& report);
+/// The run's tokens/s per GPU ÷ the reference's.
+double speedup_per_gpu(const RunReport& report, const RunReport& reference);
+
+/// rank, compare's name columns (config, schedule, vocab), the knobs, compare's numbers with
+/// tokens_per_s_per_gpu after tokens_per_s and speedup_per_gpu after speedup, changes.
 std::vector<Column> tune_columns();
 
 /// Yours first (rank "-"), then every row of `r` ranked from 1, measured against `reference`.

@@ -12,6 +12,7 @@
 
 #include "config_includes.h"
 #include "files.h"
+#include "parallel_shape.h"
 #include "plan.h"
 #include "sizes.h"
 #include "spellcheck.h"
@@ -48,7 +49,7 @@ class ObjectReader {
   }
 
   bool has(const std::string& key) {
-    known_.push_back(key);
+    if (std::find(known_.begin(), known_.end(), key) == known_.end()) known_.push_back(key);
     return object_.contains(key);
   }
   std::string at(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
@@ -134,13 +135,17 @@ ModelConfig read_model(ObjectReader r) {
   return m;
 }
 
-ParallelConfig read_parallel(ObjectReader r) {
+/// `global_batch`: the config gives training.global_batch_size, which makes microbatches optional.
+ParallelConfig read_parallel(ObjectReader r, bool global_batch) {
   ParallelConfig p;
   p.pp = r.integer("pp", 1, 1);  // check_sizes holds the upper limits
   p.tp = r.integer("tp", 1, 1);
   p.dp = r.integer("dp", 1, 1);
   p.cp = r.integer("cp", 1, 1);
-  p.microbatches = r.integer("microbatches", 1, 1, true);
+  if (!global_batch && !r.has("microbatches"))
+    throw ConfigError{r.at("microbatches"), "required; give an integer >= 1, or training.global_batch_size (sequences "
+                                            "per iteration) to derive it from"};
+  p.microbatches = r.integer("microbatches", 1, 1);  // with a global batch: derive_microbatches, unless given
   p.chunks = r.integer("chunks", 1, 1);
   p.sequence_parallel = r.boolean("sequence_parallel", p.sequence_parallel);
   r.reject_unknown();
@@ -252,6 +257,7 @@ TrainingConfig read_training(const json* object, const json* precision) {
   const json empty = json::object();
   ObjectReader r(object ? *object : empty, "training");
   TrainingConfig t;
+  if (r.has("global_batch_size")) t.global_batch_size = r.integer("global_batch_size", 0, 1);
   const std::string granularity = r.string("recompute_granularity", "none");
   if (granularity != "none" && granularity != "selective" && granularity != "full")
     throw ConfigError{r.at("recompute_granularity"),
@@ -332,13 +338,21 @@ Config read_config(json root, const std::string& source, FieldOrigins& origins) 
   if (!r.has("model")) throw ConfigError{"model", "required; give layers, hidden, heads, seq_len and vocab"};
   c.model = read_model(ObjectReader(r.value("model"), "model"));
   if (!r.has("parallel")) throw ConfigError{"parallel", "required; give at least microbatches (and pp)"};
-  c.parallel = read_parallel(ObjectReader(r.value("parallel"), "parallel"));
+  // Peeked at here, read in its turn below (the order of r.has is the order an unknown key's message lists).
+  const json* training = root.contains("training") ? &root.at("training") : nullptr;
+  const bool global_batch = training && training->is_object() && training->contains("global_batch_size");
+  const bool microbatches_given = r.value("parallel").is_object() && r.value("parallel").contains("microbatches");
+  c.parallel = read_parallel(ObjectReader(r.value("parallel"), "parallel"), global_batch);
   if (r.has("schedule")) c.schedule = read_schedule(ObjectReader(r.value("schedule"), "schedule"));
   c.hardware = read_hardware(r.has("hardware") ? &r.value("hardware") : nullptr);
   const json* precision = r.has("precision") ? &r.value("precision") : nullptr;
   c.precision = read_precision(precision);
-  c.training = read_training(r.has("training") ? &r.value("training") : nullptr, precision);
+  c.training = read_training(r.has("training") ? training : nullptr, precision);
   if (r.has("costs")) c.costs = read_costs(ObjectReader(r.value("costs"), "costs"));
+  // After every --set (they edited the JSON before it was read), so a new dp or micro-batch size keeps
+  // the global batch. Microbatches given as well are checked against it by check_config.
+  if (!microbatches_given)
+    if (std::optional<FieldError> e = derive_microbatches(c)) throw ConfigError{e->path, e->message};
   r.has("description");  // free text for the reader of the file
   r.reject_unknown();
   // Checked as the named schedule runs it: its own chunk count (1f1b's one) in place of parallel.chunks,
@@ -424,6 +438,18 @@ void apply_override(json& root, const std::string& assignment) {
   }
 }
 
+/// A --set of training.global_batch_size or of parallel.microbatches (not both) states the batch anew:
+/// the other, as the file gives it, is dropped to follow from it rather than contradict it.
+void restate_batch(json& root, const std::vector<std::string>& set_paths) {
+  const auto set = [&](std::string_view path) {
+    return std::find(set_paths.begin(), set_paths.end(), path) != set_paths.end();
+  };
+  const bool global_batch = set("training.global_batch_size"), microbatches = set("parallel.microbatches");
+  if (global_batch == microbatches) return;
+  const auto [block, key] = global_batch ? std::pair{"parallel", "microbatches"} : std::pair{"training", "global_batch_size"};
+  if (root.contains(block) && root[block].is_object()) root[block].erase(key);
+}
+
 /// parse_config, also saying in `key_fault` whether a failure was a key's (ConfigError::about_key).
 Result<Config> parse(std::string_view text, const std::string& source, const std::vector<std::string>& overrides,
                      bool& key_fault) {
@@ -442,6 +468,7 @@ Result<Config> parse(std::string_view text, const std::string& source, const std
       apply_override(root, o);
       set_paths.push_back(o.substr(0, o.find('=')));
     }
+    restate_batch(root, set_paths);
     return read_config(root, source, origins);
   } catch (const ConfigError& e) {
     key_fault = e.about_key;

@@ -18,9 +18,13 @@ json model_json(const ModelConfig& m) {
           {"tied_embeddings", m.tied_embeddings}};
 }
 
-json parallel_json(const ParallelConfig& p) {
-  return {{"pp", p.pp},          {"tp", p.tp},         {"dp", p.dp}, {"cp", p.cp}, {"microbatches", p.microbatches},
-          {"chunks", p.chunks}, {"sequence_parallel", p.sequence_parallel}};
+/// With a global batch, microbatches are left to follow from it, as in the config written from: a
+/// `--set parallel.dp=...` on the written file then keeps the batch, as it would on the original.
+json parallel_json(const ParallelConfig& p, bool global_batch) {
+  json out{{"pp", p.pp}, {"tp", p.tp}, {"dp", p.dp}, {"cp", p.cp}};
+  if (!global_batch) out["microbatches"] = p.microbatches;
+  out.update(json{{"chunks", p.chunks}, {"sequence_parallel", p.sequence_parallel}});
+  return out;
 }
 
 json schedule_json(const ScheduleConfig& s) {
@@ -61,14 +65,17 @@ json precision_json(const PrecisionConfig& p) {
 }
 
 json training_json(const TrainingConfig& t) {
-  return {{"recompute_granularity", recompute_name(t.recompute_granularity)},
+  json out;
+  if (t.global_batch_size) out["global_batch_size"] = *t.global_batch_size;
+  out.update(json{{"recompute_granularity", recompute_name(t.recompute_granularity)},
           {"recompute_method", t.recompute_method == RecomputeMethod::Block ? "block" : "uniform"},
           {"recompute_num_layers", t.recompute_num_layers},
           {"zero_stage", t.zero_stage},
           {"overlap_grad_reduce", t.overlap_grad_reduce},
           {"overlap_param_gather", t.overlap_param_gather},
           {"tp_comm_overlap", t.tp_comm_overlap},
-          {"optimizer_post_validation", t.optimizer_post_validation}};
+          {"optimizer_post_validation", t.optimizer_post_validation}});
+  return out;
 }
 
 json costs_json(const ExplicitCosts& c) {
@@ -91,7 +98,7 @@ json costs_json(const ExplicitCosts& c) {
 json config_json(const Config& config, const std::string& description) {
   json out{{"description", description},
            {"model", model_json(config.model)},
-           {"parallel", parallel_json(config.parallel)},
+           {"parallel", parallel_json(config.parallel, config.training.global_batch_size.has_value())},
            {"schedule", schedule_json(config.schedule)},
            {"hardware", hardware_json(config.hardware)},
            {"precision", precision_json(config.precision)},

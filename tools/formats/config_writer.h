@@ -1,7 +1,8 @@
 #pragma once
 /// Config -> JSON config: the inverse of parse_config, for a config pipesim worked out (tune's rows).
 /// Every field is written, the hardware's included, so the file reads the same wherever it is moved and
-/// whatever the presets' defaults become; includes (hf_config, hardware.file) are already expanded.
+/// whatever the presets' defaults become; includes (hf_config, hardware.file) are already expanded. The
+/// one field left out is parallel.microbatches under training.global_batch_size, which makes it.
 #include <nlohmann/json.hpp>
 #include <string>
 

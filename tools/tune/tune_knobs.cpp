@@ -119,26 +119,46 @@ std::vector<std::string> knob_cells(const Config& config) {
   return cells;
 }
 
+namespace {
+
+/// One value of a --fix as knob_value writes it, or an error for a knob that takes numbers.
+Result<std::string> pin_value(const KnobInfo& k, const std::string& value, const std::string& shown) {
+  // Sequence parallelism is on or off in the table; the config's true and false mean the same.
+  if (k.knob == Knob::SequenceParallel && (value == "true" || value == "false")) return std::string(value == "true" ? "on" : "off");
+  if (!k.numeric) return value;
+  long long number = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+  if (error != std::errc() || end != value.data() + value.size() || number < 0)
+    return Error{fmt::format("--fix '{}': {} takes a whole number, got '{}'", shown, k.names.front(), shown_text(value))};
+  return std::to_string(number);
+}
+
+}  // namespace
+
 Result<Pin> parse_pin(const std::string& fix) {
   const std::size_t eq = fix.find('=');
   const std::string shown = shown_text(fix);
   if (eq == std::string::npos || eq == 0 || eq + 1 == fix.size())
-    return Error{fmt::format("--fix '{}': expected key=value, e.g. --fix pp=8; keys: {}", shown, accepted_keys())};
-  const std::string key = fix.substr(0, eq), value = fix.substr(eq + 1);
+    return Error{fmt::format("--fix '{}': expected key=value, e.g. --fix pp=8 (or values, --fix pp=4,8); keys: {}",
+                             shown, accepted_keys())};
+  const std::string key = fix.substr(0, eq);
   std::vector<std::string> names;
   for (const KnobInfo& k : knob_table()) {
     names.insert(names.end(), k.names.begin(), k.names.end());
     if (std::find(k.names.begin(), k.names.end(), key) == k.names.end()) continue;
-    // Sequence parallelism is on or off in the table; the config's true and false mean the same.
-    if (k.knob == Knob::SequenceParallel && (value == "true" || value == "false"))
-      return Pin{k.knob, value == "true" ? "on" : "off", fix};
-    if (!k.numeric) return Pin{k.knob, value, fix};
-    long long number = 0;
-    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
-    if (error != std::errc() || end != value.data() + value.size() || number < 0)
-      return Error{fmt::format("--fix '{}': {} takes a whole number, got '{}'", shown, k.names.front(),
-                               shown_text(value))};
-    return Pin{k.knob, std::to_string(number), fix};
+    // No value of any knob holds a comma (numbers, schedule and mode names), so a comma separates values.
+    Pin pin{k.knob, {}, fix};
+    for (std::size_t begin = eq + 1;;) {
+      const std::size_t comma = std::min(fix.find(',', begin), fix.size());
+      const std::string value = fix.substr(begin, comma - begin);
+      if (value.empty())
+        return Error{fmt::format("--fix '{}': an empty value; give values between the commas, e.g. --fix pp=4,8", shown)};
+      Result<std::string> v = pin_value(k, value, shown);
+      if (!v.ok()) return v.error();
+      if (std::find(pin.values.begin(), pin.values.end(), v.value()) == pin.values.end()) pin.values.push_back(v.value());
+      if (comma == fix.size()) return pin;
+      begin = comma + 1;
+    }
   }
   return Error{fmt::format("--fix '{}': unknown key '{}'{} Keys: {}", shown, shown_text(key),
                            did_you_mean(key, names), accepted_keys())};
@@ -161,16 +181,20 @@ Result<std::vector<Candidate>> pin_space(const Config& config, std::vector<Candi
   }
   for (std::size_t p = 0; p < pins.size(); ++p) {
     const std::vector<std::string> taken = values_taken(values, p, info(pins[p].knob).numeric);
-    if (std::find(taken.begin(), taken.end(), pins[p].value) != taken.end()) continue;
-    return Error{fmt::format("--fix '{}': the search on {} GPUs never takes {} {}{} It takes {}",
-                             shown_text(pins[p].given), gpus, knob_name(pins[p].knob),
-                             shown_text(pins[p].value),
-                             info(pins[p].knob).numeric ? "." : did_you_mean(pins[p].value, taken), fmt::join(taken, ", "))};
+    for (const std::string& value : pins[p].values) {
+      if (std::find(taken.begin(), taken.end(), value) != taken.end()) continue;
+      return Error{fmt::format("--fix '{}': the search on {} GPUs never takes {} {}{} It takes {}",
+                               shown_text(pins[p].given), gpus, knob_name(pins[p].knob), shown_text(value),
+                               info(pins[p].knob).numeric ? "." : did_you_mean(value, taken), fmt::join(taken, ", "))};
+    }
   }
   std::vector<Candidate> kept;
   for (std::size_t i = 0; i < space.size(); ++i) {
     bool all = true;
-    for (std::size_t p = 0; p < pins.size(); ++p) all = all && values[i][p] == pins[p].value;
+    for (std::size_t p = 0; p < pins.size(); ++p) {
+      const std::vector<std::string>& allowed = pins[p].values;
+      all = all && std::find(allowed.begin(), allowed.end(), values[i][p]) != allowed.end();
+    }
     if (all) kept.push_back(std::move(space[i]));
   }
   if (kept.empty()) {

@@ -36,18 +36,18 @@ std::string recompute_text(const TrainingConfig& training);
 std::vector<Knob> shown_knobs();
 std::vector<std::string> knob_cells(const Config& config);
 
-/// One `--fix key=value`, checked against the knob names only: whether the search can take the
-/// value is pin_space's to say.
+/// One `--fix key=value[,value...]`, checked against the knob names only: whether the search can take
+/// the values is pin_space's to say.
 struct Pin {
   Knob knob = Knob::Pp;
-  std::string value;  ///< as knob_value writes it (a number without sign or leading zeros)
-  std::string given;  ///< the option as the user wrote it, for messages
+  std::vector<std::string> values;  ///< as knob_value writes them (numbers without sign or leading zeros)
+  std::string given;                ///< the option as the user wrote it, for messages
 };
-/// Errors name the flag, the key and every key --fix accepts.
+/// Errors name the flag, the key and every key --fix accepts, or the value that is not one.
 Result<Pin> parse_pin(const std::string& fix);
 
-/// The candidates that have every pin's value. Errors: a knob pinned twice, a value no candidate of
-/// the space has (listing those it has), and pins that no candidate has all of.
+/// The candidates that have one of each pin's values. Errors: a knob pinned twice, a value no
+/// candidate of the space has (listing those it has), and pins that no candidate has all of.
 Result<std::vector<Candidate>> pin_space(const Config& config, std::vector<Candidate> space,
                                          const std::vector<Pin>& pins, int gpus);
 

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "cost_model.h"
+#include "parallel_shape.h"
 #include "plan.h"
 #include "sizes.h"
 #include "tune.h"
@@ -61,13 +62,13 @@ std::vector<int> context_sizes(const Config& config, int gpus) {
 /// (pp, tp, dp, cp) with pp × tp × dp × cp = gpus, tp dividing the heads and staying inside a node
 /// (the config's own tp is always tried), pp at most the layers; sequence parallelism on and off
 /// where tp > 1; and for each, every microbatch count m that splits dp's share of the global batch
-/// (microbatches × micro_batch_size × dp, in sequences) into microbatches of a whole number of
-/// sequences, smallest micro_batch_size first. Explicit costs are times of the config's pp, tp, cp and
+/// (global_batch_size, in sequences) into microbatches of a whole number of sequences, smallest
+/// micro_batch_size first: microbatches_for, the formula training.global_batch_size goes through. Explicit costs are times of the config's pp, tp, cp and
 /// micro-batch, which they do not scale with: those stay fixed.
 std::vector<Shape> shapes(const Config& config, int gpus) {
   const ParallelConfig& given = config.parallel;
   const int given_batch = config.model.micro_batch_size;
-  const std::int64_t global = std::int64_t(given.microbatches) * given_batch * given.dp;
+  const std::int64_t global = global_batch_size(config);
   const bool fixed = config.costs.has_value();
   std::vector<Shape> out;
   for (int cp : context_sizes(config, gpus)) {
@@ -88,7 +89,7 @@ std::vector<Shape> shapes(const Config& config, int gpus) {
         const auto sequences = int(global / dp);  // per replica
         for (int micro_batch_size : divisors(sequences)) {
           if (fixed && micro_batch_size != given_batch) continue;
-          const int m = sequences / micro_batch_size;
+          const int m = *microbatches_for(global, micro_batch_size, dp);  // a divisor of the share: it splits
           const std::int64_t tokens = std::int64_t(micro_batch_size) * config.model.seq_len;
           if (m > limits::kMicrobatches || tokens > limits::kTokensPerMicrobatch) continue;
           for (const bool sp : sequence_parallel) {

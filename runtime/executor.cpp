@@ -147,6 +147,8 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   const bool checks_gradients = place.replica == 0 || job.sharded();
   RunResult result;
   try {
+    backend.warm_up();  // a library loading mid-step could wait for the GPU's queue, NCCL's waiting kernels in it
+    backend.release_thread();
     for (int step = 0; step < options.steps; ++step) {
       // Replica r takes microbatches r·m .. r·m + m − 1 of the step's global batch.
       std::vector<Batch> batches, global;

@@ -102,6 +102,10 @@ class Backend : public Allocator {
   virtual void synchronize() = 0;
   /// The calling thread is done with this backend (it is about to end): per-thread state can go.
   virtual void release_thread() {}
+  /// Runs, once before the first step and before any communication is posted, what loads the
+  /// libraries and kernels a step uses (CUDA: the cuBLASLt handle, every GEMM and attention shape of
+  /// a layer), leaving the model as it was. Nothing by default (the CPU's kernels are loaded).
+  virtual void warm_up() {}
   /// This step's tokens and targets, by microbatch.
   virtual void set_batches(std::span<const Batch> batches) = 0;
 

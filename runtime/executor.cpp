@@ -33,8 +33,10 @@ Batch make_batch(std::uint64_t seed, int step, int microbatch, int n, int vocab)
 /// device memory for the CUDA backend's), as is the lane's memory.
 class TensorParallelGroup final : public TensorParallel {
  public:
-  TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device)
-      : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device) {}
+  TensorParallelGroup(std::unique_ptr<Transport> group, bool sequence_parallel, double timeout_s, int device,
+                      std::string label)
+      : group_(std::move(group)), sequence_parallel_(sequence_parallel), timeout_s_(timeout_s), device_(device),
+        label_(std::move(label)) {}
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   bool sequence_parallel() const override { return sequence_parallel_; }
@@ -54,11 +56,24 @@ class TensorParallelGroup final : public TensorParallel {
 
  private:
   using Kind = InnerCollective::Kind;
-  /// Issues a collective, waits for it, and records when it ran (the trace shows it).
+  /// Issues a collective, waits for it, and records when it ran (the trace shows it). A collective
+  /// that fails or times out may still be queued, reading and writing the caller's buffers, which go
+  /// back to the backend's pool as the exception unwinds the layer: so the run is aborted first
+  /// (NCCL: ncclCommAbort, which stops the rank's kernels; in-process: no peer reads a buffer after
+  /// the abort), and only then does the exception leave.
   template <class Issue>
   void run(Kind kind, Issue&& issue) {
     const TimeNs start = since_epoch();
-    wait_for(*group_, issue(), timeout_s_, fmt::format("a tensor-parallel {}", inner_collective_name(kind)));
+    std::unique_ptr<Request> request;
+    try {
+      request = issue();
+      wait_for(*group_, *request, timeout_s_, fmt::format("a tensor-parallel {}", inner_collective_name(kind)));
+    } catch (const CommError&) {
+      throw;  // another rank aborted the run: no transfer touches the buffers any more
+    } catch (const std::exception& e) {
+      group_->abort(fmt::format("{} failed: {}", label_, e.what()));
+      throw;
+    }
     collectives_.push_back({.device = device_, .start = start, .end = since_epoch(), .kind = kind});
   }
   TimeNs since_epoch() const {
@@ -68,9 +83,17 @@ class TensorParallelGroup final : public TensorParallel {
   bool sequence_parallel_;
   double timeout_s_;
   int device_;
+  std::string label_;  ///< how errors name this rank
   Clock::time_point epoch_ = Clock::now();
   std::vector<InnerCollective> collectives_;  ///< this step's, in the order they ran
 };
+
+/// How errors name a rank: its number, and where it sits when there is more than a pipeline.
+std::string rank_label(const Job& job, int rank) {
+  if (job.ranks() == job.layout.devices) return fmt::format("rank {}", rank);
+  const RankPlace p = job.place(rank);
+  return fmt::format("rank {} (device {}, replica {}, tp rank {})", rank, p.device, p.replica, p.tp_rank);
+}
 
 /// The transports of one rank: the world; its pipeline (the ranks of its replica and tensor-parallel
 /// rank, by device), which the graph's ops use; its data- and tensor-parallel groups when it has them;
@@ -93,7 +116,7 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
     if (job.tp > 1)
       groups.tensor = std::make_unique<TensorParallelGroup>(
           world.subgroup(job.group_of(rank, &RankPlace::tp_rank), GroupUse::Collectives), job.sequence_parallel,
-          timeout_s, job.place(rank).device);
+          timeout_s, job.place(rank).device, rank_label(job, rank));
   }
   const auto& groups_of_graph = job.graph.groups();
   const bool tie = std::any_of(groups_of_graph.begin(), groups_of_graph.end(),
@@ -101,13 +124,6 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
   const int first = job.layout.stages.front().device, last = job.layout.stages.back().device, device = job.place(rank).device;
   if (tie && (device == first || device == last)) groups.tied = groups.pipeline().subgroup({first, last}, GroupUse::Collectives);
   return groups;
-}
-
-/// How errors name a rank: its number, and where it sits when there is more than a pipeline.
-std::string rank_label(const Job& job, int rank) {
-  if (job.ranks() == job.layout.devices) return fmt::format("rank {}", rank);
-  const RankPlace p = job.place(rank);
-  return fmt::format("rank {} (device {}, replica {}, tp rank {})", rank, p.device, p.replica, p.tp_rank);
 }
 
 StreamWalker::Names walker_names(const Job& job, int rank) {
@@ -131,6 +147,8 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   const bool checks_gradients = place.replica == 0 || job.sharded();
   RunResult result;
   try {
+    backend.warm_up();  // a library loading mid-step could wait for the GPU's queue, NCCL's waiting kernels in it
+    backend.release_thread();
     for (int step = 0; step < options.steps; ++step) {
       // Replica r takes microbatches r·m .. r·m + m − 1 of the step's global batch.
       std::vector<Batch> batches, global;
@@ -279,7 +297,7 @@ Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& op
   }
   std::unique_ptr<Backend> backend;
   try {
-    backend = backend_for ? backend_for(comm.rank())
+    backend = backend_for ? backend_for(comm.rank(), groups->tensor.get())
                           : make_backend(options, job, comm.rank(), groups->tensor.get());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),

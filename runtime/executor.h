@@ -110,8 +110,9 @@ Status check_backend(const RunOptions& options);
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank,
                                       TensorParallel* tp = nullptr);
 
-/// Makes rank `rank`'s backend: make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
-using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;
+/// Makes rank `rank`'s backend, given its tensor-parallel group (null when its layers are whole):
+/// make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).
+using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, TensorParallel* tp)>;
 
 /// Runs `options.steps` training steps of the job as rank comm.rank().
 Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& options,

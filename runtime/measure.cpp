@@ -9,8 +9,12 @@
 namespace pipesim::runtime {
 
 void wait_for(Transport& comm, std::unique_ptr<Request> request, double timeout_s, const std::string& what) {
+  wait_for(comm, *request, timeout_s, what);
+}
+
+void wait_for(Transport& comm, Request& request, double timeout_s, const std::string& what) {
   const auto start = Clock::now();
-  while (!request->done()) {
+  while (!request.done()) {
     if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s)
       throw RankFailure(fmt::format("rank {}: no progress for {:g} s waiting for {}", comm.rank(), timeout_s, what));
     comm.wait_for_progress(0.001);

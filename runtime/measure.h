@@ -18,6 +18,8 @@ namespace pipesim::runtime {
 /// Waits for a request outside the graph (barriers, reports): RankFailure after `timeout_s` without
 /// completion, naming `what`.
 void wait_for(Transport& comm, std::unique_ptr<Request> request, double timeout_s, const std::string& what);
+/// The same on a request the caller keeps (alive after a timeout, until the caller has aborted the run).
+void wait_for(Transport& comm, Request& request, double timeout_s, const std::string& what);
 
 /// One step's per-op figures (each step's replace the last's).
 class StepRecorder final : public OpObserver {

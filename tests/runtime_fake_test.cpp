@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
+#include "inprocess_comm.h"
 #include "launch.h"
 #include "measured.h"
 #include "runtime_helpers.h"
@@ -18,6 +20,35 @@ using namespace pipesim;
 using namespace pipesim::testing::runs;
 
 namespace {
+
+/// The buffers a rank lent to tensor-parallel collectives, and how often one of them went back to the
+/// backend while its collective had neither completed nor been ended by an abort: what NCCL would
+/// then write into memory the pool has handed to someone else.
+struct Lending {
+  struct Loan {
+    const std::byte* begin;
+    std::size_t bytes;
+    std::shared_ptr<std::atomic<bool>> settled;  ///< the collective completed
+  };
+  std::mutex mutex;
+  std::vector<Loan> loans;
+  runtime::World* world = nullptr;
+  std::atomic<int> frees_under_collective = 0;
+
+  std::shared_ptr<std::atomic<bool>> lend(const runtime::Buffer& b) {
+    std::lock_guard lock(mutex);
+    loans.push_back({static_cast<const std::byte*>(b.data), b.count * runtime::size_of(b.dtype),
+                     std::make_shared<std::atomic<bool>>(false)});
+    return loans.back().settled;
+  }
+  void freed(const void* data, std::size_t bytes) {
+    const auto* begin = static_cast<const std::byte*>(data);
+    std::lock_guard lock(mutex);
+    for (const Loan& loan : loans)
+      if (!*loan.settled && begin < loan.begin + loan.bytes && loan.begin < begin + bytes && !world->abort_reason())
+        ++frees_under_collective;
+  }
+};
 
 struct FakeActivations final : runtime::Activations {
   Bytes bytes() const override { return 64; }
@@ -32,7 +63,8 @@ struct Record {
 
 class FakeBackend final : public runtime::Backend {
  public:
-  FakeBackend(int tokens, int hidden, Record& record) : n_(std::size_t(tokens)), h_(std::size_t(hidden)), record_(record) {}
+  FakeBackend(int tokens, int hidden, Record& record, runtime::TensorParallel* tp = nullptr, Lending* lending = nullptr)
+      : n_(std::size_t(tokens)), h_(std::size_t(hidden)), record_(record), tp_(tp), lending_(lending) {}
 
   std::string_view name() const override { return "fake"; }
   runtime::Tensor allocate(std::size_t count, runtime::DType dtype) override {
@@ -41,7 +73,10 @@ class FakeBackend final : public runtime::Backend {
     std::memset(data, 0, bytes);
     return runtime::Tensor(data, count, dtype, this);
   }
-  void free(void* data, std::size_t) noexcept override { ::operator delete(data); }
+  void free(void* data, std::size_t bytes) noexcept override {
+    if (lending_) lending_->freed(data, bytes);
+    ::operator delete(data);
+  }
   runtime::DType activation_dtype() const override { return runtime::DType::F32; }
   void copy(const runtime::Tensor& src, std::size_t src_at, runtime::Tensor& dst, std::size_t dst_at,
             std::size_t count) override {
@@ -56,6 +91,10 @@ class FakeBackend final : public runtime::Backend {
   void embed_backward(int mb, const runtime::Tensor&) override { log(fmt::format("embed_backward m{}", mb)); }
   std::unique_ptr<runtime::Activations> layer_forward(int layer, runtime::Tensor&) override {
     log(fmt::format("F L{}", layer));
+    if (tp_) {  // as a row-split map sums its partial output: a scratch tensor, back to the pool after
+      runtime::Tensor partial = activation();
+      tp_->all_reduce(partial.view());
+    }
     return std::make_unique<FakeActivations>();
   }
   void layer_backward(int layer, runtime::Activations&, runtime::Tensor&, bool defer) override {
@@ -114,6 +153,100 @@ class FakeBackend final : public runtime::Backend {
 
   std::size_t n_, h_;
   Record& record_;
+  runtime::TensorParallel* tp_;
+  Lending* lending_;
+};
+
+/// A request that completes when `inner` does, or (`inner` null) never: a peer that stopped
+/// answering. After an abort it throws CommError, as every transport's requests do.
+class TrackedRequest final : public runtime::Request {
+ public:
+  TrackedRequest(std::unique_ptr<runtime::Request> inner, runtime::Transport& transport,
+                 std::shared_ptr<std::atomic<bool>> settled)
+      : inner_(std::move(inner)), transport_(transport), settled_(std::move(settled)) {}
+  bool done() override {
+    if (!inner_) {
+      if (transport_.aborted()) throw runtime::CommError("the run was aborted");
+      return false;
+    }
+    const bool done = inner_->done();
+    if (done) *settled_ = true;
+    return done;
+  }
+
+ private:
+  std::unique_ptr<runtime::Request> inner_;
+  runtime::Transport& transport_;
+  std::shared_ptr<std::atomic<bool>> settled_;
+};
+
+/// A collective lane whose calls lend their buffers to `lending`; with `hang`, they never complete.
+class FaultyLane final : public runtime::Communicator {
+ public:
+  FaultyLane(runtime::Communicator& inner, runtime::Transport& transport, Lending& lending, bool hang)
+      : inner_(inner), transport_(transport), lending_(lending), hang_(hang) {}
+  std::unique_ptr<runtime::Request> send(runtime::Buffer b, int peer) override { return inner_.send(b, peer); }
+  std::unique_ptr<runtime::Request> recv(runtime::Buffer b, int peer) override { return inner_.recv(b, peer); }
+  std::unique_ptr<runtime::Request> all_reduce(runtime::Buffer b, runtime::ReduceOp op) override {
+    return track(b, [&] { return inner_.all_reduce(b, op); });
+  }
+  std::unique_ptr<runtime::Request> broadcast(runtime::Buffer b, int root) override {
+    return track(b, [&] { return inner_.broadcast(b, root); });
+  }
+  std::unique_ptr<runtime::Request> reduce(runtime::Buffer b, runtime::ReduceOp op, int root) override {
+    return track(b, [&] { return inner_.reduce(b, op, root); });
+  }
+  std::unique_ptr<runtime::Request> all_gather(runtime::Buffer in, runtime::Buffer out) override {
+    lending_.lend(in);
+    return track(out, [&] { return inner_.all_gather(in, out); });
+  }
+  std::unique_ptr<runtime::Request> reduce_scatter(runtime::Buffer in, runtime::Buffer out, runtime::ReduceOp op) override {
+    lending_.lend(in);
+    return track(out, [&] { return inner_.reduce_scatter(in, out, op); });
+  }
+
+ private:
+  template <class Issue>
+  std::unique_ptr<runtime::Request> track(const runtime::Buffer& b, Issue&& issue) {
+    return std::make_unique<TrackedRequest>(hang_ ? nullptr : issue(), transport_, lending_.lend(b));
+  }
+  runtime::Communicator& inner_;
+  runtime::Transport& transport_;
+  Lending& lending_;
+  bool hang_;
+};
+
+/// A rank's in-process transport whose collective groups (tensor parallelism's) go through
+/// FaultyLanes: the fault-injecting fake communicator.
+class FaultyTransport final : public runtime::Transport {
+ public:
+  FaultyTransport(runtime::Transport& inner, Lending& lending, bool hang, bool faulty_lanes = false,
+                  std::unique_ptr<runtime::Transport> owned = nullptr)
+      : owned_(std::move(owned)), inner_(inner), lending_(lending), hang_(hang), faulty_lanes_(faulty_lanes) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  runtime::Communicator& lane(int lane) override {
+    if (!faulty_lanes_ || lane == runtime::kControlLane) return inner_.lane(lane);
+    auto& slot = lanes_[lane];
+    if (!slot) slot = std::make_unique<FaultyLane>(inner_.lane(lane), *this, lending_, hang_);
+    return *slot;
+  }
+  std::unique_ptr<runtime::Transport> subgroup(const std::vector<int>& members, runtime::GroupUse use) override {
+    std::unique_ptr<runtime::Transport> group = inner_.subgroup(members, use);
+    runtime::Transport& inner = *group;
+    return std::make_unique<FaultyTransport>(inner, lending_, hang_, use == runtime::GroupUse::Collectives, std::move(group));
+  }
+  void wait_for_progress(double seconds) override { inner_.wait_for_progress(seconds); }
+  void wake() override { inner_.wake(); }
+  bool aborted() override { return inner_.aborted(); }
+  void abort(const std::string& why) override { inner_.abort(why); }
+
+ private:
+  std::unique_ptr<runtime::Transport> owned_;
+  runtime::Transport& inner_;
+  Lending& lending_;
+  bool hang_, faulty_lanes_;
+  std::map<int, std::unique_ptr<FaultyLane>> lanes_;
 };
 
 /// The backend calls rank `rank`'s compute stream implies, op by op. Under full recomputation, R
@@ -175,7 +308,7 @@ TEST_CASE("the executor asks the backend for each op's layers, in the graph's or
       const Plan plan = plan_for(config, schedule, vocab);
       const runtime::Job job = job_of(plan);
       std::vector<Record> records(std::size_t(plan.layout.devices));
-      const auto fake = [&](int rank) {
+      const auto fake = [&](int rank, runtime::TensorParallel*) {
         return std::make_unique<FakeBackend>(job.shape.tokens(), job.shape.hidden, records[std::size_t(rank)]);
       };
       Result<runtime::RunResult> run = runtime::run_in_process(job, options(), fake);
@@ -200,7 +333,7 @@ TEST_CASE("a step's op times and memory come back from every rank") {
   const Plan plan = plan_for(tiny_config(), "1f1b", "vocab-1");
   const runtime::Job job = job_of(plan);
   std::vector<Record> records(std::size_t(plan.layout.devices));
-  const auto fake = [&](int rank) {
+  const auto fake = [&](int rank, runtime::TensorParallel*) {
     return std::make_unique<FakeBackend>(job.shape.tokens(), job.shape.hidden, records[std::size_t(rank)]);
   };
   Result<runtime::RunResult> run = runtime::run_in_process(job, options(2), fake);
@@ -215,4 +348,36 @@ TEST_CASE("a step's op times and memory come back from every rank") {
   }
   // Every rank holds a stage's cache (its layers' 64 bytes each) at some point.
   for (int rank = 0; rank < plan.layout.devices; ++rank) CHECK(result.peak_activation_bytes[std::size_t(rank)] >= 64);
+}
+
+TEST_CASE("a tensor-parallel collective that times out is ended before its buffers go back to the backend") {
+  // Rank 1's tensor-parallel collectives never complete (a peer that stopped answering); rank 0's
+  // wait on rank 1's. Both time out inside a layer, whose scratch tensor then goes back to the
+  // backend: only after the run was aborted, which ends every transfer that could touch it.
+  const Plan plan = plan_for(tiny_config({"parallel.tp=2", "parallel.pp=1"}), "1f1b", "baseline");  // no pipeline peer to time out first
+  const runtime::Job job = job_of(plan);
+  REQUIRE(job.ranks() == 2 * plan.layout.devices);
+  Lending lending;
+  runtime::World world(job.ranks());
+  lending.world = &world;
+  std::vector<Record> records(std::size_t(job.ranks()));
+  std::vector<std::optional<Result<runtime::RunResult>>> results(std::size_t(job.ranks()));
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < job.ranks(); ++r)
+      threads.emplace_back([&, r] {
+        FaultyTransport transport(world.rank(r), lending, /*hang=*/job.place(r).tp_rank == 1);
+        const auto fake = [&](int rank, runtime::TensorParallel* tp) {
+          return std::make_unique<FakeBackend>(job.shape.tokens(), job.shape.hidden, records[std::size_t(rank)], tp,
+                                               &lending);
+        };
+        results[std::size_t(r)] = runtime::run_rank(transport, job, options(1, 0.3), fake);
+      });
+  }
+  for (const auto& result : results) CHECK_FALSE(result->ok());
+  const std::optional<std::string> why = world.abort_reason();
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Matchers::Contains("no progress for 0.3 s waiting for a tensor-parallel"));
+  CHECK(lending.loans.size() >= 2);
+  CHECK(lending.frees_under_collective == 0);
 }

@@ -10,6 +10,7 @@
 
 #include <utility>
 
+#include "cuda/attention_cudnn.h"
 #include "cuda/check.h"
 #include "cuda/device_model.h"
 #include "cuda/event_clock.h"
@@ -52,6 +53,42 @@ class CudaBackend final : public Backend {
 
   void release_thread() override { threads_.release_thread(); }
 
+  /// One layer's F, B (with and without a split-off W) and W on zeros, on this thread's stream, with
+  /// the tensor-parallel collectives left out (a group of the same size that moves nothing): every
+  /// GEMM shape and epilogue of the rank's layers gets its cuBLASLt plan, cuDNN builds (and
+  /// compiles) its attention engines, and the cuBLASLt handle and workspace are made, before any
+  /// NCCL kernel can be waiting on the GPU. The gradients it added are zeroed again. The embedding,
+  /// the LM head and the vocabulary passes are not run.
+  void warm_up() override {
+    if (model_.layers.empty()) return;
+    struct Local final : TensorParallel {
+      const TensorParallel& group;
+      explicit Local(const TensorParallel& g) : group(g) {}
+      int rank() const override { return group.rank(); }
+      int size() const override { return group.size(); }
+      bool sequence_parallel() const override { return group.sequence_parallel(); }
+      void all_reduce(Buffer) override {}
+      void all_gather(Buffer, Buffer) override {}
+      void reduce_scatter(Buffer, Buffer) override {}
+    };
+    std::optional<Local> local;
+    if (tp_) local.emplace(*tp_);
+    LayerOps ops(op_, shape_, LayerPart(shape_, group_size(options_)), local ? &*local : nullptr);
+    LayerPasses passes(op_, ops);
+    DeviceLayer& layer = model_.layers.begin()->second;
+    for (const bool defer : {false, true}) {
+      Tensor x = op_.scratch(ops.layer_activation_count(), options_.dtype);
+      CudaLayerActivations cache;
+      passes.forward(layer, x, cache);
+      Tensor dy = op_.scratch(ops.layer_activation_count(), options_.dtype);
+      passes.backward(layer, cache, dy, defer);
+      if (defer) passes.weight(layer, cache);
+    }
+    for (const Buffer& g : model_.buffers(true))
+      if (g.count) CUDA_CHECK(cudaMemsetAsync(g.data, 0, g.count * size_of(g.dtype), op_.stream()));
+    synchronize();
+  }
+
   // ---- memory ----
   /// Ready for any thread when it returns (the executor hands these between threads).
   Tensor allocate(std::size_t count, DType dtype) override {
@@ -59,11 +96,14 @@ class CudaBackend final : public Backend {
     synchronize();
     return t;
   }
+  /// On the calling thread's stream, after the work it queued; a thread that never ran an op (one
+  /// that drops tensors after the run) gets no stream made for it: cudaFree waits for the device.
   void free(void* data, std::size_t) noexcept override {
-    try {
-      static_cast<void>(cudaFreeAsync(data, op_.stream()));
-    } catch (const std::exception&) {  // no stream for this thread: the device is gone, nothing to give back
+    if (cudaStream_t stream = threads_.existing_stream()) {
+      static_cast<void>(cudaFreeAsync(data, stream));
+      return;
     }
+    if (cudaSetDevice(options_.device) == cudaSuccess) static_cast<void>(cudaFree(data));
   }
   DType activation_dtype() const override { return options_.dtype; }
   void copy(const Tensor& src, std::size_t src_at, Tensor& dst, std::size_t dst_at, std::size_t count) override {
@@ -137,7 +177,18 @@ class CudaBackend final : public Backend {
     model_.download_grads(host_);
     return host_gradients(host_);
   }
-  Bytes static_bytes() const override { return Bytes(model_.bytes()); }
+  /// The model's memory and the workspaces the libraries hold beside it: a cuBLASLt workspace per
+  /// thread that runs GEMMs (the compute thread at least), and cuDNN's attention backward, whose
+  /// workspace holds dP in bf16 (batch · heads · seq² · 2 bytes: 256 MiB at 32 heads and seq 2048)
+  /// for as long as the op runs.
+  Bytes static_bytes() const override {
+    const std::size_t gemm = std::size_t(std::max(1, threads_.gemm_handles())) * ThreadContexts::gemm_workspace_bytes();
+    std::size_t attention = 0;
+    if (options_.dtype == DType::BF16 && use_cudnn_attention() && shape_.layers > 0)
+      attention = std::size_t(shape_.batch) * std::size_t(shape_.heads / group_size(options_)) * std::size_t(shape_.seq) *
+                  std::size_t(shape_.seq) * 2;
+    return Bytes(model_.bytes() + gemm + attention);
+  }
 
  private:
   static SmShare bind_device(const BackendOptions& o) {

@@ -26,7 +26,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <deque>
 #include <set>
+#include <shared_mutex>
 #include <thread>
 
 #include "cuda/check.h"
@@ -50,66 +52,128 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw std::logic_error("NCCL reductions here are Sum or Max");
 }
 
-/// A communicator and the stream its calls run on.
+/// One NCCL call waiting to be made, being enqueued, or enqueued on its communicator's stream.
+struct NcclCall {
+  std::function<ncclResult_t()> issue;  ///< the call itself, made once
+  enum class State : std::uint8_t { Queued, InProgress, Enqueued, Failed } state = State::Queued;
+  ncclResult_t error = ncclSuccess;  ///< when Failed
+  cudaEvent_t event = nullptr;       ///< recorded on the stream once the call has reached it
+  NcclCall() { CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)); }
+  NcclCall(const NcclCall&) = delete;
+  NcclCall& operator=(const NcclCall&) = delete;
+  ~NcclCall() { static_cast<void>(cudaEventDestroy(event)); }
+};
+
+/// A non-blocking communicator, its stream, and the calls asked of it in order. NCCL's non-blocking
+/// protocol: a call that returns ncclInProgress is still being enqueued (or the communicator still
+/// connecting), and no other call may be made on the communicator until ncclCommGetAsyncError says
+/// it is no longer in progress. So calls are made here one at a time, in the order they were asked
+/// for; a later one waits in the queue, and whichever request is polled moves the queue on (the
+/// requests of one op are polled in any order, and never block).
 struct NcclComm {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
-};
+  std::mutex mutex;  ///< guards the queue: the compute thread (tensor parallelism) and the communication thread both call
+  std::deque<std::shared_ptr<NcclCall>> queued;
+  std::shared_ptr<NcclCall> in_progress;
 
-/// Read by the requests on the communication thread, set by abort() on whichever thread failed.
-using AbortFlag = std::atomic<bool>;
+  /// Settles the call in progress and makes queued calls while the communicator takes them. The
+  /// caller holds Communicators::lock shared and has checked that the run was not aborted.
+  void pump() {
+    std::lock_guard guard(mutex);
+    if (in_progress) {
+      ncclResult_t state = ncclSuccess;
+      if (const ncclResult_t polled = ncclCommGetAsyncError(comm, &state); polled != ncclSuccess) state = polled;
+      if (state == ncclInProgress) return;
+      settle(*in_progress, state);
+      in_progress.reset();
+    }
+    while (!queued.empty()) {
+      std::shared_ptr<NcclCall> call = std::move(queued.front());
+      queued.pop_front();
+      const ncclResult_t issued = call->issue();
+      if (issued == ncclInProgress) {
+        call->state = NcclCall::State::InProgress;
+        in_progress = std::move(call);
+        return;
+      }
+      settle(*call, issued);
+    }
+  }
+
+ private:
+  void settle(NcclCall& call, ncclResult_t result) const {
+    if (result != ncclSuccess) {
+      call.state = NcclCall::State::Failed, call.error = result;
+      return;
+    }
+    // Recorded only now: recorded while the call was in progress, it would fire before the
+    // transfer was launched.
+    CUDA_CHECK(cudaEventRecord(call.event, stream));
+    call.state = NcclCall::State::Enqueued;
+  }
+};
 
 /// What a process's transports share: the world's and its groups' communicators, so that an abort
 /// through any of them (the executor aborts the world) reaches every communicator of the rank and
 /// every request sees it.
+///
+/// `lock` keeps an abort from freeing a communicator under a call: every NCCL call on a
+/// communicator after its creation (issuing, polling, finalizing) holds it shared and first checks
+/// `aborted`; abort() takes it exclusively, so it waits for the calls in flight (none of which
+/// blocks: they are non-blocking calls and polls) and no call starts after it.
 struct Communicators {
-  AbortFlag aborted{false};
-  std::mutex mutex;  ///< guards `all`: groups are made and dropped on the launching thread, aborts come from any
-  std::vector<ncclComm_t> all;
+  std::atomic<bool> aborted{false};
+  std::shared_mutex lock;
+  std::vector<ncclComm_t> all;  ///< guarded by `lock`: groups are made and dropped on the launching thread
   void add(ncclComm_t comm) {
-    std::lock_guard lock(mutex);
+    std::unique_lock guard(lock);
     all.push_back(comm);
   }
   void remove(ncclComm_t comm) {
-    std::lock_guard lock(mutex);
+    std::unique_lock guard(lock);
     all.erase(std::remove(all.begin(), all.end(), comm), all.end());
   }
-  /// ncclCommAbort on every communicator, once.
+  /// ncclCommAbort on every communicator, once. ncclCommAbort stops the communicator's kernels, so
+  /// after it returns no NCCL operation of this rank reads or writes the buffers it was given.
   void abort() {
+    std::unique_lock guard(lock);
     if (aborted.exchange(true)) return;
-    std::lock_guard lock(mutex);
     for (const ncclComm_t comm : all) static_cast<void>(ncclCommAbort(comm));
   }
 };
 
 class NcclRequest final : public Request {
  public:
-  /// `issued`: what the NCCL call returned. ncclInProgress (a non-blocking communicator still
-  /// connecting or enqueueing) defers the event until the call has reached the stream: recorded now,
-  /// it would fire before the transfer was launched.
-  NcclRequest(const NcclComm& c, ncclResult_t issued, const AbortFlag& aborted)
-      : c_(c), aborted_(aborted), enqueued_(issued == ncclSuccess) {
-    if (issued != ncclSuccess && issued != ncclInProgress)  // this rank's call: the executor names the op
-      throw CudaError(fmt::format("the NCCL call failed: NCCL error {} ({}): {}", int(issued), ncclGetErrorString(issued),
-                                  ncclGetLastError(c_.comm)));
-    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    if (enqueued_) CUDA_CHECK(cudaEventRecord(event_, c_.stream));
-  }
-  ~NcclRequest() override { static_cast<void>(cudaEventDestroy(event_)); }
-  bool done() override {
-    if (aborted_.load()) throw CommError("the run was aborted");
-    ncclResult_t async = ncclSuccess;
-    if (!enqueued_) {
-      NCCL_CHECK(ncclCommGetAsyncError(c_.comm, &async));
-      if (async == ncclInProgress) return false;
-      if (async != ncclSuccess) fail(async);
-      enqueued_ = true;
-      CUDA_CHECK(cudaEventRecord(event_, c_.stream));
+  /// Queues `issue` on the communicator and makes it at once if the communicator takes it.
+  /// An error NCCL returns for this very call is this rank's: a CudaError, which the executor
+  /// reports with the op.
+  NcclRequest(std::shared_ptr<NcclComm> c, std::function<ncclResult_t()> issue, Communicators& shared)
+      : c_(std::move(c)), shared_(shared), call_(std::make_shared<NcclCall>()) {
+    call_->issue = std::move(issue);
+    std::shared_lock guard(shared_.lock);
+    if (shared_.aborted.load()) throw CommError("the run was aborted");
+    {
+      std::lock_guard queue(c_->mutex);
+      c_->queued.push_back(call_);
     }
-    const cudaError_t status = cudaEventQuery(event_);
-    if (status == cudaSuccess) return true;
-    if (status != cudaErrorNotReady) CUDA_CHECK(status);
-    NCCL_CHECK(ncclCommGetAsyncError(c_.comm, &async));
+    c_->pump();
+    if (call_->state == NcclCall::State::Failed)
+      throw CudaError(fmt::format("the NCCL call failed: NCCL error {} ({}): {}", int(call_->error),
+                                  ncclGetErrorString(call_->error), ncclGetLastError(c_->comm)));
+  }
+  bool done() override {
+    std::shared_lock guard(shared_.lock);  // the communicator stays alive until this poll returns
+    if (shared_.aborted.load()) throw CommError("the run was aborted");
+    c_->pump();
+    if (call_->state == NcclCall::State::Failed) fail(call_->error);
+    ncclResult_t async = ncclSuccess;
+    if (call_->state == NcclCall::State::Enqueued) {
+      const cudaError_t status = cudaEventQuery(call_->event);
+      if (status == cudaSuccess) return true;
+      if (status != cudaErrorNotReady) CUDA_CHECK(status);
+    }
+    NCCL_CHECK(ncclCommGetAsyncError(c_->comm, &async));
     if (async != ncclSuccess && async != ncclInProgress) fail(async);
     return false;
   }
@@ -118,45 +182,45 @@ class NcclRequest final : public Request {
   [[noreturn]] static void fail(ncclResult_t result) {
     throw CommError(fmt::format("NCCL reports {} ({}); a peer may have failed", int(result), ncclGetErrorString(result)));
   }
-  NcclComm c_;
-  const AbortFlag& aborted_;
-  bool enqueued_;
-  cudaEvent_t event_ = nullptr;
+  std::shared_ptr<NcclComm> c_;
+  Communicators& shared_;  ///< outlives every request: the transports hold it, and they outlive the run
+  std::shared_ptr<NcclCall> call_;
 };
 
 /// A collective lane: one communicator over all ranks.
 class CollectiveLane final : public Communicator {
  public:
-  CollectiveLane(NcclComm c, const AbortFlag& aborted) : c_(c), aborted_(aborted) {}
+  CollectiveLane(std::shared_ptr<NcclComm> c, Communicators& shared) : c_(std::move(c)), shared_(shared) {}
   std::unique_ptr<Request> send(Buffer, int) override { throw std::logic_error("send on a collective lane"); }
   std::unique_ptr<Request> recv(Buffer, int) override { throw std::logic_error("recv on a collective lane"); }
   std::unique_ptr<Request> all_reduce(Buffer b, ReduceOp op) override {
-    const ncclResult_t issued =
-        ncclAllReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), c_.comm, c_.stream);
-    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+    return call([=, c = c_.get()] {
+      return ncclAllReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), c->comm, c->stream);
+    });
   }
   std::unique_ptr<Request> broadcast(Buffer b, int root) override {
-    const ncclResult_t issued = ncclBroadcast(b.data, b.data, b.count, nccl_type(b.dtype), root, c_.comm, c_.stream);
-    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+    return call([=, c = c_.get()] { return ncclBroadcast(b.data, b.data, b.count, nccl_type(b.dtype), root, c->comm, c->stream); });
   }
   std::unique_ptr<Request> reduce(Buffer b, ReduceOp op, int root) override {
-    const ncclResult_t issued =
-        ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c_.comm, c_.stream);
-    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+    return call([=, c = c_.get()] {
+      return ncclReduce(b.data, b.data, b.count, nccl_type(b.dtype), nccl_op(op), root, c->comm, c->stream);
+    });
   }
   std::unique_ptr<Request> all_gather(Buffer in, Buffer out) override {
-    const ncclResult_t issued = ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), c_.comm, c_.stream);
-    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+    return call([=, c = c_.get()] { return ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), c->comm, c->stream); });
   }
   std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) override {
-    const ncclResult_t issued =
-        ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype), nccl_op(op), c_.comm, c_.stream);
-    return std::make_unique<NcclRequest>(c_, issued, aborted_);
+    return call([=, c = c_.get()] {
+      return ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype), nccl_op(op), c->comm, c->stream);
+    });
   }
 
  private:
-  NcclComm c_;
-  const AbortFlag& aborted_;
+  std::unique_ptr<Request> call(std::function<ncclResult_t()> issue) {
+    return std::make_unique<NcclRequest>(c_, std::move(issue), shared_);
+  }
+  std::shared_ptr<NcclComm> c_;
+  Communicators& shared_;
 };
 
 /// The point-to-point lane: a 2-rank communicator per channel (sender, receiver), rank 0 the sender,
@@ -165,15 +229,17 @@ class CollectiveLane final : public Communicator {
 /// its call, which inside a group would fire before the transfer is launched).
 class ChannelLane final : public Communicator {
  public:
-  ChannelLane(int rank, std::map<std::pair<int, int>, NcclComm> channels, const AbortFlag& aborted)
-      : rank_(rank), channels_(std::move(channels)), aborted_(aborted) {}
+  ChannelLane(int rank, std::map<std::pair<int, int>, std::shared_ptr<NcclComm>> channels, Communicators& shared)
+      : rank_(rank), channels_(std::move(channels)), shared_(shared) {}
   std::unique_ptr<Request> send(Buffer b, int peer) override {
-    const NcclComm& c = channel(rank_, peer);
-    return std::make_unique<NcclRequest>(c, ncclSend(b.data, b.count, nccl_type(b.dtype), 1, c.comm, c.stream), aborted_);
+    const std::shared_ptr<NcclComm>& c = channel(rank_, peer);
+    return std::make_unique<NcclRequest>(
+        c, [=, c = c.get()] { return ncclSend(b.data, b.count, nccl_type(b.dtype), 1, c->comm, c->stream); }, shared_);
   }
   std::unique_ptr<Request> recv(Buffer b, int peer) override {
-    const NcclComm& c = channel(peer, rank_);
-    return std::make_unique<NcclRequest>(c, ncclRecv(b.data, b.count, nccl_type(b.dtype), 0, c.comm, c.stream), aborted_);
+    const std::shared_ptr<NcclComm>& c = channel(peer, rank_);
+    return std::make_unique<NcclRequest>(
+        c, [=, c = c.get()] { return ncclRecv(b.data, b.count, nccl_type(b.dtype), 0, c->comm, c->stream); }, shared_);
   }
   std::unique_ptr<Request> all_reduce(Buffer, ReduceOp) override { throw std::logic_error("all-reduce on the p2p lane"); }
   std::unique_ptr<Request> broadcast(Buffer, int) override { throw std::logic_error("broadcast on the p2p lane"); }
@@ -184,14 +250,14 @@ class ChannelLane final : public Communicator {
   }
 
  private:
-  const NcclComm& channel(int from, int to) const {
+  const std::shared_ptr<NcclComm>& channel(int from, int to) const {
     const auto it = channels_.find({from, to});
     if (it == channels_.end()) throw std::logic_error(fmt::format("no channel from rank {} to rank {} in this graph", from, to));
     return it->second;
   }
   int rank_;
-  std::map<std::pair<int, int>, NcclComm> channels_;
-  const AbortFlag& aborted_;
+  std::map<std::pair<int, int>, std::shared_ptr<NcclComm>> channels_;
+  Communicators& shared_;
 };
 
 /// --ranks-share-gpu: what lets NCCL accept several processes on one GPU. NCCL refuses two ranks of
@@ -228,10 +294,11 @@ class NcclTransport final : public Transport {
     connect(control_->size() == graph.devices());
   }
   ~NcclTransport() override {
-    for (const NcclComm& c : all_) {
-      shared_->remove(c.comm);
-      if (!shared_->aborted.load()) destroy(c.comm);
-      if (c.stream) static_cast<void>(cudaStreamDestroy(c.stream));
+    lanes_.clear();
+    for (const std::shared_ptr<NcclComm>& c : all_) {
+      destroy(c->comm);
+      shared_->remove(c->comm);
+      if (c->stream) static_cast<void>(cudaStreamDestroy(c->stream));
     }
   }
   int rank() const override { return rank_; }
@@ -268,7 +335,7 @@ class NcclTransport final : public Transport {
   NcclTransport(std::unique_ptr<Transport> control, const TaskGraph& graph, int device, const NcclOptions& options,
                 std::shared_ptr<Communicators> shared)
       : control_(std::move(control)), graph_(graph), device_(device), options_(options), rank_(control_->rank()),
-        size_(control_->size()), timeout_s_(options.timeout_s), shared_(std::move(shared)), aborted_(shared_->aborted) {}
+        size_(control_->size()), timeout_s_(options.timeout_s), shared_(std::move(shared)) {}
 
   /// Makes the collective lanes and, with `channels` (a pipeline), the graph's point-to-point
   /// channels between this transport's ranks.
@@ -281,8 +348,8 @@ class NcclTransport final : public Transport {
       // communicator before it, so creation never deadlocks.
       for (int lane = 0; lane < kCollectiveLanes; ++lane)
         lanes_.push_back(std::make_unique<CollectiveLane>(
-            create(ids[std::size_t(lane)], size_, rank_, fmt::format("collective lane {}", lane)), aborted_));
-      std::map<std::pair<int, int>, NcclComm> made;
+            create(ids[std::size_t(lane)], size_, rank_, fmt::format("collective lane {}", lane)), *shared_));
+      std::map<std::pair<int, int>, std::shared_ptr<NcclComm>> made;
       std::size_t i = kCollectiveLanes;
       for (const auto& [from, to] : used) {
         const ncclUniqueId& id = ids[i++];
@@ -290,7 +357,7 @@ class NcclTransport final : public Transport {
           made[{from, to}] = create(id, 2, rank_ == from ? 0 : 1,
                                     fmt::format("the point-to-point channel from rank {} to rank {}", from, to));
       }
-      lanes_.push_back(std::make_unique<ChannelLane>(rank_, std::move(made), aborted_));
+      lanes_.push_back(std::make_unique<ChannelLane>(rank_, std::move(made), *shared_));
     } catch (...) {
       shared_->abort();  // a communicator still connecting would keep NCCL's threads waiting
       throw;
@@ -329,14 +396,18 @@ class NcclTransport final : public Transport {
   }
   /// One non-blocking communicator, polled until NCCL has connected it, for --timeout at most: a
   /// peer that died or hangs before creating its side fails this rank here, naming `what`.
-  NcclComm create(const ncclUniqueId& id, int ranks, int rank, const std::string& what) {
+  std::shared_ptr<NcclComm> create(const ncclUniqueId& id, int ranks, int rank, const std::string& what) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     // NCCL_COMM_BLOCKING in the environment is NCCL's own choice and wins (creation then waits
     // without the timeout); otherwise non-blocking, so a dead peer is found within --timeout.
     if (!std::getenv("NCCL_COMM_BLOCKING")) config.blocking = 0;
     ncclComm_t comm = nullptr;
     ncclResult_t state = ncclCommInitRankConfig(&comm, ranks, id, rank, &config);
-    if (comm) all_.push_back({comm, nullptr}), shared_->add(comm);  // from here on, abort() reaches it
+    if (comm) {
+      all_.push_back(std::make_shared<NcclComm>());
+      all_.back()->comm = comm;
+      shared_->add(comm);  // from here on, abort() reaches it
+    }
     state = settle(comm, state);
     if (state == ncclInProgress)
       throw std::runtime_error(fmt::format(
@@ -347,11 +418,14 @@ class NcclTransport final : public Transport {
       throw std::runtime_error(fmt::format("creating the NCCL communicator of {} failed: NCCL error {} ({}): {}{}", what,
                                            int(state), ncclGetErrorString(state), ncclGetLastError(comm),
                                            state == ncclInvalidUsage ? " (several ranks on one GPU need --ranks-share-gpu)" : ""));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&all_.back().stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&all_.back()->stream, cudaStreamNonBlocking));
     return all_.back();
   }
-  /// ncclCommDestroy of a healthy communicator, after the non-blocking finalize has flushed it.
+  /// ncclCommDestroy of a healthy communicator, after the non-blocking finalize has flushed it;
+  /// under the shared lock, so that an abort from another thread waits for it or it sees the abort.
   void destroy(ncclComm_t comm) const {
+    std::shared_lock guard(shared_->lock);
+    if (shared_->aborted.load()) return;  // ncclCommAbort has freed it
     const ncclResult_t state = settle(comm, ncclCommFinalize(comm));
     static_cast<void>(state == ncclSuccess ? ncclCommDestroy(comm) : ncclCommAbort(comm));
   }
@@ -389,9 +463,8 @@ class NcclTransport final : public Transport {
   int rank_, size_;
   double timeout_s_;
   std::shared_ptr<Communicators> shared_;
-  const AbortFlag& aborted_;  ///< shared_'s, which the requests read
   std::vector<std::unique_ptr<Communicator>> lanes_;
-  std::vector<NcclComm> all_;  ///< the communicators of this transport, for destroy
+  std::vector<std::shared_ptr<NcclComm>> all_;  ///< the communicators of this transport, for destroy
 };
 
 }  // namespace

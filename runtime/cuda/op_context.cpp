@@ -39,6 +39,22 @@ ThreadContexts::ThreadContext& ThreadContexts::context() {
   return it->second;
 }
 
+cudaStream_t ThreadContexts::existing_stream() const {
+  std::lock_guard lock(mutex_);
+  const auto it = contexts_.find(std::this_thread::get_id());
+  return it == contexts_.end() ? nullptr : it->second.stream;
+}
+
+int ThreadContexts::gemm_handles() const {
+  std::lock_guard lock(mutex_);
+  int handles = 0;
+  for (const auto& [id, context] : contexts_) handles += context.gemm != nullptr;
+  for (const ThreadContext& context : spare_) handles += context.gemm != nullptr;
+  return handles;
+}
+
+std::size_t ThreadContexts::gemm_workspace_bytes() { return kGemmWorkspace; }
+
 GemmHandle& ThreadContexts::gemm() {
   ThreadContext& c = context();
   if (!c.gemm) c.gemm = std::make_unique<GemmHandle>(kGemmWorkspace, share_.sm_count());

@@ -38,6 +38,11 @@ class ThreadContexts {
 
   /// The calling thread's stream.
   cudaStream_t stream() { return context().stream; }
+  /// The calling thread's stream if it has one (null otherwise): unlike stream(), never makes one.
+  cudaStream_t existing_stream() const;
+  /// How many threads hold a cuBLASLt handle (each with its workspace, gemm_workspace_bytes()).
+  int gemm_handles() const;
+  static std::size_t gemm_workspace_bytes();
   /// The calling thread's GEMM handle, made on its first GEMM: a thread that only copies (the
   /// communication thread) never pays for a cuBLASLt workspace.
   GemmHandle& gemm();
@@ -56,7 +61,7 @@ class ThreadContexts {
 
   int device_;
   SmShare& share_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::unordered_map<std::thread::id, ThreadContext> contexts_;
   std::vector<ThreadContext> spare_;  ///< left by threads that ended
 };

@@ -67,10 +67,11 @@ SmShare::SmShare(int device, int ranks, int index) {
   unsigned made = unsigned(ranks);
   CUdevResource remaining{};
   check(d.split(groups.data(), &made, &all, &remaining, 0, per_rank), "cuDevSmResourceSplitByCount");
-  if (made < unsigned(ranks)) {
-    description_ = fmt::format("{} SMs shared by {} ranks (too few SMs for {} groups of {})", sms, ranks, ranks, per_rank);
-    return;
-  }
+  if (made < unsigned(ranks))  // running them unsplit would silently measure something else
+    throw CudaError(fmt::format("{} ranks cannot share GPU {}: an equal share of its {} SMs is a group of at least {} "
+                                "SMs, so at most {} ranks fit on it; run fewer ranks per GPU (fewer pipeline devices, "
+                                "or more GPUs)",
+                                ranks, device, all.sm.smCount, per_rank, made));
   CUdevResourceDesc desc = nullptr;
   check(d.describe(&desc, &groups[std::size_t(index)], 1), "cuDevResourceGenerateDesc");
   CUgreenCtx context = nullptr;

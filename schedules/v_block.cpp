@@ -181,9 +181,12 @@ Result<DeviceOrders> v_schedule(const ScheduleContext& context, const VBlock& re
   std::promise<std::optional<Bytes>> reference_peak;
   auto squeezed = beside(context.worth_a_thread(), [&, peak = reference_peak.get_future()]() mutable {
     std::vector<DeviceOrders> orders;
-    if (pattern)
-      for (const SqueezeMemory memory : {SqueezeMemory::Bytes, SqueezeMemory::ReferenceUnits})
-        orders.push_back(squeezed_v_orders(context, *pattern, memory));
+    // The reference's own units only where nothing is added to the orders later: with vocabulary
+    // passes the graph's iteration is not the orders' makespan, and there the units' order, faster
+    // without them, ran slower with them (the vocabulary paper's V-Half setups, docs/schedules.md).
+    if (pattern) orders.push_back(squeezed_v_orders(context, *pattern, SqueezeMemory::Bytes));
+    if (pattern && context.vocab_delay == 0)
+      orders.push_back(squeezed_v_orders(context, *pattern, SqueezeMemory::ReferenceUnits));
     const std::optional<Bytes> limit = peak.get();
     std::optional<Timed> fastest;
     if (!limit) return fastest;

@@ -21,7 +21,7 @@ VPattern v_half_pattern(int devices);
 /// How a squeeze counts a device's memory: in activation bytes as the simulator does (B frees all but
 /// what W needs), or in the reference generator's own units (each chunk's F takes one, its W returns
 /// it, B returns nothing). Neither order is better everywhere: the units' order is the reference's
-/// own, and runs faster at B = 2F (84 against 82 unit slots at p = 4, m = 8) in the same peak bytes.
+/// own, and runs faster at B = 2F (82 against 84 unit slots at p = 4, m = 8) in the same peak bytes.
 enum class SqueezeMemory { Bytes, ReferenceUnits };
 
 /// The squeezed pattern as per-device orders, W of each chunk in the first free slot after its B.

@@ -2,8 +2,9 @@
 /// What the parallel layout makes of one model, in one place: GPU counts and ranks, the global batch
 /// and its microbatches, the tokens a rank works on, the bytes of an activation that crosses a stage,
 /// ZeRO's sharding, the parameters and static bytes each stage and device holds, the activations a
-/// stage keeps and rebuilds, and the memory a device or this machine offers. The cost model, the schedules' order evaluation, the
-/// planner, the runtime and the commands all read these, so they cannot disagree
+/// stage keeps and rebuilds, and the memory a device or this machine offers. The cost model, the
+/// schedules' order evaluation, the planner, the runtime and the commands all read these, so they
+/// cannot disagree
 /// (docs/cost-model.md, "Memory").
 #include <cstdint>
 #include <optional>

@@ -75,7 +75,7 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
   }
   if (!m.tied_embeddings) flag("untie-embeddings-and-output-weights");
   arg("micro-batch-size", m.micro_batch_size);
-  arg("global-batch-size", p.microbatches * m.micro_batch_size * p.dp);
+  arg("global-batch-size", global_batch_size(c));
   arg("tensor-model-parallel-size", p.tp);
   arg("pipeline-model-parallel-size", p.pp);
   arg("context-parallel-size", p.cp);
@@ -142,7 +142,8 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
     return Error{fmt::format("{}: {} GPUs are not a multiple of tp {} x cp {} x pp {} = {}", source, *gpus, tp, cp, pp,
                              per_replica)};
   const int dp = *gpus / per_replica;
-  if (global % (mbs * dp) != 0)
+  const std::optional<int> microbatches = microbatches_for(global, mbs, dp);
+  if (!microbatches)
     return Error{fmt::format("{}: --global-batch-size {} is not a multiple of --micro-batch-size {} x data-parallel size {}",
                              source, global, mbs, dp)};
 
@@ -152,7 +153,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
   if (has("ffn-hidden-size")) model["ffn_hidden"] = integer("ffn-hidden-size", 1);
   if (has("group-query-attention") || has("num-query-groups")) model["kv_heads"] = integer("num-query-groups", heads);
   if (has("swiglu")) model["mlp"] = "swiglu";
-  json parallel{{"pp", pp}, {"tp", tp}, {"dp", dp}, {"cp", cp}, {"microbatches", global / (mbs * dp)},
+  json parallel{{"pp", pp}, {"tp", tp}, {"dp", dp}, {"cp", cp}, {"microbatches", *microbatches},
                 {"sequence_parallel", has("sequence-parallel")}};
   json schedule{{"name", "1f1b"}, {"vocab", "baseline"}};
   if (has("num-virtual-stages-per-pipeline-rank") || has("num-layers-per-virtual-pipeline-stage")) {

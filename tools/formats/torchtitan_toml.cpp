@@ -57,9 +57,9 @@ std::string torchtitan_toml(const Config& c, const std::vector<int>& split, cons
                        "n_kv_heads={}, ffn hidden {}, vocab_size={}\nname = \"llama3\"\nflavor = \"custom\"\n\n",
                        m.hidden, m.layers, m.heads, m.key_value_heads(), m.ffn_hidden, m.vocab);
   }
-  const int local_batch = p.microbatches * m.micro_batch_size;
-  out += fmt::format("[training]\nlocal_batch_size = {}\nglobal_batch_size = {}\nseq_len = {}\n\n", local_batch,
-                     local_batch * p.dp, m.seq_len);
+  const std::int64_t global_batch = global_batch_size(c);
+  out += fmt::format("[training]\nlocal_batch_size = {}\nglobal_batch_size = {}\nseq_len = {}\n\n", global_batch / p.dp,
+                     global_batch, m.seq_len);
   const bool sharded = p.dp > 1 && c.training.zero_stage >= 2;
   out += fmt::format("[parallelism]\ndata_parallel_replicate_degree = {}\ndata_parallel_shard_degree = {}\n",
                      sharded ? 1 : p.dp, sharded ? p.dp : 1);

@@ -4,8 +4,8 @@
 #   tools/gpu-bundle.sh [BUILD] [OUT]     (defaults: build, gpu-bundle)
 # OUT gets bin/ (pipesim, cuda_kernels_test, runtime_cuda_test, gpu-bench), lib/ (the CUDA and MPI
 # plugins, which pipesim finds through PIPESIM_CUDA_PLUGIN and PIPESIM_MPI_PLUGIN), configs/,
-# tools/measure-ops.py and gpu-check.sh. Nothing in it names the build folder: gpu-check.sh sets the
-# paths from where it lies. Prints the folder's size; fails above 64 MiB (what a device call carries).
+# tools/measure-ops.py, tools/torch-gemm.py and gpu-check.sh. Nothing in it names the build folder:
+# gpu-check.sh sets the paths from where it lies. Prints the folder's size; fails above 64 MiB (what a device call carries).
 set -euo pipefail
 build=${1:-build}
 out=${2:-gpu-bundle}
@@ -23,7 +23,7 @@ cp "$build/tools/pipesim" "$build/tests/cuda_kernels_test" "$build/tests/runtime
 cp "$build/runtime/cuda/libpipesim_cuda.so" "$out/lib/"
 [ -f "$build/runtime/mpi/libpipesim_mpi.so" ] && cp "$build/runtime/mpi/libpipesim_mpi.so" "$out/lib/"
 cp -r "$src/configs" "$out/"
-cp "$src/tools/measure-ops.py" "$out/tools/"
+cp "$src/tools/measure-ops.py" "$src/tools/torch-gemm.py" "$out/tools/"
 cp "$src/tools/gpu-check.sh" "$out/"
 strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so
 bytes=$(du -sb "$out" | cut -f1)

@@ -68,17 +68,7 @@ if [ -z "$gpu" ]; then
 elif ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
   row "pytorch" "skipped" "python3 with CUDA torch not found here: no PyTorch figures in this call"
 else
-  item pytorch 90 python3 - <<'PY'
-import torch
-a, b = (torch.rand(8192, 8192, device="cuda", dtype=torch.bfloat16) - 0.5 for _ in range(2))
-for _ in range(5): a @ b
-s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-s.record()
-for _ in range(50): a @ b
-e.record(); torch.cuda.synchronize()
-ms = s.elapsed_time(e) / 50
-print(f"PyTorch {torch.__version__} GEMM 8192^3 bf16: {ms:.3f} ms, {2 * 8192**3 / ms / 1e9:.1f} TFLOP/s")
-PY
+  item pytorch 90 python3 "$bundle/tools/torch-gemm.py"
   [ -f "$bundle/tools/measure-ops.py" ] &&
     item pytorch-layers 120 python3 "$bundle/tools/measure-ops.py" --reference -o "$out/pytorch-layers.json"
 fi

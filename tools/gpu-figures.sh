@@ -27,17 +27,7 @@ meson test -C "$build" --suite gpu --print-errorlogs 2>&1 | tee "$out/gpu-tests.
 bench=$build/runtime/cuda/bench/gpu-bench
 {
   "$bench" --size 8192 --iterations 50
-  python3 - <<'PY'
-import torch
-a, b = (torch.rand(8192, 8192, device="cuda", dtype=torch.bfloat16) - 0.5 for _ in range(2))
-for _ in range(3): a @ b
-start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-start.record()
-for _ in range(50): a @ b
-stop.record(); torch.cuda.synchronize()
-ms = start.elapsed_time(stop) / 50
-print(f"cuBLAS through PyTorch {torch.__version__}: bf16 GEMM 8192x8192x8192: {ms:.3f} ms, {2 * 8192**3 / ms / 1e9:.1f} TFLOP/s (mean of 50)")
-PY
+  python3 tools/torch-gemm.py
 } 2>&1 | tee "$out/gemm.txt"
 {
   "$bench" --layer --iterations 20

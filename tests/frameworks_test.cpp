@@ -109,6 +109,13 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   CHECK(fields == std::vector<std::string>{"schedule.vocab", "training.zero_stage", "training.optimizer_post_validation"});
   CHECK(unsupported(Framework::Any, config, split_of(config)).empty());
   CHECK(unsupported(Framework::Torchtitan, llama({"schedule.name=v-half"}), {}).front().nearest == "zb-v");
+  // docs/frameworks.md: recomputation other than every layer in full goes to full/uniform/1, selective to none.
+  CHECK(unsupported(Framework::Torchtitan, llama({"training.recompute_granularity=selective"}), {}).front().nearest ==
+        "none");
+  CHECK(unsupported(Framework::Torchtitan, llama({"training.recompute_granularity=full", "training.recompute_method=block"}),
+                    {})
+            .front()
+            .nearest == "full/uniform/1");
 }
 
 TEST_CASE("import names what is missing or does not add up") {

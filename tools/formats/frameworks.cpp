@@ -84,7 +84,8 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
     out.push_back({"training.recompute_granularity",
                    fmt::format("torchtitan's activation checkpointing is per block (full) or by op policy, not {}",
                                recompute),
-                   "full/uniform/1"});
+                   // under flash attention pipesim's selective recomputes nothing: none is its nearest
+                   c.training.recompute_granularity == Recompute::Selective ? "none" : "full/uniform/1"});
   if (c.parallel.tp > 1 && !c.parallel.sequence_parallel)
     out.push_back({"parallel.sequence_parallel", "torchtitan's tensor parallelism always shards the sequence", "true"});
   if (c.training.optimizer_post_validation)
@@ -142,9 +143,10 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
     if (u.field == "schedule.name") config.schedule.name = u.nearest;
     if (u.field == "schedule.vocab") config.schedule.vocab = VocabMode::Baseline, config.schedule.layers_per_stage.clear();
     if (u.field == "training.zero_stage") config.training.zero_stage = std::stoi(u.nearest);
-    if (u.field == "training.recompute_granularity")
-      config.training.recompute_granularity = Recompute::Full, config.training.recompute_method = RecomputeMethod::Uniform,
-      config.training.recompute_num_layers = 1;
+    if (u.field == "training.recompute_granularity") {
+      config.training.recompute_granularity = u.nearest == "none" ? Recompute::None : Recompute::Full;
+      config.training.recompute_method = RecomputeMethod::Uniform, config.training.recompute_num_layers = 1;
+    }
     if (u.field == "parallel.sequence_parallel") config.parallel.sequence_parallel = true;
     if (u.field == "training.optimizer_post_validation") config.training.optimizer_post_validation = false;
   }

@@ -11,6 +11,7 @@ namespace {
 
 constexpr pipesim::cuda_test::CheckGroup kGroups[] = {
     {"gemm", pipesim::cuda_test::check_gemm},
+    {"gemm autotuning", pipesim::cuda_test::check_gemm_autotune},
     {"gemm epilogues", pipesim::cuda_test::check_gemm_epilogues},
     {"layer kernels", pipesim::cuda_test::check_layer_kernels},
     {"llama kernels", pipesim::cuda_test::check_llama_kernels},

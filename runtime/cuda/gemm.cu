@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -128,6 +130,40 @@ void make_layouts(const GemmHandle::Call& call, cublasLtMatrixLayout_t& a, cubla
   }
 }
 
+/// Bytes from the first element to one past the last of `batch` column-major rows×cols matrices
+/// (leading dimension ld) `stride` elements apart, rounded up to 256 so a buffer after it stays
+/// aligned as cudaMalloc's are.
+std::size_t span_bytes(long long rows, long long cols, long long ld, int batch, long long stride, DType type) {
+  const auto elements = std::size_t((cols - 1) * ld + rows + (batch - 1) * stride);
+  return (elements * element_size(type) + 255) / 256 * 256;
+}
+
+/// A candidate's timed launches: between its two events.
+struct Timed {
+  std::size_t candidate;
+  cudaEvent_t start, stop;
+};
+
+/// CUDA events (with timing) made one by one, destroyed with this.
+class Events {
+ public:
+  Events() = default;
+  ~Events() {
+    for (cudaEvent_t e : events_) static_cast<void>(cudaEventDestroy(e));
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  cudaEvent_t add() {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+    return e;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
 [[noreturn]] void throw_no_algorithm(const GemmHandle::Call& call) {
   throw CudaError("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=" + std::to_string(call.m) +
                   " n=" + std::to_string(call.n) + " k=" + std::to_string(call.k) + " (" +
@@ -137,8 +173,19 @@ void make_layouts(const GemmHandle::Call& call, cublasLtMatrixLayout_t& a, cubla
 
 }  // namespace
 
-GemmHandle::GemmHandle(std::size_t workspace_bytes, int sm_count)
-    : workspace_bytes_(workspace_bytes), sm_count_(sm_count) {
+bool GemmHandle::autotune_by_default() {
+  static const bool on = [] {
+    const char* value = std::getenv("PIPESIM_GEMM_AUTOTUNE");
+    const std::string choice = value != nullptr ? value : "";
+    if (choice.empty() || choice == "1" || choice == "on") return true;
+    if (choice == "0" || choice == "off") return false;
+    throw CudaError("PIPESIM_GEMM_AUTOTUNE=" + choice + ": expected 1, on, 0 or off");
+  }();
+  return on;
+}
+
+GemmHandle::GemmHandle(std::size_t workspace_bytes, int sm_count, bool autotune)
+    : workspace_bytes_(workspace_bytes), sm_count_(sm_count), autotune_(autotune) {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
   if (workspace_bytes_ > 0) {
     if (const cudaError_t status = cudaMalloc(&workspace_, workspace_bytes_); status != cudaSuccess) {
@@ -219,7 +266,7 @@ cublasStatus_t GemmHandle::find_algorithm(Plan& plan, const Key& key, int& found
   const std::uint32_t alignments[4] = {std::uint32_t(key.align_a), std::uint32_t(key.align_b),
                                        std::uint32_t(key.separate_c ? key.align_c_in : key.align_c),
                                        std::uint32_t(key.align_c)};
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
   const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
@@ -229,15 +276,82 @@ cublasStatus_t GemmHandle::find_algorithm(Plan& plan, const Key& key, int& found
     status = cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
                                                   sizeof(alignments[i]));
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c, preference, 1,
-                                            &result, &found);
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.c, plan.c, preference,
+                                            autotune_ ? kCandidates : 1, results, &found);
   static_cast<void>(cublasLtMatmulPreferenceDestroy(preference));
-  if (status == CUBLAS_STATUS_SUCCESS && found > 0) plan.algo = result.algo;
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  // The workspace preference should already exclude bigger ones; an answer cuBLASLt marks as
+  // failed is no candidate either.
+  plan.candidates.clear();
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= workspace_bytes_)
+      plan.candidates.push_back({results[i].algo});
+  found = int(plan.candidates.size());
+  if (found > 0) plan.algo = plan.candidates.front().algo;
+  if (found < 2) plan.candidates.clear();  // nothing to choose between
   return status;
 }
 
-cublasStatus_t GemmHandle::launch(const Plan& plan, const Call& call, const void* a, const void* b, void* c,
-                                  cudaStream_t stream) {
+void GemmHandle::tune(Plan& plan, const Call& call, const void* a, const void* b, const void* c,
+                      cudaStream_t stream) {
+  // The timing is read on the host, and a stream being captured into a graph cannot be waited for.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());  // not left for the next launch check to find
+    return;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return;
+  const std::vector<Candidate> candidates = std::exchange(plan.candidates, {});
+
+  // Every output in scratch: D, and the GELU aux or the bias gradient where the epilogue writes one.
+  // The caller's C is read (accumulate) but not written, so each trial sees the same inputs.
+  const std::size_t d_bytes = span_bytes(call.m, call.n, call.ldc, call.batch, call.stride_c, call.types.output);
+  const std::size_t aux_bytes = call.epilogue == Epilogue::GeluAuxBias
+                                    ? span_bytes(call.m, call.n, call.ld_aux, 1, 0, call.types.output)
+                                    : 0;
+  const std::size_t bias_bytes =
+      call.epilogue == Epilogue::BiasGradA ? span_bytes(call.m, 1, call.m, 1, 0, call.bias_type) : 0;
+  std::unique_ptr<detail::StreamScratch> scratch;
+  try {
+    scratch = std::make_unique<detail::StreamScratch>(d_bytes + aux_bytes + bias_bytes, stream);
+  } catch (const CudaError&) {
+    static_cast<void>(cudaGetLastError());
+    return;  // no memory to spare now: the heuristic's first stays
+  }
+  std::byte* d = scratch->as<std::byte>();
+  Call trial = call;
+  if (call.accumulate && call.c_in == nullptr) trial.c_in = c;  // C = the caller's, D = the scratch
+  if (aux_bytes > 0) trial.aux = d + d_bytes;
+  if (bias_bytes > 0) trial.bias = d + d_bytes + aux_bytes;
+
+  Events events;
+  std::vector<Timed> timed;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    // The warm-up launch: a candidate that cannot run this call (status not SUCCESS) is dropped.
+    cublasStatus_t status = launch(plan, candidates[i].algo, trial, a, b, d, stream);
+    if (status != CUBLAS_STATUS_SUCCESS) continue;
+    const Timed t{i, events.add(), events.add()};
+    CUDA_CHECK(cudaEventRecord(t.start, stream));
+    for (int r = 0; r < kTimedLaunches && status == CUBLAS_STATUS_SUCCESS; ++r)
+      status = launch(plan, candidates[i].algo, trial, a, b, d, stream);
+    CUDA_CHECK(cudaEventRecord(t.stop, stream));
+    if (status == CUBLAS_STATUS_SUCCESS) timed.push_back(t);
+  }
+  if (timed.empty()) return;  // the heuristic's first stays; the caller's launch reports its status
+  CUDA_CHECK(cudaEventSynchronize(timed.back().stop));  // the stream's order: every stop before it too
+  const Timed* best = nullptr;
+  float best_ms = 0;
+  for (const Timed& t : timed) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+    if (best == nullptr || ms < best_ms) best = &t, best_ms = ms;  // ties: the heuristic's order
+  }
+  plan.algo = candidates[best->candidate].algo;
+  ++tuned_plans_;
+}
+
+cublasStatus_t GemmHandle::launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const Call& call, const void* a,
+                                  const void* b, void* c, cudaStream_t stream) {
   // A cached plan serves every call of its key: the vectors' addresses are this call's.
   if (uses_bias(call.epilogue)) {
     const cublasStatus_t status =
@@ -251,7 +365,7 @@ cublasStatus_t GemmHandle::launch(const Plan& plan, const Call& call, const void
   }
   const float alpha = call.alpha, beta = call.accumulate ? 1.0f : 0.0f;
   const void* c_in = call.accumulate && call.c_in != nullptr ? call.c_in : c;
-  return cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c_in, plan.c, c, plan.c, &plan.algo,
+  return cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c_in, plan.c, c, plan.c, &algo,
                         workspace_, workspace_bytes_, stream);
 }
 
@@ -294,12 +408,15 @@ bool GemmHandle::run_checked(const Call& call, const void* a, const void* b, voi
     }
     found = plans_.emplace(key, plan).first;
   }
-  const cublasStatus_t status = launch(found->second, call, a, b, c, stream);
+  Plan& plan = found->second;
+  if (!plan.candidates.empty()) tune(plan, call, a, b, c, stream);  // the shape's first call
+  const cublasStatus_t status = launch(plan, plan.algo, call, a, b, c, stream);
   if (optional && unsupported(status)) {
     unsupported_.insert(key);
     return false;
   }
   CUBLAS_CHECK(status);
+  last_algorithm_ = plan.algo;
   return true;
 }
 

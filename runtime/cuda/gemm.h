@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <map>
 #include <set>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -29,11 +30,31 @@ struct GemmTypes {
 /// Owns a cuBLASLt handle, a workspace and the descriptors and chosen algorithm of every shape it has
 /// run, so a repeated shape costs one cublasLtMatmul call and no heuristic query. One GemmHandle per
 /// host thread (not thread-safe); the device it was created on is the one it runs on.
+///
+/// Autotuning: the heuristic's first answer is often not the fastest (94 % of cuBLAS's own at bf16
+/// 8192³), so on a shape's first call the handle takes the heuristic's top kCandidates, times each
+/// on the caller's stream (one warm-up launch, then kTimedLaunches between CUDA events) with every
+/// output redirected to scratch memory, and keeps the fastest for the shape's later calls; the
+/// caller's outputs are written once, by the chosen algorithm. That first call waits for the stream
+/// (the timing is read on the host). A stream being captured into a CUDA graph cannot wait: such a
+/// call runs the heuristic's first and the shape is tuned on its first call outside a capture. Where
+/// the scratch cannot be allocated the heuristic's first stays. Results are bitwise repeatable for
+/// one handle; two runs may pick different algorithms, whose roundings differ: autotuning off is
+/// the repeatable choice.
 class GemmHandle {
  public:
+  /// Heuristic answers timed per shape, and launches timed per answer.
+  static constexpr int kCandidates = 8, kTimedLaunches = 3;
+  /// Whether handles autotune unless told: PIPESIM_GEMM_AUTOTUNE in the environment (read once),
+  /// unset, "1" or "on" for yes, "0" or "off" for the heuristic's first answer; anything else throws
+  /// CudaError.
+  static bool autotune_by_default();
+
   /// 32 MiB: what cuBLAS recommends for Hopper; Ampere needs less. `sm_count` > 0 tells cuBLASLt's
-  /// heuristics how many SMs the caller's streams run on (a green context's share), 0 the whole GPU.
-  explicit GemmHandle(std::size_t workspace_bytes = std::size_t(32) << 20, int sm_count = 0);
+  /// heuristics how many SMs the caller's streams run on (a green context's share), 0 the whole GPU;
+  /// autotuning then times the candidates on those SMs, as the caller's stream runs in that share.
+  explicit GemmHandle(std::size_t workspace_bytes = std::size_t(32) << 20, int sm_count = 0,
+                      bool autotune = autotune_by_default());
   ~GemmHandle();
   GemmHandle(const GemmHandle&) = delete;
   GemmHandle& operator=(const GemmHandle&) = delete;
@@ -81,14 +102,26 @@ class GemmHandle {
   /// return false at once). Calls without an epilogue behave as run().
   bool try_run(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream);
 
-  /// Shapes cached so far (for tests of the cache).
+  bool autotune() const { return autotune_; }
+  /// Shapes cached so far, and those whose algorithm was chosen by timing (for tests of the cache).
   std::size_t cached_plans() const { return plans_.size(); }
+  std::size_t tuned_plans() const { return tuned_plans_; }
+  /// The algorithm of the last call that launched one (for tests: a cached shape keeps its choice).
+  const cublasLtMatmulAlgo_t& last_algorithm() const { return last_algorithm_; }
 
  private:
+  /// A named type around cuBLASLt's unnamed struct: nvcc 13 stops with an internal error on a
+  /// std::vector of the latter.
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo;
+  };
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t algo{};  ///< what calls launch: the heuristic's first until tuned
+    /// The heuristic's answers, best first, still to be timed: empty once chosen or when there is
+    /// nothing to choose from (autotuning off, one answer).
+    std::vector<Candidate> candidates;
   };
   /// The call's shape, types, batch and epilogue plus the alignments (bytes, up to 256) of every
   /// pointer: cuBLASLt picks algorithms by the alignment it is promised.
@@ -109,17 +142,24 @@ class GemmHandle {
   /// Null plan descriptors when cuBLASLt has no algorithm and `optional` is set; throws otherwise.
   Plan make_plan(const Call& call, const Key& key, bool optional);
   /// cuBLASLt's best algorithm for the plan's descriptors within the workspace and the key's
-  /// alignments, into plan.algo; `found` is 0 where there is none. Returns cuBLASLt's status.
+  /// alignments, into plan.algo, and with autotuning its next best into plan.candidates; `found` is
+  /// 0 where there is none. Returns cuBLASLt's status.
   cublasStatus_t find_algorithm(Plan& plan, const Key& key, int& found) const;
-  /// Points the plan's descriptor at this call's bias and aux and launches.
-  cublasStatus_t launch(const Plan& plan, const Call& call, const void* a, const void* b, void* c,
-                        cudaStream_t stream);
+  /// Points the plan's descriptor at this call's bias and aux and launches `algo`.
+  cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const Call& call, const void* a,
+                        const void* b, void* c, cudaStream_t stream);
+  /// Times plan.candidates on `stream` into scratch outputs and keeps the fastest that launched in
+  /// plan.algo (see the class comment); leaves the plan as it was under graph capture.
+  void tune(Plan& plan, const Call& call, const void* a, const void* b, const void* c, cudaStream_t stream);
   bool run_checked(const Call& call, const void* a, const void* b, void* c, cudaStream_t stream, bool optional);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   int sm_count_ = 0;
+  bool autotune_ = true;
+  std::size_t tuned_plans_ = 0;
+  cublasLtMatmulAlgo_t last_algorithm_{};
   std::map<Key, Plan> plans_;
   std::set<Key> unsupported_;
 };

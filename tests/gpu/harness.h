@@ -89,6 +89,8 @@ void check_layer_kernels(Report& report);
 /// RMSNorm, RoPE and SwiGLU (cuda/llama_kernels.h).
 void check_llama_kernels(Report& report);
 void check_gemm(Report& report);
+/// Autotuned GEMMs against the heuristic's first algorithm, and the tuned plan's cache.
+void check_gemm_autotune(Report& report);
 void check_gemm_epilogues(Report& report);
 void check_attention(Report& report);
 /// cuDNN's bf16 attention (attention_cudnn.h); says so and checks nothing in builds without cuDNN.

@@ -46,7 +46,9 @@ figure() {
     cuda-kernels) grep -c "#wrong" "$out/$1.log" | sed 's/$/ checks/' ;;
     runtime-cuda) grep -E "passed|assertions" "$out/$1.log" | tail -1 ;;
     nccl-*) grep -iE "check|loss" "$out/$1.log" | tail -1 | cut -c1-100 ;;
-    gemm-bench|layer-bench) grep -iE "TFLOP|ms" "$out/$1.log" | tail -2 | tr '\n' ' ' | cut -c1-120 ;;
+    gemm-bench) grep -iE "TFLOP|ms" "$out/$1.log" | tail -2 | tr '\n' ' ' | cut -c1-120 ;;
+    # The times and how the GEMMs were chosen, without the shape (the command line's defaults).
+    layer-bench) grep -E "^one layer" "$out/$1.log" | tail -1 | sed 's/^one layer ([^)]*): //' | cut -c1-120 ;;
     *) tail -1 "$out/$1.log" | cut -c1-100 ;;
   esac
 }

@@ -9,6 +9,7 @@
 
 #include "cuda/check.h"
 #include "cuda/dtype.h"
+#include "cuda/gemm.h"
 
 namespace pipesim {
 
@@ -26,6 +27,12 @@ inline std::vector<std::byte> bench_values(std::size_t count, runtime::cuda::DTy
     }
   }
   return bytes;
+}
+
+/// How the GEMMs choose their cuBLASLt algorithm in this process (PIPESIM_GEMM_AUTOTUNE), for the
+/// benches' lines.
+inline const char* gemm_choice() {
+  return runtime::cuda::GemmHandle::autotune_by_default() ? "GEMMs autotuned" : "GEMMs on the heuristic's first";
 }
 
 /// Milliseconds per call of `work`, by CUDA events around `iterations` calls on `stream` after

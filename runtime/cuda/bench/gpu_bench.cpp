@@ -21,7 +21,8 @@ namespace gpu = pipesim::runtime::cuda;
 
 constexpr int kNoDevice = 77;  // Meson's SKIP
 
-/// Milliseconds per n×n×n GEMM, C = A·B, over `iterations` (bench_util.h).
+/// Milliseconds per n×n×n GEMM, C = A·B, over `iterations` (bench_util.h); the untimed calls
+/// before them make the plan and, with autotuning, time the candidates.
 double time_gemm(int n, int iterations, gpu::DType dtype) {
   const std::size_t count = std::size_t(n) * std::size_t(n);
   gpu::DeviceBuffer<std::byte> a(pipesim::bench_values(count, dtype, 1)), b(pipesim::bench_values(count, dtype, 2));
@@ -88,8 +89,8 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
     const double ms = time_gemm(size, iterations, dtype);
     const double tflops = 2.0 * double(size) * double(size) * double(size) / (ms * 1e-3) / 1e12;
-    std::printf("%s: %s GEMM %dx%dx%d: %.3f ms, %.1f TFLOP/s (mean of %d)\n", properties.name, dtype_name.c_str(),
-                size, size, size, ms, tflops, iterations);
+    std::printf("%s: %s GEMM %dx%dx%d: %.3f ms, %.1f TFLOP/s (mean of %d; %s)\n", properties.name,
+                dtype_name.c_str(), size, size, size, ms, tflops, iterations, pipesim::gemm_choice());
   } catch (const gpu::CudaError& e) {
     std::fprintf(stderr, "gpu-bench: error: %s\n", e.what());
     return 1;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <vector>
 
+#include "bench_util.h"
 #include "cost_model.h"
 #include "executor.h"
 #include "layout.h"
@@ -77,9 +78,9 @@ int bench_layer(const LayerBenchShape& shape, const std::string& dtype, int iter
       step_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
     }
     fmt::print("one layer (h {}, {} heads, FFN {}, seq {}, micro-batch {}, {}): forward {:.3f} ms, forward + "
-               "backward {:.3f} ms (medians of {})\n",
+               "backward {:.3f} ms (medians of {}; {})\n",
                shape.hidden, shape.heads, shape.ffn, shape.seq, shape.micro_batch, dtype, median(forward_ms),
-               median(step_ms), iterations);
+               median(step_ms), iterations, gemm_choice());
   } catch (const std::exception& e) {
     fmt::print(stderr, "gpu-bench: error: {}\n", e.what());
     return 1;

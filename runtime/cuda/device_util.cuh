@@ -73,6 +73,19 @@ __device__ V block_reduce(V v, Op op, V identity, V* scratch) {
   return warp_reduce(lane < warps ? scratch[lane] : identity, op);
 }
 
+/// Row `base` (h elements) of a norm's input: x's or, with a residual, the sum x + residual rounded
+/// to T as add() rounds it, which this loop writes to `sum` (the caller's next residual stream; it
+/// may be x or residual) and the norm's later loops read back from there. Each thread reads back only
+/// what it wrote, so no barrier is needed, and the norm sees the stored sum's values: the statistics
+/// and output are add() then the plain norm's, bit for bit, and the norm's backward reads `sum`.
+template <class T>
+__device__ const T* norm_input(const T* x, const T* residual, T* sum, std::size_t base, int h) {
+  if (residual == nullptr) return x + base;
+  for (int j = int(threadIdx.x); j < h; j += blockDim.x)
+    sum[base + j] = from_float<T>(to_float(x[base + j]) + to_float(residual[base + j]));
+  return sum + base;
+}
+
 /// Blocks for a grid-stride loop over `count` elements: enough to fill the device, never more than the
 /// elements need.
 inline unsigned grid_for(std::size_t count, int threads) {

@@ -41,6 +41,21 @@ struct LayerNormForwardTensors {
 /// LayerNorm over rows of width h: y = (x − mean)·rstd·gamma + beta; keeps mean and rstd (n each).
 void layernorm_forward(const LayerNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream);
 
+struct AddLayerNormForwardTensors {
+  const void* x;         ///< n×h elements of `dtype`
+  const void* residual;  ///< n×h elements of `dtype`
+  void* sum;             ///< x + residual, n×h elements of `dtype` (written; may be x or residual)
+  const float* gamma;    ///< gain, h floats
+  const float* beta;     ///< bias, h floats
+  void* y;               ///< LayerNorm of sum, n×h elements of `dtype`
+  float* mean;           ///< per-row mean of sum, n floats (written)
+  float* rstd;           ///< per-row rstd of sum, n floats (written)
+};
+/// The residual connection and the LayerNorm after it in one kernel: sum = x + residual (rounded to
+/// `dtype`, the next residual stream) and y = LayerNorm(sum), each row read once. The same bits as
+/// add() then layernorm_forward on sum, so layernorm_backward on sum is its backward.
+void add_layernorm_forward(const AddLayerNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream);
+
 struct LayerNormBackwardTensors {
   const void* x;       ///< the forward's input, n×h elements of `dtype`
   const float* gamma;  ///< gain, h floats

@@ -1,6 +1,6 @@
-// LayerNorm forward and backward, and the bias gradient: row kernels (one block per row) and
-// deterministic column sums (per-chunk partials, then one ordered sum per column), which RMSNorm's
-// gain gradient shares (column_sums.cuh).
+// LayerNorm forward (alone or after the residual add) and backward, and the bias gradient: row
+// kernels (one block per row) and deterministic column sums (per-chunk partials, then one ordered sum
+// per column), which RMSNorm's gain gradient shares (column_sums.cuh).
 #include "column_sums.cuh"
 #include "device_util.cuh"
 #include "kernels.h"
@@ -17,13 +17,14 @@ constexpr int kRowThreads = 256;
 /// writes one partial per column, and a second kernel adds the partials in chunk order.
 constexpr int kColumns = 32, kRowLanes = 8, kChunkRows = 64;
 
+/// LayerNorm of x's rows or, with a residual, of x + residual (kept in `sum`; detail::norm_input).
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    layernorm_forward_kernel(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
-                             int h) {
+    layernorm_forward_kernel(const T* x, const T* residual, T* sum_out, const float* gamma, const float* beta, T* y,
+                             float* mean, float* rstd, int h) {
   __shared__ float scratch[32];
   const std::size_t row = blockIdx.x;
-  const T* in = x + row * std::size_t(h);
+  const T* in = detail::norm_input(x, residual, sum_out, row * std::size_t(h), h);
   float sum = 0;
   for (int j = int(threadIdx.x); j < h; j += blockDim.x) sum += to_float(in[j]);
   const float mu = detail::block_reduce(sum, detail::Sum{}, 0.0f, scratch) / float(h);
@@ -132,15 +133,31 @@ template void column_sums<bf16>(const bf16*, const bf16*, const float*, const fl
 
 }  // namespace detail
 
-void layernorm_forward(const LayerNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+namespace {
+
+/// layernorm_forward, after the residual add where `residual` is given (add_layernorm_forward).
+void layernorm_rows(const LayerNormForwardTensors& t, const void* residual, void* sum, RowShape shape, DType dtype,
+                    cudaStream_t stream) {
   const int n = shape.n, h = shape.h;
   if (n == 0 || h == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    layernorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(t.x), t.gamma, t.beta,
-                                                                      static_cast<T*>(t.y), t.mean, t.rstd, h);
+    layernorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(
+        static_cast<const T*>(t.x), static_cast<const T*>(residual), static_cast<T*>(sum), t.gamma, t.beta,
+        static_cast<T*>(t.y), t.mean, t.rstd, h);
   });
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void layernorm_forward(const LayerNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  layernorm_rows(t, nullptr, nullptr, shape, dtype, stream);
+}
+
+void add_layernorm_forward(const AddLayerNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  layernorm_rows({.x = t.x, .gamma = t.gamma, .beta = t.beta, .y = t.y, .mean = t.mean, .rstd = t.rstd}, t.residual,
+                 t.sum, shape, dtype, stream);
 }
 
 void layernorm_backward(const LayerNormBackwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {

@@ -1,6 +1,6 @@
-// The Llama family's kernels: RMSNorm (row kernels, one block per row, and layernorm.cu's column
-// sums for the gain), rotary position embeddings (one thread per rotated pair) and SwiGLU (one thread
-// per output element).
+// The Llama family's kernels: RMSNorm, alone or after the residual add (row kernels, one block per
+// row, and layernorm.cu's column sums for the gain), rotary position embeddings (one thread per
+// rotated pair) and SwiGLU (one thread per output element).
 #include <string>
 
 #include "column_sums.cuh"
@@ -17,12 +17,13 @@ constexpr float kRmsNormEpsilon = 1e-5f;  // as runtime/cpu/llama_kernels.h
 constexpr int kRowThreads = 256, kThreads = 256;
 constexpr double kTwoPi = 6.283185307179586;
 
+/// RMSNorm of x's rows or, with a residual, of x + residual (kept in `sum`; detail::norm_input).
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    rmsnorm_forward_kernel(const T* x, const float* gain, T* y, float* rstd, int h) {
+    rmsnorm_forward_kernel(const T* x, const T* residual, T* sum, const float* gain, T* y, float* rstd, int h) {
   __shared__ float scratch[32];
   const std::size_t row = blockIdx.x;
-  const T* in = x + row * std::size_t(h);
+  const T* in = detail::norm_input(x, residual, sum, row * std::size_t(h), h);
   float squares = 0;
   for (int j = int(threadIdx.x); j < h; j += blockDim.x) {
     const float v = to_float(in[j]);
@@ -121,17 +122,29 @@ void rope(void* x, const RopeLaunch& s, DType dtype, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-void rmsnorm_forward(const RmsNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+/// rmsnorm_forward, after the residual add where `residual` is given (add_rmsnorm_forward).
+void rmsnorm_rows(const RmsNormForwardTensors& t, const void* residual, void* sum, RowShape shape, DType dtype,
+                  cudaStream_t stream) {
   const int n = shape.n, h = shape.h;
   if (n == 0 || h == 0) return;
   detail::dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rmsnorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(t.x), t.gain,
+    rmsnorm_forward_kernel<<<unsigned(n), kRowThreads, 0, stream>>>(static_cast<const T*>(t.x),
+                                                                    static_cast<const T*>(residual),
+                                                                    static_cast<T*>(sum), t.gain,
                                                                     static_cast<T*>(t.y), t.rstd, h);
   });
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void rmsnorm_forward(const RmsNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  rmsnorm_rows(t, nullptr, nullptr, shape, dtype, stream);
+}
+
+void add_rmsnorm_forward(const AddRmsNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {
+  rmsnorm_rows({.x = t.x, .gain = t.gain, .y = t.y, .rstd = t.rstd}, t.residual, t.sum, shape, dtype, stream);
 }
 
 void rmsnorm_backward(const RmsNormBackwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream) {

@@ -23,6 +23,19 @@ struct RmsNormForwardTensors {
 /// RMSNorm over rows of width h: y = x·rstd·gain, rstd = 1/sqrt(mean(x²) + 1e-5); keeps rstd (n).
 void rmsnorm_forward(const RmsNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream);
 
+struct AddRmsNormForwardTensors {
+  const void* x;         ///< n×h elements of `dtype`
+  const void* residual;  ///< n×h elements of `dtype`
+  void* sum;             ///< x + residual, n×h elements of `dtype` (written; may be x or residual)
+  const float* gain;     ///< h floats
+  void* y;               ///< RMSNorm of sum, n×h elements of `dtype`
+  float* rstd;           ///< per-row rstd of sum, n floats (written)
+};
+/// The residual connection and the RMSNorm after it in one kernel: sum = x + residual (rounded to
+/// `dtype`, the next residual stream) and y = RMSNorm(sum), each row read once. The same bits as
+/// add() then rmsnorm_forward on sum, so rmsnorm_backward on sum is its backward.
+void add_rmsnorm_forward(const AddRmsNormForwardTensors& t, RowShape shape, DType dtype, cudaStream_t stream);
+
 struct RmsNormBackwardTensors {
   const void* x;      ///< the forward's input, n×h elements of `dtype`
   const float* gain;  ///< h floats

@@ -1,5 +1,7 @@
-// LayerNorm, GELU, bias, residual, conversion and optimizer kernels against the CPU runtime.
+// LayerNorm, GELU, bias, residual, conversion and optimizer kernels against the CPU runtime; the
+// fused residual add and LayerNorm against the unfused pair.
 #include <cmath>
+#include <tuple>
 
 #include "cpu/kernels.h"
 #include "cuda/kernels.h"
@@ -49,6 +51,38 @@ void check_layernorm(Report& report, const Stream& stream, std::mt19937& rng, in
   stream.sync();
   report.compare_bits("layernorm_backward rerun", shape, t, "dgamma", dgamma2.download(), first_dgamma);
   report.compare_bits("layernorm_backward rerun", shape, t, "dx", dx2.download(), first_dx);
+}
+
+/// add_layernorm_forward against add() then layernorm_forward on the device: the sum exactly (one
+/// rounding, the same), the norm within the type's tolerance; `in_place` writes the sum over x, as
+/// the backend does.
+void check_add_layernorm(Report& report, const Stream& stream, std::mt19937& rng, int n, int h, DType t,
+                         bool in_place) {
+  const std::string shape = shape_name({{"n", n}, {"h", h}}) + (in_place ? " in place" : "");
+  const std::size_t size = std::size_t(n) * h;
+  const auto x = rounded(random_values(size, rng, -2, 3), t), residual = rounded(random_values(size, rng), t);
+  const auto gamma = random_values(std::size_t(h), rng, 0.5f, 1.5f), beta = random_values(std::size_t(h), rng);
+  const auto f = [](Tensor& tensor) { return static_cast<float*>(tensor.get()); };
+  Tensor r_d(residual, t), gamma_d(gamma, DType::F32), beta_d(beta, DType::F32);
+
+  Tensor x_u(x, t), sum_u(size, t), y_u(size, t), mean_u(std::size_t(n), DType::F32), rstd_u(std::size_t(n), DType::F32);
+  gpu::add(x_u.get(), r_d.get(), sum_u.get(), size, t, stream.get());
+  gpu::layernorm_forward({.x = sum_u.get(), .gamma = f(gamma_d), .beta = f(beta_d), .y = y_u.get(), .mean = f(mean_u),
+                          .rstd = f(rstd_u)},
+                         {.n = n, .h = h}, t, stream.get());
+
+  Tensor x_f(x, t), sum_f(size, t), y_f(size, t), mean_f(std::size_t(n), DType::F32), rstd_f(std::size_t(n), DType::F32);
+  Tensor& sum = in_place ? x_f : sum_f;
+  gpu::add_layernorm_forward({.x = x_f.get(), .residual = r_d.get(), .sum = sum.get(), .gamma = f(gamma_d),
+                              .beta = f(beta_d), .y = y_f.get(), .mean = f(mean_f), .rstd = f(rstd_f)},
+                             {.n = n, .h = h}, t, stream.get());
+  stream.sync();
+  const double tol = tolerance(t, kF32);
+  report.compare_bits("add_layernorm_forward", shape, t, "sum", sum.download(), sum_u.download());
+  report.compare("add_layernorm_forward", shape, t, "y vs unfused", y_f.download(), y_u.download(), tol);
+  report.compare("add_layernorm_forward", shape, t, "mean", mean_f.download(), mean_u.download(), tol);
+  report.compare("add_layernorm_forward", shape, t, "rstd", rstd_f.download(), rstd_u.download(), tol);
+  report.compare_bits("add_layernorm_forward", shape, t, "residual kept", r_d.download(), residual);
 }
 
 void check_gelu(Report& report, const Stream& stream, std::mt19937& rng, std::size_t count, DType t) {
@@ -139,6 +173,10 @@ void check_layer_kernels(Report& report) {
   }
   check_convert(report, stream, rng);
   check_optimizers(report, stream, rng);
+  std::mt19937 fused_rng(12);  // its own: the checks above keep their inputs
+  for (const DType t : {DType::F32, DType::BF16})
+    for (const auto& [n, h, in_place] : {std::tuple{5, 16, false}, {67, 256, true}, {130, 4096, false}})
+      check_add_layernorm(report, stream, fused_rng, n, h, t, in_place);
 }
 
 }  // namespace pipesim::cuda_test

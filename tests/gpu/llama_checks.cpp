@@ -1,5 +1,9 @@
-// The Llama family's kernels (RMSNorm, RoPE, SwiGLU) against the CPU runtime's.
+// The Llama family's kernels (RMSNorm, RoPE, SwiGLU) against the CPU runtime's; the fused residual
+// add and RMSNorm against the unfused pair.
+#include <tuple>
+
 #include "cpu/llama_kernels.h"
+#include "cuda/kernels.h"
 #include "cuda/llama_kernels.h"
 #include "harness.h"
 
@@ -42,6 +46,33 @@ void check_rmsnorm(Report& report, const Stream& stream, std::mt19937& rng, int 
   stream.sync();
   report.compare_bits("rmsnorm_backward rerun", shape, t, "dgain", dgain2.download(), dgain_d.download());
   report.compare_bits("rmsnorm_backward rerun", shape, t, "dx", dx2.download(), dx_d.download());
+}
+
+/// add_rmsnorm_forward against add() then rmsnorm_forward on the device: the sum exactly, the norm
+/// within the type's tolerance; `in_place` writes the sum over x, as the backend does.
+void check_add_rmsnorm(Report& report, const Stream& stream, std::mt19937& rng, int n, int h, DType t, bool in_place) {
+  const std::string shape = shape_name({{"n", n}, {"h", h}}) + (in_place ? " in place" : "");
+  const std::size_t size = std::size_t(n) * h;
+  const auto x = rounded(random_values(size, rng, -2, 3), t), residual = rounded(random_values(size, rng), t);
+  const auto gain = random_values(std::size_t(h), rng, 0.5f, 1.5f);
+  Tensor r_d(residual, t), gain_d(gain, DType::F32);
+
+  Tensor x_u(x, t), sum_u(size, t), y_u(size, t), rstd_u(std::size_t(n), DType::F32);
+  gpu::add(x_u.get(), r_d.get(), sum_u.get(), size, t, stream.get());
+  gpu::rmsnorm_forward({.x = sum_u.get(), .gain = f32(gain_d), .y = y_u.get(), .rstd = f32(rstd_u)}, {.n = n, .h = h},
+                       t, stream.get());
+
+  Tensor x_f(x, t), sum_f(size, t), y_f(size, t), rstd_f(std::size_t(n), DType::F32);
+  Tensor& sum = in_place ? x_f : sum_f;
+  gpu::add_rmsnorm_forward({.x = x_f.get(), .residual = r_d.get(), .sum = sum.get(), .gain = f32(gain_d),
+                            .y = y_f.get(), .rstd = f32(rstd_f)},
+                           {.n = n, .h = h}, t, stream.get());
+  stream.sync();
+  const double tol = tolerance(t, kF32);
+  report.compare_bits("add_rmsnorm_forward", shape, t, "sum", sum.download(), sum_u.download());
+  report.compare("add_rmsnorm_forward", shape, t, "y vs unfused", y_f.download(), y_u.download(), tol);
+  report.compare("add_rmsnorm_forward", shape, t, "rstd", rstd_f.download(), rstd_u.download(), tol);
+  report.compare_bits("add_rmsnorm_forward", shape, t, "residual kept", r_d.download(), residual);
 }
 
 /// A fused QKV's q and k heads rotated (heads + kv_heads of width d in rows of (heads + 2·kv_heads)·d),
@@ -96,6 +127,10 @@ void check_llama_kernels(Report& report) {
     check_rope(report, stream, rng, 2, 4096, 4, 1, 128, 500000, t);  // Llama 3's theta, positions to 4095
     for (const auto& [n, f] : {std::pair{1, 1}, {67, 96}, {130, 1000}}) check_swiglu(report, stream, rng, n, f, t);
   }
+  std::mt19937 fused_rng(13);  // its own: the checks above keep their inputs
+  for (const DType t : {DType::F32, DType::BF16})
+    for (const auto& [n, h, in_place] : {std::tuple{5, 16, false}, {67, 256, true}, {130, 4096, false}})
+      check_add_rmsnorm(report, stream, fused_rng, n, h, t, in_place);
 }
 
 }  // namespace pipesim::cuda_test

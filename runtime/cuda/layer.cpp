@@ -18,8 +18,9 @@ void LayerPasses::forward(DeviceLayer& w, Tensor& x, CudaLayerActivations& c) {
   c.qkv = ops_.linear(c.ln1, w.qkv_weight, w.qkv_bias, h, part.qkv);
   ops_.rotate_qk(c.qkv, false);  // the cache keeps the rotated q and k, which attention reads
   ops_.attention_forward_pass(c.qkv, c.attention, c.lse);
-  c.middle = ops_.row_split(c.attention, w.proj_weight, w.proj_bias, part.attention, h, c.input);  // + residual
-  ops_.norm_forward(w.ln2_gain, w.ln2_bias, c.middle, c.ln2, c.mean2, c.rstd2, ops_.rows());
+  // + residual (in proj's GEMM epilogue, else in the norm's kernel), then the second norm
+  c.middle = ops_.row_split_norm(c.attention, w.proj_weight, w.proj_bias, part.attention, h, c.input, w.ln2_gain,
+                                 w.ln2_bias, c.ln2, c.mean2, c.rstd2);
   if (ops_.sequence_parallel()) c.ln2 = ops_.gathered(c.ln2);
   // fc1 keeps its pre-activation (c.fc1) for the activation's backward.
   const std::size_t nf = std::size_t(n) * std::size_t(f);

@@ -26,6 +26,24 @@ void LayerOps::norm_forward(const DeviceParam& gain, const DeviceParam& bias, co
   }
 }
 
+void LayerOps::add_norm_forward(const DeviceParam& gain, const DeviceParam& bias, Tensor& x, const Tensor& residual,
+                                Tensor& y, Tensor& mean, Tensor& rstd, int rows) {
+  y = op_.uninitialized(std::size_t(rows) * std::size_t(op_.h), op_.dtype);
+  rstd = op_.uninitialized(std::size_t(rows), DType::F32);
+  switch (shape_.family) {
+    case LayerFamily::Gpt:
+      mean = op_.uninitialized(std::size_t(rows), DType::F32);
+      return add_layernorm_forward({.x = x.data(), .residual = residual.data(), .sum = x.data(),
+                                    .gamma = gain.weight.get(), .beta = bias.weight.get(), .y = y.data(),
+                                    .mean = f32(mean), .rstd = f32(rstd)},
+                                   {.n = rows, .h = op_.h}, op_.dtype, op_.stream());
+    case LayerFamily::Llama:
+      return add_rmsnorm_forward({.x = x.data(), .residual = residual.data(), .sum = x.data(),
+                                  .gain = gain.weight.get(), .y = y.data(), .rstd = f32(rstd)},
+                                 {.n = rows, .h = op_.h}, op_.dtype, op_.stream());
+  }
+}
+
 void LayerOps::norm_backward(DeviceParam& gain, DeviceParam& bias, const Tensor& x, const Tensor& mean,
                              const Tensor& rstd, const Tensor& dy, Tensor& dx, int rows) {
   switch (shape_.family) {
@@ -72,29 +90,54 @@ Tensor LayerOps::summed(Tensor partial) {
 
 Tensor LayerOps::row_split(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
                            const Tensor& residual) {
-  if (!tp_) return linear(x, w, b, in, out, &residual);
+  bool residual_added = false;
+  Tensor y = row_split_product(x, w, b, in, out, residual, residual_added);
+  if (!residual_added) add(y.data(), residual.data(), y.data(), y.count(), op_.dtype, op_.stream());
+  return y;
+}
+
+Tensor LayerOps::row_split_norm(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                                const Tensor& residual, const DeviceParam& gain, const DeviceParam& norm_bias,
+                                Tensor& y, Tensor& mean, Tensor& rstd) {
+  bool residual_added = false;
+  Tensor sum = row_split_product(x, w, b, in, out, residual, residual_added);
+  if (residual_added)
+    norm_forward(gain, norm_bias, sum, y, mean, rstd, rows());
+  else
+    add_norm_forward(gain, norm_bias, sum, residual, y, mean, rstd, rows());
+  return sum;
+}
+
+Tensor LayerOps::row_split_product(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                                   const Tensor& residual, bool& residual_added) {
+  if (!tp_) return linear_product(x, w, b, in, out, &residual, residual_added);
+  residual_added = false;  // the residual is this rank's rows of the sum: added after it
   Tensor partial = op_.uninitialized(std::size_t(op_.n) * std::size_t(out), op_.dtype);
   matmul(op_.gemm(), {.a = x.data(), .b = w.compute(op_.dtype), .c = partial.data()}, {.n = op_.n, .k = in, .m = out},
          {op_.dtype, op_.dtype}, false, op_.stream());
   Tensor y = summed(std::move(partial));
   if (b.count() > 0) bias_add(y.data(), b.weight.get(), rows(), out, op_.dtype, op_.stream());
-  add(y.data(), residual.data(), y.data(), y.count(), op_.dtype, op_.stream());
   return y;
 }
 
-Tensor LayerOps::linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
-                        const Tensor* residual) {
+Tensor LayerOps::linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out) {
+  bool residual_added = false;
+  return linear_product(x, w, b, in, out, nullptr, residual_added);
+}
+
+Tensor LayerOps::linear_product(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                                const Tensor* residual, bool& residual_added) {
   Tensor y = op_.uninitialized(std::size_t(op_.n) * std::size_t(out), op_.dtype);
   const bool has_bias = b.count() > 0;
-  if (has_bias && linear_bias(op_.gemm(),
-                              {.x = x.data(), .w = w.compute(op_.dtype), .bias = b.weight.get(),
-                               .residual = residual ? residual->data() : nullptr, .y = y.data()},
-                              {.n = op_.n, .in = in, .out = out}, op_.dtype, op_.stream()))
-    return y;
+  const bool fused = has_bias && linear_bias(op_.gemm(),
+                                             {.x = x.data(), .w = w.compute(op_.dtype), .bias = b.weight.get(),
+                                              .residual = residual ? residual->data() : nullptr, .y = y.data()},
+                                             {.n = op_.n, .in = in, .out = out}, op_.dtype, op_.stream());
+  residual_added = fused && residual != nullptr;
+  if (fused) return y;
   matmul(op_.gemm(), {.a = x.data(), .b = w.compute(op_.dtype), .c = y.data()}, {.n = op_.n, .k = in, .m = out},
          {op_.dtype, op_.dtype}, false, op_.stream());
   if (has_bias) bias_add(y.data(), b.weight.get(), op_.n, out, op_.dtype, op_.stream());
-  if (residual) add(y.data(), residual->data(), y.data(), y.count(), op_.dtype, op_.stream());
   return y;
 }
 

@@ -40,6 +40,11 @@ class LayerOps {
   /// on its rows() rows, the final norm on all n.
   void norm_forward(const DeviceParam& gain, const DeviceParam& bias, const Tensor& x, Tensor& y, Tensor& mean,
                     Tensor& rstd, int rows);
+  /// x += residual and norm_forward of the sum, in one kernel (add_layernorm_forward,
+  /// add_rmsnorm_forward): the same numbers as add() then norm_forward, so norm_backward on x is
+  /// the backward.
+  void add_norm_forward(const DeviceParam& gain, const DeviceParam& bias, Tensor& x, const Tensor& residual, Tensor& y,
+                        Tensor& mean, Tensor& rstd, int rows);
   /// dx += the norm's input gradient; the gain's (and LayerNorm's bias') gradients accumulate: under
   /// sequence parallelism partial sums over this rank's rows, until the backend's
   /// sum_partial_gradients.
@@ -64,14 +69,20 @@ class LayerOps {
   /// A row-split map (proj, fc2): x (n × in, this rank's part) times its rows of W, summed over the
   /// group (this rank's rows of the sum under sequence parallelism), then the bias (whole on every
   /// rank) and the residual (rows() rows), as cpu::finish_row_split adds them; without tensor
-  /// parallelism linear() with the residual (one fused GEMM where it can).
+  /// parallelism one GEMM with the bias and the residual in its epilogue where cuBLASLt has one.
   Tensor row_split(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
                    const Tensor& residual);
-  /// y = x·W + b (+ residual), keeping x (the layer's cache holds it) and returning y: one GEMM with
-  /// the bias and the residual in its epilogue where cuBLASLt has one, else the GEMM and two kernels.
-  /// An empty b (Llama's layers have no biases) adds nothing.
-  Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
-                const Tensor* residual = nullptr);
+  /// row_split, then the family's norm of its output into y, mean and rstd, for the norm that follows
+  /// a residual connection inside a layer. Where the GEMM's epilogue does not take the residual
+  /// (Llama's maps have no bias; tensor parallelism sums over the group first), the residual add
+  /// runs in the norm's kernel (add_norm_forward) instead of a pass of its own.
+  Tensor row_split_norm(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                        const Tensor& residual, const DeviceParam& gain, const DeviceParam& norm_bias, Tensor& y,
+                        Tensor& mean, Tensor& rstd);
+  /// y = x·W + b, keeping x (the layer's cache holds it) and returning y: one GEMM with the bias in
+  /// its epilogue where cuBLASLt has one, else the GEMM and a kernel. An empty b (Llama's layers
+  /// have no biases) adds nothing.
+  Tensor linear(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out);
   /// dW += xᵀ·dy and db += Σ dy, accumulated in fp32. The GEMM's BGRADA epilogue sums dy while it
   /// reads it (a deterministic reduction, as every cuBLAS result is run to run on one GPU), into a
   /// vector that is then added: cuBLASLt overwrites a bias gradient, and gradients accumulate over
@@ -94,6 +105,14 @@ class LayerOps {
                                Tensor& dqkv);
 
  private:
+  /// row_split's product and bias, with the residual where one GEMM epilogue adds bias and residual
+  /// together (no tensor parallelism, a bias, cuBLASLt willing): `residual_added` says whether.
+  Tensor row_split_product(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                           const Tensor& residual, bool& residual_added);
+  /// linear() with, where given, the residual in the bias epilogue; `residual_added` as above.
+  Tensor linear_product(const Tensor& x, const DeviceParam& w, const DeviceParam& b, int in, int out,
+                        const Tensor* residual, bool& residual_added);
+
   /// This rank's attention: its query heads (of the model's head width: the config has heads divide
   /// hidden and tp divide heads, so part attention / part heads is hidden / heads) over its key/value
   /// heads, for every path's launcher.

@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
 #include "cuda/check.h"
 #include "cuda/dtype.h"
+#include "cuda/gemm.h"
 #include "cuda/kernels.h"
 
 namespace gpu = pipesim::runtime::cuda;
@@ -76,4 +78,15 @@ TEST_CASE("attention refuses shapes its kernels do not handle, before touching t
 TEST_CASE("adam_step refuses step 0, whose bias correction divides by zero") {
   CHECK(message_of([] { gpu::adam_step({}, 1, gpu::AdamParams{}, 0, nullptr); }) ==
         "adam_step: step must be >= 1, got 0");
+}
+
+TEST_CASE("PIPESIM_GEMM_AUTOTUNE: a value other than 1, on, 0 or off is an error; the first it accepts stays") {
+  // Read once per process: a refused value leaves it unread, so the next call reads the variable again.
+  REQUIRE(setenv("PIPESIM_GEMM_AUTOTUNE", "fast", 1) == 0);
+  CHECK_THROWS_WITH(gpu::GemmHandle::autotune_by_default(), "PIPESIM_GEMM_AUTOTUNE=fast: expected 1, on, 0 or off");
+  REQUIRE(setenv("PIPESIM_GEMM_AUTOTUNE", "off", 1) == 0);
+  CHECK_FALSE(gpu::GemmHandle::autotune_by_default());
+  REQUIRE(setenv("PIPESIM_GEMM_AUTOTUNE", "on", 1) == 0);
+  CHECK_FALSE(gpu::GemmHandle::autotune_by_default());
+  REQUIRE(unsetenv("PIPESIM_GEMM_AUTOTUNE") == 0);
 }

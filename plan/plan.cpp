@@ -236,7 +236,9 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
   DeviceOrders orders = std::move(generated).value();
   const auto build = [&](const DeviceOrders& final_orders) {
     return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, boundary,
-                    data_parallel_work(config, plan.layout), custom ? custom->comms : DeviceComms{});
+                    data_parallel_work(config, plan.layout),
+                    config.training.overlap_p2p_comm ? P2pMode::Overlapped : P2pMode::Synchronous,
+                    custom ? custom->comms : DeviceComms{});
   };
   if (vocab->placement == VocabPlacement::Interlaced && runs_interlaced_1f1b(plan.schedule, custom, context)) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order

@@ -219,6 +219,27 @@ void add_compute_dependencies(const Transfers& t, int microbatches, bool split_w
     }
 }
 
+/// Megatron-LM's point-to-point without `overlap_p2p_comm` (its default, and the only mode of its
+/// 1F1B): each exchange is a batch_isend_irecv that the rank waits for, then a device synchronisation
+/// (megatron/core/pipeline_parallel/p2p_communication.py, `_communicate`), so a transfer sits on the
+/// compute stream. Here the op after a SEND's producer on its device waits for the SEND. Receives
+/// stay posted ahead: a rank that also blocked until it asked for its input would deadlock the
+/// schedules built for posted receives (interleaved, V-shaped, zero bubble), which Megatron-LM avoids
+/// by batching each step's sends and receives in one call after its compute. In a steady 1F1B, where
+/// every rank both sends and receives each step, each transfer is then paid once per step, as there.
+void synchronize_transfers(const Transfers& t, TaskId first_compute, const std::vector<std::size_t>& compute_first) {
+  for (int s = 0; s < t.layout.stage_count(); ++s)
+    for (int m = 0; m < t.forward.microbatches(); ++m)
+      for (const TaskId recv : {t.activation_recv.at(s, m), t.gradient_recv.at(s, m)}) {
+        if (recv == kNoTask) continue;
+        const TaskId send = t.builder.task(recv).partner;
+        const Task& sent = t.builder.task(send);
+        const TaskId producer = t.producer(sent.payload, sent.stage, sent.microbatch);
+        const TaskId device_end = TaskId(first_compute + compute_first[std::size_t(sent.device) + 1]);
+        if (producer != kNoTask && producer + 1 < device_end) t.builder.depend(producer + 1, send);
+      }
+}
+
 /// Where, in one device's compute order, each of its stages runs its first F, its first B (or R) and
 /// its last backward pass (B, or W when split off): the data-parallel collectives of a stage are
 /// issued on the lane in the order the compute reaches them.
@@ -357,7 +378,7 @@ class DataParallelOps {
 
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
                    const VocabWork& vocab, int microbatches, Bytes boundary_bytes, const DataParallelWork& data_parallel,
-                   const DeviceComms& comms) {
+                   P2pMode p2p, const DeviceComms& comms) {
   const int stages = layout.stage_count();
   const bool split_weight = splits_weight(orders);
 
@@ -397,6 +418,8 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   else file_transfers(transfer, comms);
 
   add_compute_dependencies(transfer, microbatches, split_weight);
+  if (derived && p2p == P2pMode::Synchronous)
+    synchronize_transfers(transfer, first_compute, numbering.compute_first);
   if (layout.vocab != VocabPlacement::OnStages)
     passes.connect(builder, layout, [&](int stage, int mb) { return forward.at(stage, mb); },
                    [&](int stage, int mb) { return backward.at(stage, mb); });

@@ -30,8 +30,15 @@ struct DataParallelWork {
   bool overlap_grad_reduce = false, overlap_param_gather = false;
 };
 
+/// How point-to-point transfers meet compute: overlapped (a RECV posted ahead, the sender free to go
+/// on: PyTorch's pipelining, Megatron-LM's `overlap_p2p_comm`), or synchronous (Megatron-LM's default:
+/// the sender's next compute op waits for the transfer; assemble.cpp, synchronize_transfers). A
+/// schedule file that orders its transfers itself keeps its order either way.
+enum class P2pMode { Overlapped, Synchronous };
+
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
                    const VocabWork& vocab, int microbatches, Bytes boundary_bytes,
-                   const DataParallelWork& data_parallel = {}, const DeviceComms& comms = {});
+                   const DataParallelWork& data_parallel = {}, P2pMode p2p = P2pMode::Overlapped,
+                   const DeviceComms& comms = {});
 
 }  // namespace pipesim

@@ -129,6 +129,9 @@ struct TrainingConfig {
   bool overlap_grad_reduce = false;   ///< gradient reduce-scatter/all-reduce hidden behind the backward
   bool overlap_param_gather = false;  ///< parameter all-gather hidden behind the next step's forwards
   bool tp_comm_overlap = false;       ///< tensor-parallel collectives overlapped with their GEMMs
+  /// Megatron-Core's --overlap-p2p-comm: pipeline sends and receives run beside compute. Off (its
+  /// default), each rank waits for every exchange, which puts the transfer on both ends' critical path.
+  bool overlap_p2p_comm = false;
   /// The zero-bubble paper's optimizer post-validation (its Megatron fork's
   /// --enable-optimizer-post-validation): no all-reduce across stages before the optimizer step, so
   /// each device starts its next iteration once its own step is done, and the iteration time is the

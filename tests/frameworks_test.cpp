@@ -83,6 +83,7 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
                                   "training.zero_stage=2", "training.recompute_granularity=full"});
   Sets all = sets;
   all.push_back("schedule.name=" + schedule);
+  all.push_back("training.overlap_p2p_comm=true");  // PyTorch's pipelining overlaps its transfers
   CAPTURE(all);
   const Config config = llama(all);
   const Config back = round_trip(config, Framework::Torchtitan);
@@ -106,7 +107,8 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
 
   fields.clear();
   for (const Unsupported& u : unsupported(Framework::Torchtitan, config, split_of(config))) fields.push_back(u.field);
-  CHECK(fields == std::vector<std::string>{"schedule.vocab", "training.zero_stage", "training.optimizer_post_validation"});
+  CHECK(fields == std::vector<std::string>{"schedule.vocab", "training.zero_stage", "training.optimizer_post_validation",
+                                           "training.overlap_p2p_comm"});
   CHECK(unsupported(Framework::Any, config, split_of(config)).empty());
   CHECK(unsupported(Framework::Torchtitan, llama({"schedule.name=v-half"}), {}).front().nearest == "zb-v");
   // docs/frameworks.md: recomputation other than every layer in full goes to full/uniform/1, selective to none.
@@ -116,6 +118,13 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
                     {})
             .front()
             .nearest == "full/uniform/1");
+  // megatron/training/arguments.py: overlapped transfers only with a virtual pipeline, on by default there.
+  CHECK(unsupported(Framework::Megatron, llama({"training.overlap_p2p_comm=true"}), {}).front().field ==
+        "training.overlap_p2p_comm");
+  CHECK(unsupported(Framework::Megatron, llama({"training.overlap_p2p_comm=true", "schedule.name=interleaved-1f1b"}), {})
+            .empty());
+  CHECK(as_run_by(Framework::Torchtitan, llama({})).training.overlap_p2p_comm);
+  CHECK_FALSE(as_run_by(Framework::Megatron, llama({"training.overlap_p2p_comm=true"})).training.overlap_p2p_comm);
 }
 
 TEST_CASE("import names what is missing or does not add up") {

@@ -24,6 +24,7 @@ inline std::string explicit_json(int p, int m, int v, double forward_ms, double 
     "model": {{"layers": {}, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000}},
     "parallel": {{"pp": {}, "microbatches": {}, "chunks": {}}},
     "schedule": {{"name": "{}"}},
+    "training": {{"overlap_p2p_comm": true}},
     "costs": {{"forward_ms": {}, "backward_ms": {}, "p2p_ms": 0, "activation_bytes": {}}}
   }})json",
                      p * v * 2, p, m, v, schedule, forward_ms, backward_ms, activation_bytes);

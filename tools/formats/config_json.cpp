@@ -289,6 +289,7 @@ TrainingConfig read_training(const json* object, const json* precision) {
   t.overlap_grad_reduce = r.boolean("overlap_grad_reduce", false);
   t.overlap_param_gather = r.boolean("overlap_param_gather", false);
   t.tp_comm_overlap = r.boolean("tp_comm_overlap", false);
+  t.overlap_p2p_comm = r.boolean("overlap_p2p_comm", false);
   r.reject_unknown();
   return t;
 }

@@ -74,6 +74,7 @@ json training_json(const TrainingConfig& t) {
           {"overlap_grad_reduce", t.overlap_grad_reduce},
           {"overlap_param_gather", t.overlap_param_gather},
           {"tp_comm_overlap", t.tp_comm_overlap},
+          {"overlap_p2p_comm", t.overlap_p2p_comm},
           {"optimizer_post_validation", t.optimizer_post_validation}});
   return out;
 }

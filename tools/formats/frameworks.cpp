@@ -53,6 +53,17 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
                    "baseline"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "mainline Megatron-LM synchronises stages at the step", "false"});
+  // megatron/training/arguments.py turns overlap_p2p_comm off without a virtual pipeline.
+  if (c.parallel.pp > 1 && c.training.overlap_p2p_comm && s != "interleaved-1f1b")
+    out.push_back({"training.overlap_p2p_comm", "Megatron-LM overlaps pipeline transfers only in the interleaved schedule",
+                   "false"});
+}
+
+/// torch.distributed.pipelining posts a stage's receives before its compute and waits for its sends
+/// later: the transfers overlap, as overlap_p2p_comm models them.
+void pytorch_transfers(const Config& c, std::vector<Unsupported>& out) {
+  if (c.parallel.pp > 1 && !c.training.overlap_p2p_comm)
+    out.push_back({"training.overlap_p2p_comm", "PyTorch's pipelining overlaps its transfers with compute", "true"});
 }
 
 void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsupported>& out) {
@@ -90,6 +101,7 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
     out.push_back({"parallel.sequence_parallel", "torchtitan's tensor parallelism always shards the sequence", "true"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});
+  pytorch_transfers(c, out);
 }
 
 void pytorch(const Config& c, const std::vector<int>& split, std::vector<Unsupported>& out) {
@@ -103,6 +115,7 @@ void pytorch(const Config& c, const std::vector<int>& split, std::vector<Unsuppo
     out.push_back({"training.zero_stage", "PyTorch has DDP (0) and FSDP2: 2 (no resharding after forward) or 3", "2"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "PyTorch's optimizers step after a synchronised step", "false"});
+  pytorch_transfers(c, out);
 }
 
 }  // namespace
@@ -149,7 +162,15 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
     }
     if (u.field == "parallel.sequence_parallel") config.parallel.sequence_parallel = true;
     if (u.field == "training.optimizer_post_validation") config.training.optimizer_post_validation = false;
+    if (u.field == "training.overlap_p2p_comm") config.training.overlap_p2p_comm = u.nearest == "true";
   }
+  return config;
+}
+
+Config as_run_by(Framework framework, Config config) {
+  const bool pytorch = framework == Framework::Torchtitan || framework == Framework::Pytorch;
+  if (pytorch) config.training.overlap_p2p_comm = true;
+  if (framework == Framework::Megatron && config.schedule.name != "interleaved-1f1b") config.training.overlap_p2p_comm = false;
   return config;
 }
 

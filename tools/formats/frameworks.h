@@ -35,4 +35,9 @@ std::vector<Unsupported> unsupported(Framework framework, const Config& config, 
 Config nearest_runnable(Framework framework, Config config, const std::vector<int>& layers_per_stage,
                         std::vector<std::string>& changes);
 
+/// `config` with what the framework decides for itself whatever the config says: how its pipeline
+/// transfers meet compute (synchronous in Megatron-LM's 1F1B, overlapped in PyTorch's pipelining).
+/// `tune --framework` searches from it.
+Config as_run_by(Framework framework, Config config);
+
 }  // namespace pipesim

@@ -98,6 +98,7 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
   if (t.overlap_grad_reduce) flag("overlap-grad-reduce");
   if (t.overlap_param_gather) flag("overlap-param-gather");
   if (t.tp_comm_overlap) flag("tp-comm-overlap");
+  if (c.schedule.name == "interleaved-1f1b" && !t.overlap_p2p_comm) flag("no-overlap-p2p-communication");
   if (c.precision.param_bytes == 2) flag("bf16");
   return out;
 }
@@ -183,7 +184,9 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                                                                   : 0},
                 {"overlap_grad_reduce", has("overlap-grad-reduce")},
                 {"overlap_param_gather", has("overlap-param-gather")},
-                {"tp_comm_overlap", has("tp-comm-overlap")}};
+                {"tp_comm_overlap", has("tp-comm-overlap")},
+                // megatron/training/arguments.py: on by default, and only, with a virtual pipeline
+                {"overlap_p2p_comm", schedule.value("name", "") == "interleaved-1f1b" && !has("no-overlap-p2p-communication")}};
   if (has("recompute-granularity")) {
     training["recompute_granularity"] = args.values.at("recompute-granularity");
     if (has("recompute-method")) training["recompute_method"] = args.values.at("recompute-method");
@@ -204,7 +207,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "sequence-parallel",
       "recompute-granularity", "recompute-method", "recompute-num-layers", "use-distributed-optimizer",
       "use-megatron-fsdp", "data-parallel-sharding-strategy", "overlap-grad-reduce", "overlap-param-gather",
-      "tp-comm-overlap", "swiglu", "untie-embeddings-and-output-weights",
+      "tp-comm-overlap", "no-overlap-p2p-communication", "swiglu", "untie-embeddings-and-output-weights",
       // what the runtime's Llama layers are, and the precision pipesim assumes: read, nothing to set
       "normalization", "position-embedding-type", "disable-bias-linear", "max-position-embeddings", "bf16"};
   for (const std::string& name : args.order)

@@ -72,6 +72,7 @@ json run_json(const RunReport& r) {
           {"overlap_grad_reduce", t.overlap_grad_reduce},
           {"overlap_param_gather", t.overlap_param_gather},
           {"tp_comm_overlap", t.tp_comm_overlap},
+          {"overlap_p2p_comm", t.overlap_p2p_comm},
           {"optimizer_post_validation", t.optimizer_post_validation},
           {"layers_per_stage", r.layers_per_stage},
           {"vocab_padding", r.vocab_padding},
@@ -127,6 +128,7 @@ std::string changed_settings(const RunReport& r) {
   if (t.overlap_grad_reduce) out += ", overlap_grad_reduce";
   if (t.overlap_param_gather) out += ", overlap_param_gather";
   if (t.tp_comm_overlap) out += ", tp_comm_overlap";
+  if (t.overlap_p2p_comm) out += ", overlap_p2p_comm";
   if (t.optimizer_post_validation) out += ", optimizer_post_validation";
   return out;
 }

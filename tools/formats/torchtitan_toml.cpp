@@ -142,6 +142,7 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                              source, local_batch, mbs)};
   const std::string reshard = text_of("parallelism", "fsdp_reshard_after_forward", "default");
   json training{{"zero_stage", shard > 1 ? (reshard == "never" ? 2 : 3) : 0},
+                {"overlap_p2p_comm", true},  // torch.distributed.pipelining's transfers overlap
                 {"tp_comm_overlap", table.at_path("parallelism.enable_async_tensor_parallel").value_or(false)}};
   const std::string ac = text_of("activation_checkpoint", "mode", "selective");
   if (ac == "full") {

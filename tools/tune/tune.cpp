@@ -211,7 +211,8 @@ Error nothing_fits(const Config& config, const std::vector<Candidate>& space, co
 
 }  // namespace
 
-Result<TuneResult> tune(const Config& config, const TuneSearch& search) {
+Result<TuneResult> tune(const Config& requested, const TuneSearch& search) {
+  const Config config = as_run_by(search.framework, requested);
   const auto start = std::chrono::steady_clock::now();
   const ParallelConfig& given = config.parallel;
   const int gpus = search.gpus > 0 ? search.gpus : given.pp * given.tp * given.dp * given.cp;

@@ -65,3 +65,19 @@ TEST_CASE("a p2p cost adds 2(p - 1) transfers to the critical path of GPipe") {
   const Simulated s = simulate_or_fail(c);
   CHECK(s.metrics.iteration_ns == (m + p - 1) * (kF + kB) + 2 * (p - 1) * kNsPerMs / 2);
 }
+
+TEST_CASE("synchronous transfers (Megatron-LM without overlap_p2p_comm) cost the sender its transfer") {
+  // 1F1B on 2 devices, 2 microbatches, F = 1, B = 2, a transfer x = 0.5 (ms). Overlapped, device 0
+  // runs F(m0) [0, 1] and F(m1) [1, 2]; device 1 runs F(m0) [1.5, 2.5], B(m0) [2.5, 4.5], F(m1)
+  // [4.5, 5.5], B(m1) [5.5, 7.5]; the gradients reach device 0 at 5 and 8, so its B(m1) ends at 10.
+  // Synchronous, device 1's F(m1) waits for its gradient send to end (5), B(m1) runs [6, 8], its
+  // gradient arrives at 8.5, and device 0's B(m1) ends at 10.5: one transfer more. Device 0's own
+  // wait (F(m1) at 1.5) stays off the critical path.
+  Config c = parse_or_fail(explicit_json(2, 2, 1, 1.0, 2.0, "1f1b"));
+  c.costs->p2p_ms = 0.5;
+  const Simulated overlapped = simulate_or_fail(c);
+  CHECK(overlapped.metrics.iteration_ns == ns_from_ms(10.0));
+  c.training.overlap_p2p_comm = false;
+  const Simulated synchronous = simulate_or_fail(c);
+  CHECK(synchronous.metrics.iteration_ns == ns_from_ms(10.5));
+}

@@ -34,7 +34,12 @@ def published_runs_table():
     run = subprocess.run(["tools/published-runs.py", "--pipesim", pipesim, "--only", "GPT 175B"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| GPT 175B")]
-    ok = run.returncode == 0 and len(rows) == 2 and "Mean |error|" in run.stdout
+    # The summary: the bias (mean signed error) over all rows and split by pipeline depth and GPU.
+    ok = run.returncode == 0 and len(rows) == 2 and "all runs: 2 runs, mean |error|" in run.stdout
+    ok = ok and "pp > 1: 2 runs" in run.stdout and "pp = 1:" not in run.stdout and "A100: 2 runs" in run.stdout
+    signed = sum(float(cells[6].strip().rstrip("%")) for cells in rows) / 2
+    summary = run.stdout.split("all runs:")[1].splitlines()[0] if "all runs:" in run.stdout else ""
+    ok = ok and "mean signed " in summary and abs(float(summary.split("mean signed ")[1].rstrip("%")) - signed) < 0.11
     for cells in rows:
         published, predicted = (float(cell.replace(",", "")) for cell in cells[4:6])
         error = float(cells[6].strip().rstrip("%")) / 100

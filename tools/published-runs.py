@@ -2,7 +2,9 @@
 """Predicted against published training throughput, for every run in docs/data/published-runs.json.
 
 Simulates each run with `pipesim simulate --format json` and prints a Markdown table (tokens/s per
-GPU, published and predicted, and the error), then the mean and worst error. Where a source gives
+GPU, published and predicted, and the error), then the mean |error|, the worst and the mean signed
+error (positive: pipesim optimistic) over all runs, per source, for pp = 1 against pp > 1 and per
+GPU. Where a source gives
 TFLOP/s per GPU, both sides are converted with the FLOPs formula that source counts with, so the
 error is the error in iteration time either way. Progress goes to stderr.
 
@@ -33,7 +35,7 @@ def model_of(config_path, overrides):
             config.setdefault(section, {})[field] = json.loads(value)
         except json.JSONDecodeError:  # a bare word, as --set takes it
             config.setdefault(section, {})[field] = value
-    return config["model"], config["parallel"]
+    return config["model"], config["parallel"], config.get("hardware", {}).get("preset", "")
 
 
 def flops_per_token(formula, model):
@@ -98,22 +100,38 @@ def main():
     errors = []
     for i, run in enumerate(runs, 1):
         print(f"published-runs.py: [{i}/{len(runs)}] {run['name']}", file=sys.stderr, flush=True)
-        model, parallel = model_of(run["config"], run["set"])
+        model, parallel, preset = model_of(run["config"], run["set"])
         result = simulate(args.pipesim, run)
         check_layout(run, model, parallel, result)
         published = published_tokens_per_gpu(run, model)
         predicted = result["tokens_per_s"] / run["gpus"]
         error = predicted / published - 1
-        errors.append((abs(error), run["name"]))
+        errors.append({"error": error, "name": run["name"], "source": run["source"], "pp": result["pp"],
+                       "gpu": "A100" if preset.startswith("a100") else "H100" if preset.startswith("h100") else preset})
         layout = f"{result['tp']}·{result['pp']}·{result['dp']}·{parallel.get('cp', 1)}"
         peak = result["peak_memory_bytes"] / 2**30
         fits = "fits" if result["fits_in_memory"] else "does not fit"
         print(f"| {run['name']} | {run['source']} | {run['gpus']} | {layout} | {rate(published)} | {rate(predicted)} "
               f"| {error:+.1%} | {peak:.1f} ({fits}) |")
-    mean = sum(e for e, _ in errors) / len(errors)
-    worst, name = max(errors)
-    print(f"\nMean |error| {mean:.1%} over {len(errors)} runs; worst {worst:.1%} ({name}).")
+    print()
+    summarize("all runs", errors)
+    for source in dict.fromkeys(e["source"] for e in errors):
+        summarize(source, [e for e in errors if e["source"] == source])
+    summarize("pp = 1", [e for e in errors if e["pp"] == 1])
+    summarize("pp > 1", [e for e in errors if e["pp"] > 1])
+    for gpu in sorted({e["gpu"] for e in errors}):
+        summarize(gpu, [e for e in errors if e["gpu"] == gpu])
 
+
+def summarize(label, errors):
+    """One line: how many runs, mean |error|, the worst, and the mean signed error (the bias)."""
+    if not errors:
+        return
+    mean = sum(abs(e["error"]) for e in errors) / len(errors)
+    signed = sum(e["error"] for e in errors) / len(errors)
+    worst = max(errors, key=lambda e: abs(e["error"]))
+    print(f"{label}: {len(errors)} runs, mean |error| {mean:.1%}, worst {worst['error']:+.1%} ({worst['name']}), "
+          f"mean signed {signed:+.1%}")
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,8 @@ def missing(root):
             text = f.read()
         for match in REFERENCE.finditer(text):
             ref = match.group(1)
+            if ref.startswith('//'):  # a web address (https://...), not a file of the project
+                continue
             tries = [ref, os.path.join(os.path.dirname(path), ref), os.path.join('docs', ref)]
             if not any(os.path.isfile(os.path.join(root, os.path.normpath(t))) for t in tries):
                 line = text.count('\n', 0, match.start()) + 1

@@ -28,16 +28,24 @@ class AnalyticTimes {
             add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), run(kernels.weight),
             recompute};
   }
-  TimeNs link(double bytes, bool intra) const {
+  /// One GPU's transfer of `bytes` to another, inside a node or between nodes; between nodes over
+  /// `nics` network ports at once (a collective's rings, below): no faster than the node's own links
+  /// carry the data to them, and no slower than one port.
+  TimeNs link(double bytes, bool intra, int nics = 1) const {
     const double latency_us = intra ? h().intra_node_latency_us : h().inter_node_latency_us;
-    const double gbps = intra ? h().intra_node_gbps : h().inter_node_gbps;
+    const double inter = h().inter_node_gbps;
+    const double gbps = intra ? h().intra_node_gbps : std::max(inter, std::min(h().intra_node_gbps, nics * inter));
     return add_ns(ns_from_us(latency_us), ns_from_s(bytes / (gbps * 1e9)));
   }
   /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast, reduce, reduce-scatter and
-  /// all-gather (n-1) steps.
-  TimeNs ring(bool all_reduce, double bytes, int n, bool intra) const {
+  /// all-gather (n-1) steps. A group with `per_node` members in each node leaves it through as many
+  /// network ports: NCCL builds a ring per port and splits the data over them through NVLink
+  /// (NVIDIA/nccl#601), so 8 GPUs of a DGX H100 reach 8 × 50 GB/s less NVLink's cap (a measured 360 GB/s
+  /// bus bandwidth over two nodes: NVIDIA/nccl#1277). A group with one member a node (the
+  /// data-parallel group under tp 8) has one port.
+  TimeNs ring(bool all_reduce, double bytes, int n, bool intra, int per_node = 1) const {
     if (n <= 1) return 0;
-    return times_ns(all_reduce ? 2 * (n - 1) : n - 1, link(bytes / n, intra));
+    return times_ns(all_reduce ? 2 * (n - 1) : n - 1, link(bytes / n, intra, per_node));
   }
 
  private:
@@ -99,15 +107,18 @@ class AnalyticCostModel final : public CostModel {
     const ParallelConfig& p = times_.config().parallel;
     const HardwareConfig& h = times_.config().hardware;
     // Pipeline-group collectives span nodes when the pipeline does; DP groups stride by tp·cp.
-    const bool intra = task.kind == OpKind::DpAllReduce ? p.tp * p.cp * p.dp <= h.gpus_per_node
-                                                        : global_rank(p, p.pp - 1) < h.gpus_per_node;
+    const bool data_parallel = task.kind == OpKind::DpAllReduce;
+    const bool intra = data_parallel ? p.tp * p.cp * p.dp <= h.gpus_per_node : global_rank(p, p.pp - 1) < h.gpus_per_node;
+    // Members per node: DP groups stride by tp·cp, pipeline groups by tp·cp·dp (Megatron rank order).
+    const int stride = data_parallel ? p.tp * p.cp : p.tp * p.cp * p.dp;
+    const int per_node = std::max(1, h.gpus_per_node / std::max(stride, 1));
     const bool all_reduce = task.kind == OpKind::AllReduce ||
                             (task.kind == OpKind::DpAllReduce && group.data == CollectiveData::Gradients);
     // The rounds' bytes go round the ring once; each further round (a few values per token, which
     // NCCL reduces over a tree) waits for the last and adds a tree's latency: up and down its depth.
     const int depth = int(std::ceil(std::log2(std::max(group.ranks, 1))));
     const double latency_us = intra ? h.intra_node_latency_us : h.inter_node_latency_us;
-    return add_ns(times_.ring(all_reduce, work.bytes, group.ranks, intra),
+    return add_ns(times_.ring(all_reduce, work.bytes, group.ranks, intra, per_node),
                   times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us)));
   }
   TimeNs vocab_pass(const Task&, const TaskWork& work) const override {

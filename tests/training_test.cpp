@@ -391,3 +391,22 @@ TEST_CASE("export leaves the R ops out and import puts them back: the same simul
     CHECK(*std::max_element(timeline.value().end.begin(), timeline.value().end.end()) == generated.metrics.iteration_ns);
   }
 }
+
+TEST_CASE("a data-parallel ring across nodes leaves each node through as many ports as it has members there") {
+  // pp 1 and dp 16 on 8-GPU nodes: tp 1 puts 8 members of the group in a node, whose rings leave it
+  // over 8 ports (min(NVLink, 8 x port)); tp 8 puts one there, which has its own port. The ZeRO 0
+  // all-reduce is 2(n - 1) steps of bytes / n, each a latency plus its bytes at that speed.
+  for (const int tp : {1, 8}) {
+    CAPTURE(tp);
+    const Simulated s = simulate_or_fail(parse_or_fail(
+        kGpt, {"parallel.pp=1", "parallel.dp=16", fmt::format("parallel.tp={}", tp), "model.layers=2"}));
+    const HardwareConfig& h = s.plan.config.hardware;
+    const double gbps = tp == 1 ? std::min(h.intra_node_gbps, 8 * h.inter_node_gbps) : h.inter_node_gbps;
+    for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id) {
+      const Task& t = s.plan.graph.task(id);
+      if (t.kind != OpKind::DpAllReduce) continue;
+      const double step_s = h.inter_node_latency_us * 1e-6 + s.plan.graph.work_of(t).bytes / 16 / (gbps * 1e9);
+      CHECK(std::abs(double(s.timeline.end[std::size_t(id)] - s.timeline.start[std::size_t(id)]) - 30 * step_s * 1e9) < 30);
+    }
+  }
+}

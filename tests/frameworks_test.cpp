@@ -124,6 +124,11 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   CHECK(unsupported(Framework::Megatron, llama({"training.overlap_p2p_comm=true", "schedule.name=interleaved-1f1b"}), {})
             .empty());
   CHECK(as_run_by(Framework::Torchtitan, llama({})).training.overlap_p2p_comm);
+  // At pp 1 torchtitan builds no pipeline: several chunks there are no plan it runs.
+  CHECK(unsupported(Framework::Torchtitan,
+                    llama({"parallel.pp=1", "parallel.dp=8", "schedule.name=interleaved-1f1b", "parallel.chunks=4"}), {})
+            .front()
+            .field == "schedule.name");
   CHECK_FALSE(as_run_by(Framework::Megatron, llama({"training.overlap_p2p_comm=true"})).training.overlap_p2p_comm);
 }
 

@@ -74,6 +74,9 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
     out.push_back({"schedule.name", "torchtitan runs GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble and DualPipeV",
                    v_shaped ? "zb-v" : "1f1b"});
   }
+  // At pipeline_parallel_degree 1 torchtitan builds no pipeline stages: the model is one piece.
+  if (c.parallel.pp == 1 && c.parallel.chunks > 1)
+    out.push_back({"schedule.name", "torchtitan runs no pipeline schedule at pp 1: the model is one stage", "1f1b"});
   const VocabMode v = c.schedule.vocab;
   const bool single_chunk = one_of(s, {"gpipe", "1f1b"}) || c.parallel.pp == 1;
   if (v == VocabMode::Vocab1 || v == VocabMode::Vocab2 || v == VocabMode::Interlaced)

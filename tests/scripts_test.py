@@ -26,6 +26,8 @@ expect(["tools/zero-bubble-table.py", "/nonexistent/pipesim"], 1, ["/nonexistent
 expect(["tools/published-runs.py", "--pipesim", "/nonexistent/pipesim"], 1,
        ["/nonexistent/pipesim is not a pipesim executable"])
 expect(["tools/published-runs.py", "--pipesim", pipesim, "--only", "no such run"], 1, ["no run in", "no such run"])
+expect(["tools/vocab-paper.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])
+expect(["tools/vocab-paper.py", "--pipesim", pipesim, "--only", "no such row"], 1, ["no row in", "no such row"])
 
 
 def published_runs_table():
@@ -50,6 +52,29 @@ def published_runs_table():
     failures += not ok
 
 
+def vocab_paper_table():
+    """The Vocabulary Parallelism paper's table for one setup: five methods, each ratio against the baseline."""
+    global failures
+    run = subprocess.run(["tools/vocab-paper.py", "--pipesim", pipesim, "--only", "1f1b-8gpu-seq2048 256k"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    rows = {cells[3].strip(): [c.strip() for c in cells]
+            for cells in (line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| 1f1b-8gpu |"))}
+    ok = run.returncode == 0 and list(rows) == ["baseline", "redistribute", "vocab-1", "vocab-2", "interlaced"]
+    ok = ok and "throughput ratio, all methods: 4 rows" in run.stdout and "peak memory, all methods: 5 rows" in run.stdout
+    if ok:
+        base, vocab1 = rows["baseline"], rows["vocab-1"]
+        # The paper's Table 5, 8GPU, Seq Length 2048, 256K: baseline 25.23 % and 25.64 GB, Vocab-1 50.12 % and 18.59 GB.
+        ok = base[4] == "25.23" and base[9] == "25.64" and vocab1[4] == "50.12" and vocab1[9] == "18.59"
+        ok = ok and base[6] == base[7] == "1.000" and base[8] == "–"
+        paper_ratio, predicted_ratio = float(vocab1[6]), float(vocab1[7])
+        ok = ok and abs(paper_ratio - 50.12 / 25.23) < 0.001
+        ok = ok and abs(predicted_ratio - float(vocab1[5]) / float(base[5])) < 0.002
+        ok = ok and abs(predicted_ratio / paper_ratio - 1 - float(vocab1[8].rstrip("%")) / 100) < 0.001
+        ok = ok and abs(float(vocab1[10]) / 18.59 - 1 - float(vocab1[11].rstrip("%")) / 100) < 0.001
+    print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-paper.py --only '1f1b-8gpu-seq2048 256k': exit {run.returncode}")
+    failures += not ok
+
+
 def zero_bubble_table():
     """The zero-bubble paper's table: a row per setup, ZB-2p's bubble under 1% wherever m >= 4p."""
     global failures
@@ -64,5 +89,6 @@ def zero_bubble_table():
 
 
 published_runs_table()
+vocab_paper_table()
 zero_bubble_table()
 sys.exit(1 if failures else 0)

@@ -240,6 +240,10 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                                c.source, field, size, c.parallel.tp, c.parallel.tp)};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
+  if (c.precision.fp8 != Fp8Format::None)
+    return Error{fmt::format("{}: precision.fp8: the runtime computes in fp32 or bf16 (--dtype); remove precision.fp8 "
+                             "to run it (simulate models FP8)",
+                             c.source)};
   // Selective recomputation rebuilds attention scores, which fused attention never keeps (the graph
   // then has no R) and the runtime's unfused CPU attention always keeps.
   if (c.training.recompute_granularity == Recompute::Selective && !c.precision.flash_attention)

@@ -23,6 +23,11 @@ namespace {
 // NCCL's buffers for the tensor-, pipeline- and data-parallel communicators (about 1 GiB), and the
 // caching allocator's fragmentation (about 5% of what a training step allocates, taken as 1.4 GiB
 // of an 80 GB card and 1.9 GiB of a 141 GB one): what Megatron-LM runs lose on these GPUs.
+// peak_fp8_tflops: NVIDIA's dense FP8 Tensor Core figure (1,979 TFLOP/s on the H100, "based on non-sparse
+// specifications" in its DGX Cloud benchmarks; the H200's datasheet gives the same 3,958 "with
+// sparsity"); the A100 has no FP8 tensor cores. fp8_efficiency is fitted to NVIDIA's published FP8
+// against BF16 step times of the same recipes, on half of them (tools/fit-fp8.py, docs/cost-model.md);
+// the H200 takes the H100's.
 const std::array<HardwareConfig, 3> kPresets = {{
     {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
      .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300, .intra_node_latency_us = 8,
@@ -31,11 +36,11 @@ const std::array<HardwareConfig, 3> kPresets = {{
     {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
      .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
-     .kernel_launch_us = 0, .sms = 132},
+     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.59},
     {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
      .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
-     .kernel_launch_us = 0, .sms = 132},
+     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.59},
 }};
 
 }  // namespace
@@ -43,6 +48,15 @@ const std::array<HardwareConfig, 3> kPresets = {{
 int recomputed_layers(const TrainingConfig& t, int layers) {
   if (t.recompute_granularity != Recompute::Full) return 0;
   return t.recompute_method == RecomputeMethod::Block ? std::min(t.recompute_num_layers, layers) : layers;
+}
+
+std::string_view fp8_format_name(Fp8Format format) {
+  switch (format) {
+    case Fp8Format::None: return "none";
+    case Fp8Format::Hybrid: return "hybrid";
+    case Fp8Format::E4M3: return "e4m3";
+  }
+  return "?";
 }
 
 std::string_view recompute_name(Recompute recompute) {
@@ -121,6 +135,11 @@ std::optional<FieldError> check_config(const Config& config) {
                                                  "two chunks of the sequence, one early and one late, to balance "
                                                  "causal attention; choose a cp that divides {}",
                                                  parallel.cp, model.seq_len, 2 * parallel.cp, model.seq_len / 2)};
+  if (config.precision.fp8 != Fp8Format::None && config.hardware.peak_fp8_tflops <= 0)
+    return FieldError{"precision.fp8",
+                      fmt::format("{} has no FP8 tensor cores (hardware.peak_fp8_tflops is 0); remove precision.fp8, "
+                                  "or run on a GPU that has them (h100-sxm, h200) or give hardware.peak_fp8_tflops",
+                                  config.hardware.preset.empty() ? "this GPU" : "the " + config.hardware.preset)};
   const TrainingConfig& training = config.training;
   // Both given (derive_microbatches fills microbatches only when the config leaves it out): they must agree.
   if (training.global_batch_size && global_batch_size(config) != *training.global_batch_size) {

@@ -96,6 +96,9 @@ struct HardwareConfig {
   /// Streaming multiprocessors: a GEMM with fewer 128×128 output tiles than this, or ragged edges,
   /// runs below compute_efficiency (tile_fill in cost_model.h). 0: GEMM efficiency ignores shape.
   int sms = 0;
+  /// Dense FP8 tensor-core peak, TFLOP/s; 0 for a GPU without FP8 (precision.fp8 is refused there).
+  double peak_fp8_tflops = 0;
+  double fp8_efficiency = 0;  ///< achieved fraction of peak_fp8_tflops for FP8 GEMMs (× tile fill, as bf16's)
 };
 
 /// Activation recomputation, as Megatron-LM's --recompute-granularity names it.
@@ -144,12 +147,20 @@ struct TrainingConfig {
 /// (all of them under `uniform`): the simulator's R costs them, the runtime's R rebuilds them.
 int recomputed_layers(const TrainingConfig& t, int layers);
 
+/// FP8 training as Transformer Engine runs it, named as Megatron-LM's --fp8-format: the layers'
+/// linear GEMMs take FP8 inputs, E4M3 throughout or (hybrid) E4M3 forward and E5M2 gradients. Both
+/// run at the FP8 tensor-core rate and hold one byte an element, so they cost the same here.
+enum class Fp8Format { None, Hybrid, E4M3 };
+/// "hybrid" or "e4m3", as configs and Megatron-LM spell them; "none" for None.
+std::string_view fp8_format_name(Fp8Format format);
+
 struct PrecisionConfig {
   double param_bytes = 2;          ///< bf16/fp16 working weights
   double grad_bytes = 4;           ///< fp32 gradient accumulation
   double optimizer_bytes = 12;     ///< fp32 master weights + Adam m and v
   double activation_bytes = 2;     ///< bytes per activation element (bf16/fp16)
   bool flash_attention = true;     ///< drops the 5·a·s/h attention-score activation term
+  Fp8Format fp8 = Fp8Format::None; ///< FP8 linear layers (docs/cost-model.md, "FP8")
 };
 
 /// Explicit per-op costs, each for one microbatch on one device's whole share of the model

@@ -91,7 +91,9 @@ class AnalyticCostModel final : public CostModel {
     // Read gradients, read and write weights and optimizer states: one fused kernel (multi-tensor Adam).
     const PrecisionConfig& p = config.precision;
     for (int d = 0; d < layout.devices; ++d) {
-      const double bytes = updated_params(config, layout, d) * (p.grad_bytes + 2 * (p.param_bytes + p.optimizer_bytes));
+      double bytes = updated_params(config, layout, d) * (p.grad_bytes + 2 * (p.param_bytes + p.optimizer_bytes));
+      // FP8: the layers' weights cast to FP8 and transposed once an iteration (read 2 bytes, write 1 + 1).
+      if (p.fp8 != Fp8Format::None) bytes += 4 * device_layer_params(config, layout, d);
       optimizer_ns_.push_back(ns_from_s(kernel_seconds({0, bytes, false}, config.hardware)));
     }
   }

@@ -13,6 +13,12 @@ namespace {
 Kernel gemm(double m, double n, double k, double a_bytes, double b_bytes, double c_bytes) {
   return {2 * m * n * k, m * k * a_bytes + k * n * b_bytes + m * n * c_bytes, false, m, n};
 }
+/// The same on FP8 operands (Transformer Engine's FP8 GEMMs: one byte an input element).
+Kernel fp8_gemm(double m, double n, double k, double c_bytes) {
+  Kernel g = gemm(m, n, k, 1, 1, c_bytes);
+  g.fp8 = true;
+  return g;
+}
 /// A memory-bound kernel (norms, activation functions, casts, gathers): bytes moved, no GEMM FLOPs.
 Kernel streaming(double bytes) { return {0, bytes, false, 0, 0}; }
 /// A GEMM batched over heads and sequences: enough tiles to fill the SMs, so its fill is taken as 1.
@@ -81,6 +87,17 @@ void add_layer(const Config& c, StageKernels& out) {
   };
   const Linear linears[] = {{h * (1 + 2 * g) / t, h}, {h, h / t}, {(swiglu ? 2 : 1) * f / t, h}, {h, f / t}};
   for (const Linear& l : linears) {
+    if (p.fp8 != Fp8Format::None) {
+      // Transformer Engine: each GEMM input cast to FP8 by one kernel that reads it (bf16) and writes it
+      // and its transpose (for the weight gradient), 4 bytes an element; forward the input X, backward
+      // the output gradient dY. The FP8 weights are cast once an iteration (optimizer step, cost_model.cpp).
+      out.forward.push_back(streaming(4 * tokens * l.in));
+      out.forward.push_back(fp8_gemm(tokens, l.out, l.in, act));
+      out.backward.push_back(streaming(4 * tokens * l.out));
+      out.backward.push_back(fp8_gemm(tokens, l.in, l.out, act));
+      out.weight.push_back(fp8_gemm(l.out, l.in, tokens, 2 * p.grad_bytes));
+      continue;
+    }
     out.forward.push_back(gemm(tokens, l.out, l.in, act, p.param_bytes, act));
     out.backward.push_back(gemm(tokens, l.in, l.out, act, p.param_bytes, act));
     out.weight.push_back(gemm(l.out, l.in, tokens, act, act, 2 * p.grad_bytes));  // read-modify-write
@@ -174,9 +191,11 @@ double tile_fill(const Kernel& kernel, int sms) {
 }
 
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
-  const double efficiency =
-      kernel.attention ? h.attention_efficiency : h.compute_efficiency * tile_fill(kernel, h.sms);
-  return std::max(kernel.flops / (h.peak_tflops * 1e12 * efficiency), kernel.bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency)) +
+  const double efficiency = kernel.attention ? h.attention_efficiency
+                            : kernel.fp8     ? h.fp8_efficiency * tile_fill(kernel, h.sms)
+                                             : h.compute_efficiency * tile_fill(kernel, h.sms);
+  const double peak = kernel.fp8 ? h.peak_fp8_tflops : h.peak_tflops;
+  return std::max(kernel.flops / (peak * 1e12 * efficiency), kernel.bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency)) +
          h.kernel_launch_us * 1e-6;
 }
 

@@ -17,6 +17,7 @@ struct Kernel {
   double bytes = 0;
   bool attention = false;
   double rows = 0, cols = 0;  ///< a GEMM's output shape, for its tile fill (0: not a GEMM)
+  bool fp8 = false;           ///< a GEMM on FP8 inputs: its FLOPs at peak_fp8_tflops
 };
 /// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.

@@ -39,8 +39,12 @@ double layer_score_bytes(const Config& c) {
 double layer_activation_bytes(const Config& c) {
   const ModelConfig& m = c.model;
   const double t = c.parallel.tp, g = kv_fraction(m), f_over_h = double(m.ffn_hidden) / m.hidden;
-  const double whole = 4 + 2 + 2 + 1 + 1;                               // norms, linear inputs, masks
-  const double split = (4 + 4 * g) + 2 * mlp_matrices(m) * f_over_h;  // Q, K, V, projection; MLP
+  // Under FP8, Transformer Engine keeps the linear layers' inputs for their weight gradients in FP8,
+  // one byte: the inputs of QKV and the MLP (1 + 1 less), of the projection (1) and of the MLP's
+  // second matrix (f/h).
+  const double fp8 = c.precision.fp8 != Fp8Format::None ? 1 : 0;
+  const double whole = 4 + 2 + 2 + 1 + 1 - 2 * fp8;                                // norms, linear inputs, masks
+  const double split = (4 + 4 * g) + 2 * mlp_matrices(m) * f_over_h - fp8 * (1 + f_over_h);  // Q, K, V, proj.; MLP
   const double per_token = c.parallel.sequence_parallel ? (whole + split) / t : whole + split / t;
   const double scores = c.training.recompute_granularity == Recompute::Selective ? 0 : layer_score_bytes(c);
   return rank_bsh(c) * per_token * element_scale(c) + scores;

@@ -134,6 +134,13 @@ double updated_params(const Config& c, const Layout& layout, int device) {
   return zero_sharding(c).optimizer_states() ? params / c.parallel.dp : params;
 }
 
+double device_layer_params(const Config& c, const Layout& layout, int device) {
+  double params = 0;
+  for (const VirtualStage& stage : layout.stages)
+    if (stage.device == device) params += stage.layers * layer_params(c.model) / c.parallel.tp;
+  return params;
+}
+
 std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
   const auto devices = static_cast<std::size_t>(layout.devices);
   std::vector<double> params = device_params(c, layout), largest_stage(devices, 0.0);
@@ -149,6 +156,7 @@ std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
     // ZeRO-3 gathers a chunk's weights before its F and B and frees them after: the chunk in use and
     // the next one, fetched ahead, are whole.
     if (zero.parameters()) held += 2 * largest_stage[d] * c.precision.param_bytes;
+    if (c.precision.fp8 != Fp8Format::None) held += 2 * device_layer_params(c, layout, int(d));
     bytes.push_back(static_cast<Bytes>(std::llround(held)));
   }
   return bytes;

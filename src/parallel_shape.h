@@ -83,8 +83,13 @@ std::vector<double> device_params(const Config& c, const Layout& layout);
 /// shards the optimizer states.
 double updated_params(const Config& c, const Layout& layout, int device);
 
+/// Transformer-layer parameters a device holds (its stages' layers, on its tensor-parallel rank): what
+/// FP8 training keeps a second, FP8 copy of.
+double device_layer_params(const Config& c, const Layout& layout, int device);
+
 /// Parameters + gradients + optimizer states held by each device, in bytes; under ZeRO 3 also the
-/// two whole chunks of weights a device gathers (the one in use and the next, fetched ahead).
+/// two whole chunks of weights a device gathers (the one in use and the next, fetched ahead); under
+/// FP8 also the layers' FP8 weights, each with its transpose (2 bytes a parameter).
 std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout);
 
 /// A stage's transformer activations for one microbatch: what F keeps for the backward, what R

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "calibration.h"
+#include "model_math.h"
 #include "helpers.h"
 
 using namespace pipesim;
@@ -16,6 +17,13 @@ const char* kThreeStages = R"json({
   "parallel": {"pp": 3, "microbatches": 6},
   "hardware": {"preset": "h100-sxm", "gpus_per_node": 2}
 })json";
+
+/// The message parse_config gives `json` with `overrides`; a config it accepts fails the test.
+std::string parse_error(const std::string& json, const std::vector<std::string>& overrides) {
+  const Result<Config> config = parse_config(json, "test.json", overrides);
+  if (config.ok()) FAIL("the config was accepted");
+  return config.error().message;
+}
 
 }  // namespace
 
@@ -151,6 +159,58 @@ TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tre
     }
     CHECK(checked == 3 * 6);  // a member per device, six microbatches
   }
+}
+
+TEST_CASE("FP8: the linear GEMMs at the FP8 peak on one-byte inputs, each input cast (4 bytes an element)") {
+  // The GEMM part of the layer's passes above, under precision.fp8: FP8 operands (1 byte), bf16 output
+  // (fp32 gradient read and written for W), at peak_fp8_tflops × fp8_efficiency × fill; forward each
+  // input X, backward each output gradient dY cast by one kernel reading 2 bytes and writing 1 + 1.
+  const Config bf16 = parse_or_fail(kThreeStages), fp8 = parse_or_fail(kThreeStages, {"precision.fp8=\"hybrid\""});
+  const auto bf16_model = make_cost_model(bf16, plan_or_fail(bf16).layout);
+  const Plan plan = plan_or_fail(fp8);
+  const auto model = make_cost_model(plan.config, plan.layout);
+  const HardwareConfig& hw = fp8.hardware;
+  REQUIRE(hw.peak_fp8_tflops == 1979);
+  const double T = 2048, h = 1024, f = 4096;
+  const auto fill = [](double rows, double cols) {
+    const double tiles = std::ceil(rows / 128) * std::ceil(cols / 128);
+    return rows * cols / (128.0 * 128 * std::max(tiles, 132.0));
+  };
+  const auto seconds = [&](double flops, double bytes, double peak, double efficiency) {
+    return std::max(flops / (peak * 1e12 * efficiency), bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency));
+  };
+  const std::pair<double, double> linears[] = {{3 * h, h}, {h, h}, {f, h}, {h, f}};
+  double forward_change = 0, backward_change = 0, weight_change = 0;
+  for (const auto& [n_out, n_in] : linears) {
+    const auto fp8_gemm = [&](double m, double n, double k, double c_bytes) {
+      return seconds(2 * m * n * k, m * k + k * n + m * n * c_bytes, hw.peak_fp8_tflops, hw.fp8_efficiency * fill(m, n));
+    };
+    const auto bf16_gemm = [&](double m, double n, double k, double a, double b, double c_bytes) {
+      return seconds(2 * m * n * k, m * k * a + k * n * b + m * n * c_bytes, hw.peak_tflops, hw.compute_efficiency * fill(m, n));
+    };
+    forward_change += seconds(0, 4 * T * n_in, 1, 1) + fp8_gemm(T, n_out, n_in, 2) - bf16_gemm(T, n_out, n_in, 2, 2, 2);
+    backward_change += seconds(0, 4 * T * n_out, 1, 1) + fp8_gemm(T, n_in, n_out, 2) - bf16_gemm(T, n_in, n_out, 2, 2, 2);
+    weight_change += fp8_gemm(n_out, n_in, T, 8) - bf16_gemm(n_out, n_in, T, 2, 2, 8);
+  }
+  CHECK(model->stage(1).forward - bf16_model->stage(1).forward == Approx(forward_change * 1e9).margin(4));
+  CHECK(model->stage(1).backward - bf16_model->stage(1).backward == Approx(backward_change * 1e9).margin(4));
+  CHECK(model->stage(1).weight - bf16_model->stage(1).weight == Approx(weight_change * 1e9).margin(4));
+  // FP8 weights and their transposes: 2 bytes a layer parameter on every device.
+  const Plan plain = plan_or_fail(bf16);
+  const double layer = 4 * h * h + 2 * h * f + 9 * h + f;
+  for (int d = 0; d < 3; ++d) CHECK(plan.static_bytes[std::size_t(d)] - plain.static_bytes[std::size_t(d)] == std::llround(2 * layer));
+}
+
+TEST_CASE("FP8 keeps the linear layers' saved inputs in one byte, and a GPU without FP8 refuses it") {
+  // Korthikanti's per-token terms at 2 bytes, sequence parallelism off (t = 1 here): the inputs of QKV
+  // and the MLP (2 + 2), of the projection (2) and of the MLP's second matrix (2f/h) halve.
+  const Config bf16 = parse_or_fail(kThreeStages), fp8 = parse_or_fail(kThreeStages, {"precision.fp8=\"e4m3\""});
+  const double T = 2048, h = 1024, f = 4096;
+  CHECK(layer_activation_bytes(bf16) - layer_activation_bytes(fp8) == Approx(T * h * (2 + 1 + f / h)));
+  CHECK_THAT(parse_error(kThreeStages, {"hardware.preset=\"a100-80gb\"", "precision.fp8=\"hybrid\""}),
+             Catch::Contains("precision.fp8 (from --set): the a100-80gb has no FP8 tensor cores"));
+  CHECK_THAT(parse_error(kThreeStages, {"precision.fp8=\"e5m2\""}),
+             Catch::Contains("precision.fp8 (from --set): expected null (bf16 GEMMs), \"hybrid\""));
 }
 
 TEST_CASE("static memory is parameters x 18 bytes, or 6 + 12/d with a distributed optimizer") {

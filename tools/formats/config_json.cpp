@@ -233,6 +233,8 @@ HardwareConfig read_hardware(const json* object) {
   h.reserved_gib = r.number("reserved_gib", std::min(h.reserved_gib, h.memory_gib), 0, h.memory_gib);
   h.kernel_launch_us = r.number("kernel_launch_us", h.kernel_launch_us, 0);
   h.sms = r.integer("sms", h.sms, 0);
+  h.peak_fp8_tflops = r.number("peak_fp8_tflops", h.peak_fp8_tflops, 0);
+  h.fp8_efficiency = r.number("fp8_efficiency", h.fp8_efficiency, 0, 1);
   r.reject_unknown();
   return h;
 }
@@ -248,6 +250,14 @@ PrecisionConfig read_precision(const json* object) {
   p.optimizer_bytes = r.number("optimizer_bytes", p.optimizer_bytes, 0, 64);
   p.activation_bytes = r.number("activation_bytes", p.activation_bytes, 0, 8, true);
   p.flash_attention = r.boolean("flash_attention", p.flash_attention);
+  if (r.has("fp8") && !r.value("fp8").is_null()) {
+    const std::string fp8 = r.string("fp8", "");
+    if (fp8 != "hybrid" && fp8 != "e4m3")
+      throw ConfigError{r.at("fp8"), fmt::format("expected null (bf16 GEMMs), \"hybrid\" (E4M3 forward, E5M2 gradients) "
+                                                 "or \"e4m3\", as Megatron-LM's --fp8-format, got \"{}\"{}",
+                                                 visible(abbreviate(fp8)), suggestion(fp8, {"hybrid", "e4m3"}))};
+    p.fp8 = fp8 == "hybrid" ? Fp8Format::Hybrid : Fp8Format::E4M3;
+  }
   r.reject_unknown();
   return p;
 }

@@ -52,7 +52,9 @@ json hardware_json(const HardwareConfig& h) {
                   {"memory_gib", h.memory_gib},
                   {"reserved_gib", h.reserved_gib},
                   {"kernel_launch_us", h.kernel_launch_us},
-                  {"sms", h.sms}});
+                  {"sms", h.sms},
+                  {"peak_fp8_tflops", h.peak_fp8_tflops},
+                  {"fp8_efficiency", h.fp8_efficiency}});
   return out;
 }
 
@@ -61,7 +63,8 @@ json precision_json(const PrecisionConfig& p) {
           {"grad_bytes", p.grad_bytes},
           {"optimizer_bytes", p.optimizer_bytes},
           {"activation_bytes", p.activation_bytes},
-          {"flash_attention", p.flash_attention}};
+          {"flash_attention", p.flash_attention},
+          {"fp8", p.fp8 == Fp8Format::None ? json(nullptr) : json(std::string(fp8_format_name(p.fp8)))}};
 }
 
 json training_json(const TrainingConfig& t) {

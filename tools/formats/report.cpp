@@ -73,6 +73,7 @@ json run_json(const RunReport& r) {
           {"overlap_param_gather", t.overlap_param_gather},
           {"tp_comm_overlap", t.tp_comm_overlap},
           {"overlap_p2p_comm", t.overlap_p2p_comm},
+          {"fp8", r.fp8 == Fp8Format::None ? json(nullptr) : json(std::string(fp8_format_name(r.fp8)))},
           {"optimizer_post_validation", t.optimizer_post_validation},
           {"layers_per_stage", r.layers_per_stage},
           {"vocab_padding", r.vocab_padding},
@@ -129,6 +130,7 @@ std::string changed_settings(const RunReport& r) {
   if (t.overlap_param_gather) out += ", overlap_param_gather";
   if (t.tp_comm_overlap) out += ", tp_comm_overlap";
   if (t.overlap_p2p_comm) out += ", overlap_p2p_comm";
+  if (r.fp8 != Fp8Format::None) out += fmt::format(", fp8 {}", fp8_format_name(r.fp8));
   if (t.optimizer_post_validation) out += ", optimizer_post_validation";
   return out;
 }
@@ -199,6 +201,7 @@ RunReport make_report(const Plan& plan, const std::string& cost_source, const Ru
   r.mfu_defined = !plan.config.costs.has_value();
   r.parallel = plan.config.parallel;
   r.training = plan.config.training;
+  r.fp8 = plan.config.precision.fp8;
   for (const VirtualStage& s : plan.layout.stages) r.layers_per_stage.push_back(s.layers);
   r.vocab_padding = plan.layout.padded_vocab - plan.config.model.vocab;
   for (const DeviceMetrics& d : metrics.devices)

@@ -21,6 +21,7 @@ struct RunReport {
   bool mfu_defined = true;
   ParallelConfig parallel;
   TrainingConfig training;  ///< recomputation, ZeRO and overlaps, as planned
+  Fp8Format fp8 = Fp8Format::None;
   std::vector<int> layers_per_stage;
   int vocab_padding = 0;  ///< rows added so the vocabulary splits evenly over the devices
   std::vector<std::string> peak_ops;  ///< per device: the op at which memory peaked

@@ -54,7 +54,7 @@ Config llama(const std::vector<std::string>& sets) {
 TEST_CASE("Megatron-LM: export then import simulates the same, for both schedules it runs") {
   const std::string schedule = GENERATE("1f1b", "interleaved-1f1b");
   using Sets = std::vector<std::string>;
-  const Sets sets = GENERATE(Sets{}, Sets{"parallel.pp=4", "parallel.dp=2", "training.zero_stage=1"},
+  const Sets sets = GENERATE(Sets{}, Sets{"parallel.pp=4", "parallel.dp=2", "training.zero_stage=1", "precision.fp8=hybrid"},
                              Sets{"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "training.zero_stage=3",
                                   "training.recompute_granularity=full", "training.recompute_method=block",
                                   "training.recompute_num_layers=2", "training.overlap_grad_reduce=true"},
@@ -78,7 +78,8 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
   const std::string schedule = GENERATE("gpipe", "1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v");
   using Sets = std::vector<std::string>;
   const Sets sets = GENERATE(Sets{"parallel.microbatches=16"},
-                             Sets{"parallel.microbatches=16", "parallel.pp=4", "parallel.dp=2", "training.zero_stage=3"},
+                             Sets{"parallel.microbatches=16", "parallel.pp=4", "parallel.dp=2", "training.zero_stage=3",
+                                  "precision.fp8=e4m3"},
                              Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
                                   "training.zero_stage=2", "training.recompute_granularity=full"});
   Sets all = sets;

@@ -100,6 +100,7 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
   if (t.tp_comm_overlap) flag("tp-comm-overlap");
   if (c.schedule.name == "interleaved-1f1b" && !t.overlap_p2p_comm) flag("no-overlap-p2p-communication");
   if (c.precision.param_bytes == 2) flag("bf16");
+  if (c.precision.fp8 != Fp8Format::None) arg("fp8-format", std::string(fp8_format_name(c.precision.fp8)));
   return out;
 }
 
@@ -192,13 +193,21 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
     if (has("recompute-method")) training["recompute_method"] = args.values.at("recompute-method");
     if (has("recompute-num-layers")) training["recompute_num_layers"] = integer("recompute-num-layers", 1);
   }
+  json precision = json::object();
+  if (has("fp8-format")) {
+    const std::string format = args.values.at("fp8-format");
+    if (format != "hybrid" && format != "e4m3")
+      error = fmt::format("{}: --fp8-format {}: pipesim models hybrid and e4m3", source, format);
+    precision["fp8"] = format;
+  }
   if (!error.empty()) return Error{error};
   ImportedConfig imported;
   imported.config = json{{"description", fmt::format("imported from Megatron-LM arguments {} on {} GPUs", source, *gpus)},
                          {"model", model},
                          {"parallel", parallel},
                          {"schedule", schedule},
-                         {"training", training}};
+                         {"training", training},
+                         {"precision", precision}};
   static const std::vector<std::string> kRead = {
       "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "group-query-attention",
       "num-query-groups", "seq-length", "vocab-size", "micro-batch-size", "global-batch-size",
@@ -207,7 +216,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "sequence-parallel",
       "recompute-granularity", "recompute-method", "recompute-num-layers", "use-distributed-optimizer",
       "use-megatron-fsdp", "data-parallel-sharding-strategy", "overlap-grad-reduce", "overlap-param-gather",
-      "tp-comm-overlap", "no-overlap-p2p-communication", "swiglu", "untie-embeddings-and-output-weights",
+      "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "untie-embeddings-and-output-weights",
       // what the runtime's Llama layers are, and the precision pipesim assumes: read, nothing to set
       "normalization", "position-embedding-type", "disable-bias-linear", "max-position-embeddings", "bf16"};
   for (const std::string& name : args.order)

@@ -51,12 +51,15 @@ std::string torchtitan_toml(const Config& c, const std::vector<int>& split, cons
   out += fmt::format("[job]\ndescription = {}\n\n", quoted("from pipesim: " + what));
   out += "[model]\n";
   if (flavor) {
-    out += fmt::format("name = \"llama3\"\nflavor = {}\n\n", quoted(flavor->name));
+    out += fmt::format("name = \"llama3\"\nflavor = {}\n", quoted(flavor->name));
   } else {
     out += fmt::format("# no torchtitan flavor has this shape: register one with dim={}, n_layers={}, n_heads={}, "
-                       "n_kv_heads={}, ffn hidden {}, vocab_size={}\nname = \"llama3\"\nflavor = \"custom\"\n\n",
+                       "n_kv_heads={}, ffn hidden {}, vocab_size={}\nname = \"llama3\"\nflavor = \"custom\"\n",
                        m.hidden, m.layers, m.heads, m.key_value_heads(), m.ffn_hidden, m.vocab);
   }
+  // torchao's float8 training of the linear layers (torchtitan/components/quantization/float8.py).
+  if (c.precision.fp8 != Fp8Format::None) out += "converters = [\"quantize.linear.float8\"]\n";
+  out += "\n";
   const std::int64_t global_batch = global_batch_size(c);
   out += fmt::format("[training]\nlocal_batch_size = {}\nglobal_batch_size = {}\nseq_len = {}\n\n", global_batch / p.dp,
                      global_batch, m.seq_len);
@@ -185,13 +188,20 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                   {"kv_heads", model.key_value_heads()}, {"ffn_hidden", model.ffn_hidden}, {"seq_len", seq},
                   {"vocab", model.vocab}, {"micro_batch_size", mbs}, {"tied_embeddings", model.tied_embeddings},
                   {"mlp", std::string(model.mlp == MlpKind::SwiGlu ? "swiglu" : "gelu")}};
+  bool float8 = false;
+  if (const toml::array* converters = table.at_path("model.converters").as_array())
+    for (const toml::node& converter : *converters)
+      float8 = float8 || converter.value_or(std::string()).find("float8") != std::string::npos;
+  json precision = json::object();
+  if (float8) precision["fp8"] = "e4m3";  // torchao's float8 recipes: E4M3 operands at the FP8 rate
   for (const char* section : {"float8", "quantize", "optimizer", "lr_scheduler", "checkpoint", "metrics", "profiling"})
     if (table.contains(section)) imported.ignored.push_back(fmt::format("[{}]", section));
   imported.config = json{{"description", fmt::format("imported from torchtitan job {}", source)},
                          {"model", model_json},
                          {"parallel", parallel},
                          {"schedule", schedule},
-                         {"training", training}};
+                         {"training", training},
+                         {"precision", precision}};
   return imported;
 }
 

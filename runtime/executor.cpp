@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "cpu/hash.h"
@@ -53,6 +54,9 @@ class TensorParallelGroup final : public TensorParallel {
   /// A step begins at `epoch`: the collectives recorded from now on are its.
   void begin_step(Clock::time_point epoch) { epoch_ = epoch, collectives_.clear(); }
   std::vector<InnerCollective> take_collectives() { return std::exchange(collectives_, {}); }
+  /// Under RunOptions::ordered_issue: what a collective waits for before it is issued (its turn in
+  /// the rank's issue order, StreamWalker::await_issue_turn); empty otherwise.
+  void await_turn_with(std::function<void()> await_turn) { await_turn_ = std::move(await_turn); }
 
  private:
   using Kind = InnerCollective::Kind;
@@ -60,9 +64,11 @@ class TensorParallelGroup final : public TensorParallel {
   /// that fails or times out may still be queued, reading and writing the caller's buffers, which go
   /// back to the backend's pool as the exception unwinds the layer: so the run is aborted first
   /// (NCCL: ncclCommAbort, which stops the rank's kernels; in-process: no peer reads a buffer after
-  /// the abort), and only then does the exception leave.
+  /// the abort), and only then does the exception leave. Under ordered issue it first waits for its
+  /// turn, before any of its calls is made.
   template <class Issue>
   void run(Kind kind, Issue&& issue) {
+    if (await_turn_) await_turn_();  // before the try: no call of this collective is in flight yet
     const TimeNs start = since_epoch();
     std::unique_ptr<Request> request;
     try {
@@ -86,6 +92,7 @@ class TensorParallelGroup final : public TensorParallel {
   std::string label_;  ///< how errors name this rank
   Clock::time_point epoch_ = Clock::now();
   std::vector<InnerCollective> collectives_;  ///< this step's, in the order they ran
+  std::function<void()> await_turn_;
 };
 
 /// How errors name a rank: its number, and where it sits when there is more than a pipeline.
@@ -138,7 +145,6 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   const RankPlace place = job.place(groups.world.rank());
   OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), groups.tensor.get(), backend,
                             options.optimizer);
-  StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options);
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {
     wait_for(groups.world, groups.world.control().all_reduce(host_buffer(values), op), options.timeout_s, what);
@@ -147,6 +153,17 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   const bool checks_gradients = place.replica == 0 || job.sharded();
   RunResult result;
   try {
+    StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options,
+                        groups.tensor != nullptr);
+    // Under ordered issue a tensor-parallel collective waits for its compute op's turn, for as long
+    // as the walker lives.
+    struct Hook {
+      TensorParallelGroup* tensor;
+      ~Hook() {
+        if (tensor) tensor->await_turn_with({});
+      }
+    } hook{options.ordered_issue ? groups.tensor.get() : nullptr};
+    if (hook.tensor) hook.tensor->await_turn_with([&walker] { walker.await_issue_turn(); });
     backend.warm_up();  // a library loading mid-step could wait for the GPU's queue, NCCL's waiting kernels in it
     backend.release_thread();
     for (int step = 0; step < options.steps; ++step) {

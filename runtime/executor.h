@@ -48,6 +48,13 @@ struct RunOptions {
   /// the dtype's default (fp32: 1e-5 and 1e-4; bf16: 1e-2 and not checked).
   double loss_tolerance = -1, grad_tolerance = -1;
   double timeout_s = 60;   ///< a rank that sees no progress for this long ends the run
+  /// Each rank issues its communication one call at a time (the next once the last has completed), in
+  /// one order of the graph's ops that every rank shares (issue_order.h), its tensor-parallel
+  /// collectives at their compute op's place in it: what an NCCL run must do, since an NCCL kernel
+  /// holds the GPU until its peers arrive (docs/runtime.md, "One order of NCCL calls"), and what
+  /// run_mpi sets for one. Elsewhere (threads, MPI on the CPU) a waiting call holds nothing, and each
+  /// stream of the graph issues as soon as its op is ready; set it there to test the order.
+  bool ordered_issue = false;
   std::optional<InjectedFault> fault;
   /// Called on rank 0 after each step with (step, loss, step time).
   std::function<void(int, double, TimeNs)> on_step;

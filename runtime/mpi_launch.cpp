@@ -39,6 +39,7 @@ std::unique_ptr<Transport> make_transport(const mpi::PluginApi& api, const Job& 
   setup_fault(options, transport->rank());
   if (options.backend != BackendKind::Cuda) return transport;
   options.device = cuda::local_device(transport->rank());
+  options.ordered_issue = true;  // an NCCL kernel holds the GPU while it waits for its peers (issue_order.h)
   return cuda::make_nccl_transport(std::move(transport), job.graph, options.device,
                                    {.share_gpu = options.ranks_share_gpu, .timeout_s = options.timeout_s});
 }

@@ -7,6 +7,8 @@
 #include <thread>
 #include <utility>
 
+#include "issue_order.h"
+
 namespace pipesim::runtime {
 namespace {
 
@@ -29,16 +31,22 @@ class HostClock final : public DeviceClock {
 }  // namespace
 
 StreamWalker::StreamWalker(const TaskGraph& graph, int rank, Names names, Transport& comm, Backend& backend,
-                           const RunOptions& options)
+                           const RunOptions& options, bool compute_collectives)
     : graph_(graph), rank_(rank), names_(std::move(names)), comm_(comm), backend_(backend), options_(options), done_(graph.size()) {
   for (std::size_t s = graph_.first_stream(rank_); s < graph_.first_stream(rank_ + 1); ++s)
     if (!graph_.stream(s).empty() || s == graph_.first_stream(rank_)) streams_.push_back(s);
   for (const Task& t : graph_.tasks()) own_tasks_ += t.device == rank_;
+  if (options_.ordered_issue) {
+    sequence_ = IssueOrder(graph_).sequence(rank_, compute_collectives);
+    sequence_index_.assign(graph_.size(), -1);
+    for (std::size_t i = 0; i < sequence_.size(); ++i) sequence_index_[std::size_t(sequence_[i])] = std::int32_t(i);
+  }
 }
 
 void StreamWalker::run_step(int step, Clock::time_point epoch, OpRunner& runner, OpObserver& observer) {
   step_ = step, epoch_ = epoch, runner_ = &runner, observer_ = &observer;
   for (std::atomic<char>& done : done_) done.store(0);
+  completed_prefix_ = 0;
   cursor_.assign(streams_.size(), 0);
   in_flight_.clear();
   in_flight_.resize(streams_.size());
@@ -103,6 +111,7 @@ void StreamWalker::walk() {
 }
 
 void StreamWalker::run_compute_stream(const std::stop_token& stop) {
+  compute_stop_ = stop;
   try {
     std::unique_ptr<DeviceClock> clock = backend_.device_clock();
     if (!clock) clock = std::make_unique<HostClock>();
@@ -155,7 +164,7 @@ bool StreamWalker::step(TaskId id, InFlight& flight, std::size_t& cursor, std::s
     ++cursor, --remaining;
     return true;
   }
-  if (!ready(id)) return false;
+  if (!ready(id) || !issue_turn(id)) return false;
   inject_fault(id, {});
   observer_->started(id, now());
   flight.id = id;
@@ -172,9 +181,36 @@ bool StreamWalker::ready(TaskId id) const {
 void StreamWalker::complete(TaskId id, TimeNs end, TimeNs vocab_layer_ns) {
   observer_->finished(id, end, vocab_layer_ns);
   done_[std::size_t(id)].store(1, std::memory_order_release);
-  { std::lock_guard lock(wake_mutex_); }  // a waiter between its check and its wait sees the flag
+  {
+    std::lock_guard lock(wake_mutex_);  // also: a waiter between its check and its wait sees the flag
+    std::size_t prefix = completed_prefix_.load();
+    while (prefix < sequence_.size() && done_[std::size_t(sequence_[prefix])].load()) ++prefix;
+    completed_prefix_.store(prefix, std::memory_order_release);
+  }
   wake_.notify_all();
   comm_.wake();
+}
+
+void StreamWalker::await_issue_turn() {
+  const auto ops = graph_.stream(streams_[0]);
+  const std::size_t at = compute_cursor_.load();
+  if (sequence_.empty() || !runner_ || at >= ops.size()) return;  // outside a step nothing else is in flight
+  const TaskId id = ops[at];
+  const std::int32_t index = sequence_index_[std::size_t(id)];
+  if (index < 0)
+    throw std::logic_error(fmt::format("{} issued a collective, but the issue order leaves this rank's compute ops out",
+                                       graph_.describe(id)));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_s));
+  std::unique_lock lock(wake_mutex_);
+  while (completed_prefix_.load() < std::size_t(index)) {
+    if (compute_stop_.stop_requested()) throw CommError(fmt::format("{} was ended at {}", names_.self, graph_.describe(id)));
+    if (Clock::now() >= deadline)
+      throw RankFailure(fmt::format("{}: no progress for {:g} s; {} waits to issue a collective until {} completes",
+                                    names_.self, options_.timeout_s, graph_.describe(id),
+                                    graph_.describe(sequence_[completed_prefix_.load()])));
+    wake_.wait_for(lock, compute_stop_, std::chrono::milliseconds(50),
+                   [&] { return completed_prefix_.load() >= std::size_t(index); });
+  }
 }
 
 void StreamWalker::inject_fault(TaskId id, const std::stop_token& stop) {
@@ -201,7 +237,9 @@ std::string StreamWalker::waiting_on() const {
     if (next >= ops.size()) continue;
     const TaskId id = ops[next];
     const Task& t = graph_.task(id);
-    if (in_flight_[i].id == kNoTask && !ready(id)) continue;  // waits on this rank's own ops
+    // Waits on this rank's own ops, or (ordered issue) its turn after an earlier op, itself listed.
+    if (i > 0 && in_flight_[i].id == kNoTask && (!ready(id) || !issue_turn(id))) continue;
+    if (i == 0 && !ready(id)) continue;
     if (i == 0)
       waiting.push_back(fmt::format("its own {} (started, not finished)", graph_.describe(id)));
     else if (t.kind == OpKind::Send || t.kind == OpKind::Recv)

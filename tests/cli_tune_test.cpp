@@ -94,7 +94,7 @@ TEST_CASE("tune prints its top rows with what each changes, and its best beats c
 
   const Output csv = run("tune " + config("default.json") + kDefaultPins + " --top 3 --format csv");
   REQUIRE(csv.exit_code == 0);
-  CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,"
+  CHECK_THAT(csv.text, Catch::StartsWith("rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,fp8,iter_ms,"
                                          "tokens_per_s,tokens_per_s_per_gpu,mfu_pct,bubble_pct,peak_mem_gib,speedup,"
                                          "speedup_per_gpu,mem_vs_first,fits,headroom_gib,changes\n"));
   CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') == 5);  // the header, yours, the top 3
@@ -174,13 +174,13 @@ TEST_CASE("tune --gpus shows tokens/s and the speedup per GPU beside the totals"
     for (std::size_t c = 0; c < column; ++c) at = line.find(',', at) + 1;
     return line.substr(at, line.find(',', at) - at);
   };
-  CHECK(cell(header, 16) == "tokens_per_s_per_gpu");
-  CHECK(cell(header, 21) == "speedup_per_gpu");
+  CHECK(cell(header, 17) == "tokens_per_s_per_gpu");
+  CHECK(cell(header, 22) == "speedup_per_gpu");
   const json& best = r["results"][0];
-  CHECK(cell(first, 15) == fmt::format("{:.0f}", best["tokens_per_s"].get<double>()));
-  CHECK(cell(first, 16) == fmt::format("{:.0f}", best["tokens_per_s_per_gpu"].get<double>()));
-  CHECK(cell(first, 20) == fmt::format("{:.3f}", best["speedup"].get<double>()));
-  CHECK(cell(first, 21) == fmt::format("{:.3f}", best["speedup_per_gpu"].get<double>()));
+  CHECK(cell(first, 16) == fmt::format("{:.0f}", best["tokens_per_s"].get<double>()));
+  CHECK(cell(first, 17) == fmt::format("{:.0f}", best["tokens_per_s_per_gpu"].get<double>()));
+  CHECK(cell(first, 21) == fmt::format("{:.3f}", best["speedup"].get<double>()));
+  CHECK(cell(first, 22) == fmt::format("{:.3f}", best["speedup_per_gpu"].get<double>()));
 }
 
 TEST_CASE("tune's progress bar is never drawn through a pipe") {
@@ -265,13 +265,13 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
   std::istringstream lines(csv.text);
   std::string line;
   std::getline(lines, line);
-  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,iter_ms,tokens_per_s,"
+  CHECK(line == "rank,config,schedule,vocab,pp,tp,dp,cp,sp,m,mbs,chunks,recompute,zero,fp8,iter_ms,tokens_per_s,"
                 "tokens_per_s_per_gpu,mfu_pct,bubble_pct,peak_mem_gib,speedup,speedup_per_gpu,mem_vs_first,fits,"
                 "headroom_gib,changes");
   for (int k = -1; k < 6 && std::getline(lines, line); ++k) {
     const json& row = k < 0 ? yours : r["results"][std::size_t(k)];
-    std::vector<std::string> cells;  // the first fourteen: none of them holds a comma
-    for (std::size_t at = 0; cells.size() < 14; at = line.find(',', at) + 1)
+    std::vector<std::string> cells;  // the first fifteen: none of them holds a comma
+    for (std::size_t at = 0; cells.size() < 15; at = line.find(',', at) + 1)
       cells.push_back(line.substr(at, line.find(',', at) - at));
     std::string recompute = row["recompute_granularity"];
     if (row.contains("recompute_method"))
@@ -280,7 +280,8 @@ TEST_CASE("tune shows each row's rank, pp, tp, dp, cp, sp, microbatches, micro-b
                                             row["vocab"], row["pp"].dump(), row["tp"].dump(), row["dp"].dump(),
                                             row["cp"].dump(), row["sequence_parallel"] == true ? "on" : "off",
                                             row["microbatches"].dump(), row["micro_batch_size"].dump(),
-                                            row["chunks"].dump(), recompute, row["zero_stage"].dump()});
+                                            row["chunks"].dump(), recompute, row["zero_stage"].dump(),
+                                            row["fp8"].is_null() ? "none" : row["fp8"].get<std::string>()});
   }
 }
 
@@ -355,7 +356,7 @@ TEST_CASE("tune --fix refuses an unknown key, a value the search never takes, a 
       "parallel.sequence_parallel), m (microbatches, parallel.microbatches), mbs "
       "(micro_batch_size, model.micro_batch_size), chunks (parallel.chunks), schedule (schedule.name), vocab "
       "(schedule.vocab), recompute (recompute_granularity, training.recompute_granularity), zero (zero_stage, "
-      "training.zero_stage)";
+      "training.zero_stage), fp8 (precision.fp8)";
   std::string schedules;
   for (const std::string& name : pipesim::schedule_names()) schedules += (schedules.empty() ? "" : ", ") + name;
   const std::vector<std::pair<std::string, std::string>> cases = {

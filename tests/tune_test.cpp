@@ -290,7 +290,7 @@ TEST_CASE("every candidate keeps the global batch, and the space holds each redi
   std::copy_if(space.begin(), space.end(), std::back_inserter(splits), [](const Candidate& c) {
     return c.schedule == "1f1b" && c.vocab == VocabMode::Redistribute && c.parallel.pp == 8 && c.parallel.tp == 8 &&
            c.parallel.sequence_parallel && c.micro_batch_size == 1 && c.recompute == Recompute::None &&
-           c.zero_stage == 0;
+           c.zero_stage == 0 && c.fp8 == Fp8Format::None;
   });
   REQUIRE(splits.size() >= 2);
   CHECK(splits[0].layers_per_stage.empty());
@@ -515,4 +515,25 @@ TEST_CASE("sweep hands its rows over in grid order, a batch at a time, and the p
   });
   REQUIRE(seen.size() == 5000);
   for (std::size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == i);
+}
+
+TEST_CASE("tune tries FP8 on and off where the GPU has FP8 tensor cores, and only there") {
+  const Config h100 = source_config("default.json");
+  REQUIRE(h100.hardware.peak_fp8_tflops > 0);
+  std::set<Fp8Format> seen;
+  for (const Candidate& c : tune_space(h100, 8)) seen.insert(c.fp8);
+  CHECK(seen == std::set<Fp8Format>{Fp8Format::None, Fp8Format::Hybrid});
+  // The config's own format is the one tried, and it comes first.
+  const Config e4m3 = source_config("default.json", {"precision.fp8=e4m3"});
+  const std::vector<Candidate> space = tune_space(e4m3, 8);
+  CHECK(space.front().fp8 == Fp8Format::E4M3);
+  CHECK(std::none_of(space.begin(), space.end(), [](const Candidate& c) { return c.fp8 == Fp8Format::Hybrid; }));
+  const Config a100 = source_config("default.json", {"hardware.preset=a100-80gb"});
+  for (const Candidate& c : tune_space(a100, 8)) CHECK(c.fp8 == Fp8Format::None);
+  // `changes` names it.
+  const Candidate off = tune_space(h100, 8).front();
+  REQUIRE(off.fp8 == Fp8Format::None);
+  Candidate on = off;
+  on.fp8 = Fp8Format::Hybrid;
+  CHECK(describe_changes(h100, on) == describe_changes(h100, off) + ", fp8 hybrid");
 }

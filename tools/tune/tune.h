@@ -37,6 +37,7 @@ struct Candidate {
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int recompute_num_layers = 1;
   int zero_stage = 0;
+  Fp8Format fp8 = Fp8Format::None;  ///< tried on and off where the GPU has FP8 tensor cores
 };
 
 /// Every candidate for `config` on `gpus` GPUs, in the stable order that breaks ties. The config's

@@ -23,8 +23,8 @@ struct KnobInfo {
   std::vector<std::string> names;
 };
 
-const std::array<KnobInfo, 12>& knob_table() {
-  static const std::array<KnobInfo, 12> table{{
+const std::array<KnobInfo, 13>& knob_table() {
+  static const std::array<KnobInfo, 13> table{{
       {Knob::Pp, true, {"pp", "parallel.pp"}},
       {Knob::Tp, true, {"tp", "parallel.tp"}},
       {Knob::Dp, true, {"dp", "parallel.dp"}},
@@ -37,6 +37,7 @@ const std::array<KnobInfo, 12>& knob_table() {
       {Knob::Vocab, false, {"vocab", "schedule.vocab"}},
       {Knob::Recompute, false, {"recompute", "recompute_granularity", "training.recompute_granularity"}},
       {Knob::ZeroStage, true, {"zero", "zero_stage", "training.zero_stage"}},
+      {Knob::Fp8, false, {"fp8", "precision.fp8"}},
   }};
   return table;
 }
@@ -94,6 +95,7 @@ std::string knob_value(const Config& config, Knob knob) {
     case Knob::Vocab: return std::string(vocab_mode_name(config.schedule.vocab));
     case Knob::Recompute: return std::string(recompute_name(config.training.recompute_granularity));
     case Knob::ZeroStage: return std::to_string(config.training.zero_stage);
+    case Knob::Fp8: return std::string(fp8_format_name(config.precision.fp8));
   }
   return "?";
 }
@@ -109,7 +111,7 @@ std::string recompute_text(const TrainingConfig& t) {
 
 std::vector<Knob> shown_knobs() {
   return {Knob::Pp,     Knob::Tp,        Knob::Dp,        Knob::Cp, Knob::SequenceParallel, Knob::Microbatches,
-          Knob::MicroBatchSize, Knob::Chunks, Knob::Recompute, Knob::ZeroStage};
+          Knob::MicroBatchSize, Knob::Chunks, Knob::Recompute, Knob::ZeroStage, Knob::Fp8};
 }
 
 std::vector<std::string> knob_cells(const Config& config) {

@@ -207,22 +207,29 @@ std::vector<Split> layer_splits(const Config& config, const Config& candidate, P
 }  // namespace
 
 std::vector<Candidate> tune_space(const Config& config, int gpus) {
-  // Every shape, schedule, chunk count and recomputation (which changes a layer's cost, and so the
+  // Every shape, schedule, chunk count, recomputation and FP8 choice (which changes a layer's cost, and so the
   // balanced split), then the candidates of each: one per vocabulary mode, and redistribute's splits,
   // balanced first for all of them at once; then each at every ZeRO stage (with replicas to shard
   // over). The config's own settings first.
+  // FP8 on and off where the GPU has it (the config's format, or Megatron-LM's usual hybrid): it
+  // changes a layer's cost against the vocabulary layers', and so the balanced split.
+  const Fp8Format fp8_on = config.precision.fp8 != Fp8Format::None ? config.precision.fp8 : Fp8Format::Hybrid;
+  const std::vector<Fp8Format> fp8s = config.hardware.peak_fp8_tflops > 0
+                                          ? with_first(config.precision.fp8, std::vector{Fp8Format::None, fp8_on})
+                                          : std::vector{config.precision.fp8};
   std::vector<Candidate> groups;
   std::set<BalancedSplits::Key> wanted;
   for (const Shape& shape : shapes(config, gpus))
     for (const ScheduleInfo& schedule : schedules())
       for (int chunks : chunk_counts(schedule, config, shape.parallel.pp))
-        for (const RecomputeChoice& recompute : recompute_choices(config, shape.parallel.pp * chunks)) {
-          Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, VocabMode::Redistribute, {}, "", {},
-                      recompute.granularity, recompute.method, recompute.layers, config.training.zero_stage};
-          c.parallel.chunks = chunks;
-          wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
-          groups.push_back(std::move(c));
-        }
+        for (const RecomputeChoice& recompute : recompute_choices(config, shape.parallel.pp * chunks))
+          for (const Fp8Format fp8 : fp8s) {
+            Candidate c{shape.parallel, shape.micro_batch_size, schedule.name, VocabMode::Redistribute, {}, "", {},
+                        recompute.granularity, recompute.method, recompute.layers, config.training.zero_stage, fp8};
+            c.parallel.chunks = chunks;
+            wanted.insert(BalancedSplits::key(shape.parallel.pp * chunks, stage_weights(apply_candidate(config, c))));
+            groups.push_back(std::move(c));
+          }
   const BalancedSplits balanced(config.model.layers, std::move(wanted));
   std::vector<Candidate> layouts;
   for (const Candidate& group : groups)
@@ -263,6 +270,7 @@ Config apply_candidate(const Config& config, const Candidate& candidate) {
   if (candidate.recompute == Recompute::Full)
     c.training.recompute_method = candidate.recompute_method, c.training.recompute_num_layers = candidate.recompute_num_layers;
   c.training.zero_stage = candidate.zero_stage;
+  c.precision.fp8 = candidate.fp8;
   // Gathering ahead needs a sharded optimizer: on a candidate without one, nothing is gathered.
   if (candidate.zero_stage == 0) c.training.overlap_param_gather = false;
   if (candidate.parallel.tp == 1) c.training.tp_comm_overlap = false;  // nothing to overlap
@@ -296,6 +304,7 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
       recompute != recompute_text(config.training))
     parts.push_back("recompute " + recompute);
   number("zero", config.training.zero_stage, candidate.zero_stage);
+  if (candidate.fp8 != config.precision.fp8) parts.push_back(fmt::format("fp8 {}", fp8_format_name(candidate.fp8)));
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
 }
 

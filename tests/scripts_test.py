@@ -28,6 +28,7 @@ expect(["tools/published-runs.py", "--pipesim", "/nonexistent/pipesim"], 1,
 expect(["tools/published-runs.py", "--pipesim", pipesim, "--only", "no such run"], 1, ["no run in", "no such run"])
 expect(["tools/vocab-paper.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])
 expect(["tools/vocab-paper.py", "--pipesim", pipesim, "--only", "no such row"], 1, ["no row in", "no such row"])
+expect(["tools/fit-fp8.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])
 
 
 def published_runs_table():
@@ -75,6 +76,22 @@ def vocab_paper_table():
     failures += not ok
 
 
+def fp8_fit():
+    """tools/fit-fp8.py around the shipped value: the fit must land on the h100-sxm preset's
+    fp8_efficiency (0.59), inside the grid, and each row's error be its predicted over published speedup."""
+    global failures
+    run = subprocess.run(["tools/fit-fp8.py", "--pipesim", pipesim, "--grid", "0.58:0.60:0.01"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| ") and "FP8" in line]
+    ok = run.returncode == 0 and run.stdout.startswith("fp8_efficiency 0.59 (fitted on 8 rows; 8 held out)")
+    ok = ok and len(rows) == 16 and "held out: 8 rows, mean |error|" in run.stdout
+    for cells in rows:
+        published, predicted, error = float(cells[2]), float(cells[3]), float(cells[4].strip().rstrip("%")) / 100
+        ok = ok and abs(predicted / published - 1 - error) < 0.002
+    print(f"{'ok  ' if ok else 'FAIL'} tools/fit-fp8.py --grid 0.58:0.60:0.01: exit {run.returncode}")
+    failures += not ok
+
+
 def zero_bubble_table():
     """The zero-bubble paper's table: a row per setup, ZB-2p's bubble under 1% wherever m >= 4p."""
     global failures
@@ -90,5 +107,6 @@ def zero_bubble_table():
 
 published_runs_table()
 vocab_paper_table()
+fp8_fit()
 zero_bubble_table()
 sys.exit(1 if failures else 0)

@@ -17,6 +17,8 @@ import pathlib
 import subprocess
 import sys
 
+from error_summary import summarize
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
 
@@ -78,17 +80,17 @@ def main():
     print(f"fp8_efficiency {best:.2f} (fitted on {len(fit)} rows; {len(held_out)} held out)\n")
     print("| run | half | published speedup | predicted | error |")
     print("|---|---|---:|---:|---:|")
-    summaries = []
-    for label, rows in (("fit", fit), ("held out", held_out)):
-        errors = []
-        for f, t in rows:
+    rows = {"fit": fit, "held out": held_out}
+    errors = {label: [] for label in rows}
+    for label, pairs_of_half in rows.items():
+        for f, t in pairs_of_half:
             published = t["iteration_s"] / f["iteration_s"]
             error = predicted[f["name"], best] / published - 1
-            errors.append(error)
+            errors[label].append({"error": error, "name": f["name"]})
             print(f"| {f['name']} | {label} | {published:.3f} | {predicted[f['name'], best]:.3f} | {error:+.1%} |")
-        summaries.append(f"{label}: {len(errors)} rows, mean |error| {sum(map(abs, errors)) / len(errors):.1%}, "
-                         f"worst {max(errors, key=abs):+.1%}, mean signed {sum(errors) / len(errors):+.1%}")
-    print("\n" + "\n".join(summaries))
+    print()
+    for label, half in errors.items():
+        summarize(label, half, "rows")
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,8 @@ import pathlib
 import subprocess
 import sys
 
+from error_summary import summarize
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
 
@@ -122,16 +124,6 @@ def main():
     for gpu in sorted({e["gpu"] for e in errors}):
         summarize(gpu, [e for e in errors if e["gpu"] == gpu])
 
-
-def summarize(label, errors):
-    """One line: how many runs, mean |error|, the worst, and the mean signed error (the bias)."""
-    if not errors:
-        return
-    mean = sum(abs(e["error"]) for e in errors) / len(errors)
-    signed = sum(e["error"] for e in errors) / len(errors)
-    worst = max(errors, key=lambda e: abs(e["error"]))
-    print(f"{label}: {len(errors)} runs, mean |error| {mean:.1%}, worst {worst['error']:+.1%} ({worst['name']}), "
-          f"mean signed {signed:+.1%}")
 
 if __name__ == "__main__":
     main()

@@ -34,6 +34,9 @@ import pathlib
 import subprocess
 import sys
 
+from error_summary import summarize
+
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "vocab-paper.json"
 METHODS = ["baseline", "redistribute", "vocab-1", "vocab-2", "interlaced"]
@@ -131,27 +134,16 @@ def main():
     print()
     for what, errors, methods in (("throughput ratio", ratio_errors, METHODS[1:]),
                                   ("peak memory", memory_errors, METHODS)):
-        summarize(f"{what}, all methods", errors)
+        summarize(f"{what}, all methods", errors, "rows")
         for method in methods:
-            summarize(f"{what}, {method}", [e for e in errors if e["method"] == method])
+            summarize(f"{what}, {method}", [e for e in errors if e["method"] == method], "rows")
         for schedule in ("1f1b", "v-half"):
-            summarize(f"{what}, {schedule}", [e for e in errors if e["schedule"] == schedule])
-    summarize("MFU (absolute), all rows", mfu_errors)
+            summarize(f"{what}, {schedule}", [e for e in errors if e["schedule"] == schedule], "rows")
+    summarize("MFU (absolute), all rows", mfu_errors, "rows")
     if oom:
         fitting = [o["name"] for o in oom if o["fits"]]
         print(f"out of memory in the paper: {len(oom)} rows; pipesim predicts {len(oom) - len(fitting)} of them do not fit"
               + (f", {len(fitting)} fit ({', '.join(fitting)})" if fitting else ""))
-
-
-def summarize(label, errors):
-    """One line: how many rows, mean |error|, the worst, and the mean signed error (the bias)."""
-    if not errors:
-        return
-    mean = sum(abs(e["error"]) for e in errors) / len(errors)
-    signed = sum(e["error"] for e in errors) / len(errors)
-    worst = max(errors, key=lambda e: abs(e["error"]))
-    print(f"{label}: {len(errors)} rows, mean |error| {mean:.1%}, worst {worst['error']:+.1%} ({worst['name']}), "
-          f"mean signed {signed:+.1%}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,13 @@
+"""The summary line the comparison scripts (published-runs.py, vocab-paper.py, fit-fp8.py) print."""
+
+
+def summarize(label, errors, noun="runs"):
+    """One line: how many, mean |error|, the worst, and the mean signed error (the bias). `errors` are
+    dicts with "error" (predicted / published - 1) and "name"; nothing is printed for none."""
+    if not errors:
+        return
+    mean = sum(abs(e["error"]) for e in errors) / len(errors)
+    signed = sum(e["error"] for e in errors) / len(errors)
+    worst = max(errors, key=lambda e: abs(e["error"]))
+    print(f"{label}: {len(errors)} {noun}, mean |error| {mean:.1%}, worst {worst['error']:+.1%} ({worst['name']}), "
+          f"mean signed {signed:+.1%}")

@@ -53,7 +53,7 @@ std::string divisors(int n) {
 
 /// The pins that keep a search of default.json to its config's schedule and vocabulary mode: 486
 /// candidates at 8 GPUs, where pp, tp, dp, sp, the micro-batch, recomputation and ZeRO still vary.
-const std::string kDefaultPins = " --fix schedule=1f1b --fix vocab=baseline";
+const std::string kDefaultPins = " --fix schedule=1f1b --fix vocab=baseline --fix fp8=none";
 /// The same for tiny.json: 4 microbatches (its global batch of 16 sequences in microbatches of 4, 2 or
 /// 1 at dp 1, 2 or 4) and vocab-1, its config's mode: 468 candidates at 4 GPUs, every schedule among them.
 const std::string kTinyPins = " --fix m=4 --fix vocab=vocab-1";

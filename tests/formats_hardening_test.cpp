@@ -163,6 +163,16 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
   };
   const std::string in_hf = config + ": model.hf_config: " + hf, in_hw = config + ": hardware.file: " + hw;
   CHECK(with_hf(llama) == "(no error)");
+  // A mixture-of-experts model (Mixtral's, Qwen3-MoE's and DeepSeek's names for the experts) is
+  // refused, not costed as one dense MLP; one expert, or none, is a dense model.
+  const std::string moe = llama.substr(0, llama.size() - 1);
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+    CHECK(with_hf(moe + ", \"" + key + "\": 8}") ==
+          in_hf + ": " + key + ": 8 experts: a mixture-of-experts model, which pipesim does not model (it would "
+                                "cost one MLP where each layer has 8); give a dense shape in model instead of "
+                                "model.hf_config");
+  CHECK(with_hf(moe + ", \"num_experts\": 1}") == "(no error)");
+  CHECK(with_hf(moe + ", \"num_experts\": null}") == "(no error)");
   // Was "not a JSON object" for each of these, or accepted.
   CHECK(with_hf(llama + "\n}") == in_hf + ":3:1: unexpected text after the JSON value; a file holds one value (remove "
                                           "what follows it)");

@@ -251,6 +251,15 @@ Status expand_hf_config(json& root, const std::string& source, FieldOrigins& ori
                                   "a Hugging Face config.json nests a few levels", path);
   if (!hf.ok()) return hf.error();
   const std::string file = path.string();
+  // A mixture-of-experts model read as dense would be costed with one MLP where it has many: refused.
+  // Mixtral names its experts num_local_experts, Qwen3-MoE num_experts, DeepSeek n_routed_experts.
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+    if (const auto it = hf.value().find(key); it != hf.value().end() && !it->is_null() &&
+                                              !(it->is_number_integer() && it->get<long long>() <= 1))
+      return Error{fmt::format("{}: {}: {} experts: a mixture-of-experts model, which pipesim does not model (it "
+                               "would cost one MLP where each layer has {}); give a dense shape in model instead of "
+                               "model.hf_config",
+                               file, key, describe_json(*it), describe_json(*it))};
   const std::pair<const char*, const char*> required[] = {{"num_hidden_layers", "layers"}, {"hidden_size", "hidden"},
                                                           {"num_attention_heads", "heads"}, {"intermediate_size", "ffn_hidden"},
                                                           {"vocab_size", "vocab"}};

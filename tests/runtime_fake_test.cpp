@@ -218,32 +218,24 @@ class FaultyLane final : public runtime::Communicator {
 
 /// A rank's in-process transport whose collective groups (tensor parallelism's) go through
 /// FaultyLanes: the fault-injecting fake communicator.
-class FaultyTransport final : public runtime::Transport {
+class FaultyTransport final : public testing::ForwardingTransport {
  public:
   FaultyTransport(runtime::Transport& inner, Lending& lending, bool hang, bool faulty_lanes = false,
                   std::unique_ptr<runtime::Transport> owned = nullptr)
-      : owned_(std::move(owned)), inner_(inner), lending_(lending), hang_(hang), faulty_lanes_(faulty_lanes) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
+      : ForwardingTransport(inner, std::move(owned)), lending_(lending), hang_(hang), faulty_lanes_(faulty_lanes) {}
   runtime::Communicator& lane(int lane) override {
-    if (!faulty_lanes_ || lane == runtime::kControlLane) return inner_.lane(lane);
+    if (!faulty_lanes_ || lane == runtime::kControlLane) return inner().lane(lane);
     auto& slot = lanes_[lane];
-    if (!slot) slot = std::make_unique<FaultyLane>(inner_.lane(lane), *this, lending_, hang_);
+    if (!slot) slot = std::make_unique<FaultyLane>(inner().lane(lane), *this, lending_, hang_);
     return *slot;
   }
   std::unique_ptr<runtime::Transport> subgroup(const std::vector<int>& members, runtime::GroupUse use) override {
-    std::unique_ptr<runtime::Transport> group = inner_.subgroup(members, use);
-    runtime::Transport& inner = *group;
-    return std::make_unique<FaultyTransport>(inner, lending_, hang_, use == runtime::GroupUse::Collectives, std::move(group));
+    std::unique_ptr<runtime::Transport> group = inner().subgroup(members, use);
+    runtime::Transport& wrapped = *group;
+    return std::make_unique<FaultyTransport>(wrapped, lending_, hang_, use == runtime::GroupUse::Collectives, std::move(group));
   }
-  void wait_for_progress(double seconds) override { inner_.wait_for_progress(seconds); }
-  void wake() override { inner_.wake(); }
-  bool aborted() override { return inner_.aborted(); }
-  void abort(const std::string& why) override { inner_.abort(why); }
 
  private:
-  std::unique_ptr<runtime::Transport> owned_;
-  runtime::Transport& inner_;
   Lending& lending_;
   bool hang_, faulty_lanes_;
   std::map<int, std::unique_ptr<FaultyLane>> lanes_;

@@ -1,10 +1,12 @@
 #pragma once
-// What the CPU runtime's tests share: tiny.json's plans for a schedule and vocabulary mode, and the
-// options of an in-process run.
+// What the CPU runtime's tests share: tiny.json's plans for a schedule and vocabulary mode, the
+// options of an in-process run, and a transport that wraps another.
 #include <catch2/catch.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comm.h"
 #include "helpers.h"
 #include "launch.h"
 #include "plan.h"
@@ -30,3 +32,28 @@ inline runtime::RunOptions options(int steps = 1, double timeout_s = 60) {
 }
 
 }  // namespace pipesim::testing::runs
+
+namespace pipesim::testing {
+
+/// A transport over another one, which it owns when it is a subgroup's: rank, size and progress go
+/// to the inner one. Tests override lane() and subgroup() to watch or break the calls.
+class ForwardingTransport : public runtime::Transport {
+ public:
+  ForwardingTransport(runtime::Transport& inner, std::unique_ptr<runtime::Transport> owned)
+      : owned_(std::move(owned)), inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void wait_for_progress(double seconds) override { inner_.wait_for_progress(seconds); }
+  void wake() override { inner_.wake(); }
+  bool aborted() override { return inner_.aborted(); }
+  void abort(const std::string& why) override { inner_.abort(why); }
+
+ protected:
+  runtime::Transport& inner() const { return inner_; }
+
+ private:
+  std::unique_ptr<runtime::Transport> owned_;
+  runtime::Transport& inner_;
+};
+
+}  // namespace pipesim::testing

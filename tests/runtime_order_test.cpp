@@ -169,36 +169,28 @@ class RecordingLane final : public runtime::Communicator {
 
 /// A rank's in-process transport whose data lanes log every call, naming communicators as NCCL
 /// makes them: per group (by its world ranks) one per collective lane, and one per channel.
-class RecordingTransport final : public runtime::Transport {
+class RecordingTransport final : public testing::ForwardingTransport {
  public:
   RecordingTransport(runtime::Transport& inner, std::vector<int> world_ranks, CallLog& log,
                      std::unique_ptr<runtime::Transport> owned = nullptr)
-      : owned_(std::move(owned)), inner_(inner), world_(std::move(world_ranks)), log_(log) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
+      : ForwardingTransport(inner, std::move(owned)), world_(std::move(world_ranks)), log_(log) {}
   runtime::Communicator& lane(int lane) override {
-    if (lane == runtime::kControlLane) return inner_.lane(lane);
+    if (lane == runtime::kControlLane) return inner().lane(lane);
     std::unique_ptr<RecordingLane>& slot = lanes_[lane];
     if (!slot)
-      slot = std::make_unique<RecordingLane>(inner_.lane(lane), log_, world_[std::size_t(rank())],
+      slot = std::make_unique<RecordingLane>(inner().lane(lane), log_, world_[std::size_t(rank())],
                                              fmt::format("lane {} of ranks {}", lane, fmt::join(world_, ",")), world_);
     return *slot;
   }
   std::unique_ptr<runtime::Transport> subgroup(const std::vector<int>& members, runtime::GroupUse use) override {
     std::vector<int> world;
     for (const int m : members) world.push_back(world_[std::size_t(m)]);
-    std::unique_ptr<runtime::Transport> group = inner_.subgroup(members, use);
-    runtime::Transport& inner = *group;
-    return std::make_unique<RecordingTransport>(inner, std::move(world), log_, std::move(group));
+    std::unique_ptr<runtime::Transport> group = inner().subgroup(members, use);
+    runtime::Transport& wrapped = *group;
+    return std::make_unique<RecordingTransport>(wrapped, std::move(world), log_, std::move(group));
   }
-  void wait_for_progress(double seconds) override { inner_.wait_for_progress(seconds); }
-  void wake() override { inner_.wake(); }
-  bool aborted() override { return inner_.aborted(); }
-  void abort(const std::string& why) override { inner_.abort(why); }
 
  private:
-  std::unique_ptr<runtime::Transport> owned_;
-  runtime::Transport& inner_;
   std::vector<int> world_;
   CallLog& log_;
   std::map<int, std::unique_ptr<RecordingLane>> lanes_;

@@ -113,7 +113,7 @@ class AnalyticCostModel final : public CostModel {
     const bool intra = data_parallel ? p.tp * p.cp * p.dp <= h.gpus_per_node : global_rank(p, p.pp - 1) < h.gpus_per_node;
     // Members per node: DP groups stride by tp·cp, pipeline groups by tp·cp·dp (Megatron rank order).
     const int stride = data_parallel ? p.tp * p.cp : p.tp * p.cp * p.dp;
-    const int per_node = std::max(1, h.gpus_per_node / std::max(stride, 1));
+    const int per_node = std::max(1, h.gpus_per_node / stride);
     const bool all_reduce = task.kind == OpKind::AllReduce ||
                             (task.kind == OpKind::DpAllReduce && group.data == CollectiveData::Gradients);
     // The rounds' bytes go round the ring once; each further round (a few values per token, which

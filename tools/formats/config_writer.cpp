@@ -58,13 +58,21 @@ json hardware_json(const HardwareConfig& h) {
   return out;
 }
 
+}  // namespace
+
+json fp8_json(Fp8Format format) {
+  return format == Fp8Format::None ? json(nullptr) : json(std::string(fp8_format_name(format)));
+}
+
+namespace {
+
 json precision_json(const PrecisionConfig& p) {
   return {{"param_bytes", p.param_bytes},
           {"grad_bytes", p.grad_bytes},
           {"optimizer_bytes", p.optimizer_bytes},
           {"activation_bytes", p.activation_bytes},
           {"flash_attention", p.flash_attention},
-          {"fp8", p.fp8 == Fp8Format::None ? json(nullptr) : json(std::string(fp8_format_name(p.fp8)))}};
+          {"fp8", fp8_json(p.fp8)}};
 }
 
 json training_json(const TrainingConfig& t) {

@@ -14,4 +14,7 @@ namespace pipesim {
 /// gives back a config that plans and simulates the same (tests/config_test.cpp checks the round trip).
 nlohmann::ordered_json config_json(const Config& config, const std::string& description);
 
+/// precision.fp8 as a config spells it: null, or "hybrid" or "e4m3". The reports write the same.
+nlohmann::ordered_json fp8_json(Fp8Format format);
+
 }  // namespace pipesim

@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "config_writer.h"
 #include "json_text.h"
 
 namespace pipesim {
@@ -73,7 +74,7 @@ json run_json(const RunReport& r) {
           {"overlap_param_gather", t.overlap_param_gather},
           {"tp_comm_overlap", t.tp_comm_overlap},
           {"overlap_p2p_comm", t.overlap_p2p_comm},
-          {"fp8", r.fp8 == Fp8Format::None ? json(nullptr) : json(std::string(fp8_format_name(r.fp8)))},
+          {"fp8", fp8_json(r.fp8)},
           {"optimizer_post_validation", t.optimizer_post_validation},
           {"layers_per_stage", r.layers_per_stage},
           {"vocab_padding", r.vocab_padding},

@@ -14,10 +14,9 @@ import argparse
 import json
 import math
 import pathlib
-import subprocess
 import sys
 
-from error_summary import summarize
+from comparison import simulate, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
@@ -29,13 +28,7 @@ def fail(message):
 
 
 def iteration_s(pipesim, config, sets):
-    command = [pipesim, "simulate", str(ROOT / config), "--format", "json"]
-    for item in sets:
-        command += ["--set", item]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
-    return json.loads(done.stdout)["iteration_time_s"]
+    return simulate(pipesim, ROOT / config, sets, fail)["iteration_time_s"]
 
 
 def pairs(runs):

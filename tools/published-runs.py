@@ -13,10 +13,9 @@ usage: tools/published-runs.py [--pipesim PATH] [--only TEXT]
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
 
-from error_summary import summarize
+from comparison import simulate, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
@@ -66,16 +65,6 @@ def rate(tokens_per_s):
     return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.1f}"
 
 
-def simulate(pipesim, run):
-    command = [pipesim, "simulate", str(ROOT / run["config"]), "--format", "json"]
-    for item in run["set"]:
-        command += ["--set", item]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        fail(f"{run['name']}: {' '.join(command)} failed:\n{done.stderr.strip()}")
-    return json.loads(done.stdout)
-
-
 def check_layout(run, model, parallel, result):
     """The row's GPUs and batch must be what the config simulates: a typo here would be silent."""
     gpus = result["pp"] * result["tp"] * result["dp"] * parallel.get("cp", 1)
@@ -103,7 +92,7 @@ def main():
     for i, run in enumerate(runs, 1):
         print(f"published-runs.py: [{i}/{len(runs)}] {run['name']}", file=sys.stderr, flush=True)
         model, parallel, preset = model_of(run["config"], run["set"])
-        result = simulate(args.pipesim, run)
+        result = simulate(args.pipesim, ROOT / run["config"], run["set"], lambda m: fail(f"{run['name']}: {m}"))
         check_layout(run, model, parallel, result)
         published = published_tokens_per_gpu(run, model)
         predicted = result["tokens_per_s"] / run["gpus"]

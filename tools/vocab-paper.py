@@ -34,7 +34,7 @@ import pathlib
 import subprocess
 import sys
 
-from error_summary import summarize
+from comparison import summarize
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -214,6 +214,16 @@ bool runs_interlaced_1f1b(const ScheduleInfo* schedule, const CustomSchedule* cu
 }
 }  // namespace
 
+namespace {
+/// DualPipeV pairs each forward chunk with a backward chunk of another microbatch to hide one's
+/// expert-parallel all-to-all behind the other's compute (DeepSeek-V3 report, §3.2.1); other
+/// schedules overlap them only under Megatron-Core's overlap_moe_expert_parallel_comm.
+ExpertComm expert_comm(const Config& config, const ScheduleInfo* schedule) {
+  const bool paired = schedule && schedule->generate == generate_dualpipe_v;
+  return paired || config.training.overlap_moe_expert_parallel_comm ? ExpertComm::Overlapped : ExpertComm::Blocking;
+}
+}  // namespace
+
 Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Validation validation) {
   Plan plan;
   plan.config = requested;
@@ -238,7 +248,7 @@ Result<Plan> make_plan(const Config& requested, const CustomSchedule* custom, Va
     return assemble(plan.layout, final_orders, context.work, vocab_work(config, plan.layout), m, boundary,
                     data_parallel_work(config, plan.layout),
                     config.training.overlap_p2p_comm ? P2pMode::Overlapped : P2pMode::Synchronous,
-                    custom ? custom->comms : DeviceComms{});
+                    custom ? custom->comms : DeviceComms{}, expert_comm(config, plan.schedule));
   };
   if (vocab->placement == VocabPlacement::Interlaced && runs_interlaced_1f1b(plan.schedule, custom, context)) {
     plan.graph = build(interlaced_1f1b_orders(context));  // the lockstep program replaces 1F1B's order

@@ -257,6 +257,10 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                                c.source, field, size, c.parallel.tp, c.parallel.tp)};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
+  if (c.model.has_experts())
+    return Error{fmt::format("{}: model.num_experts: the runtime runs dense layers only; remove model.num_experts (and "
+                             "the moe_ keys) to run it (simulate models mixture-of-experts layers)",
+                             c.source)};
   if (c.precision.fp8 != Fp8Format::None)
     return Error{fmt::format("{}: precision.fp8: the runtime computes in fp32 or bf16 (--dtype); remove precision.fp8 "
                              "to run it (simulate models FP8)",
@@ -281,7 +285,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
   const ModelShape s = model_shape(c);
   const double n = double(s.tokens()), h = s.hidden;
   const double qkv = s.qkv_width(), fc1 = s.fc1_width();
-  const double params = 2.0 * vocab_params(c.model) + c.model.layers * layer_params(c.model);  // untied, whole
+  const double params = 2.0 * vocab_params(c.model) + model_layer_params(c.model);  // untied, whole
   const double activations = double(c.parallel.microbatches) * s.layers *
                              (n * (8.0 * h + qkv + fc1 + s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
   const bool cpu_math = options.backend == BackendKind::Cpu || options.check;

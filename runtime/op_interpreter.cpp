@@ -99,7 +99,8 @@ void OpInterpreter::compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce:
-    case OpKind::DpAllReduce: throw OpError("not a compute op");
+    case OpKind::DpAllReduce:
+    case OpKind::AllToAll: throw OpError("not a compute op");
   }
 }
 
@@ -273,6 +274,7 @@ void OpInterpreter::start(InFlight& f) {
     case OpKind::Broadcast:
     case OpKind::Reduce: return start_collective(f, graph_.group_of(f.id));
     case OpKind::DpAllReduce: return start_data_parallel(f, graph_.group_of(f.id));
+    case OpKind::AllToAll: throw OpError("expert-parallel all-to-alls do not run here (pipesim run refuses MoE models)");
     case OpKind::F:
     case OpKind::B:
     case OpKind::W:
@@ -322,6 +324,7 @@ void OpInterpreter::start_collective(InFlight& f, const CollectiveGroup& group) 
     case CollectiveData::Gradients:
     case CollectiveData::GradientShards:
     case CollectiveData::Parameters: throw OpError("a data-parallel collective on a pipeline lane");
+    case CollectiveData::ExpertTokens: throw OpError("an expert-parallel all-to-all (pipesim run refuses MoE models)");
   }
 }
 
@@ -400,7 +403,8 @@ bool OpInterpreter::advance(InFlight& f) {
     case CollectiveData::TiedEmbedding:
     case CollectiveData::Gradients:
     case CollectiveData::GradientShards:
-    case CollectiveData::Parameters: return true;
+    case CollectiveData::Parameters:
+    case CollectiveData::ExpertTokens: return true;
   }
   return true;
 }

@@ -240,6 +240,36 @@ void synchronize_transfers(const Transfers& t, TaskId first_compute, const std::
       }
 }
 
+/// The ALLTOALL after each F and B of a MoE stage (ExpertComm): on the expert lane of its device, in
+/// its compute order; what waits for the F or B waits for it instead (the B of the same microbatch
+/// too: the forward's output and loss exist only after the combine), and, when blocking, so does the
+/// device's next compute op. The group has one member: the other ranks of the expert-parallel group
+/// are the data-parallel replicas of this pipeline, simulated by it (as a DP_ALLREDUCE's are).
+void add_expert_exchanges(TaskGraphBuilder& builder, const std::vector<StageWork>& work, OpTable& backward,
+                          TaskId first_compute, const std::vector<std::size_t>& compute_first, ExpertComm mode) {
+  if (std::none_of(work.begin(), work.end(), [](const StageWork& w) { return w.expert_exchanges > 0; })) return;
+  for (std::size_t d = 0; d + 1 < compute_first.size(); ++d) {
+    const TaskId device_end = TaskId(first_compute + compute_first[d + 1]);
+    for (TaskId id = TaskId(first_compute + compute_first[d]); id < device_end; ++id) {
+      const Task op = builder.task(id);
+      if ((op.kind != OpKind::F && op.kind != OpKind::B) || op.stage < 0) continue;
+      const StageWork& w = work[std::size_t(op.stage)];
+      if (w.expert_exchanges == 0) continue;
+      const TaskId exchange = builder.add(
+          {.kind = OpKind::AllToAll, .payload = op.kind == OpKind::F ? Payload::Activation : Payload::Gradient,
+           .lane = std::uint8_t(vocab_lane::kExpertParallel), .chunk = op.chunk, .device = op.device,
+           .stage = op.stage, .microbatch = op.microbatch,
+           .work = builder.work({.bytes = 2.0 * w.expert_exchanges * w.exchange_bytes})});
+      builder.add_group({.members = {exchange}, .ranks = w.exchange_ranks, .data = CollectiveData::ExpertTokens, .op = ReduceOp::None});
+      builder.depend(exchange, id);
+      builder.reroute(id, exchange);
+      if (op.kind == OpKind::F && backward.at(op.stage, op.microbatch) != kNoTask)
+        builder.depend(backward.at(op.stage, op.microbatch), exchange);
+      if (mode == ExpertComm::Blocking && id + 1 < device_end) builder.depend(id + 1, exchange);
+    }
+  }
+}
+
 /// Where, in one device's compute order, each of its stages runs its first F, its first B (or R) and
 /// its last backward pass (B, or W when split off): the data-parallel collectives of a stage are
 /// issued on the lane in the order the compute reaches them.
@@ -316,9 +346,9 @@ class DataParallelOps {
           reduced.push_back(tied_first(after(collective(d, gradients, grads(s.stage), s.stage), last), s.stage));
         }
         if (dp_.shard_params > 0)
-          reduced.push_back(after(collective(d, gradients, dp_.shard_params * dp_.grad_bytes), last_compute[std::size_t(d)]));
+          reduced.push_back(after(collective(d, gradients, {dp_.shard_params * dp_.grad_bytes}), last_compute[std::size_t(d)]));
       } else if (zero.dp > 1) {
-        double all = dp_.shard_params * dp_.grad_bytes;
+        Tensors all{dp_.shard_params * dp_.grad_bytes};
         for (const StageSteps& s : steps) all += grads(s.stage);
         reduced.push_back(tied_first(after(collective(d, gradients, all), last_compute[std::size_t(d)])));
       }
@@ -326,11 +356,11 @@ class DataParallelOps {
       after(step, last_compute[std::size_t(d)]);
       for (const TaskId r : reduced) builder_.depend(step, r);
       if (sharded && !gather_before_forward) {
-        double all = dp_.shard_params * dp_.param_bytes;
+        Tensors all{dp_.shard_params * dp_.param_bytes};
         for (const StageSteps& s : steps) all += params(s.stage);
         after(collective(d, CollectiveData::Parameters, all), step);
       } else if (gather_before_forward && dp_.shard_params > 0) {
-        after(collective(d, CollectiveData::Parameters, dp_.shard_params * dp_.param_bytes), step);
+        after(collective(d, CollectiveData::Parameters, {dp_.shard_params * dp_.param_bytes}), step);
       }
     }
   }
@@ -350,13 +380,27 @@ class DataParallelOps {
     builder_.add_group({.members = std::move(members), .ranks = 2, .data = CollectiveData::TiedEmbedding, .op = ReduceOp::Sum});
     return tie;
   }
-  double grads(int stage) const { return work_[std::size_t(stage)].params * dp_.grad_bytes; }
-  double params(int stage) const { return work_[std::size_t(stage)].params * dp_.param_bytes; }
+  /// A stage's gradients or weights as its DP_ALLREDUCE carries them: all bytes, and the routed experts'.
+  struct Tensors {
+    double bytes = 0, experts = 0;
+    Tensors& operator+=(const Tensors& o) {
+      bytes += o.bytes, experts += o.experts;
+      return *this;
+    }
+  };
+  Tensors grads(int stage) const {
+    const StageWork& w = work_[std::size_t(stage)];
+    return {w.params * dp_.grad_bytes, w.expert_params * dp_.grad_bytes};
+  }
+  Tensors params(int stage) const {
+    const StageWork& w = work_[std::size_t(stage)];
+    return {w.params * dp_.param_bytes, w.expert_params * dp_.param_bytes};
+  }
   /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of what no per-stage op of its
   /// kind covers on device d (task_graph.h).
-  TaskId collective(int d, CollectiveData data, double bytes, int stage = -1) const {
-    const TaskId id = builder_.add(
-        {.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work({.bytes = bytes})});
+  TaskId collective(int d, CollectiveData data, Tensors tensors, int stage = -1) const {
+    const TaskWork work{.bytes = tensors.bytes, .expert_bytes = tensors.experts};
+    const TaskId id = builder_.add({.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work(work)});
     builder_.add_group({.members = {id}, .ranks = dp_.zero.dp, .data = data, .op = ReduceOp::Sum});
     return id;
   }
@@ -378,7 +422,7 @@ class DataParallelOps {
 
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
                    const VocabWork& vocab, int microbatches, Bytes boundary_bytes, const DataParallelWork& data_parallel,
-                   P2pMode p2p, const DeviceComms& comms) {
+                   P2pMode p2p, const DeviceComms& comms, ExpertComm expert_comm) {
   const int stages = layout.stage_count();
   const bool split_weight = splits_weight(orders);
 
@@ -423,6 +467,7 @@ TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::
   if (layout.vocab != VocabPlacement::OnStages)
     passes.connect(builder, layout, [&](int stage, int mb) { return forward.at(stage, mb); },
                    [&](int stage, int mb) { return backward.at(stage, mb); });
+  add_expert_exchanges(builder, work, backward, first_compute, numbering.compute_first, expert_comm);
   DataParallelOps(builder, layout, work, data_parallel).add(orders, transfer, last_compute);
   return std::move(builder).build();
 }

@@ -36,9 +36,14 @@ struct DataParallelWork {
 /// schedule file that orders its transfers itself keeps its order either way.
 enum class P2pMode { Overlapped, Synchronous };
 
+/// How a MoE stage's expert-parallel all-to-alls (the ALLTOALL after its F and its B) meet compute:
+/// blocking (the device's next compute op waits for them: Megatron-Core's default), or overlapped with
+/// the next compute op (DualPipeV's paired forward and backward, Megatron-Core's
+/// overlap_moe_expert_parallel_comm). Either way what uses a stage's output waits for its ALLTOALL.
+enum class ExpertComm { Blocking, Overlapped };
 TaskGraph assemble(const Layout& layout, const DeviceOrders& orders, const std::vector<StageWork>& work,
                    const VocabWork& vocab, int microbatches, Bytes boundary_bytes,
                    const DataParallelWork& data_parallel = {}, P2pMode p2p = P2pMode::Overlapped,
-                   const DeviceComms& comms = {});
+                   const DeviceComms& comms = {}, ExpertComm expert_comm = ExpertComm::Blocking);
 
 }  // namespace pipesim

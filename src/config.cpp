@@ -117,6 +117,61 @@ std::optional<HardwareConfig> hardware_preset(const std::string& name) {
   return std::nullopt;
 }
 
+namespace {
+
+/// Megatron-Core's rules for a mixture-of-experts layout (megatron/core/parallel_state.py and
+/// transformer_config.py), each named where a config breaks it.
+std::optional<FieldError> check_experts(const Config& config) {
+  const ModelConfig& m = config.model;
+  const ParallelConfig& p = config.parallel;
+  const TrainingConfig& t = config.training;
+  if (!m.has_experts()) {
+    if (p.ep > 1) return FieldError{"parallel.ep", "expert parallelism needs experts; give model.num_experts or set ep to 1"};
+    if (p.etp > 0 && p.etp != p.tp)
+      return FieldError{"parallel.etp", "expert tensor parallelism needs experts; give model.num_experts or remove etp"};
+    if (t.overlap_moe_expert_parallel_comm)
+      return FieldError{"training.overlap_moe_expert_parallel_comm", "overlaps expert-parallel all-to-alls, and this "
+                                                                     "model has no experts; set it to false"};
+    return std::nullopt;
+  }
+  if (m.num_experts % p.ep != 0)
+    return FieldError{"parallel.ep", fmt::format("ep {} does not divide the {} experts (model.num_experts): each expert-"
+                                                 "parallel rank holds num_experts / ep of them; choose a divisor of {}",
+                                                 p.ep, m.num_experts, m.num_experts)};
+  const int ranks = p.tp * p.cp * p.dp, expert_ranks = p.ep * p.expert_tp();
+  if (ranks % expert_ranks != 0)
+    return FieldError{"parallel.ep", fmt::format("ep {} x etp {} = {} does not divide tp {} x cp {} x dp {} = {}: "
+                                                 "Megatron-Core carves the expert groups (ep x etp ranks each) out of "
+                                                 "the ranks of a pipeline stage; choose ep and etp whose product "
+                                                 "divides {}",
+                                                 p.ep, p.expert_tp(), expert_ranks, p.tp, p.cp, p.dp, ranks, ranks)};
+  if (m.moe_router_topk > m.num_experts)
+    return FieldError{"model.moe_router_topk", fmt::format("routes each token to {} of {} experts; choose at most {}",
+                                                           m.moe_router_topk, m.num_experts, m.num_experts)};
+  if (p.tp > 1 && !p.sequence_parallel)
+    return FieldError{"parallel.sequence_parallel", "Megatron-Core runs MoE layers under tensor parallelism only with "
+                                                    "sequence parallelism; set it to true or tp to 1"};
+  if (m.expert_ffn_hidden() % p.expert_tp() != 0)
+    return FieldError{"parallel.etp", fmt::format("etp {} does not divide moe_ffn_hidden_size {}; choose a divisor",
+                                                  p.expert_tp(), m.expert_ffn_hidden())};
+  if (t.overlap_moe_expert_parallel_comm) {
+    const std::string_view field = "training.overlap_moe_expert_parallel_comm";
+    if (p.ep <= 1)
+      return FieldError{std::string(field), "overlaps the expert-parallel all-to-alls, so it needs parallel.ep > 1; "
+                                            "set it to false or raise ep"};
+    if (t.recompute_granularity == Recompute::Full)
+      return FieldError{std::string(field), "Megatron-Core refuses it with full recomputation; set "
+                                            "training.recompute_granularity to \"selective\" or \"none\", or this to false"};
+    if (p.pp > 1 && p.chunks < 2)
+      return FieldError{std::string(field), "Megatron-Core overlaps a forward with a backward of another model chunk, so "
+                                            "with pp > 1 it needs parallel.chunks >= 2 (a virtual pipeline); raise "
+                                            "chunks or set it to false"};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<FieldError> check_config(const Config& config) {
   if (std::optional<FieldError> e = check_sizes(config)) return e;
   const ModelConfig& model = config.model;
@@ -140,6 +195,7 @@ std::optional<FieldError> check_config(const Config& config) {
                       fmt::format("{} has no FP8 tensor cores (hardware.peak_fp8_tflops is 0); remove precision.fp8, "
                                   "or run on a GPU that has them (h100-sxm, h200) or give hardware.peak_fp8_tflops",
                                   config.hardware.preset.empty() ? "this GPU" : "the " + config.hardware.preset)};
+  if (std::optional<FieldError> e = check_experts(config)) return e;
   const TrainingConfig& training = config.training;
   // Both given (derive_microbatches fills microbatches only when the config leaves it out): they must agree.
   if (training.global_batch_size && global_batch_size(config) != *training.global_batch_size) {
@@ -170,6 +226,10 @@ std::optional<FieldError> check_config(const Config& config) {
                         fmt::format("counts sum to {} but model.layers is {}; make them sum to {}", total,
                                     model.layers, model.layers)};
   }
+  if (config.costs && model.has_experts())
+    return FieldError{"model.num_experts", "a costs block gives each pass's time as measured, which leaves the experts' "
+                                           "all-to-alls no time of their own; remove the costs block (the analytic "
+                                           "model prices them) or model.num_experts"};
   if (config.costs && training.recompute_granularity != Recompute::None)
     return FieldError{"training.recompute_granularity",
                       "a costs block gives each pass's time and memory as measured, recomputation included or not; "

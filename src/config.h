@@ -26,7 +26,24 @@ struct ModelConfig {
   /// The LM head reuses the embedding. Each pipeline stage that needs it still holds a copy (as
   /// Megatron does), so per-device memory and time do not change; reported for the record.
   bool tied_embeddings = false;
+  // Mixture of experts, named as Megatron-LM's arguments (docs/config.md, "Mixture of experts").
+  int num_experts = 0;                          ///< routed experts a MoE layer holds; 0: every layer dense
+  int moe_router_topk = 2;                      ///< experts each token is routed to
+  int moe_ffn_hidden_size = 0;                  ///< one expert's MLP width; 0 in a fresh struct means ffn_hidden
+  int moe_shared_expert_intermediate_size = 0;  ///< the shared experts' MLP width, beside the routed ones; 0: none
+  /// Which layers are MoE: with an empty pattern every moe_layer_freq-th from the first (layer i when
+  /// i % freq == 0), else pattern[i] (DeepSeek-V3's first three layers dense: 0, 0, 0, 1, 1, ...).
+  int moe_layer_freq = 1;
+  std::vector<int> moe_layer_pattern{};
+  /// Tokens an expert takes at most, as a multiple of its even share (the rest are dropped); absent:
+  /// dropless, every token routed.
+  std::optional<double> moe_capacity_factor{};
+  /// Tokens of the busiest expert over the mean (>= 1): its GEMMs and the all-to-all it receives wait
+  /// for that many; capped by the capacity factor.
+  double moe_imbalance = 1;
   int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  bool has_experts() const { return num_experts > 0; }
+  int expert_ffn_hidden() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden; }
 };
 
 struct ParallelConfig {
@@ -39,6 +56,13 @@ struct ParallelConfig {
   /// Megatron's sequence parallelism: the norms and dropouts work on seq_len / tp tokens and keep
   /// 1/tp of their activations; tensor-parallel all-reduces become all-gathers and reduce-scatters.
   bool sequence_parallel = true;
+  /// Expert parallelism (MoE layers only, Megatron-Core's folding): ep ranks each hold num_experts/ep
+  /// experts, each expert split over etp ranks (0 in a fresh struct means tp). The expert groups are
+  /// carved out of the tp·cp·dp ranks of a stage; the rest of them are the expert data-parallel group
+  /// (expert_data_parallel in parallel_shape.h).
+  int ep = 1;
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
 };
 
 /// Where the vocabulary layers (embedding, LM head and loss) run: on the first and the last stage
@@ -135,6 +159,10 @@ struct TrainingConfig {
   /// Megatron-Core's --overlap-p2p-comm: pipeline sends and receives run beside compute. Off (its
   /// default), each rank waits for every exchange, which puts the transfer on both ends' critical path.
   bool overlap_p2p_comm = false;
+  /// Megatron-Core's --overlap-moe-expert-parallel-comm: the expert-parallel all-to-alls of one
+  /// microbatch run beside the compute of another (a forward beside a backward) instead of holding up
+  /// the compute stream. DualPipeV does this by construction (docs/cost-model.md, "Mixture of experts").
+  bool overlap_moe_expert_parallel_comm = false;
   /// The zero-bubble paper's optimizer post-validation (its Megatron fork's
   /// --enable-optimizer-post-validation): no all-reduce across stages before the optimizer step, so
   /// each device starts its next iteration once its own step is done, and the iteration time is the

@@ -23,10 +23,32 @@ class AnalyticTimes {
   StageTimes stage(const VirtualStage& stage) const {
     const StageKernels kernels = stage_kernels(c_, stage);
     // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
-    const TimeNs recompute = pass(kernels.recompute, kernels.tp_allreduces_recompute, 1);
+    const TimeNs recompute = add_ns(pass(kernels.recompute, kernels.tp_allreduces_recompute, 1),
+                                    times_ns(kernels.expert_exchanges_recompute, expert_exchange()));
+    const TimeNs exchange = times_ns(kernels.expert_exchanges, expert_exchange());
     return {pass(kernels.forward, kernels.tp_allreduces_forward, 1),
             add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), run(kernels.weight),
-            recompute};
+            recompute, exchange, exchange};
+  }
+  /// One MoE layer's token exchange in one pass (F, or B with the gradients): a dispatch and a combine
+  /// all-to-all over the ep ranks of its expert group, each carrying the rank's routed copies (top-k per
+  /// token of its sequence-parallel share, h wide, at most the busiest receiver's load times as many),
+  /// and under etp > 1 an all-gather (dispatch) and a reduce-scatter (combine) of them over the etp
+  /// ranks. The ep group's members lie etp apart in rank order (Megatron-Core's expert grid), so
+  /// gpus_per_node/etp of them share a node: NVLink carries the copies that stay in the node and the
+  /// GPU's own network port the rest, at the same time (docs/cost-model.md, "Mixture of experts").
+  TimeNs expert_exchange() const {
+    const ParallelConfig& p = c_.parallel;
+    const double bytes = expert_exchange_bytes(c_);
+    const int etp = p.expert_tp(), in_node = std::clamp(h().gpus_per_node / etp, 1, p.ep);
+    TimeNs all_to_all = 0;
+    if (p.ep > 1) {
+      const double intra = bytes * (in_node - 1) / p.ep / (h().intra_node_gbps * 1e9);
+      const double inter = bytes * (p.ep - in_node) / p.ep / (h().inter_node_gbps * 1e9);
+      const double latency_us = in_node < p.ep ? h().inter_node_latency_us : h().intra_node_latency_us;
+      all_to_all = add_ns(ns_from_us(latency_us), ns_from_s(std::max(intra, inter)));
+    }
+    return times_ns(2, add_ns(all_to_all, ring(false, bytes * etp, etp, etp <= h().gpus_per_node)));
   }
   /// One GPU's transfer of `bytes` to another, inside a node or between nodes; between nodes over
   /// `nics` network ports at once (a collective's rings, below): no faster than the node's own links
@@ -120,8 +142,17 @@ class AnalyticCostModel final : public CostModel {
     // NCCL reduces over a tree) waits for the last and adds a tree's latency: up and down its depth.
     const int depth = int(std::ceil(std::log2(std::max(group.ranks, 1))));
     const double latency_us = intra ? h.intra_node_latency_us : h.inter_node_latency_us;
-    return add_ns(times_.ring(all_reduce, work.bytes, group.ranks, intra, per_node),
-                  times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us)));
+    TimeNs experts = 0;
+    if (data_parallel && work.expert_bytes > 0) {
+      // The routed experts' tensors go round the expert data-parallel group, whose members lie ep·etp
+      // apart in rank order (Megatron-Core's expert grid): after the rest, on the same stream.
+      const int expert_stride = p.ep * p.expert_tp(), ranks = expert_data_parallel(p);
+      experts = times_.ring(all_reduce, work.expert_bytes, ranks, expert_stride * ranks <= h.gpus_per_node,
+                            std::max(1, h.gpus_per_node / expert_stride));
+    }
+    return add_ns(add_ns(times_.ring(all_reduce, work.bytes - work.expert_bytes, group.ranks, intra, per_node),
+                         times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us))),
+                  experts);
   }
   TimeNs vocab_pass(const Task&, const TaskWork& work) const override {
     // GEMM, then memory-bound softmax or gather kernels: their times add. (No vector: this runs for
@@ -235,6 +266,10 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::Reduce:
     case OpKind::DpAllReduce:
       return collective(task, graph.work_of(task), graph.groups()[static_cast<std::size_t>(task.group)]);
+    case OpKind::AllToAll: {
+      const StageTimes& t = stage(task.stage);
+      return task.payload == Payload::Gradient ? t.exchange_backward : t.exchange_forward;
+    }
     case OpKind::Optimizer: return optimizer(task.device);
   }
   return 0;

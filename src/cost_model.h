@@ -27,7 +27,9 @@ struct StageTimes {
   /// a schedule plans with. A schedule without W runs backward + weight.
   TimeNs backward = 0;
   TimeNs weight = 0;
-  TimeNs recompute = 0;  ///< the part of `backward` that R runs
+  TimeNs recompute = 0;  ///< the part of `backward` that R runs (its MoE layers' all-to-alls included)
+  /// The MoE layers' expert-parallel all-to-alls of F and of B (the ALLTOALL ops after them).
+  TimeNs exchange_forward = 0, exchange_backward = 0;
 };
 
 class CostModel {

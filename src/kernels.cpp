@@ -71,50 +71,101 @@ std::vector<Kernel> core_attention_backward(const Config& c) {
           product, product};                                  // dQ = dS·K, dK = dSᵀ·Q
 }
 
-/// One decoder layer as a framework runs it (docs/cost-model.md): four GEMMs (QKV, projection, MLP up
-/// — gate and up together for SwiGLU — and down) in each of F (Y = XWᵀ), B (dX = dY·W) and W
-/// (dW = dYᵀX, accumulated into the fp32 main gradient); fused causal attention; and the
-/// memory-bound norms, activation function and residual adds. A context-parallel rank runs s/cp of
-/// the tokens, its queries against every key.
-void add_layer(const Config& c, StageKernels& out) {
-  const ModelConfig& m = c.model;
+/// A linear layer on one rank: `out` by `in` weights (column-parallel split out, row-parallel split
+/// in) applied to `tokens` rows. `groups` > 1: a grouped GEMM over that many experts, each with
+/// `tokens` rows, timed as one kernel whose tiles lie side by side.
+struct Linear {
+  double tokens, out, in;
+  double groups = 1;
+};
+
+/// A linear's GEMMs in F (Y = XWᵀ), B (dX = dY·W) and W (dW = dYᵀX, accumulated into the fp32 main
+/// gradient). Under FP8, Transformer Engine casts each GEMM input to FP8 by one kernel that reads it
+/// (bf16) and writes it and its transpose (for the weight gradient), 4 bytes an element: forward the
+/// input X, backward the output gradient dY. The FP8 weights are cast once an iteration (optimizer
+/// step, cost_model.cpp).
+void add_linear(const Config& c, const Linear& l, StageKernels& out) {
   const PrecisionConfig& p = c.precision;
-  const double t = c.parallel.tp, tokens = rank_tokens(c), h = m.hidden, f = m.ffn_hidden;
-  const double g = double(m.key_value_heads()) / m.heads, act = p.activation_bytes;
-  const bool swiglu = m.mlp == MlpKind::SwiGlu;
-  struct Linear {
-    double out, in;  // per tensor-parallel rank: column-parallel split out, row-parallel split in
+  const double act = p.activation_bytes, rows = l.tokens * l.groups;
+  const auto widen = [&](Kernel k, double cols) {  // the groups' outputs side by side, for the tile fill
+    k.cols = cols * l.groups;
+    return k;
   };
-  const Linear linears[] = {{h * (1 + 2 * g) / t, h}, {h, h / t}, {(swiglu ? 2 : 1) * f / t, h}, {h, f / t}};
-  for (const Linear& l : linears) {
-    if (p.fp8 != Fp8Format::None) {
-      // Transformer Engine: each GEMM input cast to FP8 by one kernel that reads it (bf16) and writes it
-      // and its transpose (for the weight gradient), 4 bytes an element; forward the input X, backward
-      // the output gradient dY. The FP8 weights are cast once an iteration (optimizer step, cost_model.cpp).
-      out.forward.push_back(streaming(4 * tokens * l.in));
-      out.forward.push_back(fp8_gemm(tokens, l.out, l.in, act));
-      out.backward.push_back(streaming(4 * tokens * l.out));
-      out.backward.push_back(fp8_gemm(tokens, l.in, l.out, act));
-      out.weight.push_back(fp8_gemm(l.out, l.in, tokens, 2 * p.grad_bytes));
-      continue;
-    }
-    out.forward.push_back(gemm(tokens, l.out, l.in, act, p.param_bytes, act));
-    out.backward.push_back(gemm(tokens, l.in, l.out, act, p.param_bytes, act));
-    out.weight.push_back(gemm(l.out, l.in, tokens, act, act, 2 * p.grad_bytes));  // read-modify-write
+  if (p.fp8 != Fp8Format::None) {
+    out.forward.push_back(streaming(4 * rows * l.in));
+    Kernel f = fp8_gemm(rows, l.out, l.in, act), b = fp8_gemm(rows, l.in, l.out, act);
+    Kernel w = fp8_gemm(l.out * l.groups, l.in, l.tokens, 2 * p.grad_bytes);
+    f.rows = b.rows = l.tokens, w.rows = l.out;
+    out.forward.push_back(widen(f, l.out));
+    out.backward.push_back(streaming(4 * rows * l.out));
+    out.backward.push_back(widen(b, l.in));
+    out.weight.push_back(widen(w, l.in));
+    return;
   }
+  Kernel f = gemm(rows, l.out, l.in, act, p.param_bytes, act), b = gemm(rows, l.in, l.out, act, p.param_bytes, act);
+  Kernel w = gemm(l.out * l.groups, l.in, l.tokens, act, act, 2 * p.grad_bytes);  // read-modify-write
+  f.rows = b.rows = l.tokens, w.rows = l.out;
+  out.forward.push_back(widen(f, l.out));
+  out.backward.push_back(widen(b, l.in));
+  out.weight.push_back(widen(w, l.in));
+}
+
+/// A dense MLP of width f over `tokens`, split over tp: its two linears (gate and up together for
+/// SwiGLU) and its activation function's memory-bound kernels, in elements per token: F: GELU one
+/// fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f. B: GELU 3f;
+/// SwiGLU 13f (two products, SiLU's backward, the gate and up gradients copied into one).
+void add_mlp(const Config& c, double tokens, double f, double t, double groups, StageKernels& out) {
+  if (f <= 0) return;
+  const double h = c.model.hidden, act = c.precision.activation_bytes;
+  const bool swiglu = c.model.mlp == MlpKind::SwiGlu;
+  add_linear(c, {tokens, (swiglu ? 2 : 1) * f / t, h, groups}, out);
+  add_linear(c, {tokens, h, f / t, groups}, out);
+  out.forward.push_back(streaming(groups * tokens * (swiglu ? 5 : 2) * f / t * act));
+  out.backward.push_back(streaming(groups * tokens * (swiglu ? 13 : 3) * f / t * act));
+}
+
+/// A MoE layer's expert part on one rank (docs/cost-model.md, "Mixture of experts"): the router's GEMM
+/// and top-k over the rank's sequence-parallel tokens; the permutation of their top-k copies into
+/// expert order and back (each a read and a write of the copies, forward and backward); the routed
+/// experts as grouped GEMMs over the num_experts/ep experts the rank holds, each taking its share of
+/// the ep group's copies (gathered over etp) times the busiest expert's load; the shared experts as a
+/// dense MLP over tp. The dispatch and combine all-to-alls are the cost model's (expert_exchange).
+void add_experts(const Config& c, StageKernels& out) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  const double h = m.hidden, act = c.precision.activation_bytes, local = rank_tokens(c) / p.tp;
+  const double copies = local * m.moe_router_topk, etp = p.expert_tp(), local_experts = double(m.num_experts) / p.ep;
+  out.forward.push_back(gemm(local, m.num_experts, h, act, c.precision.param_bytes, 4));  // router logits, fp32
+  out.forward.push_back(streaming(local * m.num_experts * 4 * 3));                        // softmax, top-k
+  out.forward.push_back(streaming(2 * 2 * copies * h * act));                              // permute, un-permute
+  out.backward.push_back(streaming(2 * 2 * copies * h * act + local * m.num_experts * 4 * 3));
+  out.weight.push_back(gemm(m.num_experts, h, local, 4, act, 2 * c.precision.grad_bytes));
+  add_mlp(c, copies * etp * moe_load(m) / local_experts, m.expert_ffn_hidden(), etp, local_experts, out);
+  add_mlp(c, rank_tokens(c), m.moe_shared_expert_intermediate_size, p.tp, 1, out);
+}
+
+/// One decoder layer as a framework runs it (docs/cost-model.md): the attention's two linears (QKV,
+/// projection) and fused causal attention, then a dense MLP or the experts; the memory-bound norms and
+/// residual adds. A context-parallel rank runs s/cp of the tokens, its queries against every key.
+void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
+  const ModelConfig& m = c.model;
+  const double t = c.parallel.tp, tokens = rank_tokens(c), h = m.hidden;
+  const double g = double(m.key_value_heads()) / m.heads, act = c.precision.activation_bytes;
+  add_linear(c, {tokens, h * (1 + 2 * g) / t, h}, out);
+  add_linear(c, {tokens, h, h / t}, out);
   append(out.forward, core_attention_forward(c));
   append(out.backward, core_attention_backward(c));
-  // Memory-bound, in elements per token: F: two norms (read, write) and the activation function
-  // (GELU one fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f). B: the
-  // norms' backward (read input and gradient, write gradient), the residual gradients' sums,
-  // attention's layout copies, and the activation's backward (GELU 3f; SwiGLU 13f: two products,
-  // SiLU's backward, the gate and up gradients copied into one). The norms and residuals work on
-  // every token of every tensor-parallel rank unless sequence parallelism splits them.
+  if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out);
+  else add_experts(c, out);
+  // The norms (read, write; backward read input and gradient, write gradient), the residual gradients'
+  // sums and attention's layout copies, in elements per token: 4h forward, 16h backward, on every token
+  // of every tensor-parallel rank unless sequence parallelism splits them.
   const double norms = c.parallel.sequence_parallel ? t : 1;
-  out.forward.push_back(streaming(tokens * (4 * h / norms + (swiglu ? 5 : 2) * f / t) * act));
-  out.backward.push_back(streaming(tokens * (16 * h / norms + (swiglu ? 13 : 3) * f / t) * act));
-  if (!swiglu)  // GPT's biases: their gradients read each linear's output gradient
-    out.weight.push_back(streaming(tokens * (h * (1 + 2 * g) + 2 * h + f) / t * act));
+  out.forward.push_back(streaming(tokens * 4 * h / norms * act));
+  out.backward.push_back(streaming(tokens * 16 * h / norms * act));
+  const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
+  if (m.mlp == MlpKind::Gelu)  // GPT's biases: their gradients read each linear's output gradient
+    out.weight.push_back(streaming(tokens * (h * (1 + 2 * g) + 2 * h + mlp_width) / t * act));
 }
 
 /// The LM head with a PyTorch-style cross-entropy: logits in bf16, cast to fp32, log-softmax (read
@@ -145,20 +196,36 @@ void add_embedding(const Config& c, StageKernels& out) {
   if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
 }
 
+int tp_collectives(const Config& c, LayerKind kind) {
+  // Attention's and the MLP's all-reduce (or all-gather and reduce-scatter); a MoE layer's routed
+  // experts exchange tokens by all-to-all instead, its shared experts as a dense MLP.
+  if (kind == LayerKind::Dense) return 2;
+  return c.model.moe_shared_expert_intermediate_size > 0 ? 2 : 1;
+}
+
 }  // namespace
 
 StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   StageKernels kernels;
-  for (int l = 0; l < stage.layers; ++l) add_layer(c, kernels);
-  kernels.tp_allreduces_forward = kernels.tp_allreduces_backward = 2 * stage.layers;
+  for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l) {
+    const LayerKind kind = layer_kind(c.model, l);
+    add_layer(c, kind, kernels);
+    kernels.tp_allreduces_forward += tp_collectives(c, kind);
+    kernels.expert_exchanges += kind == LayerKind::Moe;
+  }
+  kernels.tp_allreduces_backward = kernels.tp_allreduces_forward;
   // R: full recomputation runs the recomputed layers' forward again, collectives included; selective
   // recomputation only the score part of attention, which flash attention's backward already redoes.
   const int recomputed = recomputed_layers(c.training, stage.layers);
   if (recomputed > 0) {
-    StageKernels layer;
-    add_layer(c, layer);
-    for (int l = 0; l < recomputed; ++l) append(kernels.recompute, layer.forward);
-    kernels.tp_allreduces_recompute = 2 * recomputed;
+    for (int l = stage.first_layer; l < stage.first_layer + recomputed; ++l) {
+      const LayerKind kind = layer_kind(c.model, l);
+      StageKernels layer;
+      add_layer(c, kind, layer);
+      append(kernels.recompute, layer.forward);
+      kernels.tp_allreduces_recompute += tp_collectives(c, kind);
+      kernels.expert_exchanges_recompute += kind == LayerKind::Moe;
+    }
   } else if (c.training.recompute_granularity == Recompute::Selective && !c.precision.flash_attention) {
     for (int l = 0; l < stage.layers; ++l) append(kernels.recompute, core_attention_forward(c));
   }

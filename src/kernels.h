@@ -34,6 +34,8 @@ struct StageKernels {
   /// Tensor-parallel collectives, each an all-reduce of b·s·h activations or, under sequence
   /// parallelism, an all-gather and a reduce-scatter of them (the same ring time).
   int tp_allreduces_forward = 0, tp_allreduces_backward = 0, tp_allreduces_recompute = 0;
+  /// MoE layers in F and B (each a dispatch and a combine all-to-all, expert_exchange_bytes), and in R.
+  int expert_exchanges = 0, expert_exchanges_recompute = 0;
 };
 
 /// The kernels of `stage` under the config's model, parallelism and recomputation.

@@ -1,5 +1,7 @@
 #include "model_math.h"
 
+#include <algorithm>
+
 #include "parallel_shape.h"
 
 namespace pipesim {
@@ -11,16 +13,64 @@ double kv_fraction(const ModelConfig& m) { return double(m.key_value_heads()) / 
 double mlp_matrices(const ModelConfig& m) { return m.mlp == MlpKind::SwiGlu ? 3.0 : 2.0; }
 }  // namespace
 
-double layer_gemm_flops(const ModelConfig& m) {
-  return bsh(m) * (4.0 * m.hidden * (1 + kv_fraction(m)) + 2.0 * mlp_matrices(m) * m.ffn_hidden);
+LayerKind layer_kind(const ModelConfig& m, int layer) {
+  if (!m.has_experts()) return LayerKind::Dense;
+  const bool moe = m.moe_layer_pattern.empty() ? layer % m.moe_layer_freq == 0
+                                               : m.moe_layer_pattern[std::size_t(layer)] != 0;
+  return moe ? LayerKind::Moe : LayerKind::Dense;
+}
+
+int moe_layer_count(const ModelConfig& m, int first, int count) {
+  int moe = 0;
+  for (int l = first; l < first + count; ++l) moe += layer_kind(m, l) == LayerKind::Moe;
+  return moe;
+}
+
+namespace {
+/// FLOPs of an MLP of width f per token: 2 per multiply-add of each of its matrices.
+double mlp_flops_per_token(const ModelConfig& m, double f) { return 2.0 * mlp_matrices(m) * m.hidden * f; }
+}  // namespace
+
+double layer_gemm_flops(const ModelConfig& m, LayerKind kind) {
+  const double attention = 4.0 * m.hidden * (1 + kv_fraction(m));
+  if (kind == LayerKind::Dense) return bsh(m) * attention + double(m.micro_batch_size) * m.seq_len * mlp_flops_per_token(m, m.ffn_hidden);
+  const double tokens = double(m.micro_batch_size) * m.seq_len;
+  const double router = 2.0 * m.hidden * m.num_experts;
+  return bsh(m) * attention + tokens * (router + m.moe_router_topk * mlp_flops_per_token(m, m.expert_ffn_hidden()) +
+                                        mlp_flops_per_token(m, m.moe_shared_expert_intermediate_size));
+}
+
+double model_layers_gemm_flops(const ModelConfig& m) {
+  const int moe = moe_layer_count(m, 0, m.layers);
+  return (m.layers - moe) * layer_gemm_flops(m) + moe * layer_gemm_flops(m, LayerKind::Moe);
 }
 
 double layer_attention_flops(const ModelConfig& m) { return 4.0 * bsh(m) * m.seq_len; }
 
-double layer_params(const ModelConfig& m) {
-  const double h = m.hidden, f = m.ffn_hidden, g = kv_fraction(m);
-  if (m.mlp == MlpKind::SwiGlu) return 2 * h * h * (1 + g) + 3 * h * f + 2 * h;
-  return 2 * h * h * (1 + g) + 2 * h * f + (2 + 2 * g) * h + 5 * h + f;  // g = 1: 4h² + 2hf + 9h + f
+namespace {
+/// An MLP of width f: SwiGLU's three matrices; GPT's two with their biases (f + h).
+double mlp_params(const ModelConfig& m, double f) {
+  const double h = m.hidden;
+  if (f <= 0) return 0;
+  return m.mlp == MlpKind::SwiGlu ? 3 * h * f : 2 * h * f + f + h;
+}
+}  // namespace
+
+LayerParams layer_param_parts(const ModelConfig& m, LayerKind kind) {
+  const double h = m.hidden, g = kv_fraction(m);
+  // Attention's weights and the norms: Llama's two RMSNorm gains; GPT's QKV and projection biases and
+  // two LayerNorms (gain and bias).
+  const double attention = 2 * h * h * (1 + g) + (m.mlp == MlpKind::SwiGlu ? 2 * h : (2 + 2 * g) * h + 4 * h);
+  if (kind == LayerKind::Dense) return {attention + mlp_params(m, m.ffn_hidden), 0, 0};  // GPT, g = 1: 12h² + 13h at f = 4h
+  return {attention + mlp_params(m, m.moe_shared_expert_intermediate_size),
+          m.num_experts * mlp_params(m, m.expert_ffn_hidden()), h * m.num_experts};
+}
+
+double layer_params(const ModelConfig& m, LayerKind kind) { return layer_param_parts(m, kind).total(); }
+
+double model_layer_params(const ModelConfig& m) {
+  const int moe = moe_layer_count(m, 0, m.layers);
+  return (m.layers - moe) * layer_params(m) + moe * layer_params(m, LayerKind::Moe);
 }
 
 namespace {
@@ -36,9 +86,23 @@ double layer_score_bytes(const Config& c) {
   return rank_bsh(c) * 5.0 * m.heads * double(m.seq_len) / m.hidden / c.parallel.tp;
 }
 
-double layer_activation_bytes(const Config& c) {
+double moe_load(const ModelConfig& m) { return std::min(m.moe_imbalance, m.moe_capacity_factor.value_or(m.moe_imbalance)); }
+
+double moe_activation_bytes(const Config& c) {
   const ModelConfig& m = c.model;
-  const double t = c.parallel.tp, g = kv_fraction(m), f_over_h = double(m.ffn_hidden) / m.hidden;
+  const double h = m.hidden, f = m.expert_ffn_hidden(), etp = c.parallel.expert_tp();
+  const double fp8 = c.precision.fp8 != Fp8Format::None ? 1 : 0;
+  // In Korthikanti's 2-byte units per routed copy: its permuted input (etp ranks' tokens gathered),
+  // the expert's inner activations; FP8 keeps the two linear inputs in one byte.
+  const double copy = 2 * h * etp + 2 * mlp_matrices(m) * f - fp8 * (h * etp + f);
+  const double local_tokens = rank_tokens(c) / c.parallel.tp;  // MoE needs sequence parallelism with tp > 1
+  return local_tokens * (4.0 * m.num_experts + m.moe_router_topk * moe_load(m) * copy * element_scale(c));
+}
+
+double layer_activation_bytes(const Config& c, LayerKind kind) {
+  const ModelConfig& m = c.model;
+  const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
+  const double t = c.parallel.tp, g = kv_fraction(m), f_over_h = mlp_width / m.hidden;
   // Under FP8, Transformer Engine keeps the linear layers' inputs for their weight gradients in FP8,
   // one byte: the inputs of QKV and the MLP (1 + 1 less), of the projection (1) and of the MLP's
   // second matrix (f/h).
@@ -47,7 +111,7 @@ double layer_activation_bytes(const Config& c) {
   const double split = (4 + 4 * g) + 2 * mlp_matrices(m) * f_over_h - fp8 * (1 + f_over_h);  // Q, K, V, proj.; MLP
   const double per_token = c.parallel.sequence_parallel ? (whole + split) / t : whole + split / t;
   const double scores = c.training.recompute_granularity == Recompute::Selective ? 0 : layer_score_bytes(c);
-  return rank_bsh(c) * per_token * element_scale(c) + scores;
+  return rank_bsh(c) * per_token * element_scale(c) + scores + (kind == LayerKind::Moe ? moe_activation_bytes(c) : 0);
 }
 
 double head_forward_flops(const ModelConfig& m) { return 2.0 * bsh(m) * m.vocab; }
@@ -58,7 +122,7 @@ double paper_iteration_flops(const Config& c) {
   // The paper's 3·(2BSHV + L·(8BSH² + 4BS²H + 4BSHF)), with each layer's GEMMs as the model has them.
   const ModelConfig& m = c.model;
   const double microbatches = double(c.parallel.microbatches) * c.parallel.dp;
-  return 3.0 * microbatches * (head_forward_flops(m) + m.layers * (layer_gemm_flops(m) + layer_attention_flops(m)));
+  return 3.0 * microbatches * (head_forward_flops(m) + model_layers_gemm_flops(m) + m.layers * layer_attention_flops(m));
 }
 
 }  // namespace pipesim

@@ -30,7 +30,7 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
     w.weight_bytes = total(kernels.weight, &Kernel::bytes);
     w.recompute_flops = total(kernels.recompute, &Kernel::flops);
     w.recompute_bytes = total(kernels.recompute, &Kernel::bytes);
-    const ActivationsKept kept = activations_kept(config, stage.layers);
+    const ActivationsKept kept = activations_kept(config, stage.first_layer, stage.layers);
     double layer_bytes = kept.from_forward;
     w.recomputed_bytes = static_cast<Bytes>(std::llround(kept.rebuilt));
     if (config.costs && config.costs->activation_bytes)
@@ -45,6 +45,12 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
     const double full_layers = config.costs && config.costs->activation_bytes ? layer_bytes : kept.without_recompute;
     w.weight_held_bytes = static_cast<Bytes>(std::llround(full_layers * std::min(1.0, weight_held_fraction)));
     w.params = stage_params(config, stage);
+    w.expert_params = stage_expert_params(config, stage);
+    if (exchanges_experts(config)) {
+      w.expert_exchanges = moe_layer_count(m, stage.first_layer, stage.layers);
+      w.exchange_bytes = expert_exchange_bytes(config);
+      w.exchange_ranks = config.parallel.ep;
+    }
     work.push_back(w);
   }
   return work;

@@ -19,7 +19,13 @@ struct StageWork {
   Bytes activation_bytes = 0;   ///< taken at F, kept until the backward has used it
   Bytes recomputed_bytes = 0;   ///< taken at R (what it rebuilds, at its largest), returned by B
   Bytes weight_held_bytes = 0;  ///< kept past B until W when W is split off
-  double params = 0;            ///< parameters of this stage on one TP rank
+  double params = 0;            ///< parameters of this stage on one rank (stage_params)
+  double expert_params = 0;     ///< the routed experts' share of them (stage_expert_params)
+  /// MoE layers whose tokens leave the rank (exchanges_experts): F and B each end in an ALLTOALL
+  /// carrying `exchange_bytes` per layer and all-to-all.
+  int expert_exchanges = 0;
+  double exchange_bytes = 0;
+  int exchange_ranks = 1;  ///< ep: the ranks each all-to-all spans
   bool recomputes() const { return recompute_flops > 0 || recompute_bytes > 0; }
   /// What R takes: under a W split, at least what W will need beyond what F kept.
   Bytes recompute_alloc(bool split_weight) const {

@@ -85,6 +85,13 @@ double hidden_activation_bytes(const Config& c) {
   return rank_tokens(c) * c.model.hidden * c.precision.activation_bytes / (p.sequence_parallel ? p.tp : 1);
 }
 
+double expert_exchange_bytes(const Config& c) {
+  const ModelConfig& m = c.model;
+  return rank_tokens(c) / c.parallel.tp * m.moe_router_topk * moe_load(m) * m.hidden * c.precision.activation_bytes;
+}
+
+bool exchanges_experts(const Config& c) { return c.model.has_experts() && c.parallel.ep * c.parallel.expert_tp() > 1; }
+
 double ZeroSharding::bytes_per_param(const PrecisionConfig& p) const {
   const auto part = [&](bool sharded, double bytes) { return sharded ? bytes / dp : bytes; };
   return part(parameters(), p.param_bytes) + part(gradients(), p.grad_bytes) + part(optimizer_states(), p.optimizer_bytes);
@@ -92,12 +99,38 @@ double ZeroSharding::bytes_per_param(const PrecisionConfig& p) const {
 
 ZeroSharding zero_sharding(const Config& c) { return {.stage = c.training.zero_stage, .dp = c.parallel.dp}; }
 
+int expert_data_parallel(const ParallelConfig& p) { return std::max(1, p.tp * p.cp * p.dp / (p.ep * p.expert_tp())); }
+
+ZeroSharding expert_zero_sharding(const Config& c) {
+  return {.stage = c.training.zero_stage, .dp = expert_data_parallel(c.parallel)};
+}
+
+RankParams layers_rank_params(const Config& c, int first, int count) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  const int moe = moe_layer_count(m, first, count);
+  const LayerParams dense = layer_param_parts(m, LayerKind::Dense), experts = layer_param_parts(m, LayerKind::Moe);
+  const double routed = moe * experts.experts / (p.ep * p.expert_tp());
+  return {.all = ((count - moe) * dense.total() + moe * experts.tensor_parallel) / p.tp + moe * experts.replicated + routed,
+          .experts = routed};
+}
+
 double stage_params(const Config& c, const VirtualStage& stage) {
   const ModelConfig& m = c.model;
-  double params = stage.layers * layer_params(m);
-  if (stage.has_embedding) params += vocab_params(m);
-  if (stage.has_head) params += vocab_params(m) + 2.0 * m.hidden;
-  return params / c.parallel.tp;
+  double vocab = 0;
+  if (stage.has_embedding) vocab += vocab_params(m);
+  if (stage.has_head) vocab += vocab_params(m) + 2.0 * m.hidden;
+  return layers_rank_params(c, stage.first_layer, stage.layers).all + vocab / c.parallel.tp;
+}
+
+double stage_expert_params(const Config& c, const VirtualStage& stage) {
+  return layers_rank_params(c, stage.first_layer, stage.layers).experts;
+}
+
+std::vector<double> device_expert_params(const Config& c, const Layout& layout) {
+  std::vector<double> params(std::size_t(layout.devices), 0.0);
+  for (const VirtualStage& stage : layout.stages) params[std::size_t(stage.device)] += stage_expert_params(c, stage);
+  return params;
 }
 
 double vocab_shard_params(const Config& c, const Layout& layout) {
@@ -130,14 +163,18 @@ std::vector<double> device_params(const Config& c, const Layout& layout) {
 }
 
 double updated_params(const Config& c, const Layout& layout, int device) {
-  const double params = device_params(c, layout)[std::size_t(device)] - tied_copy_params(c, layout, device);
-  return zero_sharding(c).optimizer_states() ? params / c.parallel.dp : params;
+  const auto d = std::size_t(device);
+  const double experts = device_expert_params(c, layout)[d];
+  const double params = device_params(c, layout)[d] - tied_copy_params(c, layout, device) - experts;
+  const ZeroSharding zero = zero_sharding(c), expert_zero = expert_zero_sharding(c);
+  return (zero.optimizer_states() ? params / zero.dp : params) +
+         (expert_zero.optimizer_states() ? experts / expert_zero.dp : experts);
 }
 
 double device_layer_params(const Config& c, const Layout& layout, int device) {
   double params = 0;
   for (const VirtualStage& stage : layout.stages)
-    if (stage.device == device) params += stage.layers * layer_params(c.model) / c.parallel.tp;
+    if (stage.device == device) params += layers_rank_params(c, stage.first_layer, stage.layers).all;
   return params;
 }
 
@@ -148,11 +185,12 @@ std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
     const auto d = static_cast<std::size_t>(stage.device);
     largest_stage[d] = std::max(largest_stage[d], stage_params(c, stage));
   }
-  const ZeroSharding zero = zero_sharding(c);
+  const std::vector<double> experts = device_expert_params(c, layout);
+  const ZeroSharding zero = zero_sharding(c), expert_zero = expert_zero_sharding(c);
   std::vector<Bytes> bytes;
   for (std::size_t d = 0; d < devices; ++d) {
-    params[d] -= tied_copy_params(c, layout, int(d));
-    double held = params[d] * zero.bytes_per_param(c.precision);
+    params[d] -= tied_copy_params(c, layout, int(d)) + experts[d];
+    double held = params[d] * zero.bytes_per_param(c.precision) + experts[d] * expert_zero.bytes_per_param(c.precision);
     // ZeRO-3 gathers a chunk's weights before its F and B and frees them after: the chunk in use and
     // the next one, fetched ahead, are whole.
     if (zero.parameters()) held += 2 * largest_stage[d] * c.precision.param_bytes;
@@ -162,14 +200,20 @@ std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
   return bytes;
 }
 
-ActivationsKept activations_kept(const Config& c, int layers) {
-  const double layer = layer_activation_bytes(c), input = hidden_activation_bytes(c);
-  ActivationsKept kept{layers * layer, 0, layers * layer};
+ActivationsKept activations_kept(const Config& c, int first, int layers) {
+  // A stage's layers keep the sum of theirs; recomputation rebuilds at most its largest, MoE's if any.
+  const int moe = moe_layer_count(c.model, first, layers);
+  const auto sum = [&](const Config& of) {
+    return (layers - moe) * layer_activation_bytes(of) + moe * layer_activation_bytes(of, LayerKind::Moe);
+  };
+  const double layer = moe > 0 ? layer_activation_bytes(c, LayerKind::Moe) : layer_activation_bytes(c);
+  const double input = hidden_activation_bytes(c);
+  ActivationsKept kept{sum(c), 0, sum(c)};
   const TrainingConfig& t = c.training;
   if (t.recompute_granularity == Recompute::Selective) {
     Config all = c;
     all.training.recompute_granularity = Recompute::None;
-    kept.without_recompute = layers * layer_activation_bytes(all);
+    kept.without_recompute = sum(all);
     kept.rebuilt = layers > 0 ? layer_score_bytes(c) : 0;
   } else if (const int recomputed = recomputed_layers(t, layers); recomputed > 0) {
     if (t.recompute_method == RecomputeMethod::Uniform) {
@@ -177,7 +221,10 @@ ActivationsKept activations_kept(const Config& c, int layers) {
       kept.from_forward = double((layers + group - 1) / group) * input;
       kept.rebuilt = group * layer;
     } else {
-      kept.from_forward = recomputed * input + (layers - recomputed) * layer;
+      // Block: the first `recomputed` layers keep their input; the rest keep everything.
+      const int kept_moe = moe_layer_count(c.model, first + recomputed, layers - recomputed);
+      kept.from_forward = recomputed * input + (layers - recomputed - kept_moe) * layer_activation_bytes(c) +
+                          kept_moe * layer_activation_bytes(c, LayerKind::Moe);
       kept.rebuilt = layer;
     }
   }

@@ -47,6 +47,13 @@ double rank_tokens(const Config& c);
 /// b·s/cp · h · activation_bytes, split over tp under sequence parallelism.
 double hidden_activation_bytes(const Config& c);
 
+/// What one rank sends in one expert-parallel all-to-all of one MoE layer (a dispatch or a combine):
+/// its routed copies, top-k of each token of its sequence-parallel share b·s/(cp·tp), h wide, as many
+/// as the busiest expert's load (moe_load) makes them.
+double expert_exchange_bytes(const Config& c);
+/// Whether a MoE layer's tokens leave the rank (ep or etp > 1): then F and B each end in an ALLTOALL.
+bool exchanges_experts(const Config& c);
+
 /// What ZeRO (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer at stage 1) shards over
 /// the dp replicas: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the
 /// weights. Nothing is sharded with one replica.
@@ -63,9 +70,27 @@ struct ZeroSharding {
 };
 ZeroSharding zero_sharding(const Config& c);
 
-/// Parameters of one virtual stage on one tensor-parallel rank: its layers, and the embedding or the
-/// LM head (with the final norm) when the stage holds them.
+/// The expert data-parallel group (Megatron-Core's expert grid): the tp·cp·dp ranks of a stage
+/// that hold the same experts, tp·cp·dp / (ep·etp). check_config holds ep·etp to divide tp·cp·dp.
+int expert_data_parallel(const ParallelConfig& p);
+/// ZeRO over the expert data-parallel group: what the expert weights' gradients and optimizer
+/// states are sharded over.
+ZeroSharding expert_zero_sharding(const Config& c);
+
+/// Parameters of `count` layers from `first` on one rank: the tensor-parallel part split over tp, the
+/// routed experts over ep·etp, the router whole (layer_param_parts). `experts` is the routed part.
+struct RankParams {
+  double all = 0, experts = 0;
+};
+RankParams layers_rank_params(const Config& c, int first, int count);
+
+/// Parameters of one virtual stage on one rank: its layers (layers_rank_params), and the embedding or
+/// the LM head (with the final norm) when the stage holds them.
 double stage_params(const Config& c, const VirtualStage& stage);
+/// The routed experts' share of stage_params: what the expert data-parallel group reduces.
+double stage_expert_params(const Config& c, const VirtualStage& stage);
+/// Per device, the routed experts' parameters it holds.
+std::vector<double> device_expert_params(const Config& c, const Layout& layout);
 /// Parameters of the vocabulary shards each device holds when the vocabulary is split over devices
 /// (per tensor-parallel rank; one matrix for both uses when the embeddings are tied); 0 when it is not.
 double vocab_shard_params(const Config& c, const Layout& layout);
@@ -80,14 +105,15 @@ double tied_apart_params(const Config& c, const Layout& layout);
 /// tied_copy_params).
 std::vector<double> device_params(const Config& c, const Layout& layout);
 /// Parameters each device's optimizer updates: its own (a tied matrix once), 1/dp of them when ZeRO
-/// shards the optimizer states.
+/// shards the optimizer states (the routed experts' 1/expert_data_parallel).
 double updated_params(const Config& c, const Layout& layout, int device);
 
 /// Transformer-layer parameters a device holds (its stages' layers, on its tensor-parallel rank): what
 /// FP8 training keeps a second, FP8 copy of.
 double device_layer_params(const Config& c, const Layout& layout, int device);
 
-/// Parameters + gradients + optimizer states held by each device, in bytes; under ZeRO 3 also the
+/// Parameters + gradients + optimizer states held by each device, in bytes (the routed experts' under
+/// expert_zero_sharding); under ZeRO 3 also the
 /// two whole chunks of weights a device gathers (the one in use and the next, fetched ahead); under
 /// FP8 also the layers' FP8 weights, each with its transpose (2 bytes a parameter).
 std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout);
@@ -97,12 +123,12 @@ std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout);
 struct ActivationsKept {
   double from_forward = 0, rebuilt = 0, without_recompute = 0;
 };
-/// For a stage of `layers` layers under the config's recomputation (Korthikanti et al. 2022):
+/// For a stage of `layers` layers from layer `first` under the config's recomputation (Korthikanti et al. 2022):
 /// uniform full recomputation keeps the input of each group of recompute_num_layers layers and
 /// rebuilds one group at a time; block keeps the input of each of its first layers, and the rest
 /// whole, rebuilding one layer at a time; selective keeps all but the score matrices and rebuilds one
 /// layer's (none under flash attention).
-ActivationsKept activations_kept(const Config& c, int layers);
+ActivationsKept activations_kept(const Config& c, int first, int layers);
 
 /// The memory a device offers the training job's tensors: hardware.memory_gib less
 /// hardware.reserved_gib (the CUDA context, NCCL and the allocator take the rest), never below 0.

@@ -70,7 +70,7 @@ std::optional<FieldError> check_parallel(const ParallelConfig& p, const Hardware
 /// Weights and the activations of every microbatch, in doubles (the caps above keep them finite).
 std::optional<FieldError> check_bytes(const Config& c) {
   const ModelConfig& m = c.model;
-  const double weights = (m.layers * layer_params(m) + 2 * vocab_params(m)) * ZeroSharding{}.bytes_per_param(c.precision);
+  const double weights = (model_layer_params(m) + 2 * vocab_params(m)) * ZeroSharding{}.bytes_per_param(c.precision);
   if (weights > double(limits::kModelBytes))
     return FieldError{"model.hidden", fmt::format("the weights would take {:.3g} bytes, over pipesim's limit of {:.3g}; "
                                                   "use a smaller hidden, ffn_hidden, vocab or fewer layers",
@@ -78,7 +78,7 @@ std::optional<FieldError> check_bytes(const Config& c) {
   Config whole = c;  // on one device, nothing split or recomputed: a bound on every layout's share
   whole.parallel.tp = whole.parallel.cp = 1;
   whole.training.recompute_granularity = Recompute::None;
-  const double per_microbatch = m.layers * layer_activation_bytes(whole) +
+  const double per_microbatch = activations_kept(whole, 0, m.layers).from_forward +
                                 double(m.micro_batch_size) * m.seq_len * (4.0 * m.vocab + 8.0 * m.hidden);
   const double activations = per_microbatch * c.parallel.microbatches;
   if (activations > double(limits::kModelBytes))

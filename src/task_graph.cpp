@@ -25,6 +25,7 @@ std::string_view op_kind_name(OpKind kind) {
     case OpKind::Broadcast: return "BROADCAST";
     case OpKind::Reduce: return "REDUCE";
     case OpKind::DpAllReduce: return "DP_ALLREDUCE";
+    case OpKind::AllToAll: return "ALLTOALL";
     case OpKind::Optimizer: return "OPTIMIZER";
   }
   return "?";
@@ -69,6 +70,9 @@ std::string TaskGraph::describe(TaskId id) const {
       return fmt::format("{}(d{}{}d{},{},s{},m{})", op_kind_name(t.kind), t.device, send ? "->" : "<-", t.peer,
                          t.payload == Payload::Activation ? "act" : "grad", t.stage, t.microbatch);
     }
+    case OpKind::AllToAll:
+      return fmt::format("{}(d{},{},s{},m{})", op_kind_name(t.kind), t.device,
+                         t.payload == Payload::Activation ? "fwd" : "bwd", t.stage, t.microbatch);
     case OpKind::DpAllReduce:
     case OpKind::Optimizer: return fmt::format("{}(d{})", op_kind_name(t.kind), t.device);
     case OpKind::AllReduce:
@@ -101,7 +105,7 @@ void TaskGraphBuilder::reserve(std::size_t tasks, std::size_t edges) {
 
 std::size_t TaskGraphBuilder::WorkHash::operator()(const TaskWork& w) const {
   std::size_t h = 0;
-  for (std::uint64_t bits : {std::bit_cast<std::uint64_t>(w.flops), std::bit_cast<std::uint64_t>(w.bytes),
+  for (std::uint64_t bits : {std::bit_cast<std::uint64_t>(w.flops), std::bit_cast<std::uint64_t>(w.bytes), std::bit_cast<std::uint64_t>(w.expert_bytes),
                              std::uint64_t(w.alloc_bytes), std::uint64_t(w.free_bytes)})
     h = (h ^ bits) * 0x9E3779B97F4A7C15ull;
   return h;
@@ -161,7 +165,15 @@ void build_csr(std::size_t keys, std::size_t count, KeyOf key_of, ValueOf value_
 
 }  // namespace
 
+void TaskGraphBuilder::reroute(TaskId op, TaskId instead) {
+  if (reroutes_.size() <= std::size_t(op)) reroutes_.resize(tasks_.size(), kNoTask);
+  reroutes_[std::size_t(op)] = instead;
+}
+
 TaskGraph TaskGraphBuilder::build() && {
+  for (auto& [task, on] : edges_)
+    if (std::size_t(on) < reroutes_.size() && reroutes_[std::size_t(on)] != kNoTask && reroutes_[std::size_t(on)] != task)
+      on = reroutes_[std::size_t(on)];
   TaskGraph graph;
   graph.devices_ = devices_;
   const auto task = [this](std::size_t i) { return static_cast<std::size_t>(edges_[i].first); };

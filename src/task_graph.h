@@ -34,8 +34,11 @@ enum class OpKind : std::uint8_t {
   Reduce,
   DpAllReduce,  ///< data-parallel collective: gradient all-reduce, or ZeRO's reduce-scatter and all-gather
   Optimizer,    ///< end-of-iteration optimizer step
+  /// A MoE stage's expert-parallel token exchange after its F (payload Activation) or its B (Gradient):
+  /// the dispatch and combine all-to-alls of its MoE layers (docs/ir.md, "Mixture of experts")
+  AllToAll,
 };
-constexpr int kOpKindCount = 15;
+constexpr int kOpKindCount = 16;
 /// 0, 1, 2 for F, B, W: where a transformer pass goes in tables kept per (pass, stage, microbatch);
 /// -1 for every other kind.
 constexpr int pass_index(OpKind kind) {
@@ -48,7 +51,7 @@ std::string_view op_kind_name(OpKind kind);
 /// other device one send stream and one receive stream: a point-to-point channel per ordered device
 /// pair, whose SENDs and RECVs pair up in order, as NCCL matches them.
 enum class Stream : std::uint8_t { Compute, Collective, Send, Recv };
-constexpr int kCollectiveLanes = 6;
+constexpr int kCollectiveLanes = 7;
 /// Defined here, like TaskGraph::stream_of, because the simulator and the graph's builder ask it of
 /// every op.
 constexpr Stream stream_kind(OpKind kind) {
@@ -67,7 +70,8 @@ constexpr Stream stream_kind(OpKind kind) {
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce:
-    case OpKind::DpAllReduce: return Stream::Collective;
+    case OpKind::DpAllReduce:
+    case OpKind::AllToAll: return Stream::Collective;
   }
   return Stream::Compute;
 }
@@ -93,6 +97,9 @@ struct TaskWork {
   double bytes = 0;       ///< compute ops: HBM traffic; comm ops: payload size
   Bytes alloc_bytes = 0;  ///< activation memory taken when the op starts
   Bytes free_bytes = 0;   ///< activation memory returned when the op ends
+  /// DP_ALLREDUCE: the part of `bytes` that is routed experts' tensors, which go round the expert
+  /// data-parallel group instead (parallel_shape.h, expert_data_parallel).
+  double expert_bytes = 0;
   bool operator==(const TaskWork&) const = default;
 };
 /// Index into TaskGraph's work records; 0 is the record of an op that does no work.
@@ -130,6 +137,7 @@ enum class CollectiveData : std::uint8_t {
   OutputGrad,      ///< ALLREDUCE, barrier C1: Σ dX_i (Algorithm 1, interlaced)
   InputGrad,       ///< BROADCAST: the first stage's input gradient dY to every device
   TiedEmbedding,   ///< ALLREDUCE: a tied embedding's gradient, summed between the first stage's device and the last's
+  ExpertTokens,    ///< ALLTOALL: MoE layers' routed tokens (or their gradients) to their experts and back
 };
 
 enum class ReduceOp : std::uint8_t {
@@ -272,6 +280,9 @@ class TaskGraphBuilder {
   void depend(TaskId task, TaskId on);
   /// depend() for each (task, on) in turn.
   void depend_all(std::span<const std::pair<TaskId, TaskId>> edges);
+  /// Every op that waits for `op` waits for `instead` (an op that waits for `op`) when the graph is
+  /// built: `op`'s results are ready only once `instead` is done (a MoE stage's F, after its ALLTOALL).
+  void reroute(TaskId op, TaskId instead);
   /// Matches a SEND with its RECV; both start together.
   void pair(TaskId send, TaskId recv);
   /// Registers a collective; each member's `group` is set.
@@ -288,6 +299,7 @@ class TaskGraphBuilder {
   std::vector<TaskWork> works_{TaskWork{}};
   std::unordered_map<TaskWork, WorkId, WorkHash> work_ids_{{TaskWork{}, kNoWork}};
   std::vector<std::pair<TaskId, TaskId>> edges_;  ///< (task, on)
+  std::vector<TaskId> reroutes_;                  ///< by op: reroute()'s `instead`, or kNoTask
   std::vector<CollectiveGroup> groups_;
 };
 

@@ -86,7 +86,8 @@ TEST_CASE("bad config files are refused with the file, the path and the fix") {
            kParallel + "}",
        {},
        "c.json: model.layerz: unknown key; did you mean 'layers'? Known keys here: layers, hidden, heads, kv_heads, "
-       "ffn_hidden, seq_len, vocab, micro_batch_size, mlp, tied_embeddings, hf_config"},
+       "ffn_hidden, seq_len, vocab, micro_batch_size, mlp, tied_embeddings"
+       ", num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, hf_config"},
       {kBase + R"json(, "hardwre": {}})json", {},
        "c.json: hardwre: unknown key; did you mean 'hardware'? Known keys here: model, parallel, schedule, hardware, "
        "precision, training, costs, description"},
@@ -153,7 +154,7 @@ TEST_CASE("bad overrides and settings are refused with the file, the path and th
       {kBase + "}", {"schedule.layers_per_stage=even"},
        "c.json: schedule.layers_per_stage (from --set): expected \"auto\" or an array of layer counts, got string \"even\""},
       {kBase + "}", {"parallel.layerz=3"},
-       "c.json: parallel.layerz (from --set): unknown key. Known keys here: pp, tp, dp, cp, microbatches, chunks, sequence_parallel"},
+       "c.json: parallel.layerz (from --set): unknown key. Known keys here: pp, tp, dp, cp, microbatches, chunks, sequence_parallel, ep, etp"},
       {kBase + "}", {"parallel"}, "--set 'parallel': expected key.path=value, e.g. --set parallel.pp=4"},
       {kBase + "}", {"model.layers.x=3"}, "--set 'model.layers.x=3': 'model.layers' is not an object"},
       {kBase + "}", {"schedule.name=gpipe2"},

@@ -440,7 +440,7 @@ TEST_CASE("a malformed --grid is an error that names --grid and the fix") {
       {{"parallel.pp=2", "parallel.pp=4"}, "--grid: key 'parallel.pp' is given twice; put all its values in one --grid"},
       {{"parallel.ppp=2"},
        "--grid 'parallel.ppp=2': c.json: parallel.ppp (from --set): unknown key; did you mean 'pp'? Known keys here: pp, tp, "
-       "dp, cp, microbatches, chunks, sequence_parallel; use a key as --set takes it (docs/config.md lists them)"},
+       "dp, cp, microbatches, chunks, sequence_parallel, ep, etp; use a key as --set takes it (docs/config.md lists them)"},
       {{"paralel.pp=2"},
        "--grid 'paralel.pp=2': c.json: paralel (from --set): unknown key; did you mean 'parallel'? Known keys here: "
        "model, parallel, schedule, hardware, precision, training, costs, description; use a key as --set takes it "

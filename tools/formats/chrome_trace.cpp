@@ -28,6 +28,9 @@ std::string op_name(const TaskGraph& graph, const Task& t) {
         default: return std::string(op_kind_name(t.kind));
       }
     case OpKind::Optimizer: return std::string(op_kind_name(t.kind));
+    case OpKind::AllToAll:
+      return fmt::format("{} {} s{} m{}", op_kind_name(t.kind), t.payload == Payload::Activation ? "fwd" : "bwd",
+                         t.stage, t.microbatch);
     case OpKind::S:
     case OpKind::T:
     case OpKind::IF:

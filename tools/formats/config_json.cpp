@@ -112,6 +112,40 @@ class ObjectReader {
   std::vector<std::string> known_;
 };
 
+/// The mixture-of-experts keys (Megatron-LM's names); without num_experts the others are refused, so a
+/// MoE setting never goes silently unused.
+void read_experts(ObjectReader& r, ModelConfig& m) {
+  m.num_experts = r.integer("num_experts", 0, 0, false, 1 << 16);
+  const bool moe = m.num_experts > 0;
+  for (const char* key : {"moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                          "moe_layer_freq", "moe_capacity_factor", "moe_imbalance"})
+    if (!moe && r.has(key))
+      throw ConfigError{r.at(key), "applies to a mixture-of-experts model only; give model.num_experts (the routed "
+                                   "experts of a MoE layer) or remove it"};
+  m.moe_router_topk = r.integer("moe_router_topk", 2, 1, false, std::max(1, m.num_experts));
+  m.moe_ffn_hidden_size = r.integer("moe_ffn_hidden_size", m.ffn_hidden, 1, false, limits::kFfnHidden);
+  m.moe_shared_expert_intermediate_size = r.integer("moe_shared_expert_intermediate_size", 0, 0, false, limits::kFfnHidden);
+  if (r.has("moe_layer_freq")) {
+    const json& v = r.value("moe_layer_freq");
+    const std::string path = r.at("moe_layer_freq");
+    if (v.is_array()) {
+      if (v.size() != std::size_t(m.layers))
+        throw ConfigError{path, fmt::format("lists {} layers but model.layers is {}; give one 0 (dense) or 1 (MoE) per "
+                                            "layer, or an integer N for every N-th layer", v.size(), m.layers)};
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_number_integer() || (v[i].get<long>() != 0 && v[i].get<long>() != 1))
+          throw ConfigError{fmt::format("{}[{}]", path, i), "expected 0 (a dense layer) or 1 (a MoE layer), got " + describe(v[i])};
+        m.moe_layer_pattern.push_back(v[i].get<int>());
+      }
+    } else {
+      m.moe_layer_freq = r.integer("moe_layer_freq", 1, 1, false, std::max(1, m.layers));
+    }
+  }
+  if (r.has("moe_capacity_factor") && !r.value("moe_capacity_factor").is_null())
+    m.moe_capacity_factor = r.number("moe_capacity_factor", 1, 0, 1e6, true);
+  m.moe_imbalance = r.number("moe_imbalance", 1, 1, 1e6);
+}
+
 ModelConfig read_model(ObjectReader r) {
   ModelConfig m;
   m.layers = r.integer("layers", 0, 1, true);
@@ -130,6 +164,7 @@ ModelConfig read_model(ObjectReader r) {
                                                suggestion(mlp, {"gelu", "swiglu"}))};
   m.mlp = mlp == "swiglu" ? MlpKind::SwiGlu : MlpKind::Gelu;
   m.tied_embeddings = r.boolean("tied_embeddings", false);
+  read_experts(r, m);
   r.has("hf_config");  // expand_hf_config has turned it into the fields above
   r.reject_unknown();
   return m;
@@ -148,6 +183,8 @@ ParallelConfig read_parallel(ObjectReader r, bool global_batch) {
   p.microbatches = r.integer("microbatches", 1, 1);  // with a global batch: derive_microbatches, unless given
   p.chunks = r.integer("chunks", 1, 1);
   p.sequence_parallel = r.boolean("sequence_parallel", p.sequence_parallel);
+  p.ep = r.integer("ep", 1, 1);
+  p.etp = r.integer("etp", 0, 1);  // absent: tp (ParallelConfig::expert_tp), also after a change of tp
   r.reject_unknown();
   return p;
 }
@@ -300,6 +337,7 @@ TrainingConfig read_training(const json* object, const json* precision) {
   t.overlap_param_gather = r.boolean("overlap_param_gather", false);
   t.tp_comm_overlap = r.boolean("tp_comm_overlap", false);
   t.overlap_p2p_comm = r.boolean("overlap_p2p_comm", false);
+  t.overlap_moe_expert_parallel_comm = r.boolean("overlap_moe_expert_parallel_comm", false);
   r.reject_unknown();
   return t;
 }

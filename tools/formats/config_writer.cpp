@@ -5,8 +5,20 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+/// The mixture-of-experts keys, only for a MoE model (a dense config reads them as mistakes).
+void add_experts(json& out, const ModelConfig& m) {
+  if (!m.has_experts()) return;
+  out.update(json{{"num_experts", m.num_experts},
+                  {"moe_router_topk", m.moe_router_topk},
+                  {"moe_ffn_hidden_size", m.expert_ffn_hidden()},
+                  {"moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size},
+                  {"moe_layer_freq", m.moe_layer_pattern.empty() ? json(m.moe_layer_freq) : json(m.moe_layer_pattern)},
+                  {"moe_capacity_factor", m.moe_capacity_factor ? json(*m.moe_capacity_factor) : json(nullptr)},
+                  {"moe_imbalance", m.moe_imbalance}});
+}
+
 json model_json(const ModelConfig& m) {
-  return {{"layers", m.layers},
+  json out{{"layers", m.layers},
           {"hidden", m.hidden},
           {"heads", m.heads},
           {"kv_heads", m.key_value_heads()},
@@ -16,6 +28,8 @@ json model_json(const ModelConfig& m) {
           {"micro_batch_size", m.micro_batch_size},
           {"mlp", m.mlp == MlpKind::SwiGlu ? "swiglu" : "gelu"},
           {"tied_embeddings", m.tied_embeddings}};
+  add_experts(out, m);
+  return out;
 }
 
 /// With a global batch, microbatches are left to follow from it, as in the config written from: a
@@ -24,6 +38,8 @@ json parallel_json(const ParallelConfig& p, bool global_batch) {
   json out{{"pp", p.pp}, {"tp", p.tp}, {"dp", p.dp}, {"cp", p.cp}};
   if (!global_batch) out["microbatches"] = p.microbatches;
   out.update(json{{"chunks", p.chunks}, {"sequence_parallel", p.sequence_parallel}});
+  if (p.ep > 1) out["ep"] = p.ep;
+  if (p.etp > 0) out["etp"] = p.etp;  // absent, it follows tp
   return out;
 }
 
@@ -86,6 +102,7 @@ json training_json(const TrainingConfig& t) {
           {"overlap_param_gather", t.overlap_param_gather},
           {"tp_comm_overlap", t.tp_comm_overlap},
           {"overlap_p2p_comm", t.overlap_p2p_comm},
+          {"overlap_moe_expert_parallel_comm", t.overlap_moe_expert_parallel_comm},
           {"optimizer_post_validation", t.optimizer_post_validation}});
   return out;
 }

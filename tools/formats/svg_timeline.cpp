@@ -185,7 +185,8 @@ std::string legend(const TaskGraph& graph, int chunks, double y, int& lines) {
   for (OpKind kind : kLegendKinds) {
     const bool drawn = kind == OpKind::AllReduce
                            ? graph.has(OpKind::AllReduce) || graph.has(OpKind::Broadcast) ||
-                                 graph.has(OpKind::Reduce) || graph.has(OpKind::DpAllReduce)
+                                 graph.has(OpKind::Reduce) || graph.has(OpKind::DpAllReduce) ||
+                                 graph.has(OpKind::AllToAll)
                            : graph.has(kind);
     if (!drawn) continue;
     std::vector<std::string> swatches;
@@ -223,7 +224,8 @@ std::string_view op_colour(OpKind kind) {
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce:
-    case OpKind::DpAllReduce: return "#9c755f";
+    case OpKind::DpAllReduce:
+    case OpKind::AllToAll: return "#9c755f";
   }
   return "#000000";
 }
@@ -245,7 +247,8 @@ std::string_view op_meaning(OpKind kind, bool split_backward) {
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce:
-    case OpKind::DpAllReduce: return "communication: collectives (thin rows), at least 2 px wide";
+    case OpKind::DpAllReduce:
+    case OpKind::AllToAll: return "communication: collectives (thin rows), at least 2 px wide";
   }
   return "";
 }

@@ -163,16 +163,23 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
   };
   const std::string in_hf = config + ": model.hf_config: " + hf, in_hw = config + ": hardware.file: " + hw;
   CHECK(with_hf(llama) == "(no error)");
-  // A mixture-of-experts model (Mixtral's, Qwen3-MoE's and DeepSeek's names for the experts) is
-  // refused, not costed as one dense MLP; one expert, or none, is a dense model.
+  // A mixture-of-experts model is read with its experts (Mixtral's and Qwen-MoE's names); one expert, or
+  // none, is a dense model. What pipesim's attention cannot describe is refused by name, not miscosted.
   const std::string moe = llama.substr(0, llama.size() - 1);
-  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
-    CHECK(with_hf(moe + ", \"" + key + "\": 8}") ==
-          in_hf + ": " + key + ": 8 experts: a mixture-of-experts model, which pipesim does not model (it would "
-                                "cost one MLP where each layer has 8); give a dense shape in model instead of "
-                                "model.hf_config");
+  for (const char* key : {"num_local_experts", "num_experts"})
+    CHECK(with_hf(moe + ", \"" + key + "\": 8, \"num_experts_per_tok\": 2}") == "(no error)");
   CHECK(with_hf(moe + ", \"num_experts\": 1}") == "(no error)");
   CHECK(with_hf(moe + ", \"num_experts\": null}") == "(no error)");
+  CHECK(with_hf(moe + ", \"num_experts\": 8, \"mlp_only_layers\": [8]}") ==
+        in_hf + ": mlp_only_layers: 8 is not a layer of 8");
+  CHECK(with_hf(moe + ", \"n_routed_experts\": 8, \"kv_lora_rank\": 512}") ==
+        in_hf + ": kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3), which pipesim does not model; give a "
+                "shape in model instead of model.hf_config");
+  CHECK(with_hf(moe + ", \"head_dim\": 32}") ==
+        in_hf + ": head_dim: 4 heads of 32 make 128 query channels, not hidden_size 64; pipesim's attention has "
+                "hidden / heads channels a head, so it would cost this model's attention wrongly; give a shape in "
+                "model instead of model.hf_config");
+  CHECK(with_hf(moe + ", \"head_dim\": 16}") == "(no error)");
   // Was "not a JSON object" for each of these, or accepted.
   CHECK(with_hf(llama + "\n}") == in_hf + ":3:1: unexpected text after the JSON value; a file holds one value (remove "
                                           "what follows it)");

@@ -160,3 +160,17 @@ TEST_CASE("a blocking all-to-all holds up the compute stream; DualPipeV's pairs 
       for (const TaskId next : dualpipe.plan.graph.successors(id))
         CHECK(dualpipe.timeline.start[std::size_t(next)] >= dualpipe.timeline.end[std::size_t(id)]);
 }
+
+TEST_CASE("Mixtral-8x7B read from its config.json has the parameters Mistral AI states: 46.7B, 12.9B active") {
+  const Config c = source_config("mixtral-8x7b.json");
+  CHECK(c.model.num_experts == 8);
+  CHECK(c.model.moe_router_topk == 2);
+  CHECK(c.model.expert_ffn_hidden() == 14336);
+  const double total = model_layer_params(c.model) + 2 * vocab_params(c.model);
+  CHECK(total / 1e9 == Approx(46.7).margin(0.05));
+  // Active: attention, norms, router and two of the eight experts.
+  const LayerParams layer = layer_param_parts(c.model, LayerKind::Moe);
+  const double active = c.model.layers * (layer.tensor_parallel + layer.replicated + layer.experts * 2 / 8) +
+                        2 * vocab_params(c.model);
+  CHECK(active / 1e9 == Approx(12.9).margin(0.05));
+}

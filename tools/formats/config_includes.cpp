@@ -165,6 +165,68 @@ Status take_mlp(const json& hf, json& model, const std::string& file, FieldOrigi
   return Status::Ok();
 }
 
+/// What pipesim's attention does not describe is refused by name rather than costed as something else:
+/// a head width other than hidden / heads (Qwen3-MoE's head_dim), DeepSeek's multi-head latent
+/// attention (its low-rank KV projection, kv_lora_rank).
+Status take_shape_limits(const json& hf, const json& model, const std::string& file) {
+  if (hf.contains("kv_lora_rank") && !hf.at("kv_lora_rank").is_null())
+    return Error{fmt::format("{}: kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3), which pipesim does not "
+                             "model; give a shape in model instead of model.hf_config",
+                             file)};
+  const auto get = [&](const char* key, const char* field) -> long long {
+    if (model.contains(field) && model.at(field).is_number_integer()) return model.at(field).get<long long>();
+    return hf.contains(key) && hf.at(key).is_number_integer() ? hf.at(key).get<long long>() : 0;
+  };
+  const long long hidden = get("hidden_size", "hidden"), heads = get("num_attention_heads", "heads");
+  if (hf.contains("head_dim") && hf.at("head_dim").is_number_integer() && heads > 0 &&
+      hf.at("head_dim").get<long long>() * heads != hidden)
+    return Error{fmt::format("{}: head_dim: {} heads of {} make {} query channels, not hidden_size {}; pipesim's "
+                             "attention has hidden / heads channels a head, so it would cost this model's attention "
+                             "wrongly; give a shape in model instead of model.hf_config",
+                             file, heads, hf.at("head_dim").get<long long>(), heads * hf.at("head_dim").get<long long>(),
+                             hidden)};
+  return Status::Ok();
+}
+
+/// A mixture-of-experts config.json: Mixtral names its experts num_local_experts, Qwen-MoE
+/// num_experts (with moe_intermediate_size, decoder_sparse_step, mlp_only_layers and, Qwen2-MoE,
+/// shared_expert_intermediate_size); both route num_experts_per_tok of them.
+Status take_experts(const json& hf, json& model, const std::string& file, FieldOrigins& origins) {
+  const char* experts = nullptr;
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+    if (hf.contains(key) && !hf.at(key).is_null() && !(hf.at(key).is_number_integer() && hf.at(key).get<long long>() <= 1))
+      experts = key;
+  if (!experts) return Status::Ok();
+  for (const auto& [key, field] : {std::pair{experts, "num_experts"}, std::pair{"num_experts_per_tok", "moe_router_topk"},
+                                   std::pair{"moe_intermediate_size", "moe_ffn_hidden_size"},
+                                   std::pair{"shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"}})
+    if (Status s = take_integer(hf, key, model, field, false, file, origins); !s.ok()) return s;
+  if (model.contains("moe_layer_freq")) return Status::Ok();
+  // Qwen-MoE: layer i is MoE when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers.
+  long long step = 1;
+  if (hf.contains("decoder_sparse_step")) {
+    const json& v = hf.at("decoder_sparse_step");
+    if (!v.is_number_integer() || v.get<long long>() < 1)
+      return Error{fmt::format("{}: decoder_sparse_step: expected a positive integer, got {}", file, describe_json(v))};
+    step = v.get<long long>();
+  }
+  const json dense = hf.value("mlp_only_layers", json::array());
+  if (!dense.is_array())
+    return Error{fmt::format("{}: mlp_only_layers: expected a list of layer numbers, got {}", file, describe_json(dense))};
+  if (step == 1 && dense.empty()) return Status::Ok();
+  const long long layers = model.value("layers", 0LL);
+  json pattern = json::array();
+  for (long long l = 0; l < layers; ++l) pattern.push_back((l + 1) % step == 0 ? 1 : 0);
+  for (const json& l : dense) {
+    if (!l.is_number_integer() || l.get<long long>() < 0 || l.get<long long>() >= layers)
+      return Error{fmt::format("{}: mlp_only_layers: {} is not a layer of {}", file, describe_json(l), layers)};
+    pattern[std::size_t(l.get<long long>())] = 0;
+  }
+  model["moe_layer_freq"] = pattern;
+  origins["model.moe_layer_freq"] = file + " decoder_sparse_step, mlp_only_layers";
+  return Status::Ok();
+}
+
 /// Removes root[section][key], the reference to an included file, and returns it; nullopt without one.
 std::optional<json> take_reference(json& root, const char* section, const char* key) {
   if (!root.is_object() || !root.contains(section) || !root[section].is_object() || !root[section].contains(key))
@@ -251,15 +313,6 @@ Status expand_hf_config(json& root, const std::string& source, FieldOrigins& ori
                                   "a Hugging Face config.json nests a few levels", path);
   if (!hf.ok()) return hf.error();
   const std::string file = path.string();
-  // A mixture-of-experts model read as dense would be costed with one MLP where it has many: refused.
-  // Mixtral names its experts num_local_experts, Qwen3-MoE num_experts, DeepSeek n_routed_experts.
-  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
-    if (const auto it = hf.value().find(key); it != hf.value().end() && !it->is_null() &&
-                                              !(it->is_number_integer() && it->get<long long>() <= 1))
-      return Error{fmt::format("{}: {}: {} experts: a mixture-of-experts model, which pipesim does not model (it "
-                               "would cost one MLP where each layer has {}); give a dense shape in model instead of "
-                               "model.hf_config",
-                               file, key, describe_json(*it), describe_json(*it))};
   const std::pair<const char*, const char*> required[] = {{"num_hidden_layers", "layers"}, {"hidden_size", "hidden"},
                                                           {"num_attention_heads", "heads"}, {"intermediate_size", "ffn_hidden"},
                                                           {"vocab_size", "vocab"}};
@@ -267,6 +320,8 @@ Status expand_hf_config(json& root, const std::string& source, FieldOrigins& ori
     if (Status s = take_integer(hf.value(), key, model, field, true, file, origins); !s.ok()) return s;
   if (Status s = take_integer(hf.value(), "num_key_value_heads", model, "kv_heads", false, file, origins); !s.ok())
     return s;
+  if (Status s = take_shape_limits(hf.value(), model, file); !s.ok()) return s;
+  if (Status s = take_experts(hf.value(), model, file, origins); !s.ok()) return s;
   if (hf.value().contains("tie_word_embeddings") && !model.contains("tied_embeddings")) {
     const json& tied = hf.value()["tie_word_embeddings"];
     if (!tied.is_boolean())

@@ -255,6 +255,10 @@ Status check_runnable(const Config& c, const RunOptions& options) {
     if (size % c.parallel.tp != 0)
       return Error{fmt::format("{}: {}: {} does not split over parallel.tp = {} ranks; make it a multiple of {}",
                                c.source, field, size, c.parallel.tp, c.parallel.tp)};
+  if (c.model.latent_attention() || c.model.head_channels() * c.model.heads != c.model.hidden)
+    return Error{fmt::format("{}: {}: the runtime's attention has hidden / heads channels a head; remove it to run (simulate "
+                             "models it)",
+                             c.source, c.model.latent_attention() ? "model.kv_lora_rank" : "model.head_dim")};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
   if (c.model.has_experts())

@@ -176,7 +176,7 @@ std::optional<FieldError> check_config(const Config& config) {
   if (std::optional<FieldError> e = check_sizes(config)) return e;
   const ModelConfig& model = config.model;
   const ParallelConfig& parallel = config.parallel;
-  if (model.hidden % model.heads != 0)
+  if (model.head_dim == 0 && !model.latent_attention() && model.hidden % model.heads != 0)
     return FieldError{"model.heads", fmt::format("{} heads do not divide hidden size {}; choose a divisor of {}",
                                                  model.heads, model.hidden, model.hidden)};
   if (model.key_value_heads() > model.heads || model.heads % model.key_value_heads() != 0)

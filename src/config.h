@@ -41,7 +41,17 @@ struct ModelConfig {
   /// Tokens of the busiest expert over the mean (>= 1): its GEMMs and the all-to-all it receives wait
   /// for that many; capped by the capacity factor.
   double moe_imbalance = 1;
+  /// Channels of one attention head (Megatron-LM's --kv-channels, Hugging Face's head_dim); 0 in a
+  /// fresh struct means hidden / heads.
+  int head_dim = 0;
+  /// Multi-head latent attention (DeepSeek-V2/V3), as Megatron-LM names it: queries through a rank
+  /// q_lora_rank bottleneck (0: a full projection), keys and values through one of kv_lora_rank (0: no
+  /// MLA); each head's query and key have qk_nope_head_dim + qk_rope_head_dim channels, its value
+  /// v_head_dim.
+  int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int head_channels() const { return head_dim > 0 ? head_dim : hidden / heads; }
+  bool latent_attention() const { return kv_lora_rank > 0; }
   bool has_experts() const { return num_experts > 0; }
   int expert_ffn_hidden() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden; }
 };

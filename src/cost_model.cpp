@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels.h"
+#include "model_math.h"
 #include "two_threads.h"
 
 namespace pipesim {
@@ -81,8 +82,8 @@ class AnalyticTimes {
   double cp_ring_seconds() const {
     const ModelConfig& m = c_.model;
     if (c_.parallel.cp <= 1) return 0;
-    const double block = rank_tokens(c_) * 2.0 * m.key_value_heads() / m.heads * m.hidden / c_.parallel.tp *
-                         c_.precision.activation_bytes;
+    const AttentionWidths w = attention_widths(m);
+    const double block = rank_tokens(c_) * (w.key + w.value) / c_.parallel.tp * c_.precision.activation_bytes;
     const bool intra = c_.parallel.tp * c_.parallel.cp <= h().gpus_per_node;
     return (c_.parallel.cp - 1) * double(link(block, intra)) * 1e-9;
   }

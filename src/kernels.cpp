@@ -31,11 +31,15 @@ void append(std::vector<Kernel>& to, const std::vector<Kernel>& kernels) { to.in
 /// Core attention's shape on one tensor- and context-parallel rank: its queries' tokens against
 /// every key of the sequence, over heads/t heads.
 struct AttentionShape {
-  double tokens, keys, width, kv_width, heads, act;  // width: hidden/t; act: bytes an element
-  double products() const { return 2 * tokens * keys * width; }  // FLOPs of QKᵀ (or of P·V), unmasked
-  double scores() const { return tokens * keys * heads; }        // elements of the score matrix
+  double tokens, keys, heads, act;  // act: bytes an element
+  AttentionWidths width;            // on this rank
+  /// FLOPs of QKᵀ and P·V, unmasked, over two: of either one where queries and values are as wide.
+  double products() const { return tokens * keys * (width.query + width.output); }
+  double scores() const { return tokens * keys * heads; }  // elements of the score matrix
   double score_bytes() const { return scores() * act; }
-  double qkvo_bytes() const { return tokens * (2 * width + 2 * kv_width) * act; }  // Q, K, V and O once each
+  double qkvo_bytes() const {  // Q, K, V and O once each
+    return tokens * (width.query + width.key + width.value + width.output) * act;
+  }
   /// One unfused product over the score matrix (QKᵀ, P·V or a gradient's): two of the four
   /// Q/K/V/O-sized operands and the matrix itself.
   Kernel score_product() const { return batched_gemm(products(), qkvo_bytes() / 2 + score_bytes()); }
@@ -43,8 +47,10 @@ struct AttentionShape {
 
 AttentionShape attention_shape(const Config& c) {
   const ModelConfig& m = c.model;
-  const double t = c.parallel.tp, g = double(m.key_value_heads()) / m.heads;
-  return {rank_tokens(c), double(m.seq_len), m.hidden / t, g * m.hidden / t, m.heads / t, c.precision.activation_bytes};
+  const double t = c.parallel.tp;
+  const AttentionWidths w = attention_widths(m);
+  return {rank_tokens(c), double(m.seq_len), m.heads / t, c.precision.activation_bytes,
+          {w.query / t, w.key / t, w.value / t, w.output / t}};
 }
 
 /// Flash attention: one fused causal kernel, half of the unmasked products forward and 2.5× that
@@ -149,10 +155,11 @@ void add_experts(const Config& c, StageKernels& out) {
 /// residual adds. A context-parallel rank runs s/cp of the tokens, its queries against every key.
 void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   const ModelConfig& m = c.model;
-  const double t = c.parallel.tp, tokens = rank_tokens(c), h = m.hidden;
-  const double g = double(m.key_value_heads()) / m.heads, act = c.precision.activation_bytes;
-  add_linear(c, {tokens, h * (1 + 2 * g) / t, h}, out);
-  add_linear(c, {tokens, h, h / t}, out);
+  const double t = c.parallel.tp, tokens = rank_tokens(c), h = m.hidden, act = c.precision.activation_bytes;
+  for (const AttentionLinear& l : attention_linears(m))
+    add_linear(c, {tokens, l.split == AttentionLinear::Split::Column ? l.out / t : l.out,
+                   l.split == AttentionLinear::Split::Row ? l.in / t : l.in},
+               out);
   append(out.forward, core_attention_forward(c));
   append(out.backward, core_attention_backward(c));
   if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out);
@@ -164,8 +171,9 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   out.forward.push_back(streaming(tokens * 4 * h / norms * act));
   out.backward.push_back(streaming(tokens * 16 * h / norms * act));
   const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
+  const AttentionWidths w = attention_widths(m);
   if (m.mlp == MlpKind::Gelu)  // GPT's biases: their gradients read each linear's output gradient
-    out.weight.push_back(streaming(tokens * (h * (1 + 2 * g) + 2 * h + mlp_width) / t * act));
+    out.weight.push_back(streaming(tokens * (w.query + w.key + w.value + 2 * h + mlp_width) / t * act));
 }
 
 /// The LM head with a PyTorch-style cross-entropy: logits in bf16, cast to fp32, log-softmax (read

@@ -7,8 +7,6 @@
 namespace pipesim {
 namespace {
 double bsh(const ModelConfig& m) { return double(m.micro_batch_size) * m.seq_len * m.hidden; }
-/// g: the fraction of heads that have their own K and V.
-double kv_fraction(const ModelConfig& m) { return double(m.key_value_heads()) / m.heads; }
 /// Matrices of the MLP: 2 (GPT) or 3 (SwiGLU).
 double mlp_matrices(const ModelConfig& m) { return m.mlp == MlpKind::SwiGlu ? 3.0 : 2.0; }
 }  // namespace
@@ -26,18 +24,46 @@ int moe_layer_count(const ModelConfig& m, int first, int count) {
   return moe;
 }
 
+std::vector<AttentionLinear> attention_linears(const ModelConfig& m) {
+  using Split = AttentionLinear::Split;
+  const AttentionWidths w = attention_widths(m);
+  const double h = m.hidden;
+  if (!m.latent_attention()) return {{w.query + w.key + w.value, h, Split::Column}, {h, w.output, Split::Row}};
+  std::vector<AttentionLinear> linears;
+  if (m.q_lora_rank > 0) linears.insert(linears.end(), {{double(m.q_lora_rank), h, Split::None}, {w.query, double(m.q_lora_rank), Split::Column}});
+  else linears.push_back({w.query, h, Split::Column});
+  linears.insert(linears.end(), {{double(m.kv_lora_rank + m.qk_rope_head_dim), h, Split::None},
+                                 {double(m.heads) * (m.qk_nope_head_dim + m.v_head_dim), double(m.kv_lora_rank), Split::Column},
+                                 {h, w.output, Split::Row}});
+  return linears;
+}
+
+AttentionWidths attention_widths(const ModelConfig& m) {
+  if (m.latent_attention()) {
+    const double qk = double(m.heads) * (m.qk_nope_head_dim + m.qk_rope_head_dim), v = double(m.heads) * m.v_head_dim;
+    return {qk, qk, v, v};
+  }
+  const double d = m.head_channels();
+  return {m.heads * d, m.key_value_heads() * d, m.key_value_heads() * d, m.heads * d};
+}
+
 namespace {
+/// FLOPs of the attention's linear maps per token.
+double attention_flops_per_token(const ModelConfig& m) {
+  double flops = 0;
+  for (const AttentionLinear& l : attention_linears(m)) flops += 2 * l.out * l.in;
+  return flops;
+}
 /// FLOPs of an MLP of width f per token: 2 per multiply-add of each of its matrices.
 double mlp_flops_per_token(const ModelConfig& m, double f) { return 2.0 * mlp_matrices(m) * m.hidden * f; }
 }  // namespace
 
 double layer_gemm_flops(const ModelConfig& m, LayerKind kind) {
-  const double attention = 4.0 * m.hidden * (1 + kv_fraction(m));
-  if (kind == LayerKind::Dense) return bsh(m) * attention + double(m.micro_batch_size) * m.seq_len * mlp_flops_per_token(m, m.ffn_hidden);
-  const double tokens = double(m.micro_batch_size) * m.seq_len;
+  const double tokens = double(m.micro_batch_size) * m.seq_len, attention = attention_flops_per_token(m);
+  if (kind == LayerKind::Dense) return tokens * (attention + mlp_flops_per_token(m, m.ffn_hidden));
   const double router = 2.0 * m.hidden * m.num_experts;
-  return bsh(m) * attention + tokens * (router + m.moe_router_topk * mlp_flops_per_token(m, m.expert_ffn_hidden()) +
-                                        mlp_flops_per_token(m, m.moe_shared_expert_intermediate_size));
+  return tokens * (attention + router + m.moe_router_topk * mlp_flops_per_token(m, m.expert_ffn_hidden()) +
+                   mlp_flops_per_token(m, m.moe_shared_expert_intermediate_size));
 }
 
 double model_layers_gemm_flops(const ModelConfig& m) {
@@ -45,7 +71,10 @@ double model_layers_gemm_flops(const ModelConfig& m) {
   return (m.layers - moe) * layer_gemm_flops(m) + moe * layer_gemm_flops(m, LayerKind::Moe);
 }
 
-double layer_attention_flops(const ModelConfig& m) { return 4.0 * bsh(m) * m.seq_len; }
+double layer_attention_flops(const ModelConfig& m) {
+  const AttentionWidths w = attention_widths(m);
+  return 2.0 * m.micro_batch_size * m.seq_len * m.seq_len * (w.query + w.output);  // QKᵀ and P·V
+}
 
 namespace {
 /// An MLP of width f: SwiGLU's three matrices; GPT's two with their biases (f + h).
@@ -57,10 +86,13 @@ double mlp_params(const ModelConfig& m, double f) {
 }  // namespace
 
 LayerParams layer_param_parts(const ModelConfig& m, LayerKind kind) {
-  const double h = m.hidden, g = kv_fraction(m);
-  // Attention's weights and the norms: Llama's two RMSNorm gains; GPT's QKV and projection biases and
-  // two LayerNorms (gain and bias).
-  const double attention = 2 * h * h * (1 + g) + (m.mlp == MlpKind::SwiGlu ? 2 * h : (2 + 2 * g) * h + 4 * h);
+  const double h = m.hidden;
+  // Attention's weights and the norms: Llama's two RMSNorm gains (and MLA's norms of its two latents);
+  // GPT's QKV and projection biases and two LayerNorms (gain and bias).
+  double attention = 0;
+  for (const AttentionLinear& l : attention_linears(m)) attention += l.out * l.in;
+  const AttentionWidths w = attention_widths(m);
+  attention += m.mlp == MlpKind::SwiGlu ? 2 * h + m.q_lora_rank + m.kv_lora_rank : w.query + w.key + w.value + h + 4 * h;
   if (kind == LayerKind::Dense) return {attention + mlp_params(m, m.ffn_hidden), 0, 0};  // GPT, g = 1: 12h² + 13h at f = 4h
   return {attention + mlp_params(m, m.moe_shared_expert_intermediate_size),
           m.num_experts * mlp_params(m, m.expert_ffn_hidden()), h * m.num_experts};
@@ -102,13 +134,16 @@ double moe_activation_bytes(const Config& c) {
 double layer_activation_bytes(const Config& c, LayerKind kind) {
   const ModelConfig& m = c.model;
   const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
-  const double t = c.parallel.tp, g = kv_fraction(m), f_over_h = mlp_width / m.hidden;
+  const AttentionWidths w = attention_widths(m);
+  const double t = c.parallel.tp, f_over_h = mlp_width / m.hidden;
+  // Q, K, V and the projection's input, in 2-byte units per hidden unit: 8 for multi-head attention.
+  const double attention = 2 * (w.query + w.key + w.value + w.output) / m.hidden;
   // Under FP8, Transformer Engine keeps the linear layers' inputs for their weight gradients in FP8,
   // one byte: the inputs of QKV and the MLP (1 + 1 less), of the projection (1) and of the MLP's
   // second matrix (f/h).
   const double fp8 = c.precision.fp8 != Fp8Format::None ? 1 : 0;
   const double whole = 4 + 2 + 2 + 1 + 1 - 2 * fp8;                                // norms, linear inputs, masks
-  const double split = (4 + 4 * g) + 2 * mlp_matrices(m) * f_over_h - fp8 * (1 + f_over_h);  // Q, K, V, proj.; MLP
+  const double split = attention + 2 * mlp_matrices(m) * f_over_h - fp8 * (1 + f_over_h);  // Q, K, V, proj.; MLP
   const double per_token = c.parallel.sequence_parallel ? (whole + split) / t : whole + split / t;
   const double scores = c.training.recompute_granularity == Recompute::Selective ? 0 : layer_score_bytes(c);
   return rank_bsh(c) * per_token * element_scale(c) + scores + (kind == LayerKind::Moe ? moe_activation_bytes(c) : 0);

@@ -3,6 +3,8 @@
 /// bytes, per microbatch. What the parallel layout makes of them (tokens per rank, ZeRO, per-device
 /// parameters and memory) is in parallel_shape.h. FLOPs count 2 per multiply-add. Sources: Narayanan et al. 2021 (FLOPs),
 /// Korthikanti et al. 2022 (activations), Yeung et al. 2025 Table 4 (vocabulary layers).
+#include <vector>
+
 #include "config.h"
 #include "units.h"
 
@@ -16,6 +18,27 @@ enum class LayerKind { Dense, Moe };
 LayerKind layer_kind(const ModelConfig& m, int layer);
 /// MoE layers among layers [first, first + count).
 int moe_layer_count(const ModelConfig& m, int first, int count);
+
+/// One linear map of a layer's attention, in features: `out` by `in` weights, and how tensor
+/// parallelism splits it (column-parallel: its outputs; row-parallel: its inputs; or not at all, as
+/// Megatron-Core keeps MLA's down-projections).
+struct AttentionLinear {
+  enum class Split { Column, Row, None };
+  double out, in;
+  Split split;
+};
+/// The attention's linear maps: the fused QKV projection and the output projection; under multi-head
+/// latent attention the query's down- and up-projection (or one, without q_lora_rank), the key/value
+/// down-projection (with the shared rotary key) and up-projection, and the output projection.
+std::vector<AttentionLinear> attention_linears(const ModelConfig& m);
+/// Channels per token, over all heads, of the queries, the keys and the values attention reads, and
+/// of its output (the output projection's input): heads · head_channels for queries and output,
+/// kv_heads · head_channels for keys and values (grouped-query attention); under MLA every head has
+/// its own key (qk_nope + qk_rope channels, as its query) and value (v_head_dim).
+struct AttentionWidths {
+  double query, key, value, output;
+};
+AttentionWidths attention_widths(const ModelConfig& m);
 
 /// GEMM FLOPs of one transformer layer's forward (QKV, projection, MLP): 8bsh² + 4bshf for GPT;
 /// with g = kv_heads/heads (grouped-query attention) the K and V projections shrink to g·h columns,

@@ -172,13 +172,10 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
   CHECK(with_hf(moe + ", \"num_experts\": null}") == "(no error)");
   CHECK(with_hf(moe + ", \"num_experts\": 8, \"mlp_only_layers\": [8]}") ==
         in_hf + ": mlp_only_layers: 8 is not a layer of 8");
-  CHECK(with_hf(moe + ", \"n_routed_experts\": 8, \"kv_lora_rank\": 512}") ==
-        in_hf + ": kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3), which pipesim does not model; give a "
-                "shape in model instead of model.hf_config");
-  CHECK(with_hf(moe + ", \"head_dim\": 32}") ==
-        in_hf + ": head_dim: 4 heads of 32 make 128 query channels, not hidden_size 64; pipesim's attention has "
-                "hidden / heads channels a head, so it would cost this model's attention wrongly; give a shape in "
-                "model instead of model.hf_config");
+  CHECK(with_hf(moe + ", \"n_routed_experts\": 8, \"kv_lora_rank\": 32}") ==
+        in_hf + ": qk_nope_head_dim: missing; pipesim reads Llama/Qwen/Mistral-style config.json files (or give "
+                "model.qk_nope_head_dim in the config)");
+  CHECK(with_hf(moe + ", \"head_dim\": 32}") == "(no error)");  // Qwen3's heads: wider than hidden / heads
   CHECK(with_hf(moe + ", \"head_dim\": 16}") == "(no error)");
   // Was "not a JSON object" for each of these, or accepted.
   CHECK(with_hf(llama + "\n}") == in_hf + ":3:1: unexpected text after the JSON value; a file holds one value (remove "
@@ -269,7 +266,7 @@ TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
   CHECK(error_of(kBase + "}", "c.json", {"model.x.y=1"}) ==
         "c.json: model.x (from --set): unknown key. Known keys here: layers, hidden, heads, kv_heads, ffn_hidden, "
         "seq_len, vocab, micro_batch_size, mlp, tied_embeddings"
-        ", num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, hf_config");
+        ", head_dim, kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, hf_config");
   CHECK(error_of(kBase + "}", "c.json", {"parallel.pp=2"}) == "(no error)");
   // A byte that is not UTF-8 used to abort pipesim when a message quoted it.
   CHECK(error_of(kBase + "}", "c.json", {"model.layers=\xff"}) ==

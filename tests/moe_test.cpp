@@ -161,16 +161,35 @@ TEST_CASE("a blocking all-to-all holds up the compute stream; DualPipeV's pairs 
         CHECK(dualpipe.timeline.start[std::size_t(next)] >= dualpipe.timeline.end[std::size_t(id)]);
 }
 
-TEST_CASE("Mixtral-8x7B read from its config.json has the parameters Mistral AI states: 46.7B, 12.9B active") {
-  const Config c = source_config("mixtral-8x7b.json");
-  CHECK(c.model.num_experts == 8);
-  CHECK(c.model.moe_router_topk == 2);
-  CHECK(c.model.expert_ffn_hidden() == 14336);
-  const double total = model_layer_params(c.model) + 2 * vocab_params(c.model);
-  CHECK(total / 1e9 == Approx(46.7).margin(0.05));
-  // Active: attention, norms, router and two of the eight experts.
-  const LayerParams layer = layer_param_parts(c.model, LayerKind::Moe);
-  const double active = c.model.layers * (layer.tensor_parallel + layer.replicated + layer.experts * 2 / 8) +
-                        2 * vocab_params(c.model);
-  CHECK(active / 1e9 == Approx(12.9).margin(0.05));
+namespace {
+/// Parameters in billions, all and active (a MoE layer's routed experts at top-k of num_experts).
+std::pair<double, double> billions(const ModelConfig& m) {
+  double active = 2 * vocab_params(m);
+  for (int l = 0; l < m.layers; ++l) {
+    const LayerParams p = layer_param_parts(m, layer_kind(m, l));
+    active += p.tensor_parallel + p.replicated + (p.experts > 0 ? p.experts * m.moe_router_topk / m.num_experts : 0);
+  }
+  return {(model_layer_params(m) + 2 * vocab_params(m)) / 1e9, active / 1e9};
+}
+}  // namespace
+
+// Each figure to within one unit of its last stated digit (the makers round or truncate).
+TEST_CASE("the shipped MoE models have the parameters their makers state, all and active") {
+  // Mixtral-8x7B: 46.7B, 12.9B active (Mistral AI); from its config.json, every layer MoE.
+  const Config mixtral = source_config("mixtral-8x7b.json");
+  CHECK(mixtral.model.num_experts == 8);
+  CHECK(mixtral.model.moe_router_topk == 2);
+  CHECK(mixtral.model.expert_ffn_hidden() == 14336);
+  CHECK(billions(mixtral.model).first == Approx(46.7).margin(0.1));
+  CHECK(billions(mixtral.model).second == Approx(12.9).margin(0.1));
+  // Qwen3-30B-A3B: 30.5B, 3.3B active (its model card); heads of 128 channels on a hidden of 2048.
+  const Config qwen = source_config("qwen3-30b-a3b.json");
+  CHECK(qwen.model.head_channels() == 128);
+  CHECK(billions(qwen.model).first == Approx(30.5).margin(0.1));
+  CHECK(billions(qwen.model).second == Approx(3.3).margin(0.1));
+  // DeepSeek-V3: 671B, 37B active (its report, which leaves the 14B prediction module out); MLA.
+  const Config deepseek = source_config("deepseek-v3.json");
+  CHECK(moe_layer_count(deepseek.model, 0, 61) == 58);
+  CHECK(billions(deepseek.model).first == Approx(671).margin(1));
+  CHECK(billions(deepseek.model).second == Approx(37).margin(1));
 }

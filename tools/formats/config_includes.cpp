@@ -165,32 +165,22 @@ Status take_mlp(const json& hf, json& model, const std::string& file, FieldOrigi
   return Status::Ok();
 }
 
-/// What pipesim's attention does not describe is refused by name rather than costed as something else:
-/// a head width other than hidden / heads (Qwen3-MoE's head_dim), DeepSeek's multi-head latent
-/// attention (its low-rank KV projection, kv_lora_rank).
-Status take_shape_limits(const json& hf, const json& model, const std::string& file) {
-  if (hf.contains("kv_lora_rank") && !hf.at("kv_lora_rank").is_null())
-    return Error{fmt::format("{}: kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3), which pipesim does not "
-                             "model; give a shape in model instead of model.hf_config",
-                             file)};
-  const auto get = [&](const char* key, const char* field) -> long long {
-    if (model.contains(field) && model.at(field).is_number_integer()) return model.at(field).get<long long>();
-    return hf.contains(key) && hf.at(key).is_number_integer() ? hf.at(key).get<long long>() : 0;
-  };
-  const long long hidden = get("hidden_size", "hidden"), heads = get("num_attention_heads", "heads");
-  if (hf.contains("head_dim") && hf.at("head_dim").is_number_integer() && heads > 0 &&
-      hf.at("head_dim").get<long long>() * heads != hidden)
-    return Error{fmt::format("{}: head_dim: {} heads of {} make {} query channels, not hidden_size {}; pipesim's "
-                             "attention has hidden / heads channels a head, so it would cost this model's attention "
-                             "wrongly; give a shape in model instead of model.hf_config",
-                             file, heads, hf.at("head_dim").get<long long>(), heads * hf.at("head_dim").get<long long>(),
-                             hidden)};
+/// The attention's widths where a config.json gives them: head_dim (Qwen3's heads are wider than
+/// hidden / heads), and DeepSeek-V2/V3's multi-head latent attention.
+Status take_attention(const json& hf, json& model, const std::string& file, FieldOrigins& origins) {
+  const bool latent = hf.contains("kv_lora_rank") && !hf.at("kv_lora_rank").is_null();
+  if (!latent) return take_integer(hf, "head_dim", model, "head_dim", false, file, origins);
+  for (const char* key : {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"})
+    if (Status s = take_integer(hf, key, model, key, true, file, origins); !s.ok()) return s;
+  if (hf.contains("q_lora_rank") && !hf.at("q_lora_rank").is_null())
+    return take_integer(hf, "q_lora_rank", model, "q_lora_rank", false, file, origins);
   return Status::Ok();
 }
 
 /// A mixture-of-experts config.json: Mixtral names its experts num_local_experts, Qwen-MoE
 /// num_experts (with moe_intermediate_size, decoder_sparse_step, mlp_only_layers and, Qwen2-MoE,
-/// shared_expert_intermediate_size); both route num_experts_per_tok of them.
+/// shared_expert_intermediate_size), DeepSeek n_routed_experts (with n_shared_experts and
+/// first_k_dense_replace); all route num_experts_per_tok of them.
 Status take_experts(const json& hf, json& model, const std::string& file, FieldOrigins& origins) {
   const char* experts = nullptr;
   for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
@@ -201,7 +191,28 @@ Status take_experts(const json& hf, json& model, const std::string& file, FieldO
                                    std::pair{"moe_intermediate_size", "moe_ffn_hidden_size"},
                                    std::pair{"shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"}})
     if (Status s = take_integer(hf, key, model, field, false, file, origins); !s.ok()) return s;
+  // DeepSeek: n_shared_experts experts as wide as the routed ones, always used: one shared MLP.
+  if (hf.contains("n_shared_experts") && hf.at("n_shared_experts").is_number_integer() &&
+      !model.contains("moe_shared_expert_intermediate_size") && hf.contains("moe_intermediate_size") &&
+      hf.at("moe_intermediate_size").is_number_integer()) {
+    model["moe_shared_expert_intermediate_size"] =
+        hf.at("n_shared_experts").get<long long>() * hf.at("moe_intermediate_size").get<long long>();
+    origins["model.moe_shared_expert_intermediate_size"] = file + " n_shared_experts x moe_intermediate_size";
+  }
   if (model.contains("moe_layer_freq")) return Status::Ok();
+  const long long layers = model.value("layers", 0LL);
+  // DeepSeek: the first first_k_dense_replace layers dense.
+  if (hf.contains("first_k_dense_replace")) {
+    const json& v = hf.at("first_k_dense_replace");
+    if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > layers)
+      return Error{fmt::format("{}: first_k_dense_replace: expected a layer count of at most {}, got {}", file, layers,
+                               describe_json(v))};
+    json pattern = json::array();
+    for (long long l = 0; l < layers; ++l) pattern.push_back(l < v.get<long long>() ? 0 : 1);
+    model["moe_layer_freq"] = pattern;
+    origins["model.moe_layer_freq"] = file + " first_k_dense_replace";
+    return Status::Ok();
+  }
   // Qwen-MoE: layer i is MoE when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers.
   long long step = 1;
   if (hf.contains("decoder_sparse_step")) {
@@ -214,7 +225,6 @@ Status take_experts(const json& hf, json& model, const std::string& file, FieldO
   if (!dense.is_array())
     return Error{fmt::format("{}: mlp_only_layers: expected a list of layer numbers, got {}", file, describe_json(dense))};
   if (step == 1 && dense.empty()) return Status::Ok();
-  const long long layers = model.value("layers", 0LL);
   json pattern = json::array();
   for (long long l = 0; l < layers; ++l) pattern.push_back((l + 1) % step == 0 ? 1 : 0);
   for (const json& l : dense) {
@@ -320,7 +330,7 @@ Status expand_hf_config(json& root, const std::string& source, FieldOrigins& ori
     if (Status s = take_integer(hf.value(), key, model, field, true, file, origins); !s.ok()) return s;
   if (Status s = take_integer(hf.value(), "num_key_value_heads", model, "kv_heads", false, file, origins); !s.ok())
     return s;
-  if (Status s = take_shape_limits(hf.value(), model, file); !s.ok()) return s;
+  if (Status s = take_attention(hf.value(), model, file, origins); !s.ok()) return s;
   if (Status s = take_experts(hf.value(), model, file, origins); !s.ok()) return s;
   if (hf.value().contains("tie_word_embeddings") && !model.contains("tied_embeddings")) {
     const json& tied = hf.value()["tie_word_embeddings"];

@@ -112,6 +112,29 @@ class ObjectReader {
   std::vector<std::string> known_;
 };
 
+/// head_dim, and multi-head latent attention's widths (all or none of them; q_lora_rank optional).
+void read_attention(ObjectReader& r, ModelConfig& m) {
+  m.head_dim = r.integer("head_dim", 0, 1, false, limits::kHidden);
+  m.kv_lora_rank = r.integer("kv_lora_rank", 0, 1, false, limits::kHidden);
+  const bool latent = m.kv_lora_rank > 0;
+  m.q_lora_rank = r.integer("q_lora_rank", 0, 1, false, limits::kHidden);
+  for (const auto& [key, field] : {std::pair{"qk_nope_head_dim", &m.qk_nope_head_dim},
+                                   std::pair{"qk_rope_head_dim", &m.qk_rope_head_dim}, std::pair{"v_head_dim", &m.v_head_dim}}) {
+    if (latent != r.has(key))
+      throw ConfigError{r.at(latent ? key : "kv_lora_rank"),
+                        latent ? "required with kv_lora_rank (multi-head latent attention); give each head's width"
+                               : fmt::format("required with {} (multi-head latent attention): give kv_lora_rank, or "
+                                             "remove {}", key, key)};
+    *field = r.integer(key, 0, 1, false, limits::kHidden);
+  }
+  if (m.q_lora_rank > 0 && !latent)
+    throw ConfigError{r.at("q_lora_rank"), "applies to multi-head latent attention only; give kv_lora_rank "
+                                           "(and each head's widths) or remove q_lora_rank"};
+  if (latent && m.head_dim > 0)
+    throw ConfigError{r.at("head_dim"), "multi-head latent attention gives each head's widths "
+                                        "(qk_nope_head_dim, qk_rope_head_dim, v_head_dim); remove head_dim"};
+}
+
 /// The mixture-of-experts keys (Megatron-LM's names); without num_experts the others are refused, so a
 /// MoE setting never goes silently unused.
 void read_experts(ObjectReader& r, ModelConfig& m) {
@@ -164,6 +187,7 @@ ModelConfig read_model(ObjectReader r) {
                                                suggestion(mlp, {"gelu", "swiglu"}))};
   m.mlp = mlp == "swiglu" ? MlpKind::SwiGlu : MlpKind::Gelu;
   m.tied_embeddings = r.boolean("tied_embeddings", false);
+  read_attention(r, m);
   read_experts(r, m);
   r.has("hf_config");  // expand_hf_config has turned it into the fields above
   r.reject_unknown();

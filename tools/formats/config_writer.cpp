@@ -28,6 +28,10 @@ json model_json(const ModelConfig& m) {
           {"micro_batch_size", m.micro_batch_size},
           {"mlp", m.mlp == MlpKind::SwiGlu ? "swiglu" : "gelu"},
           {"tied_embeddings", m.tied_embeddings}};
+  if (m.head_dim > 0) out["head_dim"] = m.head_dim;
+  if (m.latent_attention())
+    out.update(json{{"q_lora_rank", m.q_lora_rank}, {"kv_lora_rank", m.kv_lora_rank}, {"qk_nope_head_dim", m.qk_nope_head_dim},
+                    {"qk_rope_head_dim", m.qk_rope_head_dim}, {"v_head_dim", m.v_head_dim}});
   add_experts(out, m);
   return out;
 }

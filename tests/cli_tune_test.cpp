@@ -352,7 +352,7 @@ TEST_CASE("tune --fix refuses an unknown key, a value the search never takes, a 
   const int gpus = field(shipped, "parallel", "pp", 1) * field(shipped, "parallel", "tp", 1) *
                    field(shipped, "parallel", "dp", 1);
   const std::string keys =
-      "pp (parallel.pp), tp (parallel.tp), dp (parallel.dp), cp (parallel.cp), sp (sequence_parallel, "
+      "pp (parallel.pp), tp (parallel.tp), dp (parallel.dp), cp (parallel.cp), ep (parallel.ep), sp (sequence_parallel, "
       "parallel.sequence_parallel), m (microbatches, parallel.microbatches), mbs "
       "(micro_batch_size, model.micro_batch_size), chunks (parallel.chunks), schedule (schedule.name), vocab "
       "(schedule.vocab), recompute (recompute_granularity, training.recompute_granularity), zero (zero_stage, "

@@ -538,3 +538,24 @@ TEST_CASE("tune tries FP8 on and off where the GPU has FP8 tensor cores, and onl
   on.fp8 = Fp8Format::Hybrid;
   CHECK(describe_changes(h100, on) == describe_changes(h100, off) + ", fp8 hybrid");
 }
+
+TEST_CASE("tune tries every expert parallelism a MoE model's layout allows, Megatron-Core's rule kept, and names it") {
+  // Mixtral's 8 experts on 16 GPUs.
+  const Config moe = source_config("mixtral-8x7b.json", {"parallel.pp=2", "parallel.ep=1", "parallel.chunks=1"});
+  std::set<int> eps;
+  for (const Candidate& c : tune_space(moe, 16)) {
+    const ParallelConfig& p = c.parallel;
+    eps.insert(p.ep);
+    CHECK(moe.model.num_experts % p.ep == 0);
+    CHECK((p.tp * p.cp * p.dp) % (p.ep * p.expert_tp()) == 0);
+    CHECK((p.tp == 1 || p.sequence_parallel));
+  }
+  CHECK(eps == std::set<int>{1, 2, 4, 8});
+  // A dense model's candidates keep theirs.
+  for (const Candidate& c : tune_space(source_config("tiny.json"), 4)) CHECK(c.parallel.ep == 1);
+  Candidate wider = tune_space(moe, 16).front();
+  const std::string before = describe_changes(moe, wider);
+  wider.parallel.ep = 8;
+  CHECK(before.find("ep ") == std::string::npos);
+  CHECK(describe_changes(moe, wider).find("dp 8→1, ep 1→8") != std::string::npos);
+}

@@ -23,12 +23,13 @@ struct KnobInfo {
   std::vector<std::string> names;
 };
 
-const std::array<KnobInfo, 13>& knob_table() {
-  static const std::array<KnobInfo, 13> table{{
+const std::array<KnobInfo, 14>& knob_table() {
+  static const std::array<KnobInfo, 14> table{{
       {Knob::Pp, true, {"pp", "parallel.pp"}},
       {Knob::Tp, true, {"tp", "parallel.tp"}},
       {Knob::Dp, true, {"dp", "parallel.dp"}},
       {Knob::Cp, true, {"cp", "parallel.cp"}},
+      {Knob::Ep, true, {"ep", "parallel.ep"}},
       {Knob::SequenceParallel, false, {"sp", "sequence_parallel", "parallel.sequence_parallel"}},
       {Knob::Microbatches, true, {"m", "microbatches", "parallel.microbatches"}},
       {Knob::MicroBatchSize, true, {"mbs", "micro_batch_size", "model.micro_batch_size"}},
@@ -87,6 +88,7 @@ std::string knob_value(const Config& config, Knob knob) {
     case Knob::Tp: return std::to_string(p.tp);
     case Knob::Dp: return std::to_string(p.dp);
     case Knob::Cp: return std::to_string(p.cp);
+    case Knob::Ep: return std::to_string(p.ep);
     case Knob::SequenceParallel: return p.sequence_parallel ? "on" : "off";
     case Knob::Microbatches: return std::to_string(p.microbatches);
     case Knob::MicroBatchSize: return std::to_string(config.model.micro_batch_size);

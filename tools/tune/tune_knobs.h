@@ -13,7 +13,7 @@ namespace pipesim {
 struct Candidate;
 
 enum class Knob {
-  Pp, Tp, Dp, Cp, SequenceParallel, Microbatches, MicroBatchSize, Chunks, Schedule, Vocab, Recompute, ZeroStage, Fp8
+  Pp, Tp, Dp, Cp, Ep, SequenceParallel, Microbatches, MicroBatchSize, Chunks, Schedule, Vocab, Recompute, ZeroStage, Fp8
 };
 
 /// The knob's column name in tune's table, which --fix also takes (with the config's dotted key).

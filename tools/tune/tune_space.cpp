@@ -59,6 +59,20 @@ std::vector<int> context_sizes(const Config& config, int gpus) {
   return with_first(config.parallel.cp, sizes);
 }
 
+/// Expert parallelism for a shape (a dense model's stays as it is): every ep dividing the experts whose
+/// expert groups fit the stage's tp·cp·dp ranks (Megatron-Core's rule), with the config's etp (tp when
+/// it gives none) or, where that does not fit, etp 1. The config's own ep first.
+std::vector<std::pair<int, int>> expert_layouts(const Config& config, const ParallelConfig& shape) {
+  if (!config.model.has_experts()) return {{shape.ep, shape.etp}};
+  const int ranks = shape.tp * shape.cp * shape.dp, etp = config.parallel.etp > 0 ? config.parallel.etp : shape.tp;
+  std::vector<std::pair<int, int>> out;
+  for (const int ep : with_first(config.parallel.ep, divisors(config.model.num_experts))) {
+    if (ranks % (ep * etp) == 0 && config.model.expert_ffn_hidden() % etp == 0) out.push_back({ep, config.parallel.etp});
+    else if (ranks % ep == 0 && etp != 1) out.push_back({ep, 1});
+  }
+  return out;
+}
+
 /// (pp, tp, dp, cp) with pp × tp × dp × cp = gpus, tp dividing the heads and staying inside a node
 /// (the config's own tp is always tried), pp at most the layers; sequence parallelism on and off
 /// where tp > 1; and for each, every microbatch count m that splits dp's share of the global batch
@@ -93,10 +107,14 @@ std::vector<Shape> shapes(const Config& config, int gpus) {
           const std::int64_t tokens = std::int64_t(micro_batch_size) * config.model.seq_len;
           if (m > limits::kMicrobatches || tokens > limits::kTokensPerMicrobatch) continue;
           for (const bool sp : sequence_parallel) {
+            if (config.model.has_experts() && tp > 1 && !sp) continue;  // Megatron-Core's rule (check_config)
             ParallelConfig parallel = given;
             parallel.pp = pp, parallel.tp = tp, parallel.dp = dp, parallel.cp = cp, parallel.microbatches = m;
             parallel.chunks = 1, parallel.sequence_parallel = sp;
-            out.push_back({parallel, micro_batch_size});
+            for (const auto& [ep, etp] : expert_layouts(config, parallel)) {
+              parallel.ep = ep, parallel.etp = etp;
+              out.push_back({parallel, micro_batch_size});
+            }
           }
         }
       }
@@ -287,6 +305,8 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   number("tp", from.tp, to.tp);
   number("dp", from.dp, to.dp);
   number("cp", from.cp, to.cp);
+  number("ep", from.ep, to.ep);
+  number("etp", from.expert_tp(), to.expert_tp());
   if (from.sequence_parallel != to.sequence_parallel) parts.push_back(to.sequence_parallel ? "sp on" : "sp off");
   number("m", from.microbatches, to.microbatches);
   number("mbs", config.model.micro_batch_size, candidate.micro_batch_size);

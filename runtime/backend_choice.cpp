@@ -35,7 +35,7 @@ std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job,
   if (options.backend == BackendKind::Cpu)
     return make_cpu_backend(shape, job.layout,
                             {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned},
-                            options.seed, tp);
+                            options.seed, tp, 1.0f / float(job.microbatches * job.dp));
   // On the GPU a rank holds its pipeline device's stages, its tensor-parallel part of each layer
   // and, under ZeRO, updates its replica's block.
   if (options.device >= 0)  // one process per GPU (MPI)

@@ -29,7 +29,7 @@ struct CpuLayerActivations final : Activations {
                           &cache.attention, &cache.middle, &cache.ln2, &cache.mean2, &cache.rstd2, &cache.fc1,
                           &cache.gelu, &deferred.fc2_dy, &deferred.fc1_dy, &deferred.proj_dy, &deferred.qkv_dy})
       floats += v->size();
-    return Bytes(floats * sizeof(float));
+    return Bytes(floats * sizeof(float) + cache.moe.bytes() + deferred.moe.bytes());
   }
 };
 
@@ -51,9 +51,9 @@ std::span<float> f32(Tensor& t) { return t.as<float>(); }
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
-             TensorParallel* tp)
+             TensorParallel* tp, float microbatch_weight)
       : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), n_(shape.tokens()),
-        h_(shape.hidden) {}
+        h_(shape.hidden), microbatch_weight_(microbatch_weight) {}
 
   std::string_view name() const override { return "cpu"; }
 
@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
     Tensor dx = allocate(layer_activation_count(), DType::F32);
     partial_gradients_ = sequence_parallel();
     cpu::layer_backward(shape_, model_.params.layers.at(layer), c.cache, f32(dy), f32(dx), model_.grads.layers.at(layer),
-                        defer_weights ? &c.deferred : nullptr, tp_);
+                        defer_weights ? &c.deferred : nullptr, tp_, microbatch_weight_);
     dy = std::move(dx);
   }
   void layer_weight(int layer, Activations& base) override {
@@ -231,6 +231,7 @@ class CpuBackend final : public Backend {
   RankModel model_;
   TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
   int n_, h_;
+  float microbatch_weight_;  ///< a microbatch's share of the step's loss: its load-balancing losses' weight
   bool partial_gradients_ = false;  ///< a backward since the last sum_partial_gradients
   std::vector<Batch> batches_;
 };
@@ -248,9 +249,9 @@ void keep_freed_host_memory() {
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, TensorParallel* tp) {
+                                          std::uint64_t seed, TensorParallel* tp, float microbatch_weight) {
   keep_freed_host_memory();
-  return std::make_unique<CpuBackend>(shape, layout, part, seed, tp);
+  return std::make_unique<CpuBackend>(shape, layout, part, seed, tp, microbatch_weight);
 }
 
 }  // namespace pipesim::runtime

@@ -21,8 +21,11 @@ namespace pipesim::runtime {
 void keep_freed_host_memory();
 
 /// A rank's part of the model (partition.h); `tp` its tensor-parallel group when part.tp > 1, which
-/// must outlive the backend (its buffers are host memory, the CPU layers' spans).
+/// must outlive the backend (its buffers are host memory, the CPU layers' spans). `microbatch_weight`:
+/// a microbatch's share of the step's loss (1 / (microbatches · replicas)), by which the backward
+/// weighs each mixture-of-experts layer's load-balancing loss, as the LM head weighs the loss.
 std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, TensorParallel* tp = nullptr);
+                                          std::uint64_t seed, TensorParallel* tp = nullptr,
+                                          float microbatch_weight = 1.0f);
 
 }  // namespace pipesim::runtime

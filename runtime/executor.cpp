@@ -244,6 +244,44 @@ Config memory_as_run(const Config& config, const RunOptions& options) {
   return c;
 }
 
+namespace {
+
+/// Mixture-of-experts layers run on the CPU backend, each whole on one rank (cpu/moe.h): no expert
+/// parallelism and no tensor parallelism (the graph then has no ALLTOALL ops), dropless, SwiGLU
+/// experts. Each refusal names the field.
+Status check_experts_runnable(const Config& c, const RunOptions& options) {
+  if (!c.model.has_experts()) return Status::Ok();
+  if (c.parallel.ep > 1)
+    return Error{fmt::format("{}: parallel.ep: the runtime runs mixture-of-experts layers without expert parallelism "
+                             "(the experts' all-to-all is not run); set parallel.ep to 1 (simulate models it)",
+                             c.source)};
+  if (c.parallel.expert_tp() > 1)
+    return Error{fmt::format("{}: parallel.etp: the runtime runs each expert whole on one rank, but its experts are "
+                             "split over {} ranks (parallel.etp defaults to parallel.tp); set parallel.etp to 1 and "
+                             "parallel.tp to 1 (simulate models it)",
+                             c.source, c.parallel.expert_tp())};
+  if (c.parallel.tp > 1)
+    return Error{fmt::format("{}: parallel.tp: the runtime runs mixture-of-experts layers whole on one rank, without "
+                             "tensor parallelism; set parallel.tp to 1 (simulate models it)",
+                             c.source)};
+  if (options.backend == BackendKind::Cuda)
+    return Error{fmt::format("{}: model.num_experts: the CUDA backend runs dense layers only; run mixture-of-experts "
+                             "layers with --backend cpu, or remove model.num_experts (and the moe_ keys)",
+                             c.source)};
+  if (c.model.mlp != MlpKind::SwiGlu)
+    return Error{fmt::format("{}: model.mlp: the runtime's experts are SwiGLU MLPs (the Llama family); set model.mlp "
+                             "to \"swiglu\" to run mixture-of-experts layers",
+                             c.source)};
+  if (c.model.moe_capacity_factor)
+    return Error{fmt::format("{}: model.moe_capacity_factor: the runtime's experts take every token routed to them "
+                             "(dropless) and drop none; remove model.moe_capacity_factor to run it (simulate models "
+                             "token dropping)",
+                             c.source)};
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status check_runnable(const Config& c, const RunOptions& options) {
   if (c.parallel.tp > 1 && c.parallel.sequence_parallel && (c.model.micro_batch_size * c.model.seq_len) % c.parallel.tp)
     return Error{fmt::format("{}: parallel.sequence_parallel: a microbatch's {} tokens do not split over parallel.tp = {} "
@@ -261,10 +299,7 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                              c.source, c.model.latent_attention() ? "model.kv_lora_rank" : "model.head_dim")};
   if (c.parallel.cp != 1)
     return Error{fmt::format("{}: parallel.cp: the runtime runs each stage on one device; set parallel.cp to 1", c.source)};
-  if (c.model.has_experts())
-    return Error{fmt::format("{}: model.num_experts: the runtime runs dense layers only; remove model.num_experts (and "
-                             "the moe_ keys) to run it (simulate models mixture-of-experts layers)",
-                             c.source)};
+  if (Status s = check_experts_runnable(c, options); !s.ok()) return s;
   if (c.precision.fp8 != Fp8Format::None)
     return Error{fmt::format("{}: precision.fp8: the runtime computes in fp32 or bf16 (--dtype); remove precision.fp8 "
                              "to run it (simulate models FP8)",
@@ -290,8 +325,14 @@ Status check_runnable(const Config& c, const RunOptions& options) {
   const double n = double(s.tokens()), h = s.hidden;
   const double qkv = s.qkv_width(), fc1 = s.fc1_width();
   const double params = 2.0 * vocab_params(c.model) + model_layer_params(c.model);  // untied, whole
-  const double activations = double(c.parallel.microbatches) * s.layers *
-                             (n * (8.0 * h + qkv + fc1 + s.ffn) + double(s.batch) * s.heads * s.seq * s.seq);
+  // A mixture-of-experts layer keeps, instead of the dense MLP's, the router's probabilities, k
+  // routed copies of each token (input, [gate | up], activation, output) and the shared expert's.
+  const int moe_layers = moe_layer_count(c.model, 0, s.layers);
+  const double dense_mlp = n * (fc1 + s.ffn),
+               moe_mlp = n * (double(s.experts) + s.router_topk * (2.0 * h + 3.0 * s.expert_ffn) + 3.0 * s.shared_expert_ffn);
+  const double activations = double(c.parallel.microbatches) *
+                             (s.layers * (n * (8.0 * h + qkv) + double(s.batch) * s.heads * s.seq * s.seq) +
+                              (s.layers - moe_layers) * dense_mlp + moe_layers * moe_mlp);
   const bool cpu_math = options.backend == BackendKind::Cpu || options.check;
   // On a GPU the host holds each rank's fp32 weights and gradients only (to upload, and to check).
   // Every data-parallel replica holds a copy of the pipeline's model (and, for now, every

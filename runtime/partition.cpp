@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model_math.h"
+
 namespace pipesim::runtime {
 std::vector<std::vector<float>*> tensors_of(RankParams& p) {
   std::vector<std::vector<float>*> all;
@@ -51,6 +53,16 @@ RankParams owned_zeros(RankParams p, const OwnedPart& owned) {
 
 }  // namespace
 
+namespace {
+/// Which layers are mixture-of-experts layers, as the simulator reads moe_layer_freq and
+/// moe_layer_pattern (layer_kind): one rule for both.
+std::vector<bool> moe_layers(const ModelConfig& m) {
+  std::vector<bool> moe(std::size_t(m.layers), false);
+  for (int l = 0; l < m.layers; ++l) moe[std::size_t(l)] = layer_kind(m, l) == LayerKind::Moe;
+  return moe;
+}
+}  // namespace
+
 ModelShape model_shape(const Config& c) {
   // The simulator's model as the runtime runs it: a SwiGLU MLP means a Llama-family layer (RMSNorm,
   // rotary embeddings, no biases), GELU a GPT one; both take grouped-query attention.
@@ -58,7 +70,11 @@ ModelShape model_shape(const Config& c) {
           .vocab = c.model.vocab, .batch = c.model.micro_batch_size, .seq = c.model.seq_len,
           .kv_heads = c.model.key_value_heads(),
           .family = c.model.mlp == MlpKind::SwiGlu ? LayerFamily::Llama : LayerFamily::Gpt,
-          .tied_embeddings = c.model.tied_embeddings};
+          .tied_embeddings = c.model.tied_embeddings, .experts = c.model.num_experts,
+          .router_topk = c.model.has_experts() ? c.model.moe_router_topk : 0,
+          .expert_ffn = c.model.has_experts() ? c.model.expert_ffn_hidden() : 0,
+          .shared_expert_ffn = c.model.has_experts() ? c.model.moe_shared_expert_intermediate_size : 0,
+          .moe_layers = moe_layers(c.model)};
 }
 
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -41,7 +42,10 @@ constexpr NamedTensor kNamedTensors[] = {
     {"proj.weight", &Layer::proj_weight}, {"proj.bias", &Layer::proj_bias},
     {"ln2.gain", &Layer::ln2_gain},     {"ln2.bias", &Layer::ln2_bias},
     {"fc1.weight", &Layer::fc1_weight}, {"fc1.bias", &Layer::fc1_bias},
-    {"fc2.weight", &Layer::fc2_weight}, {"fc2.bias", &Layer::fc2_bias}};
+    {"fc2.weight", &Layer::fc2_weight}, {"fc2.bias", &Layer::fc2_bias},
+    {"router.weight", &Layer::router_weight}, {"experts.fc1.weight", &Layer::expert_fc1_weight},
+    {"experts.fc2.weight", &Layer::expert_fc2_weight}, {"shared_expert.fc1.weight", &Layer::shared_fc1_weight},
+    {"shared_expert.fc2.weight", &Layer::shared_fc2_weight}};
 
 /// Both tensors() overloads.
 template <class L>
@@ -70,19 +74,33 @@ Layer make_layer(const ModelShape& s, std::uint64_t seed, int index) {
   const float scale = 0.02f, residual_scale = 0.02f / std::sqrt(2.0f * float(s.layers));  // GPT-2 style
   // Zero biases for GPT; Llama has none, and its bias tensors stay empty.
   const auto bias = [&s](std::size_t n) { return s.family == LayerFamily::Gpt ? constant(n, 0) : std::vector<float>{}; };
+  const bool moe = s.moe_layer(index);
+  if (moe && s.family != LayerFamily::Llama)
+    throw std::invalid_argument("mixture-of-experts layers run in the Llama family only (SwiGLU experts)");
   open_gemm_library();  // the layer's GEMMs follow: open their library now, outside any op's measured time
   Layer w;
   w.ln1_gain = constant(h, 1), w.ln1_bias = bias(h);
   w.qkv_weight = normal_tensor(h * qkv, seed, base + 0, scale), w.qkv_bias = bias(qkv);
   w.proj_weight = normal_tensor(h * h, seed, base + 1, residual_scale), w.proj_bias = bias(h);
   w.ln2_gain = constant(h, 1), w.ln2_bias = bias(h);
-  w.fc1_weight = normal_tensor(h * fc1, seed, base + 2, scale), w.fc1_bias = bias(fc1);
-  w.fc2_weight = normal_tensor(f * h, seed, base + 3, residual_scale), w.fc2_bias = bias(h);
+  if (!moe) {
+    w.fc1_weight = normal_tensor(h * fc1, seed, base + 2, scale), w.fc1_bias = bias(fc1);
+    w.fc2_weight = normal_tensor(f * h, seed, base + 3, residual_scale), w.fc2_bias = bias(h);
+    return w;
+  }
+  // The router and every expert drawn as the dense maps are (Megatron-Core initialises them alike),
+  // the maps into the residual stream scaled down as fc2 is.
+  const std::size_t e = std::size_t(s.experts), fe = std::size_t(s.expert_ffn), fs = std::size_t(s.shared_expert_ffn);
+  w.router_weight = normal_tensor(h * e, seed, base + 4, scale);
+  w.expert_fc1_weight = normal_tensor(e * h * 2 * fe, seed, base + 5, scale);
+  w.expert_fc2_weight = normal_tensor(e * fe * h, seed, base + 6, residual_scale);
+  w.shared_fc1_weight = normal_tensor(h * 2 * fs, seed, base + 7, scale);
+  w.shared_fc2_weight = normal_tensor(fs * h, seed, base + 8, residual_scale);
   return w;
 }
 
-Layer zero_layer(const ModelShape& s) {
-  Layer w = make_layer(s, 0, 0);
+Layer zero_layer(const ModelShape& s, int index) {
+  Layer w = make_layer(s, 0, index);
   for (std::vector<float>* t : w.tensors()) std::fill(t->begin(), t->end(), 0.0f);
   return w;
 }
@@ -122,6 +140,21 @@ void linear_backward(std::span<const float> x, const std::vector<float>& weight,
 std::size_t mean_count(const ModelShape& s, int rows) { return s.family == LayerFamily::Gpt ? std::size_t(rows) : 0; }
 
 int ranks_of(const TensorParallel* tp) { return tp ? tp->size() : 1; }
+
+/// A mixture-of-experts layer's MLP, as moe.h takes it.
+MoeWeights moe_weights(const Layer& w) {
+  return {w.router_weight, w.expert_fc1_weight, w.expert_fc2_weight, w.shared_fc1_weight, w.shared_fc2_weight};
+}
+MoeGradients moe_gradients(Layer& g) {
+  return {g.router_weight, g.expert_fc1_weight, g.expert_fc2_weight, g.shared_fc1_weight, g.shared_fc2_weight};
+}
+
+/// Its experts run whole on one rank: with tensor parallelism each rank would need its tokens'
+/// experts (expert parallelism), which this model does not split.
+void require_whole_moe(const TensorParallel* tp) {
+  if (ranks_of(tp) > 1)
+    throw std::invalid_argument("a mixture-of-experts layer runs whole on one rank, without tensor parallelism");
+}
 
 /// Host fp32 values as the tensor-parallel group's buffers.
 runtime::Buffer host(std::span<const float> values) {
@@ -287,6 +320,13 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
   c.mean2.resize(c.mean1.size()), c.rstd2.resize(std::size_t(rows));
   norm_forward(s, w.ln2_gain, w.ln2_bias, c.middle, ln2, c.mean2, c.rstd2, rows);
   c.ln2 = whole_rows(tp, std::move(ln2), whole);
+  if (w.moe()) {
+    require_whole_moe(tp);
+    c.fc1.clear(), c.gelu.clear();
+    moe_forward(s, moe_weights(w), c.ln2, y, c.moe);
+    std::vector<float> none;
+    return finish_row_split(nullptr, none, w.fc2_bias, c.middle, y);  // the second residual
+  }
   c.fc1.resize(std::size_t(n) * part.fc1), c.gelu.resize(std::size_t(n) * part.ffn);
   linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, part.fc1);
   activation_forward(s, part, c.fc1, c.gelu);
@@ -295,7 +335,8 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
 }
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
-                    std::span<float> dx, Layer& g, DeferredWeightGrad* deferred, TensorParallel* tp) {
+                    std::span<float> dx, Layer& g, DeferredWeightGrad* deferred, TensorParallel* tp,
+                    float aux_loss_weight) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
   const LayerPart part(s, ranks_of(tp));
@@ -306,13 +347,19 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   // bias gradient, from all of them, is whole).
   std::vector<float> gathered;
   const std::span<const float> dy_whole = whole_rows(tp, dy, gathered, whole);
-  std::vector<float> dgelu(std::size_t(n) * part.ffn, 0.0f), dfc1(std::size_t(n) * part.fc1, 0.0f);
-  linear_backward(c.gelu, w.fc2_weight, dy_whole, dgelu, g.fc2_weight, g.fc2_bias, n, part.ffn, h,
-                  keep(&DeferredWeightGrad::fc2_dy));
-  activation_backward(s, part, c.fc1, dgelu, dfc1);
   std::vector<float> dln2_partial(whole, 0.0f);
-  linear_backward(c.ln2, w.fc1_weight, dfc1, dln2_partial, g.fc1_weight, g.fc1_bias, n, h, part.fc1,
-                  keep(&DeferredWeightGrad::fc1_dy));
+  if (w.moe()) {
+    require_whole_moe(tp);
+    moe_backward(s, moe_weights(w), c.ln2, c.moe, dy_whole, dln2_partial, moe_gradients(g),
+                 deferred ? &deferred->moe : nullptr, aux_loss_weight);
+  } else {
+    std::vector<float> dgelu(std::size_t(n) * part.ffn, 0.0f), dfc1(std::size_t(n) * part.fc1, 0.0f);
+    linear_backward(c.gelu, w.fc2_weight, dy_whole, dgelu, g.fc2_weight, g.fc2_bias, n, part.ffn, h,
+                    keep(&DeferredWeightGrad::fc2_dy));
+    activation_backward(s, part, c.fc1, dgelu, dfc1);
+    linear_backward(c.ln2, w.fc1_weight, dfc1, dln2_partial, g.fc1_weight, g.fc1_bias, n, h, part.fc1,
+                    keep(&DeferredWeightGrad::fc1_dy));
+  }
   // Each rank's FFN slice contributes to the norm's output gradient.
   const std::vector<float> dln2 = sum_input_gradient(tp, dln2_partial, mine);
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
@@ -340,8 +387,12 @@ void sum_partial_gradients(Layer& g, TensorParallel& tp) {
 void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g, int ranks) {
   const int n = s.tokens(), h = s.hidden;
   const LayerPart part(s, ranks);
-  linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, part.ffn, h);
-  linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, part.fc1);
+  if (g.moe()) {
+    moe_weight_backward(s, c.ln2, c.moe, d.moe, moe_gradients(g));
+  } else {
+    linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, part.ffn, h);
+    linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, part.fc1);
+  }
   linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, part.attention, h);
   linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, part.qkv);
 }
@@ -352,7 +403,7 @@ std::vector<std::vector<std::size_t>> split_elements(const ModelShape& s, int ra
   const LayerPart part(s, ranks);
   const bool gpt = s.family == LayerFamily::Gpt;  // Llama's biases are empty: nothing to split
   // Layer::tensors() order: ln1 gain, bias; qkv weight, bias; proj weight, bias; ln2 gain, bias; fc1
-  // weight, bias; fc2 weight, bias.
+  // weight, bias; fc2 weight, bias; then a mixture-of-experts layer's five, whole (it is never split).
   return {{},
           {},
           column_elements(h, n_qkv, qkv),
@@ -364,11 +415,13 @@ std::vector<std::vector<std::size_t>> split_elements(const ModelShape& s, int ra
           column_elements(h, n_fc1, fc1),
           gpt ? fc1 : std::vector<std::size_t>{},
           row_elements(std::size_t(rank) * std::size_t(part.ffn), std::size_t(part.ffn), h),
-          {}};
+          {},
+          {}, {}, {}, {}, {}};
 }
 
 Layer split_layer(const ModelShape& s, const Layer& whole, int rank, int ranks) {
   if (ranks == 1) return whole;
+  if (whole.moe()) throw std::invalid_argument("a mixture-of-experts layer runs whole on one rank (parallel.tp = 1)");
   const std::vector<std::vector<std::size_t>> elements = split_elements(s, rank, ranks);
   Layer part;
   const auto from = whole.tensors();

@@ -4,7 +4,8 @@
 ///   residual), final LayerNorm, untied LM head, softmax cross-entropy; every linear map has a bias.
 /// - Llama: the same skeleton with RMSNorm (gain only) for every norm, rotary position embeddings on
 ///   q and k, a SwiGLU MLP down(silu(gate(x)) · up(x)) and no biases.
-/// Both take grouped-query attention (kv_heads < heads). Parameters come from a counter-based
+/// Both take grouped-query attention (kv_heads < heads). A Llama layer that shape.moe_layer marks runs
+/// a mixture-of-experts MLP (moe.h) in place of the dense one. Parameters come from a counter-based
 /// generator keyed by (seed, tensor, index), so any partition of the model over devices builds the
 /// same model.
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "model_shape.h"
+#include "moe.h"
 #include "tensor_parallel.h"
 
 namespace pipesim::cpu {
@@ -29,10 +31,16 @@ using runtime::TensorParallel;
 /// The weights of one transformer layer, in a fixed order (so that gradients share the type). Llama
 /// uses the same slots: ln1/ln2 gains are its two RMSNorm gains, fc1.weight is the fused gate and up
 /// projection (hidden × 2·ffn, each row [gate | up]), fc2.weight the down projection; its biases
-/// (ln*_bias, *_bias) stay empty.
+/// (ln*_bias, *_bias) stay empty. A mixture-of-experts layer leaves fc1 and fc2 empty and holds its
+/// MLP in the last five (moe.h's MoeWeights), which a dense layer leaves empty: every layer has the
+/// same list, so that a rank's tensors line up with the model's (and with the CUDA backend's) in one
+/// order whatever kind its layers are.
 struct Layer {
   std::vector<float> ln1_gain, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
   std::vector<float> ln2_gain, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  std::vector<float> router_weight, expert_fc1_weight, expert_fc2_weight, shared_fc1_weight, shared_fc2_weight;
+  /// Whether this is a mixture-of-experts layer (it has a router).
+  bool moe() const { return !router_weight.empty(); }
   std::vector<std::vector<float>*> tensors();
   std::vector<const std::vector<float>*> tensors() const;
 };
@@ -44,11 +52,15 @@ std::vector<std::string> layer_tensor_names();
 /// Activations one layer keeps from its forward for its backward. The same fields serve both
 /// families: for Llama, ln1/ln2 are RMSNorm outputs and mean1/mean2 stay empty, qkv is after the
 /// rotary embedding (the backward needs no pre-rotation copy: the rotation is linear), fc1 is the
-/// fused [gate | up] (n × 2·ffn) and gelu holds silu(gate)·up (n × ffn), the MLP's activation.
+/// fused [gate | up] (n × 2·ffn) and gelu holds silu(gate)·up (n × ffn), the MLP's activation. A
+/// mixture-of-experts layer keeps its MLP's in `moe` instead of fc1 and gelu.
 struct LayerCache {
   std::vector<float> input, ln1, mean1, rstd1, qkv, probs, attention, middle, ln2, mean2, rstd2, fc1, gelu;
+  MoeCache moe;
 };
 
+/// Layer `index` (model order) of the model of `seed`: a mixture-of-experts layer where
+/// shape.moe_layer(index).
 Layer make_layer(const ModelShape& shape, std::uint64_t seed, int index);
 
 /// Rows of a layer's input and output on one rank: n, or n / size under sequence parallelism.
@@ -57,27 +69,33 @@ int layer_rows(const ModelShape& shape, const TensorParallel* tp);
 /// (the norms' gains and biases, over its rows): once per step, before they are read.
 void sum_partial_gradients(Layer& grad, TensorParallel& tp);
 
-/// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads and ffn divisible by ranks).
+/// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads and ffn divisible by ranks). A
+/// mixture-of-experts layer runs whole on one rank: more ranks are refused (std::invalid_argument).
 Layer split_layer(const ModelShape& shape, const Layer& whole, int rank, int ranks);
 /// For each tensor of Layer::tensors() (its order), which elements of the whole tensor rank `rank` of
 /// `ranks` holds, in the order its part holds them; empty where it holds the whole tensor.
 std::vector<std::vector<std::size_t>> split_elements(const ModelShape& shape, int rank, int ranks);
-/// Zero-filled, the shapes of make_layer's: a gradient accumulator.
-Layer zero_layer(const ModelShape& shape);
+/// Zero-filled, the shapes of make_layer's layer `index`: a gradient accumulator.
+Layer zero_layer(const ModelShape& shape, int index = 0);
 /// With `tp`, `w` is this rank's part of the layer (split_layer) and x and y have layer_rows rows.
 void layer_forward(const ModelShape& shape, const Layer& w, std::span<const float> x, std::span<float> y,
                    LayerCache& cache, TensorParallel* tp = nullptr);
 /// What a layer's weight-gradient pass needs when it runs apart from the input-gradient pass (a W op
-/// split off B): the input and output gradient of each of the four linear maps.
+/// split off B): the input and output gradient of each of the four linear maps (a mixture-of-experts
+/// layer's MLP keeps its maps' in `moe`).
 struct DeferredWeightGrad {
   std::vector<float> fc2_dy, fc1_dy, proj_dy, qkv_dy;
+  MoeDeferred moe;
 };
 
 /// Writes dx and adds the weight gradients into `grad`. With `deferred`, the four linear maps'
 /// weight and bias gradients are left for layer_weight_backward (the norms' parameters, which come
-/// out of the same kernel as dx, are still added here).
+/// out of the same kernel as dx, are still added here). A mixture-of-experts layer's load-balancing loss
+/// enters the objective weighted `aux_loss_weight`: the weight the caller gives this microbatch's
+/// loss (1 for one microbatch alone).
 void layer_backward(const ModelShape& shape, const Layer& w, const LayerCache& cache, std::span<const float> dy,
-                    std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr, TensorParallel* tp = nullptr);
+                    std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr, TensorParallel* tp = nullptr,
+                    float aux_loss_weight = 1.0f);
 /// The weight gradients layer_backward deferred; `ranks`: the tensor-parallel group's size.
 void layer_weight_backward(const ModelShape& shape, const LayerCache& cache, const DeferredWeightGrad& deferred,
                            Layer& grad, int ranks = 1);

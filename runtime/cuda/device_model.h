@@ -30,13 +30,18 @@ struct DeviceParam {
   }
 };
 
-/// The tensors of cpu::Layer, in its order.
+/// The tensors of cpu::Layer, in its order. The last five, a mixture-of-experts layer's, stay empty
+/// (the CUDA backend runs dense layers only); they are here so that parameter_buffers lists a
+/// layer's tensors as the CPU's RankParams does (tensor_stages, the data-parallel collectives).
 struct DeviceLayer {
   DeviceParam ln1_gain, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
   DeviceParam ln2_gain, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
-  std::array<DeviceParam*, 12> params() {
-    return {&ln1_gain, &ln1_bias, &qkv_weight, &qkv_bias, &proj_weight, &proj_bias,
-            &ln2_gain, &ln2_bias, &fc1_weight, &fc1_bias, &fc2_weight, &fc2_bias};
+  DeviceParam router_weight, expert_fc1_weight, expert_fc2_weight, shared_fc1_weight, shared_fc2_weight;
+  std::array<DeviceParam*, 17> params() {
+    return {&ln1_gain,      &ln1_bias,          &qkv_weight,        &qkv_bias,          &proj_weight,
+            &proj_bias,     &ln2_gain,          &ln2_bias,          &fc1_weight,        &fc1_bias,
+            &fc2_weight,    &fc2_bias,          &router_weight,     &expert_fc1_weight, &expert_fc2_weight,
+            &shared_fc1_weight, &shared_fc2_weight};
   }
 };
 

@@ -1,0 +1,266 @@
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <utility>
+
+#include "kernels.h"
+#include "llama_kernels.h"
+
+namespace pipesim::cpu {
+namespace {
+
+using runtime::ModelShape;
+
+/// The sizes of one MoE MLP, checked once.
+struct Sizes {
+  int n, h, experts, k, f, fs;
+  explicit Sizes(const ModelShape& s)
+      : n(s.tokens()), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn), fs(s.shared_expert_ffn) {
+    if (experts < 1 || k < 1 || k > experts || f < 1)
+      throw std::invalid_argument("a mixture-of-experts layer needs 1 <= router top-k <= experts and an expert width");
+  }
+  std::size_t copies() const { return std::size_t(n) * std::size_t(k); }
+  /// Expert e's block of a tensor of `width` floats per routed copy (rows first_row[e] ..).
+  template <class T>
+  std::span<T> rows_of(std::span<T> all, const MoeCache& c, int e, int width) const {
+    const std::size_t first = std::size_t(c.first_row[std::size_t(e)]), count = std::size_t(rows_in(c, e));
+    return all.subspan(first * std::size_t(width), count * std::size_t(width));
+  }
+  int rows_in(const MoeCache& c, int e) const { return c.first_row[std::size_t(e) + 1] - c.first_row[std::size_t(e)]; }
+  /// Expert e's block of the stacked weights of one map (in × out each).
+  template <class T>
+  std::span<T> weights_of(std::span<T> all, int e, int in, int out) const {
+    const std::size_t size = std::size_t(in) * std::size_t(out);
+    return all.subspan(std::size_t(e) * size, size);
+  }
+};
+
+template <class T>
+std::span<const T> view(const std::vector<T>& v) { return v; }
+template <class T>
+std::span<T> view(std::vector<T>& v) { return v; }
+
+/// Softmax over each row of `width` logits, in fp32, from the row's largest.
+void softmax_rows(std::span<const float> logits, std::span<float> probs, int rows, int width) {
+  for (int t = 0; t < rows; ++t) {
+    const std::span<const float> l = logits.subspan(std::size_t(t) * width, std::size_t(width));
+    const std::span<float> p = probs.subspan(std::size_t(t) * width, std::size_t(width));
+    const float top = *std::max_element(l.begin(), l.end());
+    float sum = 0;
+    for (int e = 0; e < width; ++e) sum += p[std::size_t(e)] = std::exp(l[std::size_t(e)] - top);
+    for (float& v : p) v /= sum;
+  }
+}
+
+/// Each token's k experts, best first (ties to the lower index: a later expert must be strictly
+/// larger to win), and their gate weights, the softmax over the chosen logits.
+void route(const Sizes& z, std::span<const float> logits, MoeCache& c) {
+  c.chosen.assign(z.copies(), 0), c.gates.assign(z.copies(), 0.0f);
+  std::vector<bool> taken(std::size_t(z.experts));
+  for (int t = 0; t < z.n; ++t) {
+    const std::span<const float> l = logits.subspan(std::size_t(t) * z.experts, std::size_t(z.experts));
+    std::fill(taken.begin(), taken.end(), false);
+    const std::size_t at = std::size_t(t) * std::size_t(z.k);
+    for (int j = 0; j < z.k; ++j) {
+      int best = -1;
+      for (int e = 0; e < z.experts; ++e)
+        if (!taken[std::size_t(e)] && (best < 0 || l[std::size_t(e)] > l[std::size_t(best)])) best = e;
+      taken[std::size_t(best)] = true;
+      c.chosen[at + std::size_t(j)] = best;
+    }
+    // The first choice holds the largest logit: the softmax's shift.
+    const float top = l[std::size_t(c.chosen[at])];
+    float sum = 0;
+    for (int j = 0; j < z.k; ++j) sum += c.gates[at + std::size_t(j)] = std::exp(l[std::size_t(c.chosen[at + std::size_t(j)])] - top);
+    for (int j = 0; j < z.k; ++j) c.gates[at + std::size_t(j)] /= sum;
+  }
+}
+
+/// The routed copies in expert order (a counting sort, so tokens stay in order within an expert).
+void permute(const Sizes& z, MoeCache& c) {
+  c.first_row.assign(std::size_t(z.experts) + 1, 0);
+  for (const int e : c.chosen) ++c.first_row[std::size_t(e) + 1];
+  for (int e = 0; e < z.experts; ++e) c.first_row[std::size_t(e) + 1] += c.first_row[std::size_t(e)];
+  std::vector<int> next(c.first_row.begin(), c.first_row.end() - 1);
+  c.rows.assign(z.copies(), 0);
+  for (std::size_t copy = 0; copy < z.copies(); ++copy) c.rows[std::size_t(next[std::size_t(c.chosen[copy])]++)] = int(copy);
+}
+
+/// Where each routed copy t·k + j sits in expert order: the inverse of `rows`.
+std::vector<int> positions(const MoeCache& c) {
+  std::vector<int> at(c.rows.size());
+  for (std::size_t r = 0; r < c.rows.size(); ++r) at[std::size_t(c.rows[r])] = int(r);
+  return at;
+}
+
+/// aux = coeff · E · Σ_i f_i·P_i (f_i: expert i's share of the routed copies; P_i: its mean
+/// probability), summed in double.
+double load_balancing_loss(const ModelShape& s, const Sizes& z, const MoeCache& c) {
+  double sum = 0;
+  for (int e = 0; e < z.experts; ++e) {
+    double p = 0;
+    for (int t = 0; t < z.n; ++t) p += c.probs[std::size_t(t) * z.experts + e];
+    sum += double(z.rows_in(c, e)) / double(z.copies()) * (p / z.n);
+  }
+  return double(s.moe_aux_loss_coeff) * z.experts * sum;
+}
+
+/// The router logits' gradient: through the gates' softmax over the chosen experts, and through the
+/// full softmax from the load-balancing loss (weighted `aux_weight`).
+std::vector<float> router_gradient(const ModelShape& s, const Sizes& z, const MoeCache& c, std::span<const float> dgates,
+                                   float aux_weight) {
+  std::vector<float> dlogits(std::size_t(z.n) * z.experts, 0.0f);
+  for (int t = 0; t < z.n; ++t) {
+    const std::size_t at = std::size_t(t) * std::size_t(z.k);
+    float dot = 0;
+    for (int j = 0; j < z.k; ++j) dot += c.gates[at + std::size_t(j)] * dgates[at + std::size_t(j)];
+    for (int j = 0; j < z.k; ++j)
+      dlogits[std::size_t(t) * z.experts + std::size_t(c.chosen[at + std::size_t(j)])] +=
+          c.gates[at + std::size_t(j)] * (dgates[at + std::size_t(j)] - dot);
+  }
+  const float coeff = aux_weight * s.moe_aux_loss_coeff;
+  if (coeff == 0) return dlogits;
+  // d aux / d p_ti = coeff · E · f_i / n, the same for every token.
+  std::vector<float> dp(std::size_t(z.experts));
+  for (int e = 0; e < z.experts; ++e)
+    dp[std::size_t(e)] = coeff * float(z.experts) * (float(z.rows_in(c, e)) / float(z.copies())) / float(z.n);
+  for (int t = 0; t < z.n; ++t) {
+    const std::span<const float> p(c.probs.data() + std::size_t(t) * z.experts, std::size_t(z.experts));
+    float dot = 0;
+    for (int e = 0; e < z.experts; ++e) dot += p[std::size_t(e)] * dp[std::size_t(e)];
+    for (int e = 0; e < z.experts; ++e) dlogits[std::size_t(t) * z.experts + e] += p[std::size_t(e)] * (dp[std::size_t(e)] - dot);
+  }
+  return dlogits;
+}
+
+}  // namespace
+
+std::size_t MoeCache::bytes() const {
+  std::size_t floats = probs.size() + gates.size() + permuted.size() + fc1.size() + act.size() + out.size() +
+                       shared_fc1.size() + shared_act.size();
+  return floats * sizeof(float) + (chosen.size() + rows.size() + first_row.size()) * sizeof(int);
+}
+
+std::size_t MoeDeferred::bytes() const {
+  return (router_dy.size() + expert_fc1_dy.size() + expert_fc2_dy.size() + shared_fc1_dy.size() + shared_fc2_dy.size()) *
+         sizeof(float);
+}
+
+void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, std::span<float> y, MoeCache& c) {
+  const Sizes z(s);
+  const std::size_t h = std::size_t(z.h);
+  std::vector<float> logits(std::size_t(z.n) * z.experts);
+  matmul(x, w.router, logits, z.n, z.h, z.experts);
+  c.probs.resize(logits.size());
+  softmax_rows(logits, c.probs, z.n, z.experts);
+  route(z, logits, c);
+  permute(z, c);
+  c.aux_loss = load_balancing_loss(s, z, c);
+
+  c.permuted.resize(z.copies() * h);
+  for (std::size_t r = 0; r < z.copies(); ++r) {
+    const std::size_t token = std::size_t(c.rows[r]) / std::size_t(z.k);
+    std::copy_n(x.begin() + std::ptrdiff_t(token * h), h, c.permuted.begin() + std::ptrdiff_t(r * h));
+  }
+  c.fc1.resize(z.copies() * 2 * std::size_t(z.f)), c.act.resize(z.copies() * std::size_t(z.f)), c.out.resize(z.copies() * h);
+  for (int e = 0; e < z.experts; ++e) {
+    const int m = z.rows_in(c, e);
+    if (m == 0) continue;  // no tokens: nothing to run
+    const std::span<float> fc1 = z.rows_of(view(c.fc1), c, e, 2 * z.f), act = z.rows_of(view(c.act), c, e, z.f);
+    matmul(z.rows_of(view(std::as_const(c.permuted)), c, e, z.h), z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), fc1, m,
+           z.h, 2 * z.f);
+    swiglu_forward(fc1, act, m, z.f);
+    matmul(act, z.weights_of(w.expert_fc2, e, z.f, z.h), z.rows_of(view(c.out), c, e, z.h), m, z.f, z.h);
+  }
+  // Each token's copies summed in its own order (best first), whatever expert order put them in.
+  const std::vector<int> at = positions(c);
+  std::fill(y.begin(), y.end(), 0.0f);
+  for (std::size_t copy = 0; copy < z.copies(); ++copy) {
+    const std::size_t token = copy / std::size_t(z.k), r = std::size_t(at[copy]);
+    const float gate = c.gates[copy];
+    for (std::size_t i = 0; i < h; ++i) y[token * h + i] += gate * c.out[r * h + i];
+  }
+  c.shared_fc1.clear(), c.shared_act.clear();
+  if (z.fs == 0) return;
+  c.shared_fc1.resize(std::size_t(z.n) * 2 * std::size_t(z.fs)), c.shared_act.resize(std::size_t(z.n) * std::size_t(z.fs));
+  matmul(x, w.shared_fc1, c.shared_fc1, z.n, z.h, 2 * z.fs);
+  swiglu_forward(c.shared_fc1, c.shared_act, z.n, z.fs);
+  matmul(c.shared_act, w.shared_fc2, y, z.n, z.fs, z.h, true);
+}
+
+void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, const MoeCache& c,
+                  std::span<const float> dy, std::span<float> dx, const MoeGradients& g, MoeDeferred* deferred,
+                  float aux_loss_weight) {
+  const Sizes z(s);
+  const std::size_t h = std::size_t(z.h);
+  // Combine's backward: each copy's output gradient is its gate times its token's, and each gate's
+  // gradient the dot product of its token's output gradient with the copy's output.
+  const std::vector<int> at = positions(c);
+  std::vector<float> dout(z.copies() * h), dgates(z.copies());
+  for (std::size_t copy = 0; copy < z.copies(); ++copy) {
+    const std::size_t token = copy / std::size_t(z.k), r = std::size_t(at[copy]);
+    const float gate = c.gates[copy];
+    float dot = 0;
+    for (std::size_t i = 0; i < h; ++i) {
+      dout[r * h + i] = gate * dy[token * h + i];
+      dot += dy[token * h + i] * c.out[r * h + i];
+    }
+    dgates[copy] = dot;
+  }
+  std::vector<float> dact(z.copies() * std::size_t(z.f), 0.0f), dfc1(z.copies() * 2 * std::size_t(z.f), 0.0f),
+      dpermuted(z.copies() * h, 0.0f);
+  for (int e = 0; e < z.experts; ++e) {
+    const int m = z.rows_in(c, e);
+    if (m == 0) continue;
+    const std::span<const float> dout_e = z.rows_of(view(std::as_const(dout)), c, e, z.h);
+    const std::span<float> dact_e = z.rows_of(view(dact), c, e, z.f), dfc1_e = z.rows_of(view(dfc1), c, e, 2 * z.f);
+    matmul_bt(dout_e, z.weights_of(w.expert_fc2, e, z.f, z.h), dact_e, m, z.h, z.f);
+    swiglu_backward(z.rows_of(view(c.fc1), c, e, 2 * z.f), dact_e, dfc1_e, m, z.f);
+    matmul_bt(dfc1_e, z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), z.rows_of(view(dpermuted), c, e, z.h), m, 2 * z.f, z.h);
+  }
+  // Un-permute: each token's copies added in its own order.
+  for (std::size_t copy = 0; copy < z.copies(); ++copy) {
+    const std::size_t token = copy / std::size_t(z.k), r = std::size_t(at[copy]);
+    for (std::size_t i = 0; i < h; ++i) dx[token * h + i] += dpermuted[r * h + i];
+  }
+  const std::vector<float> dlogits = router_gradient(s, z, c, dgates, aux_loss_weight);
+  matmul_bt(dlogits, w.router, dx, z.n, z.experts, z.h);
+  std::vector<float> dshared_fc1;
+  if (z.fs > 0) {
+    std::vector<float> dshared_act(std::size_t(z.n) * std::size_t(z.fs), 0.0f);
+    dshared_fc1.assign(std::size_t(z.n) * 2 * std::size_t(z.fs), 0.0f);
+    matmul_bt(dy, w.shared_fc2, dshared_act, z.n, z.h, z.fs);
+    swiglu_backward(c.shared_fc1, dshared_act, dshared_fc1, z.n, z.fs);
+    matmul_bt(dshared_fc1, w.shared_fc1, dx, z.n, 2 * z.fs, z.h);
+  }
+  MoeDeferred now;
+  MoeDeferred& d = deferred ? *deferred : now;
+  d.router_dy = dlogits, d.expert_fc1_dy = std::move(dfc1), d.expert_fc2_dy = std::move(dout);
+  d.shared_fc1_dy = std::move(dshared_fc1);
+  if (z.fs > 0)
+    d.shared_fc2_dy.assign(dy.begin(), dy.end());
+  else
+    d.shared_fc2_dy.clear();
+  if (!deferred) moe_weight_backward(s, x, c, d, g);
+}
+
+void moe_weight_backward(const ModelShape& s, std::span<const float> x, const MoeCache& c, const MoeDeferred& d,
+                         const MoeGradients& g) {
+  const Sizes z(s);
+  matmul_at(x, d.router_dy, g.router, z.n, z.h, z.experts);
+  for (int e = 0; e < z.experts; ++e) {
+    const int m = z.rows_in(c, e);
+    if (m == 0) continue;
+    matmul_at(z.rows_of(view(c.permuted), c, e, z.h), z.rows_of(view(d.expert_fc1_dy), c, e, 2 * z.f),
+              z.weights_of(g.expert_fc1, e, z.h, 2 * z.f), m, z.h, 2 * z.f);
+    matmul_at(z.rows_of(view(c.act), c, e, z.f), z.rows_of(view(d.expert_fc2_dy), c, e, z.h),
+              z.weights_of(g.expert_fc2, e, z.f, z.h), m, z.f, z.h);
+  }
+  if (z.fs == 0) return;
+  matmul_at(x, d.shared_fc1_dy, g.shared_fc1, z.n, z.h, 2 * z.fs);
+  matmul_at(c.shared_act, d.shared_fc2_dy, g.shared_fc2, z.n, z.fs, z.h);
+}
+
+}  // namespace pipesim::cpu

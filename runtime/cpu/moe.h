@@ -1,0 +1,83 @@
+#pragma once
+/// A mixture-of-experts MLP in fp32 on the CPU: what a Llama-family layer that ModelShape::moe_layer
+/// marks runs in place of its dense SwiGLU MLP, on the second norm's output (model.h calls it). In
+/// the conventions of kernels.h: row-major, n = batch·seq rows, backward passes accumulate (+=).
+///
+/// - Router: logits = x·R (R is h × E), in fp32. Each token takes the k experts of the largest
+///   logits, best first, ties to the lower expert index; its gate weights are the softmax over
+///   those k logits, which is the softmax over all E experts renormalised over the k chosen
+///   (Mixtral's routing, Qwen-MoE's norm_topk_prob, Megatron-Core's default top-k then softmax).
+/// - Dispatch: the n·k routed copies of the tokens are permuted into expert order (expert by expert,
+///   tokens in order within one), so that each expert's rows are one block its GEMMs run on.
+/// - Experts: each a SwiGLU MLP of width f, down(silu(gate(x)) · up(x)), with a fused [gate | up]
+///   map as the dense layer's. No tokens are dropped (Megatron-Core's dropless MoE).
+/// - Combine: y_t = Σ_j gate_tj · expert_{e_tj}(x_t), summed over each token's k copies in its
+///   order (best first) whatever the permutation; plus, when given, a shared expert: a dense SwiGLU
+///   MLP of width fs on every token, added.
+/// - Load balancing (Switch Transformer, Megatron-Core's aux_loss): aux = coeff · E · Σ_i f_i · P_i
+///   with f_i the fraction of the n·k routed copies that expert i takes and P_i the mean over tokens
+///   of its probability in the softmax over all E logits. The routing counts f_i are constants of
+///   the gradient; P_i carries it into the router. The caller weighs it as it weighs the
+///   microbatch's loss (aux_loss_weight); its value is kept, not added to the reported loss, as
+///   Megatron-LM logs it apart from the LM loss.
+///
+/// Deterministic: every sum runs in a fixed order, so the same inputs give the same bits however
+/// the model is partitioned over devices.
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "model_shape.h"
+
+namespace pipesim::cpu {
+
+/// The weights of one MoE MLP, as linear maps x·W: the router h × E; the experts' fused gate and up
+/// projections, E blocks of h × 2f one after the other (each row [gate | up]); their down
+/// projections, E blocks of f × h; the shared expert's h × 2fs and fs × h (empty without one).
+struct MoeWeights {
+  std::span<const float> router, expert_fc1, expert_fc2, shared_fc1, shared_fc2;
+};
+/// Gradient accumulators of the same shapes.
+struct MoeGradients {
+  std::span<float> router, expert_fc1, expert_fc2, shared_fc1, shared_fc2;
+};
+
+/// What the forward keeps for the backward and the weight pass (besides x, which the layer keeps as
+/// its second norm's output).
+struct MoeCache {
+  std::vector<float> probs;  ///< n × E: the softmax over every expert, the load-balancing loss's P
+  std::vector<int> chosen;   ///< n × k: each token's experts, best first
+  std::vector<float> gates;  ///< n × k: their weights, the softmax over the chosen logits
+  /// n·k: the routed copies in expert order, each as t·k + j (token t's j-th choice).
+  std::vector<int> rows;
+  std::vector<int> first_row;  ///< E + 1: where each expert's block of `rows` starts
+  std::vector<float> permuted;  ///< n·k × h: x's row of each routed copy, in expert order
+  /// Per routed copy, in expert order: the fused [gate | up] (2f), silu(gate)·up (f), the expert's
+  /// output (h).
+  std::vector<float> fc1, act, out;
+  std::vector<float> shared_fc1, shared_act;  ///< n × 2fs, n × fs; empty without a shared expert
+  double aux_loss = 0;  ///< coeff · E · Σ f_i·P_i of this microbatch
+  std::size_t bytes() const;
+};
+
+/// The output gradient of each linear map, kept by a backward whose weight gradients a separate
+/// pass adds (a W op split off B): the router's logits, the experts' two maps (expert order) and the
+/// shared expert's.
+struct MoeDeferred {
+  std::vector<float> router_dy, expert_fc1_dy, expert_fc2_dy, shared_fc1_dy, shared_fc2_dy;
+  std::size_t bytes() const;
+};
+
+/// y (n × h) = the MoE MLP of x (n × h), overwritten.
+void moe_forward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x, std::span<float> y,
+                 MoeCache& cache);
+/// dx += the gradient of x given dy, the gradient of y, and of aux_loss_weight · cache.aux_loss;
+/// adds the weight gradients into `grad`, or with `deferred` keeps what moe_weight_backward needs.
+void moe_backward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x,
+                  const MoeCache& cache, std::span<const float> dy, std::span<float> dx, const MoeGradients& grad,
+                  MoeDeferred* deferred, float aux_loss_weight);
+/// The weight gradients moe_backward deferred: the same sums, so the same bits.
+void moe_weight_backward(const runtime::ModelShape& shape, std::span<const float> x, const MoeCache& cache,
+                         const MoeDeferred& deferred, const MoeGradients& grad);
+
+}  // namespace pipesim::cpu

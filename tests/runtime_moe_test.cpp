@@ -1,0 +1,107 @@
+// Mixture-of-experts layers in the CPU runtime (runtime/cpu/moe.h) without expert parallelism:
+// configs/moe-tiny.json -- a dense first layer, then routed and shared SwiGLU experts -- trains like
+// a single device under every schedule and vocabulary mode, with data parallelism, ZeRO and
+// recomputation; what the runtime does not run is refused by the field that asks for it.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "helpers.h"
+#include "launch.h"
+#include "measured.h"
+#include "partition.h"
+#include "runtime_helpers.h"
+#include "schedule.h"
+
+using namespace pipesim;
+using namespace pipesim::testing::runs;
+
+namespace {
+
+Config moe_tiny(const std::vector<std::string>& overrides = {}) {
+  return testing::shipped_config("moe-tiny.json", overrides);
+}
+
+/// One checked step of `plan`: the loss and every gradient within fp32's bounds of the reference.
+void check_matches_reference(const Plan& plan, const std::string& what) {
+  runtime::RunOptions o = options();
+  o.check = true;
+  const Status runnable = runtime::check_runnable(plan.config, o);
+  INFO(what << (runnable.ok() ? "" : ": " + runnable.error().message));
+  REQUIRE(runnable.ok());
+  Result<runtime::RunResult> run = runtime::run_in_process(job_of(plan), o);
+  INFO((run.ok() ? "" : run.error().message));
+  REQUIRE(run.ok());
+  const runtime::CheckResult& check = *run.value().check;
+  INFO("loss " << check.loss << " reference " << check.reference_loss << ", gradient error " << check.max_grad_rel_err
+               << " in " << check.worst_tensor);
+  CHECK(std::abs(check.loss - check.reference_loss) <= 1e-5 * std::abs(check.reference_loss));
+  CHECK(check.max_grad_rel_err <= 1e-4);
+  CHECK(check.passed());
+  // log(V): the model starts near uniform, so a wrong loss cannot pass by being small.
+  CHECK(check.reference_loss == Approx(std::log(double(plan.config.model.vocab))).epsilon(0.05));
+}
+
+}  // namespace
+
+TEST_CASE("moe-tiny.json: a dense first layer, then MoE layers of routed and shared SwiGLU experts") {
+  const Config config = moe_tiny();
+  const runtime::ModelShape s = runtime::model_shape(config);
+  CHECK(s.family == runtime::LayerFamily::Llama);
+  CHECK(s.experts == 4);
+  CHECK(s.router_topk == 2);
+  CHECK(s.expert_ffn == 32);
+  CHECK(s.shared_expert_ffn == 32);
+  CHECK(s.moe_layers == std::vector<bool>{false, true, true, true});
+  CHECK(config.parallel.ep == 1);
+  // Every layer of a device's stages built as its kind: the dense one with its MLP, the others with
+  // a router and experts instead.
+  const Plan plan = plan_for(config, "1f1b", "baseline");
+  for (int device = 0; device < plan.layout.devices; ++device) {
+    const runtime::RankModel m = runtime::make_rank_model(s, plan.layout, {.device = device, .tp_rank = 0, .tp = 1, .owned = {}}, 3);
+    for (const auto& [index, layer] : m.params.layers) {
+      CAPTURE(device, index);
+      CHECK(layer.moe() == s.moe_layer(index));
+      CHECK(layer.fc1_weight.empty() == s.moe_layer(index));
+    }
+  }
+}
+
+TEST_CASE("a mixture-of-experts model trains like a single device under every schedule and vocabulary mode") {
+  const Config config = moe_tiny();
+  for (const std::string& schedule : schedule_names())
+    for (const std::string& vocab : vocab_mode_names())
+      check_matches_reference(plan_for(config, schedule, vocab), schedule + " / " + vocab);
+}
+
+TEST_CASE("a mixture-of-experts model with data parallelism, ZeRO 1 and full recomputation") {
+  for (const std::vector<std::string>& set :
+       {std::vector<std::string>{"parallel.dp=2"}, {"parallel.dp=2", "training.zero_stage=1"},
+        {"training.recompute_granularity=full", "training.recompute_num_layers=1"}})
+    for (const auto& [schedule, vocab] : {std::pair{"1f1b", "vocab-1"}, {"zb-v", "baseline"}})
+      check_matches_reference(plan_for(moe_tiny(set), schedule, vocab),
+                              fmt::format("{} / {} / {}", fmt::join(set, " "), schedule, vocab));
+}
+
+TEST_CASE("mixture-of-experts runs refuse, by the field, what the runtime does not run") {
+  const auto refusal = [](const std::vector<std::string>& set, runtime::BackendKind backend = runtime::BackendKind::Cpu) {
+    runtime::RunOptions o = options();
+    o.backend = backend;
+    const Status s = runtime::check_runnable(moe_tiny(set), o);
+    REQUIRE_FALSE(s.ok());
+    return s.error().message;
+  };
+  using Catch::Matchers::Contains;
+  CHECK_THAT(refusal({"parallel.dp=2", "parallel.ep=2"}), Contains("parallel.ep:") && Contains("set parallel.ep to 1"));
+  CHECK_THAT(refusal({"parallel.tp=2"}), Contains("parallel.etp:") && Contains("defaults to parallel.tp"));
+  CHECK_THAT(refusal({"parallel.tp=2", "parallel.etp=1"}), Contains("parallel.tp:") && Contains("set parallel.tp to 1"));
+  CHECK_THAT(refusal({}, runtime::BackendKind::Cuda),
+             Contains("model.num_experts:") && Contains("the CUDA backend runs dense layers only"));
+  CHECK_THAT(refusal({"model.mlp=gelu"}), Contains("model.mlp:") && Contains("swiglu"));
+  CHECK_THAT(refusal({"model.moe_capacity_factor=1.25"}), Contains("model.moe_capacity_factor:") && Contains("dropless"));
+  // The refusals of dense models still apply.
+  CHECK_THAT(refusal({"parallel.cp=2"}), Contains("parallel.cp:"));
+}

@@ -226,10 +226,10 @@ std::optional<FieldError> check_config(const Config& config) {
                         fmt::format("counts sum to {} but model.layers is {}; make them sum to {}", total,
                                     model.layers, model.layers)};
   }
-  if (config.costs && model.has_experts())
-    return FieldError{"model.num_experts", "a costs block gives each pass's time as measured, which leaves the experts' "
-                                           "all-to-alls no time of their own; remove the costs block (the analytic "
-                                           "model prices them) or model.num_experts"};
+  if (config.costs && exchanges_experts(config))
+    return FieldError{"parallel.ep", "a costs block gives each pass's time as measured, which leaves the experts' "
+                                     "all-to-alls no time of their own; remove the costs block (the analytic model "
+                                     "prices them) or set ep and etp to 1"};
   if (config.costs && training.recompute_granularity != Recompute::None)
     return FieldError{"training.recompute_granularity",
                       "a costs block gives each pass's time and memory as measured, recomputation included or not; "

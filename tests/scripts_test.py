@@ -27,7 +27,7 @@ expect(["tools/published-runs.py", "--pipesim", "/nonexistent/pipesim"], 1,
        ["/nonexistent/pipesim is not a pipesim executable"])
 expect(["tools/published-runs.py", "--pipesim", pipesim, "--only", "no such run"], 1, ["no run in", "no such run"])
 expect(["tools/published-runs.py", "--pipesim", pipesim, "--data", "no/such.json"], 1,
-       ["no/such.json: no such file", "--data docs/data/published-runs-moe.json"])
+       ["no/such.json: no such file", "or docs/data/published-runs-moe.json"])
 expect(["tools/vocab-paper.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])
 expect(["tools/vocab-paper.py", "--pipesim", pipesim, "--only", "no such row"], 1, ["no row in", "no such row"])
 expect(["tools/fit-fp8.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])

@@ -104,7 +104,7 @@ MeasuredTimes measured_times(const Plan& plan, const runtime::RunResult& r) {
         t.data_parallel.resize(std::size_t(devices), 0.0);
         t.data_parallel[std::size_t(task.device)] += ms(id);
         break;
-      case OpKind::AllToAll:  // a costs block has no experts' exchange: config checks refuse the pair
+      case OpKind::AllToAll:  // a costs block with exchanging experts is refused (check_config)
       case OpKind::Recv:  // its time is the wait for the SEND, not a cost of its own
       case OpKind::R:     // a costs block refuses recomputation (docs/config.md)
         break;

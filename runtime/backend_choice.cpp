@@ -28,14 +28,16 @@ Status check_backend(const RunOptions& options) {
   return Status::Ok();
 }
 
-std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, TensorParallel* tp) {
+std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank, TensorParallel* tp,
+                                      ExpertParallel* ep) {
   const ModelShape& shape = job.shape;
   const RankPlace place = job.place(rank);
   const OwnedPart owned = job.owned_part(place);
   if (options.backend == BackendKind::Cpu)
     return make_cpu_backend(shape, job.layout,
-                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned},
-                            options.seed, tp, 1.0f / float(job.microbatches * job.dp));
+                            {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned,
+                             .ep_rank = job.expert_rank(place), .ep = job.ep},
+                            options.seed, tp, 1.0f / float(job.microbatches * job.dp), ep);
   // On the GPU a rank holds its pipeline device's stages, its tensor-parallel part of each layer
   // and, under ZeRO, updates its replica's block.
   if (options.device >= 0)  // one process per GPU (MPI)

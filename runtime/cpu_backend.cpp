@@ -51,8 +51,8 @@ std::span<float> f32(Tensor& t) { return t.as<float>(); }
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed,
-             TensorParallel* tp, float microbatch_weight)
-      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), n_(shape.tokens()),
+             TensorParallel* tp, float microbatch_weight, ExpertParallel* ep)
+      : shape_(shape), model_(make_rank_model(shape, layout, part, seed)), tp_(tp), ep_(ep), n_(shape.tokens()),
         h_(shape.hidden), microbatch_weight_(microbatch_weight) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -88,7 +88,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CpuLayerActivations>();
     Tensor y = allocate(layer_activation_count(), DType::F32);
-    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache, tp_);
+    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache, tp_, ep_);
     x = std::move(y);
     return cache;
   }
@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
     Tensor dx = allocate(layer_activation_count(), DType::F32);
     partial_gradients_ = sequence_parallel();
     cpu::layer_backward(shape_, model_.params.layers.at(layer), c.cache, f32(dy), f32(dx), model_.grads.layers.at(layer),
-                        defer_weights ? &c.deferred : nullptr, tp_, microbatch_weight_);
+                        defer_weights ? &c.deferred : nullptr, tp_, microbatch_weight_, ep_);
     dy = std::move(dx);
   }
   void layer_weight(int layer, Activations& base) override {
@@ -230,6 +230,7 @@ class CpuBackend final : public Backend {
   ModelShape shape_;
   RankModel model_;
   TensorParallel* tp_;  ///< this rank's tensor-parallel group; null when the layers are whole
+  ExpertParallel* ep_;  ///< its expert-parallel group; null when each MoE layer holds every expert
   int n_, h_;
   float microbatch_weight_;  ///< a microbatch's share of the step's loss: its load-balancing losses' weight
   bool partial_gradients_ = false;  ///< a backward since the last sum_partial_gradients
@@ -249,9 +250,10 @@ void keep_freed_host_memory() {
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
-                                          std::uint64_t seed, TensorParallel* tp, float microbatch_weight) {
+                                          std::uint64_t seed, TensorParallel* tp, float microbatch_weight,
+                                          ExpertParallel* ep) {
   keep_freed_host_memory();
-  return std::make_unique<CpuBackend>(shape, layout, part, seed, tp, microbatch_weight);
+  return std::make_unique<CpuBackend>(shape, layout, part, seed, tp, microbatch_weight, ep);
 }
 
 }  // namespace pipesim::runtime

@@ -23,9 +23,10 @@ void keep_freed_host_memory();
 /// A rank's part of the model (partition.h); `tp` its tensor-parallel group when part.tp > 1, which
 /// must outlive the backend (its buffers are host memory, the CPU layers' spans). `microbatch_weight`:
 /// a microbatch's share of the step's loss (1 / (microbatches · replicas)), by which the backward
-/// weighs each mixture-of-experts layer's load-balancing loss, as the LM head weighs the loss.
+/// weighs each mixture-of-experts layer's load-balancing loss, as the LM head weighs the loss. `ep`:
+/// its expert-parallel group when part.ep > 1, which must outlive the backend likewise.
 std::unique_ptr<Backend> make_cpu_backend(const ModelShape& shape, const Layout& layout, const RankPart& part,
                                           std::uint64_t seed, TensorParallel* tp = nullptr,
-                                          float microbatch_weight = 1.0f);
+                                          float microbatch_weight = 1.0f, ExpertParallel* ep = nullptr);
 
 }  // namespace pipesim::runtime

@@ -95,6 +95,64 @@ class TensorParallelGroup final : public TensorParallel {
   std::function<void()> await_turn_;
 };
 
+/// An expert-parallel group as a mixture-of-experts layer sees it (tensor_parallel.h): its variable
+/// all-to-all as two all-gathers on the group's first lane, every rank's counts and then every
+/// rank's rows padded to the longest -- collectives every transport runs, and each rank keeps the
+/// blocks addressed to it. That moves size() times the rows a true all-to-all moves, which the CPU
+/// runtime's small models afford. Blocking and held to the run's timeout; a failure aborts the run
+/// first, as TensorParallelGroup's do, so that no transfer touches a buffer the unwinding frees.
+class ExpertParallelGroup final : public ExpertParallel {
+ public:
+  ExpertParallelGroup(std::unique_ptr<Transport> group, double timeout_s, std::string label)
+      : group_(std::move(group)), timeout_s_(timeout_s), label_(std::move(label)) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  std::vector<float> all_to_all(std::span<const float> send, std::span<const std::size_t> counts,
+                                std::vector<std::size_t>& received) override {
+    const std::size_t ranks = std::size_t(size()), me = std::size_t(rank());
+    if (counts.size() != ranks) throw std::invalid_argument("an all-to-all needs one count per rank of its group");
+    std::vector<double> mine(counts.begin(), counts.end()), all(ranks * ranks);
+    gather(host_buffer(std::span(mine)), host_buffer(std::span(all)), "an expert-parallel all-to-all's counts");
+    std::size_t longest = 1;  // never an empty buffer, which some transports refuse
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::size_t total = 0;
+      for (std::size_t d = 0; d < ranks; ++d) total += std::size_t(all[r * ranks + d]);
+      longest = std::max(longest, total);
+    }
+    if (send.size() > longest) throw std::invalid_argument("an all-to-all's buffer is longer than its counts");
+    std::vector<float> padded(longest, 0.0f), gathered(longest * ranks);
+    std::copy(send.begin(), send.end(), padded.begin());
+    gather(host_buffer(std::span(padded)), host_buffer(std::span(gathered)), "an expert-parallel all-to-all");
+    std::vector<float> out;
+    received.assign(ranks, 0);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::size_t offset = 0;
+      for (std::size_t d = 0; d < me; ++d) offset += std::size_t(all[r * ranks + d]);
+      received[r] = std::size_t(all[r * ranks + me]);
+      const auto from = gathered.begin() + std::ptrdiff_t(r * longest + offset);
+      out.insert(out.end(), from, from + std::ptrdiff_t(received[r]));
+    }
+    return out;
+  }
+
+ private:
+  void gather(Buffer in, Buffer out, const char* what) {
+    std::unique_ptr<Request> request;
+    try {
+      request = group_->lane(0).all_gather(in, out);
+      wait_for(*group_, *request, timeout_s_, what);
+    } catch (const CommError&) {
+      throw;  // another rank aborted the run: no transfer touches the buffers any more
+    } catch (const std::exception& e) {
+      group_->abort(fmt::format("{} failed: {}", label_, e.what()));
+      throw;
+    }
+  }
+  std::unique_ptr<Transport> group_;
+  double timeout_s_;
+  std::string label_;
+};
+
 /// How errors name a rank: its number, and where it sits when there is more than a pipeline.
 std::string rank_label(const Job& job, int rank) {
   if (job.ranks() == job.layout.devices) return fmt::format("rank {}", rank);
@@ -104,18 +162,22 @@ std::string rank_label(const Job& job, int rank) {
 
 /// The transports of one rank: the world; its pipeline (the ranks of its replica and tensor-parallel
 /// rank, by device), which the graph's ops use; its data- and tensor-parallel groups when it has them;
-/// the pair of its pipeline's devices that sum a tied embedding's gradient, when it is one of them.
+/// the pair of its pipeline's devices that sum a tied embedding's gradient, when it is one of them;
+/// under expert parallelism its expert-parallel group and, when more replicas hold its experts, its
+/// expert data-parallel group.
 struct RankGroups {
   Transport& world;
-  std::unique_ptr<Transport> own_pipeline, data, tied;
+  std::unique_ptr<Transport> own_pipeline, data, tied, expert_data;
   std::unique_ptr<TensorParallelGroup> tensor;
+  std::unique_ptr<ExpertParallelGroup> expert;
   Transport& pipeline() { return own_pipeline ? *own_pipeline : world; }
 };
 
-/// Every rank makes its groups in the same order (pipeline, data, tensor, tied), each waiting only
+/// Every rank makes its groups in the same order (pipeline, data, tensor, expert, expert data, tied), each waiting only
 /// for its members, so that no two ranks wait on each other's next group.
 RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
-  RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tied = nullptr, .tensor = nullptr};
+  RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tied = nullptr, .expert_data = nullptr,
+                    .tensor = nullptr, .expert = nullptr};
   const int rank = world.rank();
   if (job.ranks() != job.layout.devices) {  // otherwise the pipeline is the world
     groups.own_pipeline = world.subgroup(job.group_of(rank, &RankPlace::device), GroupUse::Pipeline);
@@ -124,6 +186,11 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
       groups.tensor = std::make_unique<TensorParallelGroup>(
           world.subgroup(job.group_of(rank, &RankPlace::tp_rank), GroupUse::Collectives), job.sequence_parallel,
           timeout_s, job.place(rank).device, rank_label(job, rank));
+    if (job.ep > 1)
+      groups.expert = std::make_unique<ExpertParallelGroup>(world.subgroup(job.expert_group_of(rank, false), GroupUse::Collectives),
+                                                            timeout_s, rank_label(job, rank));
+    if (job.ep > 1 && job.dp > job.ep)
+      groups.expert_data = world.subgroup(job.expert_group_of(rank, true), GroupUse::Collectives);
   }
   const auto& groups_of_graph = job.graph.groups();
   const bool tie = std::any_of(groups_of_graph.begin(), groups_of_graph.end(),
@@ -144,13 +211,15 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
   const int rank = comm.rank();
   const RankPlace place = job.place(groups.world.rank());
   OpInterpreter interpreter(job, place, comm, groups.data.get(), groups.tied.get(), groups.tensor.get(), backend,
-                            options.optimizer);
+                            options.optimizer, groups.expert_data.get());
   StepRecorder recorder(job.graph.size(), interpreter.buffers());
   const auto all_reduce = [&](std::span<float> values, ReduceOp op, const std::string& what) {
     wait_for(groups.world, groups.world.control().all_reduce(host_buffer(values), op), options.timeout_s, what);
   };
-  // Every replica holds the same summed gradients, but under ZeRO each only its own part of them.
+  // Every replica holds the same summed gradients, but under ZeRO each only its own part of them;
+  // under expert parallelism the first ep replicas each hold their share of the routed experts.
   const bool checks_gradients = place.replica == 0 || job.sharded();
+  const bool checks_experts = place.replica < job.ep;
   RunResult result;
   try {
     StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options,
@@ -192,7 +261,8 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
       result.step_ns.push_back(TimeNs(time[0]));
       if (checking) {
         std::vector<HostGradient> gradients = interpreter.take_gradients();
-        if (!checks_gradients) gradients.clear();
+        if (!checks_gradients)
+          std::erase_if(gradients, [&](const HostGradient& g) { return !checks_experts || !routed_expert_model_tensor(g.tensor); });
         std::vector<float> terms = check->error_terms(gradients);
         all_reduce(terms, ReduceOp::Sum, "the gradient-check all-reduce");
         result.check = check->result(terms, loss[0], options);
@@ -246,14 +316,15 @@ Config memory_as_run(const Config& config, const RunOptions& options) {
 
 namespace {
 
-/// Mixture-of-experts layers run on the CPU backend, each whole on one rank (cpu/moe.h): no expert
-/// parallelism and no tensor parallelism (the graph then has no ALLTOALL ops), dropless, SwiGLU
-/// experts. Each refusal names the field.
+/// Mixture-of-experts layers run on the CPU backend (cpu/moe.h), their routed experts whole on one
+/// rank or split over ep data-parallel replicas (expert parallelism, whose all-to-alls run inside F,
+/// B and R), without tensor parallelism, dropless, SwiGLU experts. Each refusal names the field.
 Status check_experts_runnable(const Config& c, const RunOptions& options) {
   if (!c.model.has_experts()) return Status::Ok();
-  if (c.parallel.ep > 1)
-    return Error{fmt::format("{}: parallel.ep: the runtime runs mixture-of-experts layers without expert parallelism "
-                             "(the experts' all-to-all is not run); set parallel.ep to 1 (simulate models it)",
+  if (c.parallel.ep > 1 && c.training.zero_stage > 0)
+    return Error{fmt::format("{}: training.zero_stage: the runtime does not shard the optimizer over the expert "
+                             "data-parallel group; set training.zero_stage to 0, or parallel.ep to 1 (simulate "
+                             "models it)",
                              c.source)};
   if (c.parallel.expert_tp() > 1)
     return Error{fmt::format("{}: parallel.etp: the runtime runs each expert whole on one rank, but its experts are "
@@ -261,8 +332,8 @@ Status check_experts_runnable(const Config& c, const RunOptions& options) {
                              "parallel.tp to 1 (simulate models it)",
                              c.source, c.parallel.expert_tp())};
   if (c.parallel.tp > 1)
-    return Error{fmt::format("{}: parallel.tp: the runtime runs mixture-of-experts layers whole on one rank, without "
-                             "tensor parallelism; set parallel.tp to 1 (simulate models it)",
+    return Error{fmt::format("{}: parallel.tp: the runtime runs mixture-of-experts layers without tensor parallelism; "
+                             "set parallel.tp to 1 (simulate models it)",
                              c.source)};
   if (options.backend == BackendKind::Cuda)
     return Error{fmt::format("{}: model.num_experts: the CUDA backend runs dense layers only; run mixture-of-experts "
@@ -368,7 +439,7 @@ Result<RunResult> run_rank(Transport& comm, const Job& job, const RunOptions& op
   std::unique_ptr<Backend> backend;
   try {
     backend = backend_for ? backend_for(comm.rank(), groups->tensor.get())
-                          : make_backend(options, job, comm.rank(), groups->tensor.get());
+                          : make_backend(options, job, comm.rank(), groups->tensor.get(), groups->expert.get());
   } catch (const std::exception& e) {  // e.g. out of device memory: end every rank, never hang them
     const std::string why = fmt::format("rank {} could not set up its {} backend: {}", comm.rank(),
                                         options.backend == BackendKind::Cuda ? "CUDA" : "CPU", e.what());

@@ -113,9 +113,10 @@ Status check_runnable(const Config& config, const RunOptions& options);
 /// Whether the backend the options name can run here ("no CUDA device", a CPU run in bf16).
 Status check_backend(const RunOptions& options);
 /// The backend of `rank`: its part of the model, on the CPU or on GPU `rank` mod the GPUs present;
-/// `tp`: its tensor-parallel group (null when its layers are whole), which must outlive the backend.
+/// `tp`: its tensor-parallel group (null when its layers are whole), `ep` its expert-parallel group
+/// (null when each MoE layer holds every expert), which must outlive the backend.
 std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job, int rank,
-                                      TensorParallel* tp = nullptr);
+                                      TensorParallel* tp = nullptr, ExpertParallel* ep = nullptr);
 
 /// Makes rank `rank`'s backend, given its tensor-parallel group (null when its layers are whole):
 /// make_backend's by default; a test's fake (tests/runtime_fake_test.cpp).

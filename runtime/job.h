@@ -33,6 +33,11 @@ struct Job {
   int tp = 1;  ///< tensor-parallel ranks per pipeline device
   bool sequence_parallel = false;  ///< with tp > 1: layers' inputs and outputs split by tokens over the tp ranks
   int dp = 1;  ///< data-parallel replicas of the pipeline, each its own microbatches
+  /// Expert-parallel ranks: Megatron-Core carves them out of the replicas (tp = cp = 1 here), so
+  /// consecutive replicas in groups of ep split each MoE layer's routed experts, replica r holding
+  /// the (r mod ep)-th share; the replicas that hold the same experts (r mod ep alike) are the expert
+  /// data-parallel group, which sums their gradients. Divides dp.
+  int ep = 1;
 
   int ranks() const { return layout.devices * tp * dp; }
   RankPlace place(int rank) const { return {.device = rank / (tp * dp), .replica = rank / tp % dp, .tp_rank = rank % tp}; }
@@ -45,6 +50,17 @@ struct Job {
   /// all of it otherwise.
   OwnedPart owned_part(const RankPlace& p) const {
     return sharded() ? OwnedPart{.index = p.replica, .count = dp} : OwnedPart{};
+  }
+  /// Which share of each MoE layer's routed experts a rank at `p` holds.
+  int expert_rank(const RankPlace& p) const { return p.replica % ep; }
+  /// The ranks of `rank`'s expert-parallel group (its replica's block of ep consecutive replicas), or
+  /// with `data` of its expert data-parallel group (the replicas of its expert rank), in replica order.
+  std::vector<int> expert_group_of(int rank, bool data) const {
+    std::vector<int> ranks;
+    RankPlace p = place(rank);
+    const int first = data ? p.replica % ep : p.replica / ep * ep, step = data ? ep : 1, count = data ? dp / ep : ep;
+    for (int i = 0; i < count; ++i) p.replica = first + i * step, ranks.push_back(rank_of(p));
+    return ranks;
   }
   /// The ranks that differ from `rank` in `varying` only, in its order: &RankPlace::device gives the
   /// rank's pipeline, ::replica its data-parallel group, ::tp_rank its tensor-parallel group.

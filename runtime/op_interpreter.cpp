@@ -11,7 +11,8 @@
 namespace pipesim::runtime {
 namespace {
 
-/// Done when every one of its parts is: the per-tensor collectives of one DP_ALLREDUCE.
+/// Done when every one of its parts is: the per-tensor collectives of one DP_ALLREDUCE (with none, at
+/// once: an ALLTOALL, whose tokens moved inside the pass before it).
 class AllOf final : public Request {
  public:
   explicit AllOf(std::vector<std::unique_ptr<Request>> parts) : parts_(std::move(parts)) {}
@@ -28,10 +29,11 @@ class AllOf final : public Request {
 
 OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data,
                              Transport* tied, TensorParallel* tensor, Backend& backend,
-                             const OptimizerSettings& optimizer)
+                             const OptimizerSettings& optimizer, Transport* expert_data)
     : graph_(job.graph), layout_(job.layout), rank_(place.device), comm_(comm), backend_(backend),
       optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
-      data_(data), tied_(tied), tensor_(tensor), replicas_(job.dp),
+      data_(data), tied_(tied), tensor_(tensor), expert_data_(expert_data), expert_parallel_(job.ep > 1),
+      routed_experts_(routed_expert_tensors(job.layout, place.device)), replicas_(job.dp),
       owned_(job.owned_part(place)),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)), training_(job.training), tensor_stages_(tensor_stages(layout_, rank_)),
@@ -274,7 +276,14 @@ void OpInterpreter::start(InFlight& f) {
     case OpKind::Broadcast:
     case OpKind::Reduce: return start_collective(f, graph_.group_of(f.id));
     case OpKind::DpAllReduce: return start_data_parallel(f, graph_.group_of(f.id));
-    case OpKind::AllToAll: throw OpError("expert-parallel all-to-alls do not run here (pipesim run refuses MoE models)");
+    case OpKind::AllToAll: {
+      // The MoE layers exchange their tokens inside F, B and R, between router and experts, through
+      // the expert-parallel group (cpu/moe.h): the pass this op follows has moved them already.
+      if (graph_.group_of(f.id).data != CollectiveData::ExpertTokens)
+        throw OpError("an all-to-all that moves no expert tokens");
+      f.request = std::make_unique<AllOf>(std::vector<std::unique_ptr<Request>>{});
+      return;
+    }
     case OpKind::F:
     case OpKind::B:
     case OpKind::W:
@@ -324,7 +333,7 @@ void OpInterpreter::start_collective(InFlight& f, const CollectiveGroup& group) 
     case CollectiveData::Gradients:
     case CollectiveData::GradientShards:
     case CollectiveData::Parameters: throw OpError("a data-parallel collective on a pipeline lane");
-    case CollectiveData::ExpertTokens: throw OpError("an expert-parallel all-to-all (pipesim run refuses MoE models)");
+    case CollectiveData::ExpertTokens: throw OpError("an expert-parallel all-to-all on a pipeline lane");
   }
 }
 
@@ -346,9 +355,18 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
     const Buffer& b = tensors[i];
     if (b.count == 0 || !moved_by(i, t.stage, weights)) continue;
     if (group.data == CollectiveData::Gradients) {  // in place, whole
+      // Under expert parallelism a routed experts' map sums over the replicas that hold the same
+      // experts only (their gradient already has every replica's tokens that chose them): on the same
+      // lane number of the expert data-parallel group, or, when this replica alone holds them, not at all.
+      if (expert_parallel_ && routed_experts_.at(i)) {
+        if (expert_data_) parts.push_back(expert_data_->lane(t.lane).all_reduce(b, ReduceOp::Sum));
+        continue;
+      }
       parts.push_back(lane.all_reduce(b, ReduceOp::Sum));
       continue;
     }
+    if (expert_parallel_ && routed_experts_.at(i))
+      throw OpError("ZeRO over the expert data-parallel group is not run (pipesim run refuses training.zero_stage > 0 with parallel.ep > 1)");
     // Reduce-scatter and all-gather move equal blocks: every tensor is padded to replicas × block.
     const std::size_t block = owned_.block(b.count), first = owned_.begin(b.count), owned = owned_.end(b.count) - first;
     const Tensor whole(b.data, b.count, b.dtype, nullptr);  // a view: the backend keeps the tensor

@@ -18,9 +18,12 @@ class OpInterpreter final : public OpRunner {
   /// `comm` joins the rank's pipeline (its rank there is place.device); `data` its data-parallel
   /// group, when the job has replicas; `tied` the first and the last stage's devices of its pipeline,
   /// when the graph sums a tied embedding's gradient between them and this rank is one of the two;
-  /// `tensor` its tensor-parallel group, when the job has one (the backend's layers use it too).
+  /// `tensor` its tensor-parallel group, when the job has one (the backend's layers use it too);
+  /// `expert_data` under expert parallelism the replicas that hold the same routed experts, when
+  /// there are more than one (null: the experts' gradients are this rank's alone).
   OpInterpreter(const Job& job, const RankPlace& place, Transport& comm, Transport* data, Transport* tied,
-                TensorParallel* tensor, Backend& backend, const OptimizerSettings& optimizer);
+                TensorParallel* tensor, Backend& backend, const OptimizerSettings& optimizer,
+                Transport* expert_data = nullptr);
 
   void compute(TaskId id, DeviceClock& clock, std::vector<MarkSpan>& vocab_parts) override;
   void start(InFlight& f) override;
@@ -101,6 +104,10 @@ class OpInterpreter final : public OpRunner {
   Transport* const data_;     ///< the data-parallel group; null with one replica
   Transport* const tied_;     ///< the first and last stage's devices, for a tied embedding; or null
   TensorParallel* const tensor_;  ///< the tensor-parallel group; null without one
+  Transport* const expert_data_;  ///< the replicas holding this rank's routed experts; null when it alone does
+  const bool expert_parallel_;  ///< whether the routed experts are split over replicas (job.ep > 1)
+  /// For each tensor of the backend's parameter_buffers, whether it is a routed experts' map.
+  const std::vector<bool> routed_experts_;
   const int replicas_;
   const OwnedPart owned_;     ///< what this replica's optimizer updates (ZeRO); all of every tensor otherwise
   const int last_device_, last_stage_;

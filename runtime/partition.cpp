@@ -34,6 +34,14 @@ std::vector<int> tensor_stages(const Layout& layout, int device) {
   return stages;
 }
 
+std::vector<bool> routed_expert_tensors(const Layout& layout, int device) {
+  const std::vector<int> stages = tensor_stages(layout, device);
+  const std::size_t per_layer = cpu::Layer{}.tensors().size(), layer_tensors = stages.size() - 4;  // then the vocabulary's four
+  std::vector<bool> routed(stages.size(), false);
+  for (std::size_t i = 0; i < layer_tensors; ++i) routed[i] = cpu::routed_expert_tensor(i % per_layer);
+  return routed;
+}
+
 std::size_t RankParams::count() const {
   std::size_t count = embedding.size() + head.size() + final_gain.size() + final_bias.size();
   for (const auto& [index, layer] : layers)
@@ -80,7 +88,7 @@ ModelShape model_shape(const Config& c) {
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
   const int rank = part.device;
   RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
-              .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
+              .ep_rank = part.ep_rank, .ep = part.ep, .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;
@@ -90,7 +98,8 @@ RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const R
   for (const VirtualStage& stage : layout.stages) {
     if (stage.device != rank) continue;
     for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
-      m.params.layers.emplace(l, cpu::split_layer(shape, cpu::make_layer(shape, seed, l), part.tp_rank, part.tp));
+      m.params.layers.emplace(l, cpu::expert_part(shape, cpu::split_layer(shape, cpu::make_layer(shape, seed, l), part.tp_rank, part.tp),
+                                                  part.ep_rank, part.ep));
     if (stage.has_embedding) m.params.embedding = cpu::embedding_rows(shape, seed, 0, shape.vocab);
     if (stage.has_head) m.params.head = cpu::head_rows(shape, seed, 0, shape.vocab);
   }
@@ -156,6 +165,10 @@ constexpr std::size_t kEmbedding = 0, kHead = 1, kFinalGain = 2, kFinalBias = 3,
 std::size_t layer_tensor(int layer, std::size_t t) { return kFirstLayer + layer_tensor_count() * std::size_t(layer) + t; }
 }  // namespace
 
+bool routed_expert_model_tensor(std::size_t index) {
+  return index >= kFirstLayer && cpu::routed_expert_tensor((index - kFirstLayer) % layer_tensor_count());
+}
+
 std::vector<std::string> tensor_names(const ModelShape& shape) {
   std::vector<std::string> names{"embedding", "head", "final_norm.gain", "final_norm.bias"};
   const std::vector<std::string> layer = cpu::layer_tensor_names();
@@ -197,8 +210,11 @@ std::vector<HostGradient> host_gradients(const RankModel& m) {
   const std::vector<std::vector<std::size_t>> split = cpu::split_elements(m.shape, m.tp_rank, m.tp);
   for (const auto& [index, layer] : m.grads.layers) {
     const auto tensors = layer.tensors();
-    for (std::size_t t = 0; t < tensors.size(); ++t)
-      add(layer_tensor(index, t), 0, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{});
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      // This rank's routed experts are one block of each stacked map: the ep_rank-th.
+      const std::size_t offset = cpu::routed_expert_tensor(t) ? std::size_t(m.ep_rank) * tensors[t]->size() : 0;
+      add(layer_tensor(index, t), offset, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{});
+    }
   }
   return grads;
 }

@@ -30,6 +30,8 @@ struct RankModel {
   cpu::VocabShard shard;  ///< rows of `embedding`/`head` (the whole vocabulary in baseline)
   OwnedPart owned;        ///< what this rank's optimizer updates (and keeps moments of)
   int tp_rank = 0, tp = 1;  ///< its part of each layer (cpu::split_layer); the rest is whole on every rank
+  /// Its expert-parallel rank and group: the routed experts of each MoE layer it holds (cpu::expert_part).
+  int ep_rank = 0, ep = 1;
   /// Tied embeddings, both on this rank: the LM head is `embedding` (and its gradient the
   /// embedding's), and `head` holds nothing.
   bool tied = false;
@@ -64,8 +66,16 @@ struct RankPart {
   int device = 0;
   int tp_rank = 0, tp = 1;
   OwnedPart owned;
+  int ep_rank = 0, ep = 1;  ///< under expert parallelism, which routed experts it holds
 };
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed);
+
+/// For each of tensors_of's tensors on pipeline device `device`, in its order, whether it is a MoE
+/// layer's routed experts' map (cpu::routed_expert_tensor): under expert parallelism, summed over
+/// the expert data-parallel group only.
+std::vector<bool> routed_expert_tensors(const Layout& layout, int device);
+/// Whether tensor `index` of tensor_names is a layer's routed experts' map.
+bool routed_expert_model_tensor(std::size_t index);
 
 /// Names of the model's tensors: embedding, head, final norm's gain and bias, then each layer's
 /// (cpu::Layer::tensors' order). HostGradient::tensor indexes this list.
@@ -73,7 +83,8 @@ std::vector<std::string> tensor_names(const ModelShape& shape);
 /// Tensor `index` of tensor_names in a whole model.
 std::span<const float> model_tensor(const cpu::Model& model, std::size_t index);
 /// The gradients `model` holds (of the owned part of each tensor), as Backend::gradients returns them;
-/// what every tensor-parallel rank holds whole, from rank 0 only.
+/// what every tensor-parallel rank holds whole, from rank 0 only; under expert parallelism the
+/// routed experts' maps as the block of the whole tensor that its experts are.
 std::vector<HostGradient> host_gradients(const RankModel& model);
 
 }  // namespace pipesim::runtime

@@ -1,10 +1,12 @@
-// Mixture-of-experts layers in the CPU runtime (runtime/cpu/moe.h) without expert parallelism:
-// configs/moe-tiny.json -- a dense first layer, then routed and shared SwiGLU experts -- trains like
-// a single device under every schedule and vocabulary mode, with data parallelism, ZeRO and
-// recomputation; what the runtime does not run is refused by the field that asks for it.
+// Mixture-of-experts layers in the CPU runtime (runtime/cpu/moe.h): configs/moe-tiny.json -- a dense
+// first layer, then routed and shared SwiGLU experts -- trains like a single device under every
+// schedule and vocabulary mode, with data parallelism, ZeRO and recomputation, and with expert
+// parallelism over the replicas; what the runtime does not run is refused by the field that asks
+// for it.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -86,6 +88,46 @@ TEST_CASE("a mixture-of-experts model with data parallelism, ZeRO 1 and full rec
                               fmt::format("{} / {} / {}", fmt::join(set, " "), schedule, vocab));
 }
 
+TEST_CASE("expert parallelism over the replicas trains like a single device under every schedule and vocabulary mode") {
+  // ep = dp = 2: each replica holds 2 of the 4 experts, and their gradients are its alone.
+  const Config config = moe_tiny({"parallel.dp=2", "parallel.ep=2"});
+  for (const std::string& schedule : schedule_names())
+    for (const std::string& vocab : vocab_mode_names())
+      check_matches_reference(plan_for(config, schedule, vocab), "ep 2 / " + schedule + " / " + vocab);
+}
+
+TEST_CASE("expert parallelism with an expert data-parallel group, one expert a rank, and recomputation") {
+  for (const std::vector<std::string>& set :
+       {std::vector<std::string>{"parallel.dp=4", "parallel.ep=2"},  // replicas 0 and 2 (1 and 3) sum their experts'
+        {"parallel.dp=4", "parallel.ep=4"},
+        {"parallel.dp=2", "parallel.ep=2", "training.recompute_granularity=full", "training.recompute_num_layers=1"}})
+    for (const auto& [schedule, vocab] : {std::pair{"1f1b", "vocab-1"}, {"zb-v", "baseline"}})
+      check_matches_reference(plan_for(moe_tiny(set), schedule, vocab),
+                              fmt::format("{} / {} / {}", fmt::join(set, " "), schedule, vocab));
+}
+
+TEST_CASE("an expert-parallel rank holds its share of each MoE layer's routed experts, the rest whole") {
+  const Config config = moe_tiny({"parallel.dp=2", "parallel.ep=2"});
+  const runtime::ModelShape s = runtime::model_shape(config);
+  const Plan plan = plan_for(config, "1f1b", "baseline");
+  const runtime::RankModel whole = runtime::make_rank_model(s, plan.layout, {.device = 1, .tp_rank = 0, .tp = 1, .owned = {}}, 3);
+  for (int ep_rank = 0; ep_rank < 2; ++ep_rank) {
+    const runtime::RankModel part = runtime::make_rank_model(s, plan.layout, {.device = 1, .tp_rank = 0, .tp = 1, .owned = {}, .ep_rank = ep_rank, .ep = 2},
+                                                                3);
+    for (const auto& [index, layer] : part.params.layers) {
+      CAPTURE(ep_rank, index);
+      const cpu::Layer& all = whole.params.layers.at(index);
+      CHECK(layer.router_weight == all.router_weight);
+      CHECK(layer.shared_fc1_weight == all.shared_fc1_weight);
+      const std::size_t block = all.expert_fc1_weight.size() / 2;
+      REQUIRE(layer.expert_fc1_weight.size() == block);
+      CHECK(std::equal(layer.expert_fc1_weight.begin(), layer.expert_fc1_weight.end(),
+                       all.expert_fc1_weight.begin() + std::ptrdiff_t(std::size_t(ep_rank) * block)));
+      CHECK(layer.expert_fc2_weight.size() == all.expert_fc2_weight.size() / 2);
+    }
+  }
+}
+
 TEST_CASE("mixture-of-experts runs refuse, by the field, what the runtime does not run") {
   const auto refusal = [](const std::vector<std::string>& set, runtime::BackendKind backend = runtime::BackendKind::Cpu) {
     runtime::RunOptions o = options();
@@ -95,7 +137,9 @@ TEST_CASE("mixture-of-experts runs refuse, by the field, what the runtime does n
     return s.error().message;
   };
   using Catch::Matchers::Contains;
-  CHECK_THAT(refusal({"parallel.dp=2", "parallel.ep=2"}), Contains("parallel.ep:") && Contains("set parallel.ep to 1"));
+  CHECK_THAT(refusal({"parallel.dp=2", "parallel.ep=2", "training.zero_stage=1"}),
+             Contains("training.zero_stage:") && Contains("expert data-parallel group"));
+  CHECK_THAT(refusal({"parallel.dp=2", "parallel.ep=2", "parallel.tp=2", "parallel.etp=1"}), Contains("parallel.tp:"));
   CHECK_THAT(refusal({"parallel.tp=2"}), Contains("parallel.etp:") && Contains("defaults to parallel.tp"));
   CHECK_THAT(refusal({"parallel.tp=2", "parallel.etp=1"}), Contains("parallel.tp:") && Contains("set parallel.tp to 1"));
   CHECK_THAT(refusal({}, runtime::BackendKind::Cuda),

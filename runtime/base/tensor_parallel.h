@@ -2,6 +2,10 @@
 /// A tensor-parallel group as a layer's math sees it: the one interface both backends' layers call,
 /// the CPU model's (cpu/model.h) on host buffers and the CUDA backend's on device buffers. The
 /// executor implements it over the group's transport (executor.cpp).
+#include <cstddef>
+#include <span>
+#include <vector>
+
 #include "buffer.h"
 
 namespace pipesim::runtime {
@@ -34,6 +38,25 @@ class TensorParallel {
   virtual void all_gather(Buffer part, Buffer whole) = 0;
   /// part = block rank() of `whole` summed over the group.
   virtual void reduce_scatter(Buffer whole, Buffer part) = 0;
+};
+
+/// An expert-parallel group as a mixture-of-experts layer sees it (cpu/moe.h): the ranks that split
+/// the layer's routed experts, each holding size() consecutive experts' share (rank r the r-th). Each
+/// rank routes its own tokens; the layer sends each routed copy to the rank that holds its expert
+/// and the expert's output back (dispatch and combine), in its forward and backward, through
+/// all_to_all. The executor implements it over the group's transport (executor.cpp). Host fp32
+/// buffers (the CPU backend's layers); blocking, held to the run's timeout; only the rank's compute
+/// thread calls it, in the same order on every rank of the group (they are data-parallel replicas
+/// of one stage, which run the same ops in the same order).
+class ExpertParallel {
+ public:
+  virtual ~ExpertParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Variable all-to-all: `send` holds size() blocks one after the other, block d (counts[d] values)
+  /// for rank d. Returns the blocks every rank sent this one, in rank order; `received` gets their sizes.
+  virtual std::vector<float> all_to_all(std::span<const float> send, std::span<const std::size_t> counts,
+                                        std::vector<std::size_t>& received) = 0;
 };
 
 }  // namespace pipesim::runtime

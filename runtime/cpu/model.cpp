@@ -298,7 +298,7 @@ std::vector<float> sum_input_gradient(TensorParallel* tp, std::vector<float>& pa
 }  // namespace
 
 void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c,
-                   TensorParallel* tp) {
+                   TensorParallel* tp, ExpertParallel* ep) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
   const LayerPart part(s, ranks_of(tp));
@@ -323,7 +323,7 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
   if (w.moe()) {
     require_whole_moe(tp);
     c.fc1.clear(), c.gelu.clear();
-    moe_forward(s, moe_weights(w), c.ln2, y, c.moe);
+    moe_forward(s, moe_weights(w), c.ln2, y, c.moe, ep);
     std::vector<float> none;
     return finish_row_split(nullptr, none, w.fc2_bias, c.middle, y);  // the second residual
   }
@@ -336,7 +336,7 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
                     std::span<float> dx, Layer& g, DeferredWeightGrad* deferred, TensorParallel* tp,
-                    float aux_loss_weight) {
+                    float aux_loss_weight, ExpertParallel* ep) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
   const LayerPart part(s, ranks_of(tp));
@@ -351,7 +351,7 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   if (w.moe()) {
     require_whole_moe(tp);
     moe_backward(s, moe_weights(w), c.ln2, c.moe, dy_whole, dln2_partial, moe_gradients(g),
-                 deferred ? &deferred->moe : nullptr, aux_loss_weight);
+                 deferred ? &deferred->moe : nullptr, aux_loss_weight, ep);
   } else {
     std::vector<float> dgelu(std::size_t(n) * part.ffn, 0.0f), dfc1(std::size_t(n) * part.fc1, 0.0f);
     linear_backward(c.gelu, w.fc2_weight, dy_whole, dgelu, g.fc2_weight, g.fc2_bias, n, part.ffn, h,
@@ -431,6 +431,27 @@ Layer split_layer(const ModelShape& s, const Layer& whole, int rank, int ranks) 
     for (const std::size_t e : elements[t]) to[t]->push_back((*from[t])[e]);
   }
   return part;
+}
+
+Layer expert_part(const ModelShape& s, const Layer& whole, int rank, int ranks) {
+  if (ranks == 1 || !whole.moe()) return whole;
+  if (s.experts % ranks != 0 || rank < 0 || rank >= ranks)
+    throw std::invalid_argument("an expert-parallel group must split the experts evenly (parallel.ep)");
+  Layer part = whole;
+  const std::size_t local = std::size_t(s.experts / ranks);
+  // Stacked expert by expert: this rank's experts are one block of each map.
+  for (std::vector<float>* t : {&part.expert_fc1_weight, &part.expert_fc2_weight}) {
+    const std::size_t block = t->size() / std::size_t(s.experts) * local;
+    *t = std::vector<float>(t->begin() + std::ptrdiff_t(std::size_t(rank) * block),
+                            t->begin() + std::ptrdiff_t(std::size_t(rank + 1) * block));
+  }
+  return part;
+}
+
+bool routed_expert_tensor(std::size_t index) {
+  if (index >= std::size(kNamedTensors)) return false;
+  const std::vector<float> Layer::*member = kNamedTensors[index].member;
+  return member == &Layer::expert_fc1_weight || member == &Layer::expert_fc2_weight;
 }
 
 Model make_model(const ModelShape& s, std::uint64_t seed) {

@@ -72,14 +72,23 @@ void sum_partial_gradients(Layer& grad, TensorParallel& tp);
 /// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads and ffn divisible by ranks). A
 /// mixture-of-experts layer runs whole on one rank: more ranks are refused (std::invalid_argument).
 Layer split_layer(const ModelShape& shape, const Layer& whole, int rank, int ranks);
+/// Rank `rank` of an expert-parallel group of `ranks`' part of a whole mixture-of-experts layer: the
+/// routed experts [rank·E/ranks, (rank + 1)·E/ranks) of its two stacked expert maps, everything else
+/// whole. A dense layer, or one rank, is returned whole.
+Layer expert_part(const ModelShape& shape, const Layer& whole, int rank, int ranks);
+/// Whether tensor `index` of Layer::tensors() is one of the routed experts' maps: what an
+/// expert-parallel group splits and the expert data-parallel group, not every replica, reduces.
+bool routed_expert_tensor(std::size_t index);
 /// For each tensor of Layer::tensors() (its order), which elements of the whole tensor rank `rank` of
 /// `ranks` holds, in the order its part holds them; empty where it holds the whole tensor.
 std::vector<std::vector<std::size_t>> split_elements(const ModelShape& shape, int rank, int ranks);
 /// Zero-filled, the shapes of make_layer's layer `index`: a gradient accumulator.
 Layer zero_layer(const ModelShape& shape, int index = 0);
 /// With `tp`, `w` is this rank's part of the layer (split_layer) and x and y have layer_rows rows.
+/// With `ep`, a mixture-of-experts layer's `w` holds this rank's routed experts only (expert_part)
+/// and its tokens go to the group's ranks and back (moe.h).
 void layer_forward(const ModelShape& shape, const Layer& w, std::span<const float> x, std::span<float> y,
-                   LayerCache& cache, TensorParallel* tp = nullptr);
+                   LayerCache& cache, TensorParallel* tp = nullptr, ExpertParallel* ep = nullptr);
 /// What a layer's weight-gradient pass needs when it runs apart from the input-gradient pass (a W op
 /// split off B): the input and output gradient of each of the four linear maps (a mixture-of-experts
 /// layer's MLP keeps its maps' in `moe`).
@@ -95,7 +104,7 @@ struct DeferredWeightGrad {
 /// loss (1 for one microbatch alone).
 void layer_backward(const ModelShape& shape, const Layer& w, const LayerCache& cache, std::span<const float> dy,
                     std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr, TensorParallel* tp = nullptr,
-                    float aux_loss_weight = 1.0f);
+                    float aux_loss_weight = 1.0f, ExpertParallel* ep = nullptr);
 /// The weight gradients layer_backward deferred; `ranks`: the tensor-parallel group's size.
 void layer_weight_backward(const ModelShape& shape, const LayerCache& cache, const DeferredWeightGrad& deferred,
                            Layer& grad, int ranks = 1);

@@ -13,22 +13,28 @@ namespace {
 
 using runtime::ModelShape;
 
-/// The sizes of one MoE MLP, checked once.
+/// The sizes of one MoE MLP, checked once; `ranks` of an expert-parallel group, each `local` experts.
 struct Sizes {
-  int n, h, experts, k, f, fs;
-  explicit Sizes(const ModelShape& s)
-      : n(s.tokens()), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn), fs(s.shared_expert_ffn) {
+  int n, h, experts, k, f, fs, ranks, local;
+  explicit Sizes(const ModelShape& s, int ranks = 1)
+      : n(s.tokens()), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn), fs(s.shared_expert_ffn),
+        ranks(ranks), local(ranks > 0 ? s.experts / ranks : 0) {
     if (experts < 1 || k < 1 || k > experts || f < 1)
       throw std::invalid_argument("a mixture-of-experts layer needs 1 <= router top-k <= experts and an expert width");
+    if (ranks < 1 || experts % ranks != 0)
+      throw std::invalid_argument("an expert-parallel group must split the experts evenly (parallel.ep)");
   }
   std::size_t copies() const { return std::size_t(n) * std::size_t(k); }
-  /// Expert e's block of a tensor of `width` floats per routed copy (rows first_row[e] ..).
+  int rows_in(const MoeCache& c, int e) const { return c.first_row[std::size_t(e) + 1] - c.first_row[std::size_t(e)]; }
+  /// This rank's expert e's block of a tensor of `width` floats per row its experts ran.
   template <class T>
-  std::span<T> rows_of(std::span<T> all, const MoeCache& c, int e, int width) const {
-    const std::size_t first = std::size_t(c.first_row[std::size_t(e)]), count = std::size_t(rows_in(c, e));
+  std::span<T> expert_rows(std::span<T> all, const MoeCache& c, int e, int width) const {
+    const std::size_t first = std::size_t(c.expert_first_row[std::size_t(e)]), count = std::size_t(expert_rows_in(c, e));
     return all.subspan(first * std::size_t(width), count * std::size_t(width));
   }
-  int rows_in(const MoeCache& c, int e) const { return c.first_row[std::size_t(e) + 1] - c.first_row[std::size_t(e)]; }
+  int expert_rows_in(const MoeCache& c, int e) const {
+    return c.expert_first_row[std::size_t(e) + 1] - c.expert_first_row[std::size_t(e)];
+  }
   /// Expert e's block of the stacked weights of one map (in × out each).
   template <class T>
   std::span<T> weights_of(std::span<T> all, int e, int in, int out) const {
@@ -135,12 +141,80 @@ std::vector<float> router_gradient(const ModelShape& s, const Sizes& z, const Mo
   return dlogits;
 }
 
+/// Rows dispatch sends each rank of the group: its experts' blocks of the routed copies (consecutive
+/// in expert order, as its experts are).
+std::vector<int> dispatch_rows(const Sizes& z, const MoeCache& c) {
+  std::vector<int> rows;
+  for (int r = 0; r < z.ranks; ++r)
+    rows.push_back(c.first_row[std::size_t((r + 1) * z.local)] - c.first_row[std::size_t(r * z.local)]);
+  return rows;
+}
+
+/// Rows combine sends each rank back: what it dispatched here.
+std::vector<int> combine_rows(const Sizes& z, const MoeCache& c) {
+  std::vector<int> rows(std::size_t(z.ranks), 0);
+  for (int r = 0; r < z.ranks; ++r)
+    for (int e = 0; e < z.local; ++e) rows[std::size_t(r)] += c.received[std::size_t(r * z.local + e)];
+  return rows;
+}
+
+/// Sends block r of `data` (rows[r] rows of `width` floats) to rank r of the group and returns what
+/// every rank sent this one, in rank order; without a group, `data` itself.
+std::vector<float> exchange(ExpertParallel* ep, std::vector<float> data, const std::vector<int>& rows, int width) {
+  if (!ep) return data;
+  std::vector<std::size_t> counts, received;
+  for (const int r : rows) counts.push_back(std::size_t(r) * std::size_t(width));
+  return ep->all_to_all(data, counts, received);
+}
+
+/// The rows of this rank's experts in the order an exchange delivers them (by source rank, each
+/// source's rows expert by expert) or in expert order (by expert, sources in rank order: one block
+/// per expert for its GEMMs); `to_experts` says which way. The identity with one source.
+std::vector<float> regroup(const Sizes& z, const MoeCache& c, std::span<const float> in, int width, bool to_experts) {
+  const std::size_t blocks = c.received.size(), w = std::size_t(width);
+  std::vector<std::size_t> by_source(blocks), by_expert(blocks);
+  std::size_t at = 0;
+  for (std::size_t b = 0; b < blocks; ++b) by_source[b] = at, at += std::size_t(c.received[b]);
+  at = 0;
+  for (int e = 0; e < z.local; ++e)
+    for (int r = 0; r < z.ranks; ++r) {
+      const std::size_t b = std::size_t(r * z.local + e);
+      by_expert[b] = at, at += std::size_t(c.received[b]);
+    }
+  std::vector<float> out(in.size());
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t from = to_experts ? by_source[b] : by_expert[b], to = to_experts ? by_expert[b] : by_source[b];
+    std::copy_n(in.begin() + std::ptrdiff_t(from * w), std::size_t(c.received[b]) * w, out.begin() + std::ptrdiff_t(to * w));
+  }
+  return out;
+}
+
+/// How many rows each rank sends each of this rank's experts (the counts go first, so that the rows'
+/// exchange knows its sizes), and where each expert's block starts.
+void exchange_counts(const Sizes& z, ExpertParallel* ep, MoeCache& c) {
+  std::vector<float> counts;  // exact: a block's rows are far below 2^24
+  for (int e = 0; e < z.experts; ++e) counts.push_back(float(z.rows_in(c, e)));
+  if (ep) {
+    std::vector<std::size_t> sizes(std::size_t(z.ranks), std::size_t(z.local)), received;
+    counts = ep->all_to_all(counts, sizes, received);
+  }
+  c.received.assign(counts.size(), 0);
+  for (std::size_t b = 0; b < counts.size(); ++b) c.received[b] = int(counts[b]);
+  c.expert_first_row.assign(std::size_t(z.local) + 1, 0);
+  for (int e = 0; e < z.local; ++e) {
+    int rows = 0;
+    for (int r = 0; r < z.ranks; ++r) rows += c.received[std::size_t(r * z.local + e)];
+    c.expert_first_row[std::size_t(e) + 1] = c.expert_first_row[std::size_t(e)] + rows;
+  }
+}
+
 }  // namespace
 
 std::size_t MoeCache::bytes() const {
   std::size_t floats = probs.size() + gates.size() + permuted.size() + fc1.size() + act.size() + out.size() +
                        shared_fc1.size() + shared_act.size();
-  return floats * sizeof(float) + (chosen.size() + rows.size() + first_row.size()) * sizeof(int);
+  return floats * sizeof(float) +
+         (chosen.size() + rows.size() + first_row.size() + received.size() + expert_first_row.size()) * sizeof(int);
 }
 
 std::size_t MoeDeferred::bytes() const {
@@ -148,8 +222,9 @@ std::size_t MoeDeferred::bytes() const {
          sizeof(float);
 }
 
-void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, std::span<float> y, MoeCache& c) {
-  const Sizes z(s);
+void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, std::span<float> y, MoeCache& c,
+                 ExpertParallel* ep) {
+  const Sizes z(s, ep ? ep->size() : 1);
   const std::size_t h = std::size_t(z.h);
   std::vector<float> logits(std::size_t(z.n) * z.experts);
   matmul(x, w.router, logits, z.n, z.h, z.experts);
@@ -159,21 +234,28 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
   permute(z, c);
   c.aux_loss = load_balancing_loss(s, z, c);
 
-  c.permuted.resize(z.copies() * h);
+  std::vector<float> routed(z.copies() * h);  // x's row of each routed copy, in expert order
   for (std::size_t r = 0; r < z.copies(); ++r) {
     const std::size_t token = std::size_t(c.rows[r]) / std::size_t(z.k);
-    std::copy_n(x.begin() + std::ptrdiff_t(token * h), h, c.permuted.begin() + std::ptrdiff_t(r * h));
+    std::copy_n(x.begin() + std::ptrdiff_t(token * h), h, routed.begin() + std::ptrdiff_t(r * h));
   }
-  c.fc1.resize(z.copies() * 2 * std::size_t(z.f)), c.act.resize(z.copies() * std::size_t(z.f)), c.out.resize(z.copies() * h);
-  for (int e = 0; e < z.experts; ++e) {
-    const int m = z.rows_in(c, e);
+  // Dispatch: each routed copy to its expert's rank.
+  exchange_counts(z, ep, c);
+  c.permuted = regroup(z, c, exchange(ep, std::move(routed), dispatch_rows(z, c), z.h), z.h, true);
+  const std::size_t mine = std::size_t(c.expert_first_row.back());
+  c.fc1.resize(mine * 2 * std::size_t(z.f)), c.act.resize(mine * std::size_t(z.f));
+  std::vector<float> out(mine * h);
+  for (int e = 0; e < z.local; ++e) {
+    const int m = z.expert_rows_in(c, e);
     if (m == 0) continue;  // no tokens: nothing to run
-    const std::span<float> fc1 = z.rows_of(view(c.fc1), c, e, 2 * z.f), act = z.rows_of(view(c.act), c, e, z.f);
-    matmul(z.rows_of(view(std::as_const(c.permuted)), c, e, z.h), z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), fc1, m,
+    const std::span<float> fc1 = z.expert_rows(view(c.fc1), c, e, 2 * z.f), act = z.expert_rows(view(c.act), c, e, z.f);
+    matmul(z.expert_rows(view(std::as_const(c.permuted)), c, e, z.h), z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), fc1, m,
            z.h, 2 * z.f);
     swiglu_forward(fc1, act, m, z.f);
-    matmul(act, z.weights_of(w.expert_fc2, e, z.f, z.h), z.rows_of(view(c.out), c, e, z.h), m, z.f, z.h);
+    matmul(act, z.weights_of(w.expert_fc2, e, z.f, z.h), z.expert_rows(view(out), c, e, z.h), m, z.f, z.h);
   }
+  // Combine: each output back to the rank of its token, which holds them in expert order.
+  c.out = exchange(ep, regroup(z, c, out, z.h, false), combine_rows(z, c), z.h);
   // Each token's copies summed in its own order (best first), whatever expert order put them in.
   const std::vector<int> at = positions(c);
   std::fill(y.begin(), y.end(), 0.0f);
@@ -192,8 +274,8 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
 
 void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, const MoeCache& c,
                   std::span<const float> dy, std::span<float> dx, const MoeGradients& g, MoeDeferred* deferred,
-                  float aux_loss_weight) {
-  const Sizes z(s);
+                  float aux_loss_weight, ExpertParallel* ep) {
+  const Sizes z(s, ep ? ep->size() : 1);
   const std::size_t h = std::size_t(z.h);
   // Combine's backward: each copy's output gradient is its gate times its token's, and each gate's
   // gradient the dot product of its token's output gradient with the copy's output.
@@ -209,17 +291,23 @@ void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const floa
     }
     dgates[copy] = dot;
   }
-  std::vector<float> dact(z.copies() * std::size_t(z.f), 0.0f), dfc1(z.copies() * 2 * std::size_t(z.f), 0.0f),
-      dpermuted(z.copies() * h, 0.0f);
-  for (int e = 0; e < z.experts; ++e) {
-    const int m = z.rows_in(c, e);
+  // The output gradients to the experts' ranks, as dispatch sent the rows.
+  std::vector<float> dout_mine = regroup(z, c, exchange(ep, std::move(dout), dispatch_rows(z, c), z.h), z.h, true);
+  const std::size_t mine = std::size_t(c.expert_first_row.back());
+  std::vector<float> dact(mine * std::size_t(z.f), 0.0f), dfc1(mine * 2 * std::size_t(z.f), 0.0f),
+      dpermuted_mine(mine * h, 0.0f);
+  for (int e = 0; e < z.local; ++e) {
+    const int m = z.expert_rows_in(c, e);
     if (m == 0) continue;
-    const std::span<const float> dout_e = z.rows_of(view(std::as_const(dout)), c, e, z.h);
-    const std::span<float> dact_e = z.rows_of(view(dact), c, e, z.f), dfc1_e = z.rows_of(view(dfc1), c, e, 2 * z.f);
+    const std::span<const float> dout_e = z.expert_rows(view(std::as_const(dout_mine)), c, e, z.h);
+    const std::span<float> dact_e = z.expert_rows(view(dact), c, e, z.f), dfc1_e = z.expert_rows(view(dfc1), c, e, 2 * z.f);
     matmul_bt(dout_e, z.weights_of(w.expert_fc2, e, z.f, z.h), dact_e, m, z.h, z.f);
-    swiglu_backward(z.rows_of(view(c.fc1), c, e, 2 * z.f), dact_e, dfc1_e, m, z.f);
-    matmul_bt(dfc1_e, z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), z.rows_of(view(dpermuted), c, e, z.h), m, 2 * z.f, z.h);
+    swiglu_backward(z.expert_rows(view(c.fc1), c, e, 2 * z.f), dact_e, dfc1_e, m, z.f);
+    matmul_bt(dfc1_e, z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), z.expert_rows(view(dpermuted_mine), c, e, z.h), m,
+              2 * z.f, z.h);
   }
+  // The input gradients back to the tokens' ranks, in expert order there.
+  const std::vector<float> dpermuted = exchange(ep, regroup(z, c, dpermuted_mine, z.h, false), combine_rows(z, c), z.h);
   // Un-permute: each token's copies added in its own order.
   for (std::size_t copy = 0; copy < z.copies(); ++copy) {
     const std::size_t token = copy / std::size_t(z.k), r = std::size_t(at[copy]);
@@ -237,7 +325,7 @@ void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const floa
   }
   MoeDeferred now;
   MoeDeferred& d = deferred ? *deferred : now;
-  d.router_dy = dlogits, d.expert_fc1_dy = std::move(dfc1), d.expert_fc2_dy = std::move(dout);
+  d.router_dy = dlogits, d.expert_fc1_dy = std::move(dfc1), d.expert_fc2_dy = std::move(dout_mine);
   d.shared_fc1_dy = std::move(dshared_fc1);
   if (z.fs > 0)
     d.shared_fc2_dy.assign(dy.begin(), dy.end());
@@ -248,14 +336,16 @@ void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const floa
 
 void moe_weight_backward(const ModelShape& s, std::span<const float> x, const MoeCache& c, const MoeDeferred& d,
                          const MoeGradients& g) {
-  const Sizes z(s);
+  // The forward's exchange left how many ranks sent this one rows: the group's size.
+  const int local = int(c.expert_first_row.size()) - 1;
+  const Sizes z(s, local > 0 ? s.experts / local : 1);
   matmul_at(x, d.router_dy, g.router, z.n, z.h, z.experts);
-  for (int e = 0; e < z.experts; ++e) {
-    const int m = z.rows_in(c, e);
+  for (int e = 0; e < z.local; ++e) {
+    const int m = z.expert_rows_in(c, e);
     if (m == 0) continue;
-    matmul_at(z.rows_of(view(c.permuted), c, e, z.h), z.rows_of(view(d.expert_fc1_dy), c, e, 2 * z.f),
+    matmul_at(z.expert_rows(view(c.permuted), c, e, z.h), z.expert_rows(view(d.expert_fc1_dy), c, e, 2 * z.f),
               z.weights_of(g.expert_fc1, e, z.h, 2 * z.f), m, z.h, 2 * z.f);
-    matmul_at(z.rows_of(view(c.act), c, e, z.f), z.rows_of(view(d.expert_fc2_dy), c, e, z.h),
+    matmul_at(z.expert_rows(view(c.act), c, e, z.f), z.expert_rows(view(d.expert_fc2_dy), c, e, z.h),
               z.weights_of(g.expert_fc2, e, z.f, z.h), m, z.f, z.h);
   }
   if (z.fs == 0) return;

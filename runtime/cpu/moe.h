@@ -21,15 +21,28 @@
 ///   microbatch's loss (aux_loss_weight); its value is kept, not added to the reported loss, as
 ///   Megatron-LM logs it apart from the LM loss.
 ///
+/// - Expert parallelism (with an ExpertParallel group of P ranks): the layer's routed experts are
+///   split over the group, rank r holding experts [r·E/P, (r + 1)·E/P) (its MoeWeights' expert maps
+///   hold those E/P blocks only). Each rank routes its own tokens as above; dispatch sends each
+///   routed copy to the rank of its expert (first the counts, expert by expert, then the rows), that
+///   rank runs each of its experts on the rows every rank sent it (one block per expert, sources in
+///   rank order), and combine sends the outputs back, where the gate-weighted sum happens. The
+///   backward mirrors it: the outputs' gradients are dispatched, the inputs' combined back. The
+///   weight pass needs no exchange: it reads what the expert's rank kept.
+///
 /// Deterministic: every sum runs in a fixed order, so the same inputs give the same bits however
-/// the model is partitioned over devices.
+/// the model is partitioned over devices (under expert parallelism an expert's weight gradient sums
+/// the rows of every rank's tokens in one GEMM, which fp32 rounds differently from one per rank).
 #include <cstddef>
 #include <span>
 #include <vector>
 
 #include "model_shape.h"
+#include "tensor_parallel.h"
 
 namespace pipesim::cpu {
+
+using runtime::ExpertParallel;
 
 /// The weights of one MoE MLP, as linear maps x·W: the router h × E; the experts' fused gate and up
 /// projections, E blocks of h × 2f one after the other (each row [gate | up]); their down
@@ -51,10 +64,17 @@ struct MoeCache {
   /// n·k: the routed copies in expert order, each as t·k + j (token t's j-th choice).
   std::vector<int> rows;
   std::vector<int> first_row;  ///< E + 1: where each expert's block of `rows` starts
-  std::vector<float> permuted;  ///< n·k × h: x's row of each routed copy, in expert order
-  /// Per routed copy, in expert order: the fused [gate | up] (2f), silu(gate)·up (f), the expert's
-  /// output (h).
-  std::vector<float> fc1, act, out;
+  /// The rows this rank's experts ran, by source rank then expert (P × E/P): what each rank of the
+  /// expert-parallel group sent it (without one, each expert's count of this rank's copies).
+  std::vector<int> received;
+  /// E/P + 1: where each of this rank's experts' block of `permuted`, `fc1` and `act` starts.
+  std::vector<int> expert_first_row;
+  /// Per row this rank's experts ran, expert by expert (sources in rank order within one): its input
+  /// (h), the fused [gate | up] (2f), silu(gate)·up (f). Without expert parallelism: the routed copies
+  /// in expert order.
+  std::vector<float> permuted, fc1, act;
+  /// n·k × h: the expert's output of each of this rank's routed copies, in expert order (combined back).
+  std::vector<float> out;
   std::vector<float> shared_fc1, shared_act;  ///< n × 2fs, n × fs; empty without a shared expert
   double aux_loss = 0;  ///< coeff · E · Σ f_i·P_i of this microbatch
   std::size_t bytes() const;
@@ -68,15 +88,17 @@ struct MoeDeferred {
   std::size_t bytes() const;
 };
 
-/// y (n × h) = the MoE MLP of x (n × h), overwritten.
+/// y (n × h) = the MoE MLP of x (n × h), overwritten. With `ep`, w holds this rank's experts only and
+/// the group's other ranks run the same layer at the same time (their own tokens).
 void moe_forward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x, std::span<float> y,
-                 MoeCache& cache);
+                 MoeCache& cache, ExpertParallel* ep = nullptr);
 /// dx += the gradient of x given dy, the gradient of y, and of aux_loss_weight · cache.aux_loss;
 /// adds the weight gradients into `grad`, or with `deferred` keeps what moe_weight_backward needs.
 void moe_backward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x,
                   const MoeCache& cache, std::span<const float> dy, std::span<float> dx, const MoeGradients& grad,
-                  MoeDeferred* deferred, float aux_loss_weight);
-/// The weight gradients moe_backward deferred: the same sums, so the same bits.
+                  MoeDeferred* deferred, float aux_loss_weight, ExpertParallel* ep = nullptr);
+/// The weight gradients moe_backward deferred: the same sums, so the same bits (of this rank's
+/// experts, from the rows it kept: no exchange).
 void moe_weight_backward(const runtime::ModelShape& shape, std::span<const float> x, const MoeCache& cache,
                          const MoeDeferred& deferred, const MoeGradients& grad);
 

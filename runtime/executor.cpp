@@ -95,8 +95,15 @@ class TensorParallelGroup final : public TensorParallel {
   std::function<void()> await_turn_;
 };
 
+/// The lane an expert-parallel group's exchanges take: the graph's ALLTOALL lane (ir.md), which no op
+/// the runtime issues otherwise uses. Not lane 0: at ep = dp the expert group has the data-parallel
+/// group's members, and a transport may give a group of the same members the same lanes (the
+/// in-process one does), where the DP_ALLREDUCE ops, issued from the communication thread, take
+/// lane 0 -- two threads' collectives on one lane would match across ranks in whatever order they came.
+constexpr int kExpertLane = kCollectiveLanes - 1;
+
 /// An expert-parallel group as a mixture-of-experts layer sees it (tensor_parallel.h): its variable
-/// all-to-all as two all-gathers on the group's first lane, every rank's counts and then every
+/// all-to-all as two all-gathers on kExpertLane, every rank's counts and then every
 /// rank's rows padded to the longest -- collectives every transport runs, and each rank keeps the
 /// blocks addressed to it. That moves size() times the rows a true all-to-all moves, which the CPU
 /// runtime's small models afford. Blocking and held to the run's timeout; a failure aborts the run
@@ -139,7 +146,7 @@ class ExpertParallelGroup final : public ExpertParallel {
   void gather(Buffer in, Buffer out, const char* what) {
     std::unique_ptr<Request> request;
     try {
-      request = group_->lane(0).all_gather(in, out);
+      request = group_->lane(kExpertLane).all_gather(in, out);
       wait_for(*group_, *request, timeout_s_, what);
     } catch (const CommError&) {
       throw;  // another rank aborted the run: no transfer touches the buffers any more
@@ -321,11 +328,6 @@ namespace {
 /// B and R), without tensor parallelism, dropless, SwiGLU experts. Each refusal names the field.
 Status check_experts_runnable(const Config& c, const RunOptions& options) {
   if (!c.model.has_experts()) return Status::Ok();
-  if (c.parallel.ep > 1 && c.training.zero_stage > 0)
-    return Error{fmt::format("{}: training.zero_stage: the runtime does not shard the optimizer over the expert "
-                             "data-parallel group; set training.zero_stage to 0, or parallel.ep to 1 (simulate "
-                             "models it)",
-                             c.source)};
   if (c.parallel.expert_tp() > 1)
     return Error{fmt::format("{}: parallel.etp: the runtime runs each expert whole on one rank, but its experts are "
                              "split over {} ranks (parallel.etp defaults to parallel.tp); set parallel.etp to 1 and "

@@ -51,6 +51,12 @@ struct Job {
   OwnedPart owned_part(const RankPlace& p) const {
     return sharded() ? OwnedPart{.index = p.replica, .count = dp} : OwnedPart{};
   }
+  /// Of the routed experts' maps, under ZeRO: its block among the replicas that hold the same experts
+  /// (the expert data-parallel group, Megatron-Core's expert_zero_sharding), all of them otherwise.
+  /// At ep = 1, owned_part's.
+  OwnedPart expert_owned_part(const RankPlace& p) const {
+    return sharded() ? OwnedPart{.index = p.replica / ep, .count = dp / ep} : OwnedPart{};
+  }
   /// Which share of each MoE layer's routed experts a rank at `p` holds.
   int expert_rank(const RankPlace& p) const { return p.replica % ep; }
   /// The ranks of `rank`'s expert-parallel group (its replica's block of ep consecutive replicas), or

@@ -34,7 +34,7 @@ OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& 
       optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
       data_(data), tied_(tied), tensor_(tensor), expert_data_(expert_data), expert_parallel_(job.ep > 1),
       routed_experts_(routed_expert_tensors(job.layout, place.device)), replicas_(job.dp),
-      owned_(job.owned_part(place)),
+      owned_(job.owned_part(place)), expert_owned_(job.expert_owned_part(place)),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),
       split_weight_(graph_.has(OpKind::W)), training_(job.training), tensor_stages_(tensor_stages(layout_, rank_)),
       own_gradient_ops_(std::size_t(layout_.stage_count()), false), own_weight_ops_(own_gradient_ops_) {
@@ -57,7 +57,7 @@ void OpInterpreter::drop_unowned_weights(bool gathered_per_stage) {
   for (std::size_t i = 0; i < weights.size(); ++i) {
     const Buffer& b = weights[i];
     if (gathered_per_stage && (tensor_stages_.at(i) < 0 || !own_weight_ops_[std::size_t(tensor_stages_[i])])) continue;
-    const std::size_t first = owned_.begin(b.count), last = owned_.end(b.count);
+    const std::size_t first = owned_of(i).begin(b.count), last = owned_of(i).end(b.count);
     const std::size_t dropped = std::max(first, b.count - last);
     if (dropped == 0) continue;
     auto z = std::find_if(zeros.begin(), zeros.end(), [&](const auto& x) { return x.first == b.dtype; });
@@ -343,7 +343,6 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
     throw OpError(fmt::format("the graph's data-parallel collective spans {} replicas; this run has {}", group.ranks,
                               data_ ? data_->size() : 1));
   Communicator& lane = data_->lane(t.lane);
-  const std::size_t replicas = std::size_t(data_->size());
   const bool weights = group.data == CollectiveData::Parameters;
   data_parallel_.clear();
   std::vector<std::unique_ptr<Request>> parts;
@@ -365,12 +364,18 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
       parts.push_back(lane.all_reduce(b, ReduceOp::Sum));
       continue;
     }
-    if (expert_parallel_ && routed_experts_.at(i))
-      throw OpError("ZeRO over the expert data-parallel group is not run (pipesim run refuses training.zero_stage > 0 with parallel.ep > 1)");
+    // ZeRO shards a routed experts' map over the expert data-parallel group; a replica that alone
+    // holds its experts owns all of it, and has nothing to move.
+    const bool expert = expert_parallel_ && routed_experts_.at(i);
+    if (expert && !expert_data_) continue;
+    Communicator& over = expert ? expert_data_->lane(t.lane) : lane;
+    const std::size_t replicas = std::size_t(expert ? expert_data_->size() : data_->size());
     // Reduce-scatter and all-gather move equal blocks: every tensor is padded to replicas × block.
-    const std::size_t block = owned_.block(b.count), first = owned_.begin(b.count), owned = owned_.end(b.count) - first;
+    const OwnedPart& part = owned_of(i);
+    const std::size_t block = part.block(b.count), first = part.begin(b.count), owned = part.end(b.count) - first;
     const Tensor whole(b.data, b.count, b.dtype, nullptr);  // a view: the backend keeps the tensor
-    PaddedTransfer& x = data_parallel_.emplace_back(PaddedTransfer{.tensor = b, .in = {}, .out = {}});
+    PaddedTransfer& x =
+        data_parallel_.emplace_back(PaddedTransfer{.tensor = b, .in = {}, .out = {}, .lane = &over, .owned = part});
     if (group.data == CollectiveData::GradientShards) {
       x.in = backend_.allocate(block * replicas, b.dtype), x.out = backend_.allocate(block, b.dtype);
       backend_.copy(whole, 0, x.in, 0, b.count);
@@ -381,8 +386,8 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
   }
   backend_.synchronize();  // the communicator reads what the copies wrote
   for (PaddedTransfer& x : data_parallel_)
-    parts.push_back(group.data == CollectiveData::GradientShards ? lane.reduce_scatter(x.in.view(), x.out.view(), ReduceOp::Sum)
-                                                                  : lane.all_gather(x.in.view(), x.out.view()));
+    parts.push_back(group.data == CollectiveData::GradientShards ? x.lane->reduce_scatter(x.in.view(), x.out.view(), ReduceOp::Sum)
+                                                                  : x.lane->all_gather(x.in.view(), x.out.view()));
   f.request = std::make_unique<AllOf>(std::move(parts));
 }
 
@@ -390,7 +395,7 @@ void OpInterpreter::finish_data_parallel(const CollectiveGroup& group) {
   for (PaddedTransfer& x : data_parallel_) {
     Tensor whole(x.tensor.data, x.tensor.count, x.tensor.dtype, nullptr);
     if (group.data == CollectiveData::GradientShards)  // this replica's part, summed over all
-      backend_.copy(x.out, 0, whole, owned_.begin(x.tensor.count), owned_.end(x.tensor.count) - owned_.begin(x.tensor.count));
+      backend_.copy(x.out, 0, whole, x.owned.begin(x.tensor.count), x.owned.end(x.tensor.count) - x.owned.begin(x.tensor.count));
     else  // every replica's updated part
       backend_.copy(x.out, 0, whole, 0, x.tensor.count);
   }

@@ -110,6 +110,10 @@ class OpInterpreter final : public OpRunner {
   const std::vector<bool> routed_experts_;
   const int replicas_;
   const OwnedPart owned_;     ///< what this replica's optimizer updates (ZeRO); all of every tensor otherwise
+  /// Of the routed experts' maps: its block among the replicas that hold the same experts (ZeRO).
+  const OwnedPart expert_owned_;
+  /// What this replica's optimizer updates of tensor `i` of the backend's parameter_buffers.
+  const OwnedPart& owned_of(std::size_t i) const { return routed_experts_.at(i) ? expert_owned_ : owned_; }
   const int last_device_, last_stage_;
   const bool split_weight_;  ///< whether W runs apart from B (the graph has W ops)
   const TrainingConfig training_;  ///< which layers recompute (recomputed_layers)
@@ -125,6 +129,8 @@ class OpInterpreter final : public OpRunner {
   struct PaddedTransfer {
     Buffer tensor;
     Tensor in, out;
+    Communicator* lane;  ///< the data-parallel group's, or for a routed experts' map the expert data-parallel group's
+    OwnedPart owned;     ///< this replica's part of the tensor
   };
   std::vector<PaddedTransfer> data_parallel_;
   std::atomic<double> loss_part_ = 0;  ///< the head runs on either thread

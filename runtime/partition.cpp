@@ -53,9 +53,11 @@ namespace {
 
 std::vector<float> zeros_like(const std::vector<float>& v) { return std::vector<float>(v.size(), 0.0f); }
 
-/// Zeros the size of the owned part of each of p's tensors.
-RankParams owned_zeros(RankParams p, const OwnedPart& owned) {
-  for (std::vector<float>* t : tensors_of(p)) t->assign(owned.end(t->size()) - owned.begin(t->size()), 0.0f);
+/// Zeros the size of the owned part of each of p's tensors (`owned`: tensors_of's order).
+RankParams owned_zeros(RankParams p, const std::vector<OwnedPart>& owned) {
+  const std::vector<std::vector<float>*> tensors = tensors_of(p);
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    tensors[i]->assign(owned[i].end(tensors[i]->size()) - owned[i].begin(tensors[i]->size()), 0.0f);
   return p;
 }
 
@@ -88,7 +90,7 @@ ModelShape model_shape(const Config& c) {
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
   const int rank = part.device;
   RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
-              .ep_rank = part.ep_rank, .ep = part.ep, .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
+              .ep_rank = part.ep_rank, .ep = part.ep, .expert_owned = part.expert_owned, .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;
@@ -129,24 +131,33 @@ std::size_t RankModel::state_bytes() const {
   return (params.count() + grads.count() + moment1.count() + moment2.count()) * sizeof(float);
 }
 
+std::vector<OwnedPart> RankModel::owned_parts() const {
+  std::vector<OwnedPart> parts;
+  for (const auto& [index, layer] : params.layers)
+    for (std::size_t t = 0; t < layer.tensors().size(); ++t) parts.push_back(cpu::routed_expert_tensor(t) ? expert_owned : owned);
+  parts.insert(parts.end(), 4, owned);  // the embedding, the LM head, the final norm's two
+  return parts;
+}
+
 void RankModel::optimizer_step(const OptimizerSettings& o, int step) {
   const std::vector<std::vector<float>*> w = tensors_of(params), g = tensors_of(grads);
+  const std::vector<OwnedPart> parts = owned_parts();
   const auto zero_gradients = [&] {
     for (std::vector<float>* t : g) std::fill(t->begin(), t->end(), 0.0f);
   };
   if (o.kind == OptimizerKind::Sgd) {
     for (std::size_t t = 0; t < w.size(); ++t)
-      for (std::size_t i = owned.begin(w[t]->size()); i < owned.end(w[t]->size()); ++i)
+      for (std::size_t i = parts[t].begin(w[t]->size()); i < parts[t].end(w[t]->size()); ++i)
         (*w[t])[i] -= o.learning_rate * (*g[t])[i];
     return zero_gradients();
   }
-  if (!has_moments) moment1 = owned_zeros(params, owned), moment2 = owned_zeros(params, owned), has_moments = true;
+  if (!has_moments) moment1 = owned_zeros(params, parts), moment2 = owned_zeros(params, parts), has_moments = true;
   const std::vector<std::vector<float>*> m = tensors_of(moment1), v = tensors_of(moment2);
   // Bias corrections in double, once per step (the CUDA kernel gets the same numbers).
   const auto correction1 = float(1 - std::pow(double(o.beta1), step)), correction2 = float(1 - std::pow(double(o.beta2), step));
   for (std::size_t t = 0; t < w.size(); ++t) {
-    const std::size_t first = owned.begin(w[t]->size());
-    for (std::size_t i = first; i < owned.end(w[t]->size()); ++i) {
+    const std::size_t first = parts[t].begin(w[t]->size());
+    for (std::size_t i = first; i < parts[t].end(w[t]->size()); ++i) {
       const float grad = (*g[t])[i];
       float& m1 = (*m[t])[i - first];
       float& m2 = (*v[t])[i - first];
@@ -194,9 +205,9 @@ std::vector<HostGradient> host_gradients(const RankModel& m) {
   std::vector<HostGradient> grads;
   // Elements [first, last) of what the rank holds: a range of the tensor, or of `elements` of it.
   const auto add = [&](std::size_t tensor, std::size_t offset, const std::vector<float>& values,
-                       const std::vector<std::size_t>& elements) {
+                       const std::vector<std::size_t>& elements, const OwnedPart& owned) {
     if (elements.empty() && m.tp_rank != 0) return;  // whole on every tensor-parallel rank: rank 0 reports it
-    const std::size_t first = m.owned.begin(values.size()), last = m.owned.end(values.size());
+    const std::size_t first = owned.begin(values.size()), last = owned.end(values.size());
     if (first >= last) return;
     const auto range = [&](const auto& v) { return std::vector(v.begin() + std::ptrdiff_t(first), v.begin() + std::ptrdiff_t(last)); };
     if (elements.empty())
@@ -205,15 +216,17 @@ std::vector<HostGradient> host_gradients(const RankModel& m) {
       grads.push_back({.tensor = tensor, .offset = offset, .values = range(values), .elements = range(elements)});
   };
   const std::size_t shard_offset = std::size_t(m.shard.first) * std::size_t(m.shape.hidden);
-  add(kEmbedding, shard_offset, m.grads.embedding, {}), add(kHead, shard_offset, m.grads.head, {});
-  add(kFinalGain, 0, m.grads.final_gain, {}), add(kFinalBias, 0, m.grads.final_bias, {});
+  add(kEmbedding, shard_offset, m.grads.embedding, {}, m.owned), add(kHead, shard_offset, m.grads.head, {}, m.owned);
+  add(kFinalGain, 0, m.grads.final_gain, {}, m.owned), add(kFinalBias, 0, m.grads.final_bias, {}, m.owned);
   const std::vector<std::vector<std::size_t>> split = cpu::split_elements(m.shape, m.tp_rank, m.tp);
   for (const auto& [index, layer] : m.grads.layers) {
     const auto tensors = layer.tensors();
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       // This rank's routed experts are one block of each stacked map: the ep_rank-th.
-      const std::size_t offset = cpu::routed_expert_tensor(t) ? std::size_t(m.ep_rank) * tensors[t]->size() : 0;
-      add(layer_tensor(index, t), offset, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{});
+      const bool routed = cpu::routed_expert_tensor(t);
+      const std::size_t offset = routed ? std::size_t(m.ep_rank) * tensors[t]->size() : 0;
+      add(layer_tensor(index, t), offset, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{},
+          routed ? m.expert_owned : m.owned);
     }
   }
   return grads;

@@ -32,6 +32,9 @@ struct RankModel {
   int tp_rank = 0, tp = 1;  ///< its part of each layer (cpu::split_layer); the rest is whole on every rank
   /// Its expert-parallel rank and group: the routed experts of each MoE layer it holds (cpu::expert_part).
   int ep_rank = 0, ep = 1;
+  /// Under ZeRO, what its optimizer updates of the routed experts' maps (sharded over the expert
+  /// data-parallel group); `owned` is for every other tensor.
+  OwnedPart expert_owned;
   /// Tied embeddings, both on this rank: the LM head is `embedding` (and its gradient the
   /// embedding's), and `head` holds nothing.
   bool tied = false;
@@ -45,6 +48,8 @@ struct RankModel {
   /// Update `step` (1 on the first) of the owned part of every tensor, then zeroes the gradients for
   /// the next step.
   void optimizer_step(const OptimizerSettings& settings, int step);
+  /// For each of tensors_of's tensors, the part this rank's optimizer updates.
+  std::vector<OwnedPart> owned_parts() const;
 };
 
 /// Every tensor of a rank's parameters (or of its gradients), in one fixed order: what a
@@ -67,6 +72,7 @@ struct RankPart {
   int tp_rank = 0, tp = 1;
   OwnedPart owned;
   int ep_rank = 0, ep = 1;  ///< under expert parallelism, which routed experts it holds
+  OwnedPart expert_owned = {};  ///< under ZeRO, its part of the routed experts' maps
 };
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed);
 

@@ -180,8 +180,8 @@ struct RankGroups {
   Transport& pipeline() { return own_pipeline ? *own_pipeline : world; }
 };
 
-/// Every rank makes its groups in the same order (pipeline, data, tensor, expert, expert data, tied), each waiting only
-/// for its members, so that no two ranks wait on each other's next group.
+/// Every rank makes its groups in the same order (pipeline, data, tensor, expert, expert data,
+/// tied), each waiting only for its members, so that no two ranks wait on each other's next group.
 RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
   RankGroups groups{.world = world, .own_pipeline = nullptr, .data = nullptr, .tied = nullptr, .expert_data = nullptr,
                     .tensor = nullptr, .expert = nullptr};
@@ -194,8 +194,8 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
           world.subgroup(job.group_of(rank, &RankPlace::tp_rank), GroupUse::Collectives), job.sequence_parallel,
           timeout_s, job.place(rank).device, rank_label(job, rank));
     if (job.ep > 1)
-      groups.expert = std::make_unique<ExpertParallelGroup>(world.subgroup(job.expert_group_of(rank, false), GroupUse::Collectives),
-                                                            timeout_s, rank_label(job, rank));
+      groups.expert = std::make_unique<ExpertParallelGroup>(
+          world.subgroup(job.expert_group_of(rank, false), GroupUse::Collectives), timeout_s, rank_label(job, rank));
     if (job.ep > 1 && job.dp > job.ep)
       groups.expert_data = world.subgroup(job.expert_group_of(rank, true), GroupUse::Collectives);
   }
@@ -269,7 +269,8 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
       if (checking) {
         std::vector<HostGradient> gradients = interpreter.take_gradients();
         if (!checks_gradients)
-          std::erase_if(gradients, [&](const HostGradient& g) { return !checks_experts || !routed_expert_model_tensor(g.tensor); });
+          std::erase_if(gradients,
+                        [&](const HostGradient& g) { return !checks_experts || !routed_expert_model_tensor(g.tensor); });
         std::vector<float> terms = check->error_terms(gradients);
         all_reduce(terms, ReduceOp::Sum, "the gradient-check all-reduce");
         result.check = check->result(terms, loss[0], options);

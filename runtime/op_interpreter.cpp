@@ -386,8 +386,9 @@ void OpInterpreter::start_data_parallel(InFlight& f, const CollectiveGroup& grou
   }
   backend_.synchronize();  // the communicator reads what the copies wrote
   for (PaddedTransfer& x : data_parallel_)
-    parts.push_back(group.data == CollectiveData::GradientShards ? x.lane->reduce_scatter(x.in.view(), x.out.view(), ReduceOp::Sum)
-                                                                  : x.lane->all_gather(x.in.view(), x.out.view()));
+    parts.push_back(group.data == CollectiveData::GradientShards
+                        ? x.lane->reduce_scatter(x.in.view(), x.out.view(), ReduceOp::Sum)
+                        : x.lane->all_gather(x.in.view(), x.out.view()));
   f.request = std::make_unique<AllOf>(std::move(parts));
 }
 
@@ -395,7 +396,8 @@ void OpInterpreter::finish_data_parallel(const CollectiveGroup& group) {
   for (PaddedTransfer& x : data_parallel_) {
     Tensor whole(x.tensor.data, x.tensor.count, x.tensor.dtype, nullptr);
     if (group.data == CollectiveData::GradientShards)  // this replica's part, summed over all
-      backend_.copy(x.out, 0, whole, x.owned.begin(x.tensor.count), x.owned.end(x.tensor.count) - x.owned.begin(x.tensor.count));
+      backend_.copy(x.out, 0, whole, x.owned.begin(x.tensor.count),
+                    x.owned.end(x.tensor.count) - x.owned.begin(x.tensor.count));
     else  // every replica's updated part
       backend_.copy(x.out, 0, whole, 0, x.tensor.count);
   }

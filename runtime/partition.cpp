@@ -36,7 +36,8 @@ std::vector<int> tensor_stages(const Layout& layout, int device) {
 
 std::vector<bool> routed_expert_tensors(const Layout& layout, int device) {
   const std::vector<int> stages = tensor_stages(layout, device);
-  const std::size_t per_layer = cpu::Layer{}.tensors().size(), layer_tensors = stages.size() - 4;  // then the vocabulary's four
+  // Every layer's tensors, then the embedding's, the LM head's and the final norm's two.
+  const std::size_t per_layer = cpu::Layer{}.tensors().size(), layer_tensors = stages.size() - 4;
   std::vector<bool> routed(stages.size(), false);
   for (std::size_t i = 0; i < layer_tensors; ++i) routed[i] = cpu::routed_expert_tensor(i % per_layer);
   return routed;
@@ -90,7 +91,8 @@ ModelShape model_shape(const Config& c) {
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
   const int rank = part.device;
   RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
-              .ep_rank = part.ep_rank, .ep = part.ep, .expert_owned = part.expert_owned, .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
+              .ep_rank = part.ep_rank, .ep = part.ep, .expert_owned = part.expert_owned, .tied = false, .params = {},
+              .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;
@@ -100,8 +102,9 @@ RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const R
   for (const VirtualStage& stage : layout.stages) {
     if (stage.device != rank) continue;
     for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
-      m.params.layers.emplace(l, cpu::expert_part(shape, cpu::split_layer(shape, cpu::make_layer(shape, seed, l), part.tp_rank, part.tp),
-                                                  part.ep_rank, part.ep));
+      m.params.layers.emplace(
+          l, cpu::expert_part(shape, cpu::split_layer(shape, cpu::make_layer(shape, seed, l), part.tp_rank, part.tp),
+                              part.ep_rank, part.ep));
     if (stage.has_embedding) m.params.embedding = cpu::embedding_rows(shape, seed, 0, shape.vocab);
     if (stage.has_head) m.params.head = cpu::head_rows(shape, seed, 0, shape.vocab);
   }

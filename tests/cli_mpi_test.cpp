@@ -114,6 +114,12 @@ TEST_CASE("mpirun -np 4: expert parallelism over the replicas of a 2-stage pipel
                                    schedules[i] + " --vocab " + vocabs[i % vocabs.size()] + " --check --format json");
     check_report(out, 4);
   }
+  // dp 4 × ep 2 over 8 processes: replicas 0 and 2 (1 and 3) hold the same experts and sum, and
+  // under ZeRO 3 shard, their gradients over a group of their own.
+  const Output zero = run_command(std::string(mpirun) + " -np 8 " + std::getenv("PIPESIM") + " run " +
+                                  config("moe-tiny.json") + " --set parallel.dp=4 --set parallel.ep=2" +
+                                  " --set training.zero_stage=3 --schedule zb-v --vocab vocab-2 --check --format json");
+  check_report(zero, 8);
 }
 
 int main(int argc, char** argv) {

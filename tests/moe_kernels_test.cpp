@@ -1,6 +1,7 @@
 // The CPU's mixture-of-experts MLP (runtime/cpu/moe.h) against finite differences and against the
 // definitions it implements -- the routing rule, the dense mixture it equals when every expert is
-// chosen, the load-balancing loss -- then a whole MoE layer. Every expected value is computed here.
+// chosen, the load-balancing loss -- then a whole MoE layer, and expert parallelism over threads
+// against the whole layer. Every expected value is computed here.
 //
 // Tolerances as in llama_kernels_test: fp32 forwards, central differences of step 1e-2, each error
 // relative to the largest gradient entry, within 2e-2 where a wrong term is off by O(1). Top-k
@@ -8,11 +9,14 @@
 // so those are skipped (and counted: most are not).
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <functional>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gradient_check.h"
 #include "model.h"
@@ -100,6 +104,55 @@ std::vector<double> swiglu_mlp(std::span<const float> x, std::span<const float> 
 }
 
 }  // namespace
+
+/// An expert-parallel group of threads: each all_to_all posts its blocks, waits for every rank's,
+/// takes the ones addressed to it, and waits again before the slots are reused.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), sent_(std::size_t(size)), counts_(std::size_t(size)), barrier_(size) {}
+  class Rank final : public ExpertParallel {
+   public:
+    Rank(ThreadGroup& group, int rank) : group_(group), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return group_.size_; }
+    std::vector<float> all_to_all(std::span<const float> send, std::span<const std::size_t> counts,
+                                  std::vector<std::size_t>& received) override {
+      group_.sent_[std::size_t(rank_)].assign(send.begin(), send.end());
+      group_.counts_[std::size_t(rank_)].assign(counts.begin(), counts.end());
+      group_.barrier_.arrive_and_wait();
+      std::vector<float> out;
+      received.clear();
+      for (int r = 0; r < group_.size_; ++r) {
+        const std::vector<std::size_t>& theirs = group_.counts_[std::size_t(r)];
+        const std::size_t offset = std::accumulate(theirs.begin(), theirs.begin() + rank_, std::size_t(0));
+        const auto from = group_.sent_[std::size_t(r)].begin() + std::ptrdiff_t(offset);
+        out.insert(out.end(), from, from + std::ptrdiff_t(theirs[std::size_t(rank_)]));
+        received.push_back(theirs[std::size_t(rank_)]);
+      }
+      group_.barrier_.arrive_and_wait();
+      return out;
+    }
+
+   private:
+    ThreadGroup& group_;
+    int rank_;
+  };
+
+ private:
+  int size_;
+  std::vector<std::vector<float>> sent_;
+  std::vector<std::vector<std::size_t>> counts_;
+  std::barrier<> barrier_;
+};
+
+/// The largest |a − b| over the largest |b|.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, double(std::abs(a[i] - b[i]))), scale = std::max(scale, double(std::abs(b[i])));
+  return worst / scale;
+}
 
 TEST_CASE("MoE routing: each token's k largest logits best first, ties to the lower expert, gates renormalised") {
   // The router is the identity, so each token's logits are its row of x.
@@ -302,4 +355,72 @@ TEST_CASE("a whole MoE layer's backward matches finite differences, and W apart 
   const auto [x_error, x_compared] = routed_gradient_error(x, loss, routing, fused_dx);
   CHECK(x_error < 2e-2);
   CHECK(x_compared > int(size) / 2);
+}
+
+TEST_CASE("expert parallelism: each rank's output and input gradient are the whole layer's, its experts' the sum") {
+  // 2 or 4 ranks, each its own tokens and its share of the 4 experts, exchanging their routed copies;
+  // the reference runs each rank's tokens through the whole layer.
+  const int ranks = GENERATE(2, 4);
+  CAPTURE(ranks);
+  const ModelShape s = moe_shape(2, 5, 0.5f);
+  const Layer w = random_moe_layer(s, 40);
+  const std::size_t size = std::size_t(s.tokens()) * s.hidden;
+  std::vector<std::vector<float>> x, dy, y_ref, dx_ref;
+  std::vector<Layer> grad_ref;
+  Layer expert_grads = zero_layer(s, 1);  // the whole layer's routed experts' gradients, summed over the ranks
+  for (int r = 0; r < ranks; ++r) {
+    x.push_back(random_values(size, 41 + unsigned(r))), dy.push_back(random_values(size, 51 + unsigned(r)));
+    y_ref.emplace_back(size), dx_ref.emplace_back(size, 0.0f), grad_ref.push_back(zero_layer(s, 1));
+    MoeCache c;
+    moe_forward(s, weights_of(w), x.back(), y_ref.back(), c);
+    moe_backward(s, weights_of(w), x.back(), c, dy.back(), dx_ref.back(), gradients_of(grad_ref.back()), nullptr, 0.75f);
+    std::vector<float> scratch(size, 0.0f);
+    moe_backward(s, weights_of(w), x.back(), c, dy.back(), scratch, gradients_of(expert_grads), nullptr, 0.75f);
+  }
+  ThreadGroup group(ranks);
+  const std::size_t count = std::size_t(ranks);
+  std::vector<std::vector<float>> y(count, std::vector<float>(size)), dx(count, std::vector<float>(size, 0.0f));
+  std::vector<std::vector<float>> dx_split = dx;
+  std::vector<Layer> parts, grads, split_grads;
+  for (int r = 0; r < ranks; ++r) {
+    parts.push_back(expert_part(s, w, r, ranks));
+    grads.push_back(zero_layer(s, 1)), split_grads.push_back(zero_layer(s, 1));
+    for (Layer* g : {&grads.back(), &split_grads.back()})
+      g->expert_fc1_weight.resize(parts.back().expert_fc1_weight.size()),
+          g->expert_fc2_weight.resize(parts.back().expert_fc2_weight.size());
+  }
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] {
+        ThreadGroup::Rank ep(group, r);
+        const std::size_t i = std::size_t(r);
+        MoeCache c;
+        moe_forward(s, weights_of(parts[i]), x[i], y[i], c, &ep);
+        moe_backward(s, weights_of(parts[i]), x[i], c, dy[i], dx[i], gradients_of(grads[i]), nullptr, 0.75f, &ep);
+        // W apart from B: the same sums, no exchange in W.
+        MoeDeferred d;
+        moe_backward(s, weights_of(parts[i]), x[i], c, dy[i], dx_split[i], gradients_of(split_grads[i]), &d, 0.75f, &ep);
+        moe_weight_backward(s, x[i], c, d, gradients_of(split_grads[i]));
+      });
+  }
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    const std::size_t i = std::size_t(r);
+    CHECK(relative_error(y[i], y_ref[i]) < 1e-5);
+    CHECK(relative_error(dx[i], dx_ref[i]) < 1e-5);
+    CHECK(dx_split[i] == dx[i]);
+    // Routing is each rank's own: its router and shared expert gradients are its tokens' alone.
+    CHECK(relative_error(grads[i].router_weight, grad_ref[i].router_weight) < 1e-5);
+    CHECK(relative_error(grads[i].shared_fc1_weight, grad_ref[i].shared_fc1_weight) < 1e-5);
+    // Its experts' gradients: every rank's tokens that chose them, this rank's block of the whole.
+    for (const auto& [mine, whole] : {std::pair{&grads[i].expert_fc1_weight, &expert_grads.expert_fc1_weight},
+                                      {&grads[i].expert_fc2_weight, &expert_grads.expert_fc2_weight}}) {
+      const std::vector<float> block(whole->begin() + std::ptrdiff_t(i * mine->size()),
+                                     whole->begin() + std::ptrdiff_t((i + 1) * mine->size()));
+      CHECK(relative_error(*mine, block) < 1e-5);
+    }
+    CHECK(split_grads[i].expert_fc1_weight == grads[i].expert_fc1_weight);
+    CHECK(split_grads[i].router_weight == grads[i].router_weight);
+  }
 }

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
 
 #include "cli_helpers.h"
 
@@ -100,18 +99,16 @@ TEST_CASE("mpirun: a tied embedding on the first and last stage's processes, ZeR
 
 TEST_CASE("mpirun -np 4: expert parallelism over the replicas of a 2-stage pipeline matches the reference") {
   // pp 2 × dp 2, ep 2: each process holds 2 of a MoE layer's 4 routed experts and exchanges its
-  // tokens with the other replica of its stage inside F, B and R. Every schedule, the vocabulary
-  // modes taken in turn (tests/runtime_moe_test.cpp runs every pair in-process).
+  // tokens with the other replica of its stage inside F, B and R. Over MPI what matters is the
+  // transport's exchange, so two orders do (one stage a device, and the V placement with a
+  // vocabulary-parallel mode); tests/runtime_moe_test.cpp runs every schedule and mode in-process.
   const char* mpirun = std::getenv("PIPESIM_MPIRUN");
   REQUIRE(mpirun);
-  const std::vector<std::string> schedules{"gpipe", "1f1b",  "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p",
-                                           "zb-2p", "zb-auto", "v-half",         "v-min", "zb-v",  "dualpipe-v"};
-  const std::vector<std::string> vocabs{"baseline", "redistribute", "vocab-1", "vocab-2", "interlaced"};
-  for (std::size_t i = 0; i < schedules.size(); ++i) {
-    CAPTURE(schedules[i], vocabs[i % vocabs.size()]);
+  for (const auto& [schedule, vocab] : {std::pair{"1f1b", "baseline"}, std::pair{"dualpipe-v", "vocab-1"}}) {
+    CAPTURE(schedule, vocab);
     const Output out = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " +
                                    config("moe-tiny.json") + " --set parallel.dp=2 --set parallel.ep=2 --schedule " +
-                                   schedules[i] + " --vocab " + vocabs[i % vocabs.size()] + " --check --format json");
+                                   schedule + " --vocab " + vocab + " --check --format json");
     check_report(out, 4);
   }
   // dp 4 × ep 2 over 8 processes: replicas 0 and 2 (1 and 3) hold the same experts and sum, and

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "model_math.h"
 #include "parallel_shape.h"
@@ -214,10 +215,22 @@ int tp_collectives(const Config& c, LayerKind kind) {
 }  // namespace
 
 StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
+  // A layer's kernels depend on its kind only: each kind's are built once and copied per layer (a
+  // search asks this of every stage of hundreds of thousands of candidates).
+  std::optional<StageKernels> layer_of[2];
+  const auto layer = [&](int l) -> const StageKernels& {
+    const LayerKind kind = layer_kind(c.model, l);
+    std::optional<StageKernels>& built = layer_of[kind == LayerKind::Moe];
+    if (!built) add_layer(c, kind, built.emplace());
+    return *built;
+  };
   StageKernels kernels;
   for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l) {
+    const StageKernels& one = layer(l);
+    append(kernels.forward, one.forward);
+    append(kernels.backward, one.backward);
+    append(kernels.weight, one.weight);
     const LayerKind kind = layer_kind(c.model, l);
-    add_layer(c, kind, kernels);
     kernels.tp_allreduces_forward += tp_collectives(c, kind);
     kernels.expert_exchanges += kind == LayerKind::Moe;
   }
@@ -227,10 +240,8 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   const int recomputed = recomputed_layers(c.training, stage.layers);
   if (recomputed > 0) {
     for (int l = stage.first_layer; l < stage.first_layer + recomputed; ++l) {
+      append(kernels.recompute, layer(l).forward);
       const LayerKind kind = layer_kind(c.model, l);
-      StageKernels layer;
-      add_layer(c, kind, layer);
-      append(kernels.recompute, layer.forward);
       kernels.tp_allreduces_recompute += tp_collectives(c, kind);
       kernels.expert_exchanges_recompute += kind == LayerKind::Moe;
     }

@@ -551,6 +551,11 @@ TEST_CASE("tune tries every expert parallelism a MoE model's layout allows, Mega
     CHECK((p.tp == 1 || p.sequence_parallel));
   }
   CHECK(eps == std::set<int>{1, 2, 4, 8});
+  // Under tp 2, expert tensor parallelism 2 (following tp) and 1 are both tried.
+  std::set<int> etps;
+  for (const Candidate& c : tune_space(moe, 16))
+    if (c.parallel.tp == 2) etps.insert(c.parallel.expert_tp());
+  CHECK(etps == std::set<int>{1, 2});
   // A dense model's candidates keep theirs.
   for (const Candidate& c : tune_space(source_config("tiny.json"), 4)) CHECK(c.parallel.ep == 1);
   Candidate wider = tune_space(moe, 16).front();

@@ -59,17 +59,19 @@ std::vector<int> context_sizes(const Config& config, int gpus) {
   return with_first(config.parallel.cp, sizes);
 }
 
-/// Expert parallelism for a shape (a dense model's stays as it is): every ep dividing the experts whose
-/// expert groups fit the stage's tp·cp·dp ranks (Megatron-Core's rule), with the config's etp (tp when
-/// it gives none) or, where that does not fit, etp 1. The config's own ep first.
+/// Expert parallelism for a shape (a dense model's stays as it is): every ep dividing the experts and
+/// every etp among the config's (tp when it gives none), the shape's tp and 1, whose expert groups fit
+/// the stage's tp·cp·dp ranks (Megatron-Core's rule) and whose etp divides an expert's width. The
+/// config's own first; etp as the config gives it (0: follow tp) where it is the config's.
 std::vector<std::pair<int, int>> expert_layouts(const Config& config, const ParallelConfig& shape) {
   if (!config.model.has_experts()) return {{shape.ep, shape.etp}};
-  const int ranks = shape.tp * shape.cp * shape.dp, etp = config.parallel.etp > 0 ? config.parallel.etp : shape.tp;
+  const int ranks = shape.tp * shape.cp * shape.dp;
+  const int own = config.parallel.etp > 0 ? config.parallel.etp : shape.tp;
   std::vector<std::pair<int, int>> out;
-  for (const int ep : with_first(config.parallel.ep, divisors(config.model.num_experts))) {
-    if (ranks % (ep * etp) == 0 && config.model.expert_ffn_hidden() % etp == 0) out.push_back({ep, config.parallel.etp});
-    else if (ranks % ep == 0 && etp != 1) out.push_back({ep, 1});
-  }
+  for (const int ep : with_first(config.parallel.ep, divisors(config.model.num_experts)))
+    for (const int etp : with_first(own, std::vector{shape.tp, 1}))
+      if (ranks % (ep * etp) == 0 && config.model.expert_ffn_hidden() % etp == 0)
+        out.push_back({ep, etp == own ? config.parallel.etp : etp});
   return out;
 }
 

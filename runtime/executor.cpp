@@ -95,12 +95,11 @@ class TensorParallelGroup final : public TensorParallel {
   std::function<void()> await_turn_;
 };
 
-/// The lane an expert-parallel group's exchanges take: the graph's ALLTOALL lane (ir.md), which no op
-/// the runtime issues otherwise uses. Not lane 0: at ep = dp the expert group has the data-parallel
-/// group's members, and a transport may give a group of the same members the same lanes (the
-/// in-process one does), where the DP_ALLREDUCE ops, issued from the communication thread, take
-/// lane 0 -- two threads' collectives on one lane would match across ranks in whatever order they came.
-constexpr int kExpertLane = kCollectiveLanes - 1;
+// An expert-parallel group's exchanges take the graph's ALLTOALL lane (kExpertLane, ir.md), which no
+// op the runtime issues otherwise uses. Not lane 0: at ep = dp the expert group has the data-parallel
+// group's members, and a transport may give a group of the same members the same lanes (the
+// in-process one does), where the DP_ALLREDUCE ops, issued from the communication thread, take
+// lane 0 -- two threads' collectives on one lane would match across ranks in whatever order they came.
 
 /// An expert-parallel group as a mixture-of-experts layer sees it (tensor_parallel.h): its variable
 /// all-to-all as two all-gathers on kExpertLane, every rank's counts and then every

@@ -62,9 +62,6 @@ RankParams owned_zeros(RankParams p, const std::vector<OwnedPart>& owned) {
   return p;
 }
 
-}  // namespace
-
-namespace {
 /// Which layers are mixture-of-experts layers, as the simulator reads moe_layer_freq and
 /// moe_layer_pattern (layer_kind): one rule for both.
 std::vector<bool> moe_layers(const ModelConfig& m) {

@@ -257,7 +257,7 @@ void add_expert_exchanges(TaskGraphBuilder& builder, const std::vector<StageWork
       if (w.expert_exchanges == 0) continue;
       const TaskId exchange = builder.add(
           {.kind = OpKind::AllToAll, .payload = op.kind == OpKind::F ? Payload::Activation : Payload::Gradient,
-           .lane = std::uint8_t(vocab_lane::kExpertParallel), .chunk = op.chunk, .device = op.device,
+           .lane = std::uint8_t(kExpertLane), .chunk = op.chunk, .device = op.device,
            .stage = op.stage, .microbatch = op.microbatch,
            .work = builder.work({.bytes = 2.0 * w.expert_exchanges * w.exchange_bytes})});
       builder.add_group({.members = {exchange}, .ranks = w.exchange_ranks, .data = CollectiveData::ExpertTokens, .op = ReduceOp::None});

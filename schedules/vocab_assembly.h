@@ -21,7 +21,7 @@ namespace pipesim {
 /// The collective lanes, named for the executors that give each collective its meaning.
 namespace vocab_lane {
 constexpr int kDataParallel = 0, kInputReduce = 1, kOutputBroadcast = 2, kBarrier0 = 3, kBarrier1 = 4,
-              kGradBroadcast = 5, kTiedEmbedding = 1, kExpertParallel = 6;
+              kGradBroadcast = 5, kTiedEmbedding = 1;
 }  // namespace vocab_lane
 
 class VocabPasses {

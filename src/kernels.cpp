@@ -98,19 +98,16 @@ void add_linear(const Config& c, const Linear& l, StageKernels& out) {
     k.cols = cols * l.groups;
     return k;
   };
-  if (p.fp8 != Fp8Format::None) {
+  const bool fp8 = p.fp8 != Fp8Format::None;
+  if (fp8) {
     out.forward.push_back(streaming(4 * rows * l.in));
-    Kernel f = fp8_gemm(rows, l.out, l.in, act), b = fp8_gemm(rows, l.in, l.out, act);
-    Kernel w = fp8_gemm(l.out * l.groups, l.in, l.tokens, 2 * p.grad_bytes);
-    f.rows = b.rows = l.tokens, w.rows = l.out;
-    out.forward.push_back(widen(f, l.out));
     out.backward.push_back(streaming(4 * rows * l.out));
-    out.backward.push_back(widen(b, l.in));
-    out.weight.push_back(widen(w, l.in));
-    return;
   }
-  Kernel f = gemm(rows, l.out, l.in, act, p.param_bytes, act), b = gemm(rows, l.in, l.out, act, p.param_bytes, act);
-  Kernel w = gemm(l.out * l.groups, l.in, l.tokens, act, act, 2 * p.grad_bytes);  // read-modify-write
+  Kernel f = fp8 ? fp8_gemm(rows, l.out, l.in, act) : gemm(rows, l.out, l.in, act, p.param_bytes, act);
+  Kernel b = fp8 ? fp8_gemm(rows, l.in, l.out, act) : gemm(rows, l.in, l.out, act, p.param_bytes, act);
+  // W reads and writes the fp32 main gradient.
+  Kernel w = fp8 ? fp8_gemm(l.out * l.groups, l.in, l.tokens, 2 * p.grad_bytes)
+                 : gemm(l.out * l.groups, l.in, l.tokens, act, act, 2 * p.grad_bytes);
   f.rows = b.rows = l.tokens, w.rows = l.out;
   out.forward.push_back(widen(f, l.out));
   out.backward.push_back(widen(b, l.in));
@@ -218,19 +215,18 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   // A layer's kernels depend on its kind only: each kind's are built once and copied per layer (a
   // search asks this of every stage of hundreds of thousands of candidates).
   std::optional<StageKernels> layer_of[2];
-  const auto layer = [&](int l) -> const StageKernels& {
-    const LayerKind kind = layer_kind(c.model, l);
+  const auto layer = [&](LayerKind kind) -> const StageKernels& {
     std::optional<StageKernels>& built = layer_of[kind == LayerKind::Moe];
     if (!built) add_layer(c, kind, built.emplace());
     return *built;
   };
   StageKernels kernels;
   for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l) {
-    const StageKernels& one = layer(l);
+    const LayerKind kind = layer_kind(c.model, l);
+    const StageKernels& one = layer(kind);
     append(kernels.forward, one.forward);
     append(kernels.backward, one.backward);
     append(kernels.weight, one.weight);
-    const LayerKind kind = layer_kind(c.model, l);
     kernels.tp_allreduces_forward += tp_collectives(c, kind);
     kernels.expert_exchanges += kind == LayerKind::Moe;
   }
@@ -240,8 +236,8 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   const int recomputed = recomputed_layers(c.training, stage.layers);
   if (recomputed > 0) {
     for (int l = stage.first_layer; l < stage.first_layer + recomputed; ++l) {
-      append(kernels.recompute, layer(l).forward);
       const LayerKind kind = layer_kind(c.model, l);
+      append(kernels.recompute, layer(kind).forward);
       kernels.tp_allreduces_recompute += tp_collectives(c, kind);
       kernels.expert_exchanges_recompute += kind == LayerKind::Moe;
     }

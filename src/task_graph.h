@@ -52,6 +52,9 @@ std::string_view op_kind_name(OpKind kind);
 /// pair, whose SENDs and RECVs pair up in order, as NCCL matches them.
 enum class Stream : std::uint8_t { Compute, Collective, Send, Recv };
 constexpr int kCollectiveLanes = 7;
+/// The collective lane of the ALLTOALL ops (a MoE stage's expert-parallel exchanges): the last, which
+/// no other op takes, so the runtime's expert-parallel group may use it too (runtime/executor.cpp).
+constexpr int kExpertLane = kCollectiveLanes - 1;
 /// Defined here, like TaskGraph::stream_of, because the simulator and the graph's builder ask it of
 /// every op.
 constexpr Stream stream_kind(OpKind kind) {

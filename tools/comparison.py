@@ -1,7 +1,24 @@
-"""What the comparison scripts (published-runs.py, vocab-paper.py, fit-fp8.py) share: a simulation's
-result, and the summary line they print."""
+"""What the comparison scripts (published-runs.py, vocab-paper.py, fit-fp8.py) share: their --pipesim
+option, a simulation's result, and the summary line they print."""
+import argparse
 import json
+import pathlib
 import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def pipesim_parser(description):
+    """An argument parser with the --pipesim option every script takes (the README's build by default)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--pipesim", default=str(ROOT / "build" / "tools" / "pipesim"))
+    return parser
+
+
+def require_pipesim(path, fail):
+    """`fail` with the fix unless `path` is a file (a build not there yet)."""
+    if not pathlib.Path(path).is_file():
+        fail(f"{path} is not a pipesim executable; build it (README) or give --pipesim PATH")
 
 
 def simulate(pipesim, config, sets, fail):

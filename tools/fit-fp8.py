@@ -10,13 +10,12 @@ at it. Progress goes to stderr.
 
 usage: tools/fit-fp8.py [--pipesim PATH] [--grid LOW:HIGH:STEP]
 """
-import argparse
 import json
 import math
 import pathlib
 import sys
 
-from comparison import simulate, summarize
+from comparison import pipesim_parser, require_pipesim, simulate, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
@@ -45,12 +44,10 @@ def pairs(runs):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipesim", default=str(ROOT / "build" / "tools" / "pipesim"))
+    parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--grid", default="0.40:0.80:0.01", help="efficiencies tried, LOW:HIGH:STEP")
     args = parser.parse_args()
-    if not pathlib.Path(args.pipesim).is_file():
-        fail(f"{args.pipesim} is not a pipesim executable; build it (README) or give --pipesim PATH")
+    require_pipesim(args.pipesim, fail)
     low, high, step = (float(x) for x in args.grid.split(":"))
     grid = [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)]
     found = pairs(json.loads(DATA.read_text())["runs"])

@@ -13,12 +13,11 @@ usage: tools/published-runs.py [--pipesim PATH] [--only TEXT] [--data FILE]
 --data docs/data/published-runs-moe.json: the mixture-of-experts runs; a row whose model pipesim
 cannot describe yet names the config it waits for and is listed as skipped.
 """
-import argparse
 import json
 import pathlib
 import sys
 
-from comparison import simulate, summarize
+from comparison import pipesim_parser, require_pipesim, simulate, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
@@ -79,16 +78,14 @@ def check_layout(run, model, parallel, result):
 
 def main():
     global DATA  # the file the messages name
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipesim", default=str(ROOT / "build" / "tools" / "pipesim"))
+    parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only the runs whose name contains this text")
     parser.add_argument("--data", default=str(DATA), help="the runs' file (default: %(default)s)")
     args = parser.parse_args()
     DATA = pathlib.Path(args.data)
     if not DATA.is_file():
         fail(f"{DATA}: no such file; give --data docs/data/published-runs.json or docs/data/published-runs-moe.json")
-    if not pathlib.Path(args.pipesim).is_file():
-        fail(f"{args.pipesim} is not a pipesim executable; build it (README) or give --pipesim PATH")
+    require_pipesim(args.pipesim, fail)
     data = json.loads(DATA.read_text())
     runs = [run for run in data["runs"] if args.only in run["name"]]
     waiting = [run for run in runs if not (ROOT / run["config"]).is_file()]

@@ -28,13 +28,12 @@ schedule. Progress goes to stderr.
 usage: tools/vocab-paper.py [--pipesim PATH] [--only TEXT]
   --only TEXT  only the rows whose name ('1f1b-8gpu-seq2048 256k vocab-1') contains TEXT
 """
-import argparse
 import json
 import pathlib
 import subprocess
 import sys
 
-from comparison import summarize
+from comparison import pipesim_parser, require_pipesim, summarize
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -77,12 +76,10 @@ def cell(value, form):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipesim", default=str(ROOT / "build" / "tools" / "pipesim"))
+    parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only the rows whose name contains this text")
     args = parser.parse_args()
-    if not pathlib.Path(args.pipesim).is_file():
-        fail(f"{args.pipesim} is not a pipesim executable; build it (README) or give --pipesim PATH")
+    require_pipesim(args.pipesim, fail)
     data = json.loads(DATA.read_text())
     for row in data["rows"]:
         if row["method"] not in METHODS:

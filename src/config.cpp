@@ -59,6 +59,10 @@ std::string_view fp8_format_name(Fp8Format format) {
   return "?";
 }
 
+std::string_view moe_dispatcher_name(MoeDispatcher dispatcher) {
+  return dispatcher == MoeDispatcher::Flex ? "flex" : "alltoall";
+}
+
 std::string_view recompute_name(Recompute recompute) {
   switch (recompute) {
     case Recompute::None: return "none";
@@ -132,6 +136,9 @@ std::optional<FieldError> check_experts(const Config& config) {
     if (t.overlap_moe_expert_parallel_comm)
       return FieldError{"training.overlap_moe_expert_parallel_comm", "overlaps expert-parallel all-to-alls, and this "
                                                                      "model has no experts; set it to false"};
+    if (t.moe_token_dispatcher_type != MoeDispatcher::AllToAll || t.moe_dispatch_mxfp8)
+      return FieldError{t.moe_dispatch_mxfp8 ? "training.moe_dispatch_fwd_dtype" : "training.moe_token_dispatcher_type",
+                        "dispatches tokens to experts, and this model has none; remove it"};
     return std::nullopt;
   }
   if (m.num_experts % p.ep != 0)
@@ -151,6 +158,25 @@ std::optional<FieldError> check_experts(const Config& config) {
   if (p.tp > 1 && !p.sequence_parallel)
     return FieldError{"parallel.sequence_parallel", "Megatron-Core runs MoE layers under tensor parallelism only with "
                                                     "sequence parallelism; set it to true or tp to 1"};
+  if (m.moe_router_group_topk > 0 || m.moe_router_num_groups > 0) {
+    if (m.moe_router_num_groups == 0 || m.moe_router_group_topk == 0)
+      return FieldError{m.moe_router_num_groups == 0 ? "model.moe_router_num_groups" : "model.moe_router_group_topk",
+                        "group-limited routing needs both moe_router_num_groups (the groups the experts fall into) and "
+                        "moe_router_group_topk (the groups a token may use); give both or neither"};
+    if (m.num_experts % m.moe_router_num_groups != 0)
+      return FieldError{"model.moe_router_num_groups",
+                        fmt::format("{} groups do not divide the {} experts; choose a divisor of {} (the nodes of the "
+                                    "expert-parallel group for node-limited routing, ep for device-limited)",
+                                    m.moe_router_num_groups, m.num_experts, m.num_experts)};
+    if (m.moe_router_group_topk > m.moe_router_num_groups)
+      return FieldError{"model.moe_router_group_topk", fmt::format("selects {} of {} groups; choose at most {}",
+                                                                   m.moe_router_group_topk, m.moe_router_num_groups,
+                                                                   m.moe_router_num_groups)};
+  }
+  if (t.moe_dispatch_mxfp8 && t.moe_token_dispatcher_type != MoeDispatcher::Flex)
+    return FieldError{"training.moe_dispatch_fwd_dtype", "Megatron-Core sends the dispatch in MXFP8 only through the "
+                                                         "flex dispatcher; set training.moe_token_dispatcher_type to "
+                                                         "\"flex\" or this to \"bf16\""};
   if (m.expert_ffn_hidden() % p.expert_tp() != 0)
     return FieldError{"parallel.etp", fmt::format("etp {} does not divide moe_ffn_hidden_size {}; choose a divisor",
                                                   p.expert_tp(), m.expert_ffn_hidden())};

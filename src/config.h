@@ -41,6 +41,10 @@ struct ModelConfig {
   /// Tokens of the busiest expert over the mean (>= 1): its GEMMs and the all-to-all it receives wait
   /// for that many; capped by the capacity factor.
   double moe_imbalance = 1;
+  /// Group-limited routing (DeepSeek-V3's node-limited routing): the experts fall into
+  /// moe_router_num_groups equal groups in order, and each token's experts come from
+  /// moe_router_group_topk of them. 0: unlimited.
+  int moe_router_num_groups = 0, moe_router_group_topk = 0;
   /// Channels of one attention head (Megatron-LM's --kv-channels, Hugging Face's head_dim); 0 in a
   /// fresh struct means hidden / heads.
   int head_dim = 0;
@@ -150,6 +154,14 @@ enum class RecomputeMethod {
   Block,    ///< the first recompute_num_layers layers of each virtual stage; the rest keep everything
 };
 
+/// How a MoE layer's routed tokens reach their experts (Megatron-Core's --moe-token-dispatcher-type).
+enum class MoeDispatcher {
+  AllToAll,  ///< "alltoall": every routed copy of a token travels to its expert's rank on its own
+  Flex,      ///< "flex" (DeepEP): a token crosses the network once per node it goes to, then NVLink fans it out
+};
+/// "alltoall" or "flex", as configs spell it.
+std::string_view moe_dispatcher_name(MoeDispatcher dispatcher);
+
 /// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding
 /// and the overlap of data- and tensor-parallel communication with compute.
 struct TrainingConfig {
@@ -173,6 +185,11 @@ struct TrainingConfig {
   /// microbatch run beside the compute of another (a forward beside a backward) instead of holding up
   /// the compute stream. DualPipeV does this by construction (docs/cost-model.md, "Mixture of experts").
   bool overlap_moe_expert_parallel_comm = false;
+  /// Megatron-Core's --moe-token-dispatcher-type: how routed tokens reach their experts' ranks
+  /// (docs/cost-model.md, "Mixture of experts").
+  MoeDispatcher moe_token_dispatcher_type = MoeDispatcher::AllToAll;
+  /// Megatron-Core's --moe-dispatch-fwd-dtype: the forward dispatch's wire format (flex only).
+  bool moe_dispatch_mxfp8 = false;
   /// The zero-bubble paper's optimizer post-validation (its Megatron fork's
   /// --enable-optimizer-post-validation): no all-reduce across stages before the optimizer step, so
   /// each device starts its next iteration once its own step is done, and the iteration time is the

@@ -25,31 +25,34 @@ class AnalyticTimes {
     const StageKernels kernels = stage_kernels(c_, stage);
     // Saturating sums: a speed near zero makes a duration unrepresentable, never a wrapped one.
     const TimeNs recompute = add_ns(pass(kernels.recompute, kernels.tp_allreduces_recompute, 1),
-                                    times_ns(kernels.expert_exchanges_recompute, expert_exchange()));
-    const TimeNs exchange = times_ns(kernels.expert_exchanges, expert_exchange());
+                                    times_ns(kernels.expert_exchanges_recompute, expert_exchange(true)));
     return {pass(kernels.forward, kernels.tp_allreduces_forward, 1),
             add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), run(kernels.weight),
-            recompute, exchange, exchange};
+            recompute, times_ns(kernels.expert_exchanges, expert_exchange(true)),
+            times_ns(kernels.expert_exchanges, expert_exchange(false))};
   }
-  /// One MoE layer's token exchange in one pass (F, or B with the gradients): a dispatch and a combine
-  /// all-to-all over the ep ranks of its expert group, each carrying the rank's routed copies (top-k per
-  /// token of its sequence-parallel share, h wide, at most the busiest receiver's load times as many),
-  /// and under etp > 1 an all-gather (dispatch) and a reduce-scatter (combine) of them over the etp
-  /// ranks. The ep group's members lie etp apart in rank order (Megatron-Core's expert grid), so
-  /// gpus_per_node/etp of them share a node: NVLink carries the copies that stay in the node and the
-  /// GPU's own network port the rest, at the same time (docs/cost-model.md, "Mixture of experts").
-  TimeNs expert_exchange() const {
+  /// One MoE layer's token exchange in one pass: a dispatch and a combine all-to-all over the ep ranks
+  /// of its expert group (F; B carries their gradients back the other way), each carrying the
+  /// rank's routed copies (expert_traffic), and under etp > 1 an all-gather (dispatch) and a
+  /// reduce-scatter (combine) of them over the etp ranks. NVLink carries the bytes that stay in the
+  /// node and the GPU's own network port the rest, at the same time (docs/cost-model.md, "Mixture of
+  /// experts"). Only the forward dispatch may travel in MXFP8 (training.moe_dispatch_fwd_dtype).
+  TimeNs expert_exchange(bool forward) const {
+    const bool mxfp8 = forward && c_.training.moe_dispatch_mxfp8;
+    return add_ns(expert_all_to_all(mxfp8), expert_all_to_all(false));
+  }
+  TimeNs expert_all_to_all(bool mxfp8_wire) const {
     const ParallelConfig& p = c_.parallel;
-    const double bytes = expert_exchange_bytes(c_);
-    const int etp = p.expert_tp(), in_node = std::clamp(h().gpus_per_node / etp, 1, p.ep);
+    const int etp = p.expert_tp();
     TimeNs all_to_all = 0;
     if (p.ep > 1) {
-      const double intra = bytes * (in_node - 1) / p.ep / (h().intra_node_gbps * 1e9);
-      const double inter = bytes * (p.ep - in_node) / p.ep / (h().inter_node_gbps * 1e9);
-      const double latency_us = in_node < p.ep ? h().inter_node_latency_us : h().intra_node_latency_us;
-      all_to_all = add_ns(ns_from_us(latency_us), ns_from_s(std::max(intra, inter)));
+      const ExpertTraffic t = expert_traffic(c_, mxfp8_wire);
+      const bool leaves_node = expert_ranks_per_node(c_) < p.ep;
+      const double latency_us = leaves_node ? h().inter_node_latency_us : h().intra_node_latency_us;
+      all_to_all = add_ns(ns_from_us(latency_us), ns_from_s(std::max(t.intra_node / (h().intra_node_gbps * 1e9),
+                                                                      t.inter_node / (h().inter_node_gbps * 1e9))));
     }
-    return times_ns(2, add_ns(all_to_all, ring(false, bytes * etp, etp, etp <= h().gpus_per_node)));
+    return add_ns(all_to_all, ring(false, expert_exchange_bytes(c_) * etp, etp, etp <= h().gpus_per_node));
   }
   /// One GPU's transfer of `bytes` to another, inside a node or between nodes; between nodes over
   /// `nics` network ports at once (a collective's rings, below): no faster than the node's own links

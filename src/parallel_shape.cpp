@@ -92,6 +92,59 @@ double expert_exchange_bytes(const Config& c) {
 
 bool exchanges_experts(const Config& c) { return c.model.has_experts() && c.parallel.ep * c.parallel.expert_tp() > 1; }
 
+int expert_ranks_per_node(const Config& c) {
+  return std::clamp(c.hardware.gpus_per_node / c.parallel.expert_tp(), 1, c.parallel.ep);
+}
+
+namespace {
+/// Expected distinct bins hit by `draws` independent, even draws over `bins` bins.
+double distinct_bins(double bins, double draws) { return bins * (1 - std::pow(1 - 1 / bins, draws)); }
+/// C(n, r) / C(n + d, r): the chance that r picks without replacement from n + d avoid d given ones.
+double avoid_chance(int n, int d, int r) {
+  double p = 1;
+  for (int i = 0; i < r; ++i) p *= double(n - i) / double(n + d - i);
+  return std::max(p, 0.0);
+}
+}  // namespace
+
+double expert_nodes_per_token(const Config& c) {
+  const ModelConfig& m = c.model;
+  const int nodes = c.parallel.ep / expert_ranks_per_node(c), k = m.moe_router_topk;
+  if (nodes <= 1) return 1;
+  const double unlimited = distinct_bins(nodes, k);
+  const int groups = m.moe_router_num_groups, chosen = m.moe_router_group_topk;
+  if (groups == 0) return unlimited;
+  // The experts, and so the groups, lie in order over the ranks and nodes.
+  if (groups % nodes == 0) {  // groups/nodes whole groups in each node: a node is missed when all
+    const int per_node = groups / nodes;  // `chosen` groups come from the other nodes
+    return std::min(unlimited, nodes * (1 - avoid_chance(groups - per_node, per_node, chosen)));
+  }
+  if (nodes % groups == 0) {  // each group spans nodes/groups nodes: the k copies fall in chosen of them
+    const double reach = double(chosen) * nodes / groups;
+    return std::min(unlimited, distinct_bins(reach, k));
+  }
+  // Groups straddle node boundaries: each chosen group reaches at most ceil(nodes/groups) + 1 nodes.
+  return std::min(unlimited, chosen * (std::ceil(double(nodes) / groups) + 1.0));
+}
+
+ExpertTraffic expert_traffic(const Config& c, bool mxfp8_wire) {
+  const ModelConfig& m = c.model;
+  const int ep = c.parallel.ep, in_node = expert_ranks_per_node(c), nodes = ep / in_node;
+  if (ep <= 1) return {};
+  // MXFP8: one byte a value and a one-byte scale for each block of 32.
+  const double value_bytes = mxfp8_wire ? 1 + 1.0 / 32 : c.precision.activation_bytes;
+  const double copies = expert_exchange_bytes(c) / c.precision.activation_bytes / m.hidden;  // routed copies
+  const double copy_bytes = m.hidden * value_bytes;
+  if (c.training.moe_token_dispatcher_type == MoeDispatcher::AllToAll)  // each copy to its expert's rank
+    return {copies * (in_node - 1) / ep * copy_bytes, copies * (ep - in_node) / ep * copy_bytes};
+  // Flex (DeepEP, as DeepSeek-V3's report, section 3.2.2, describes it): a token crosses the network once
+  // to each other node it goes to, landing on the GPU of the sender's local index there, and NVLink
+  // takes each copy on from there to its expert's GPU unless it already is that GPU.
+  const double tokens = copies / m.moe_router_topk;
+  const double remote_nodes = expert_nodes_per_token(c) * (nodes - 1) / nodes;
+  return {copies * (in_node - 1) / in_node * copy_bytes, tokens * remote_nodes * copy_bytes};
+}
+
 double ZeroSharding::bytes_per_param(const PrecisionConfig& p) const {
   const auto part = [&](bool sharded, double bytes) { return sharded ? bytes / dp : bytes; };
   return part(parameters(), p.param_bytes) + part(gradients(), p.grad_bytes) + part(optimizer_states(), p.optimizer_bytes);

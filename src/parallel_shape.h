@@ -54,6 +54,21 @@ double expert_exchange_bytes(const Config& c);
 /// Whether a MoE layer's tokens leave the rank (ep or etp > 1): then F and B each end in an ALLTOALL.
 bool exchanges_experts(const Config& c);
 
+/// Members of an expert-parallel group in one node: they lie etp apart in rank order (Megatron-Core's
+/// expert grid), so gpus_per_node/etp of them, at most ep.
+int expert_ranks_per_node(const Config& c);
+/// The nodes, its own among them, that one token's routed copies reach on average: the expected
+/// number of distinct nodes among top-k experts drawn evenly, fewer under group-limited routing
+/// (docs/cost-model.md, "Mixture of experts").
+double expert_nodes_per_token(const Config& c);
+/// What one rank's part of one expert-parallel all-to-all (one dispatch or combine of one MoE layer)
+/// puts on NVLink and on its network port.
+struct ExpertTraffic {
+  double intra_node = 0, inter_node = 0;  ///< bytes
+};
+/// `mxfp8_wire`: the forward dispatch under training.moe_dispatch_fwd_dtype "mxfp8".
+ExpertTraffic expert_traffic(const Config& c, bool mxfp8_wire);
+
 /// What ZeRO (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer at stage 1) shards over
 /// the dp replicas: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the
 /// weights. Nothing is sharded with one replica.

@@ -87,7 +87,7 @@ TEST_CASE("bad config files are refused with the file, the path and the fix") {
        {},
        "c.json: model.layerz: unknown key; did you mean 'layers'? Known keys here: layers, hidden, heads, kv_heads, "
        "ffn_hidden, seq_len, vocab, micro_batch_size, mlp, tied_embeddings"
-       ", head_dim, kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, hf_config"},
+       ", head_dim, kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, moe_router_num_groups, moe_router_group_topk, hf_config"},
       {kBase + R"json(, "hardwre": {}})json", {},
        "c.json: hardwre: unknown key; did you mean 'hardware'? Known keys here: model, parallel, schedule, hardware, "
        "precision, training, costs, description"},

@@ -266,7 +266,7 @@ TEST_CASE("a --set error names the --set flag, and its text must be UTF-8") {
   CHECK(error_of(kBase + "}", "c.json", {"model.x.y=1"}) ==
         "c.json: model.x (from --set): unknown key. Known keys here: layers, hidden, heads, kv_heads, ffn_hidden, "
         "seq_len, vocab, micro_batch_size, mlp, tied_embeddings"
-        ", head_dim, kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, hf_config");
+        ", head_dim, kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_capacity_factor, moe_imbalance, moe_router_num_groups, moe_router_group_topk, hf_config");
   CHECK(error_of(kBase + "}", "c.json", {"parallel.pp=2"}) == "(no error)");
   // A byte that is not UTF-8 used to abort pipesim when a message quoted it.
   CHECK(error_of(kBase + "}", "c.json", {"model.layers=\xff"}) ==

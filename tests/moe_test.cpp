@@ -2,6 +2,7 @@
 // bytes and time, and where the graph puts it (blocking, or hidden by DualPipeV's pairs). Every
 // expected figure is derived here from the formulas in docs/cost-model.md.
 #include <algorithm>
+#include <cmath>
 
 #include "helpers.h"
 #include "model_math.h"
@@ -125,6 +126,75 @@ TEST_CASE("the all-to-all carries each rank's routed copies, and is priced by NV
   CHECK(exchanges == 2 * 2 * 4);  // F and B of 2 stages and 4 microbatches
 }
 
+TEST_CASE("group-limited routing and the flex dispatcher cut what leaves the node; MXFP8 halves the dispatch") {
+  // ep 16 over nodes of 4: 4 nodes, 4 experts a rank. Top 4 of 16 experts.
+  const std::string layout = R"({"pp": 1, "dp": 16, "ep": 16, "microbatches": 2})";
+  const std::string flex = R"({"moe_token_dispatcher_type": "flex"})";
+  const double nodes = 4, k = 4;
+  // Unlimited: the distinct nodes among k even draws over 4 nodes.
+  const Config free = parse_or_fail(moe_json(layout, "", "1f1b", flex));
+  const double unlimited = nodes * (1 - std::pow(1 - 1 / nodes, k));
+  CHECK(expert_nodes_per_token(free) == Approx(unlimited));
+  // Node-limited (DeepSeek-V3's): 4 groups, one a node, 2 a token: exactly 2 nodes.
+  const std::string node_limited = R"(, "moe_router_num_groups": 4, "moe_router_group_topk": 2)";
+  CHECK(expert_nodes_per_token(parse_or_fail(moe_json(layout, node_limited, "1f1b", flex))) == Approx(2));
+  // Device-limited: 8 groups (two a node), 2 a token: a node is missed when both come from the
+  // other 6 groups, C(6,2)/C(8,2) = 15/28.
+  const std::string device_limited = R"(, "moe_router_num_groups": 8, "moe_router_group_topk": 2)";
+  CHECK(expert_nodes_per_token(parse_or_fail(moe_json(layout, device_limited, "1f1b", flex))) ==
+        Approx(nodes * (1 - 15.0 / 28)));
+  // 2 groups of 2 nodes, 1 a token: the k copies fall on 2 nodes.
+  const std::string wide_groups = R"(, "moe_router_num_groups": 2, "moe_router_group_topk": 1)";
+  CHECK(expert_nodes_per_token(parse_or_fail(moe_json(layout, wide_groups, "1f1b", flex))) ==
+        Approx(2 * (1 - std::pow(0.5, k))));
+
+  // The bytes: each of the rank's copies (tokens · k, h wide, bf16) to its expert's rank, or under
+  // flex a network crossing per other node the token reaches and NVLink for the copies not landed.
+  const Config limited = parse_or_fail(moe_json(layout, node_limited, "1f1b", flex));
+  const double tokens = 128, copy = 256 * 2.0, copies = tokens * k;
+  const Config plain = parse_or_fail(moe_json(layout, node_limited));
+  CHECK(expert_traffic(plain, false).inter_node == Approx(copies * 12 / 16 * copy));
+  CHECK(expert_traffic(plain, false).intra_node == Approx(copies * 3 / 16 * copy));
+  CHECK(expert_traffic(limited, false).inter_node == Approx(tokens * 2 * (nodes - 1) / nodes * copy));
+  CHECK(expert_traffic(limited, false).intra_node == Approx(copies * 3 / 4 * copy));
+  // MXFP8 on the wire: a byte a value and a byte per 32 for the scale, against bf16's two.
+  CHECK(expert_traffic(limited, true).inter_node == Approx(expert_traffic(limited, false).inter_node * (33.0 / 32) / 2));
+
+  // Only the forward's dispatch travels in MXFP8: F's exchange is shorter than B's.
+  const Config mx = parse_or_fail(moe_json(layout, node_limited, "1f1b",
+                                           R"({"moe_token_dispatcher_type": "flex", "moe_dispatch_fwd_dtype": "mxfp8"})"));
+  const StageTimes times = make_cost_model(mx, plan_or_fail(mx).layout)->stage(0);
+  const HardwareConfig& hw = mx.hardware;
+  const auto all_to_all = [&](bool mxfp8) {
+    const ExpertTraffic t = expert_traffic(mx, mxfp8);
+    return hw.inter_node_latency_us * 1e-6 +
+           std::max(t.intra_node / (hw.intra_node_gbps * 1e9), t.inter_node / (hw.inter_node_gbps * 1e9));
+  };
+  const double layers = 8;  // one stage, every layer MoE
+  CHECK(double(times.exchange_forward) == Approx(layers * (all_to_all(true) + all_to_all(false)) * 1e9).margin(16));
+  CHECK(double(times.exchange_backward) == Approx(layers * 2 * all_to_all(false) * 1e9).margin(16));
+  CHECK(times.exchange_forward < times.exchange_backward);
+}
+
+TEST_CASE("group-limited routing and the dispatcher are refused where Megatron-Core refuses them") {
+  const std::string ok = R"({"pp": 2, "dp": 4, "ep": 4, "microbatches": 4})";
+  CHECK(error_of(moe_json(ok), {"model.moe_router_group_topk=2"}).find("model.moe_router_num_groups: group-"
+                                                                       "limited routing needs both") != std::string::npos);
+  CHECK(error_of(moe_json(ok), {"model.moe_router_num_groups=3", "model.moe_router_group_topk=1"})
+            .find("3 groups do not divide the 16 experts") != std::string::npos);
+  CHECK(error_of(moe_json(ok), {"model.moe_router_num_groups=4", "model.moe_router_group_topk=5"})
+            .find("selects 5 of 4 groups") != std::string::npos);
+  CHECK(error_of(moe_json(ok), {"training.moe_dispatch_fwd_dtype=mxfp8"})
+            .find("only through the flex dispatcher") != std::string::npos);
+  CHECK(error_of(moe_json(ok), {"training.moe_token_dispatcher_type=allgather"})
+            .find("all-gather dispatcher is not modelled") != std::string::npos);
+  const std::string dense = R"({"model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100},
+                                "parallel": {"pp": 2, "dp": 2, "microbatches": 2}})";
+  CHECK(error_of(dense, {"training.moe_token_dispatcher_type=flex"}).find("this model has none") != std::string::npos);
+  CHECK(error_of(dense, {"model.moe_router_num_groups=2"}).find("applies to a mixture-of-experts model only") !=
+        std::string::npos);
+}
+
 TEST_CASE("a blocking all-to-all holds up the compute stream; DualPipeV's pairs hide it behind compute") {
   // Long sequences of a wider model on 8-GPU nodes: an F's expert compute outlasts its exchange, as
   // DeepSeek-V3's shape was chosen to make it.
@@ -190,6 +260,8 @@ TEST_CASE("the shipped MoE models have the parameters their makers state, all an
   // DeepSeek-V3: 671B, 37B active (its report, which leaves the 14B prediction module out); MLA.
   const Config deepseek = source_config("deepseek-v3.json");
   CHECK(moe_layer_count(deepseek.model, 0, 61) == 58);
+  CHECK(deepseek.model.moe_router_num_groups == 8);  // n_group, topk_group: node-limited routing
+  CHECK(deepseek.model.moe_router_group_topk == 4);
   CHECK(billions(deepseek.model).first == Approx(671).margin(1));
   CHECK(billions(deepseek.model).second == Approx(37).margin(1));
 }

@@ -70,7 +70,7 @@ def rate(tokens_per_s):
 def check_layout(run, model, parallel, result):
     """The row's GPUs and batch must be what the config simulates: a typo here would be silent."""
     gpus = result["pp"] * result["tp"] * result["dp"] * parallel.get("cp", 1)
-    tokens = result["dp"] * result["microbatches"] * model["micro_batch_size"] * model["seq_len"]
+    tokens = result["dp"] * result["microbatches"] * model.get("micro_batch_size", 1) * model["seq_len"]
     if gpus != run["gpus"] or tokens != run["tokens_per_iteration"]:
         fail(f"{DATA}: run '{run['name']}': the config simulates {gpus} GPUs and {tokens} tokens an iteration, "
              f"the row says {run['gpus']} and {run['tokens_per_iteration']}")

@@ -199,6 +199,10 @@ Status take_experts(const json& hf, json& model, const std::string& file, FieldO
         hf.at("n_shared_experts").get<long long>() * hf.at("moe_intermediate_size").get<long long>();
     origins["model.moe_shared_expert_intermediate_size"] = file + " n_shared_experts x moe_intermediate_size";
   }
+  // DeepSeek: experts in n_group groups, a token's from topk_group of them (node-limited routing).
+  if (hf.contains("n_group") && hf.at("n_group").is_number_integer() && hf.at("n_group").get<long long>() > 1)
+    for (const auto& [key, field] : {std::pair{"n_group", "moe_router_num_groups"}, std::pair{"topk_group", "moe_router_group_topk"}})
+      if (Status s = take_integer(hf, key, model, field, true, file, origins); !s.ok()) return s;
   if (model.contains("moe_layer_freq")) return Status::Ok();
   const long long layers = model.value("layers", 0LL);
   // DeepSeek: the first first_k_dense_replace layers dense.

@@ -141,7 +141,8 @@ void read_experts(ObjectReader& r, ModelConfig& m) {
   m.num_experts = r.integer("num_experts", 0, 0, false, 1 << 16);
   const bool moe = m.num_experts > 0;
   for (const char* key : {"moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-                          "moe_layer_freq", "moe_capacity_factor", "moe_imbalance"})
+                          "moe_layer_freq", "moe_capacity_factor", "moe_imbalance", "moe_router_num_groups",
+                          "moe_router_group_topk"})
     if (!moe && r.has(key))
       throw ConfigError{r.at(key), "applies to a mixture-of-experts model only; give model.num_experts (the routed "
                                    "experts of a MoE layer) or remove it"};
@@ -167,6 +168,8 @@ void read_experts(ObjectReader& r, ModelConfig& m) {
   if (r.has("moe_capacity_factor") && !r.value("moe_capacity_factor").is_null())
     m.moe_capacity_factor = r.number("moe_capacity_factor", 1, 0, 1e6, true);
   m.moe_imbalance = r.number("moe_imbalance", 1, 1, 1e6);
+  m.moe_router_num_groups = r.integer("moe_router_num_groups", 0, 0, false, std::max(1, m.num_experts));
+  m.moe_router_group_topk = r.integer("moe_router_group_topk", 0, 0, false, std::max(1, m.num_experts));
 }
 
 ModelConfig read_model(ObjectReader r) {
@@ -362,6 +365,16 @@ TrainingConfig read_training(const json* object, const json* precision) {
   t.tp_comm_overlap = r.boolean("tp_comm_overlap", false);
   t.overlap_p2p_comm = r.boolean("overlap_p2p_comm", false);
   t.overlap_moe_expert_parallel_comm = r.boolean("overlap_moe_expert_parallel_comm", false);
+  const std::string dispatcher = r.string("moe_token_dispatcher_type", "alltoall");
+  if (dispatcher == "flex") t.moe_token_dispatcher_type = MoeDispatcher::Flex;
+  else if (dispatcher != "alltoall")
+    throw ConfigError{r.at("moe_token_dispatcher_type"),
+                      fmt::format("expected \"alltoall\" or \"flex\" (DeepEP), got \"{}\"{}", dispatcher,
+                                  dispatcher == "allgather" ? "; Megatron-Core's all-gather dispatcher is not modelled" : "")};
+  const std::string wire = r.string("moe_dispatch_fwd_dtype", "bf16");
+  if (wire != "bf16" && wire != "mxfp8")
+    throw ConfigError{r.at("moe_dispatch_fwd_dtype"), fmt::format("expected \"bf16\" or \"mxfp8\", got \"{}\"", wire)};
+  t.moe_dispatch_mxfp8 = wire == "mxfp8";
   r.reject_unknown();
   return t;
 }

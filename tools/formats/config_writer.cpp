@@ -15,6 +15,8 @@ void add_experts(json& out, const ModelConfig& m) {
                   {"moe_layer_freq", m.moe_layer_pattern.empty() ? json(m.moe_layer_freq) : json(m.moe_layer_pattern)},
                   {"moe_capacity_factor", m.moe_capacity_factor ? json(*m.moe_capacity_factor) : json(nullptr)},
                   {"moe_imbalance", m.moe_imbalance}});
+  if (m.moe_router_num_groups > 0)
+    out.update(json{{"moe_router_num_groups", m.moe_router_num_groups}, {"moe_router_group_topk", m.moe_router_group_topk}});
 }
 
 json model_json(const ModelConfig& m) {
@@ -108,6 +110,10 @@ json training_json(const TrainingConfig& t) {
           {"overlap_p2p_comm", t.overlap_p2p_comm},
           {"overlap_moe_expert_parallel_comm", t.overlap_moe_expert_parallel_comm},
           {"optimizer_post_validation", t.optimizer_post_validation}});
+  // Only a MoE model may set them (check_experts): a dense config's file stays without them.
+  if (t.moe_token_dispatcher_type != MoeDispatcher::AllToAll)
+    out["moe_token_dispatcher_type"] = std::string(moe_dispatcher_name(t.moe_token_dispatcher_type));
+  if (t.moe_dispatch_mxfp8) out["moe_dispatch_fwd_dtype"] = "mxfp8";
   return out;
 }
 

@@ -266,6 +266,10 @@ TEST_CASE("export --format megatron, then import, runs the same; what Megatron-L
   const Output nearest = run_stderr("export " + config("default.json") + " --schedule zb-v --format megatron --nearest");
   CHECK(nearest.exit_code == 0);
   CHECK_THAT(nearest.text, Catch::StartsWith("pipesim: note: export: schedule.name → 1f1b (Megatron-LM runs"));
+  // torchtitan's file names a Llama 3 flavour: a MoE model is refused, not written as a dense one.
+  const Output moe = run("export " + config("moe-tiny.json") + " --format torchtitan --nearest", true);
+  CHECK(moe.exit_code == 1);
+  CHECK_THAT(moe.text, Catch::Contains("this model has experts (model.num_experts); export --format megatron carries it"));
 }
 
 TEST_CASE("export --format torchtitan, then import, runs the same; tune --framework keeps what it runs") {

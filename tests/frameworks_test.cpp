@@ -30,7 +30,9 @@ Config round_trip(const Config& config, Framework framework) {
           ? config_from_megatron(megatron_arguments(config, split_of(config), "test"), "args", std::nullopt)
           : config_from_torchtitan(torchtitan_toml(config, split_of(config), "test"), "job.toml", std::nullopt);
   if (!imported.ok()) FAIL(imported.error().message);
-  return parse_or_fail(imported.value().config.dump());
+  Config back = parse_or_fail(imported.value().config.dump());
+  back.hardware = config.hardware;  // the machine is no part of a framework's file
+  return back;
 }
 
 /// Same iteration time and per-device peaks.
@@ -64,6 +66,39 @@ TEST_CASE("Megatron-LM: export then import simulates the same, for both schedule
   CAPTURE(all);
   const Config config = llama(all);
   check_same_run(config, round_trip(config, Framework::Megatron));
+}
+
+TEST_CASE("Megatron-LM: a MoE plan travels with its experts, routing, expert parallelism and attention") {
+  // DeepSeek-V3's shape: latent attention, dense first layers (a --moe-layer-freq list), routing groups,
+  // the flex dispatcher with an MXFP8 dispatch; and Mixtral's: GQA, every layer MoE.
+  const std::string schedule = GENERATE("1f1b", "interleaved-1f1b");
+  const Config deepseek = source_config(
+      "deepseek-v3.json", {"schedule.name=" + schedule, "parallel.microbatches=16",
+                           "training.overlap_p2p_comm=" + std::string(schedule == "1f1b" ? "false" : "true")});
+  const Config back = round_trip(deepseek, Framework::Megatron);
+  CHECK(back.model.moe_layer_pattern == deepseek.model.moe_layer_pattern);
+  CHECK(back.model.moe_router_group_topk == 4);
+  CHECK(back.training.moe_dispatch_mxfp8);
+  check_same_run(deepseek, back);
+  const Config mixtral = source_config("mixtral-8x7b.json", {"schedule.name=1f1b", "parallel.chunks=1",
+                                                             "training.overlap_p2p_comm=false",
+                                                             "model.moe_capacity_factor=1.25", "model.moe_imbalance=1.5"});
+  check_same_run(mixtral, round_trip(mixtral, Framework::Megatron));
+}
+
+TEST_CASE("Megatron-LM: --moe-layer-freq is an integer or a Python list expression of 0s and 1s") {
+  const std::string base = "--num-layers 12 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 1 "
+                           "--global-batch-size 8 --vocab-size 1000 --num-experts 4 --moe-layer-freq ";
+  const auto freq = [&](const std::string& value) {
+    Result<ImportedConfig> r = config_from_megatron(base + value, "a.args", 8);
+    return r.ok() ? r.value().config["model"]["moe_layer_freq"].dump() : r.error().message;
+  };
+  CHECK(freq("2") == "2");
+  CHECK(freq("\"([1]*3+[0]*1)*3\"") == "[1,1,1,0,1,1,1,0,1,1,1,0]");  // Megatron-LM's own example
+  CHECK(freq("([0]*2+[1]*10)") == "[0,0,1,1,1,1,1,1,1,1,1,1]");
+  CHECK(freq("[0,1,0,1,0,1,0,1,0,1,0,1]") == "[0,1,0,1,0,1,0,1,0,1,0,1]");
+  CHECK_THAT(freq("([0]*2+[1]*10"), Catch::Contains("--moe-layer-freq ([0]*2+[1]*10: expected an integer or a list"));
+  CHECK_THAT(freq("range(12)"), Catch::Contains("expected an integer or a list"));
 }
 
 TEST_CASE("Megatron-LM: a split uneven only at the ends travels as --decoder-first/last-pipeline-num-layers") {

@@ -54,6 +54,15 @@ Result<std::vector<int>> planned_split(const Config& config) {
 /// --nearest asks for the nearest plan it runs (the changes go to standard error).
 ExitStatus export_for_framework(const ExportOptions& o, Config config, Framework framework) {
   const std::string name = framework == Framework::Megatron ? "Megatron-LM" : "torchtitan";
+  // torchtitan's job file names a model flavour, and pipesim writes its Llama 3 ones: no nearest plan
+  // keeps the model.
+  const ModelConfig& m = config.model;
+  if (framework == Framework::Torchtitan && (m.has_experts() || m.latent_attention() || m.head_dim > 0))
+    return fail(fmt::format("export --format torchtitan: {}: pipesim writes torchtitan's llama3 model only, and this "
+                            "model has {}; export --format megatron carries it",
+                            config.source, m.has_experts() ? "experts (model.num_experts)"
+                                           : m.latent_attention() ? "latent attention (model.kv_lora_rank)"
+                                                                  : "heads of their own width (model.head_dim)"));
   Result<std::vector<int>> split = planned_split(config);
   if (!split.ok()) return fail(split.error().message);
   std::vector<Unsupported> problems = unsupported(framework, config, split.value());

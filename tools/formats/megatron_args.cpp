@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -44,6 +46,86 @@ Arguments tokenize(const std::string& text) {
   return args;
 }
 
+/// The MoE layer and its parallelism, as TransformerConfig's and ModelParallelConfig's fields name them.
+template <class Arg, class Flag>
+void add_experts(const Config& c, const Arg& arg, const Flag& flag) {
+  const ModelConfig& m = c.model;
+  arg("num-experts", m.num_experts);
+  arg("moe-router-topk", m.moe_router_topk);
+  arg("moe-ffn-hidden-size", m.expert_ffn_hidden());
+  if (m.moe_shared_expert_intermediate_size > 0) arg("moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size);
+  if (m.moe_layer_pattern.empty()) {
+    arg("moe-layer-freq", m.moe_layer_freq);
+  } else {  // a Python list expression, which --moe-layer-freq evaluates, in runs: ([0]*3+[1]*58). In
+    // parentheses, so that the shell's word expansion of $(grep ...) takes it for no file name.
+    std::string runs;
+    const std::vector<int>& pattern = m.moe_layer_pattern;
+    for (std::size_t i = 0, j = 0; i < pattern.size(); i = j) {
+      while (j < pattern.size() && pattern[j] == pattern[i]) ++j;
+      runs += fmt::format("{}[{}]*{}", runs.empty() ? "" : "+", pattern[i], j - i);
+    }
+    arg("moe-layer-freq", "(" + runs + ")");
+  }
+  if (m.moe_capacity_factor) arg("moe-expert-capacity-factor", *m.moe_capacity_factor);
+  if (m.moe_router_num_groups > 0) {
+    arg("moe-router-num-groups", m.moe_router_num_groups);
+    arg("moe-router-group-topk", m.moe_router_group_topk);
+  }
+  flag("moe-grouped-gemm");  // pipesim prices the experts as grouped GEMMs
+  arg("expert-model-parallel-size", c.parallel.ep);
+  arg("expert-tensor-parallel-size", c.parallel.expert_tp());
+  arg("moe-token-dispatcher-type", moe_dispatcher_name(c.training.moe_token_dispatcher_type));
+  if (c.training.moe_dispatch_mxfp8) {  // Megatron-Core sends MXFP8 through its NCCL EP backend only
+    arg("moe-flex-dispatcher-backend", "ncclep");
+    arg("moe-dispatch-fwd-dtype", "mxfp8");
+  }
+  if (c.training.overlap_moe_expert_parallel_comm) flag("overlap-moe-expert-parallel-comm");
+}
+
+/// --moe-layer-freq: an integer N, or a Python list expression of 0s and 1s ("([0]*3+[1]*58)", "[1,0,1,0]").
+/// nullopt when it is neither.
+std::optional<nlohmann::json> moe_layer_freq(std::string text) {
+  std::erase_if(text, [](char ch) { return ch == '"' || ch == '\'' || ch == ' '; });
+  if (!text.empty() && std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return nlohmann::json(std::stoll(text.substr(0, 9)));
+  std::size_t at = 0;
+  bool ok = true;
+  const auto number = [&] {
+    std::size_t digits = 0;
+    while (at + digits < text.size() && std::isdigit(static_cast<unsigned char>(text[at + digits])) && digits < 9) ++digits;
+    if (digits == 0) ok = false;
+    const long long n = digits ? std::stoll(text.substr(at, digits)) : 0;
+    at += digits;
+    return n;
+  };
+  const auto eat = [&](char ch) { return at < text.size() && text[at] == ch ? (++at, true) : false; };
+  // list := term ('+' term)*; term := ('[' digits,... ']' | '(' list ')') ('*' count)?
+  std::function<std::vector<int>()> list = [&] {
+    std::vector<int> out;
+    do {
+      std::vector<int> term;
+      if (eat('[')) {
+        while (ok && !eat(']')) {
+          term.push_back(int(number()));
+          if (at < text.size() && text[at] != ']' && !eat(',')) ok = false;
+        }
+      } else if (eat('(')) {
+        term = list();
+        if (!eat(')')) ok = false;
+      } else {
+        ok = false;
+      }
+      const long long times = eat('*') ? number() : 1;
+      if (!ok || times > 100000 || term.size() * std::size_t(times) > 100000) return ok = false, out;
+      for (long long i = 0; i < times; ++i) out.insert(out.end(), term.begin(), term.end());
+    } while (ok && eat('+'));
+    return out;
+  };
+  const std::vector<int> pattern = list();
+  if (!ok || at != text.size()) return std::nullopt;
+  return nlohmann::json(pattern);
+}
+
 }  // namespace
 
 std::string megatron_arguments(const Config& c, const std::vector<int>& layers_per_stage, const std::string& what) {
@@ -74,6 +156,21 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
     flag("disable-bias-linear");
   }
   if (!m.tied_embeddings) flag("untie-embeddings-and-output-weights");
+  if (m.head_dim > 0) arg("kv-channels", m.head_dim);
+  if (m.latent_attention()) {
+    flag("multi-latent-attention");
+    if (m.q_lora_rank > 0) arg("q-lora-rank", m.q_lora_rank);
+    arg("kv-lora-rank", m.kv_lora_rank);
+    arg("qk-head-dim", m.qk_nope_head_dim);
+    arg("qk-pos-emb-head-dim", m.qk_rope_head_dim);
+    arg("v-head-dim", m.v_head_dim);
+  }
+  if (m.has_experts()) {
+    add_experts(c, arg, flag);
+    // Not an argument: the load the run will see, which import reads back from this comment.
+    if (m.moe_imbalance != 1)
+      out += fmt::format("# pipesim priced the busiest expert at model.moe_imbalance {} times the mean tokens\n", m.moe_imbalance);
+  }
   arg("micro-batch-size", m.micro_batch_size);
   arg("global-batch-size", global_batch_size(c));
   arg("tensor-model-parallel-size", p.tp);
@@ -155,8 +252,49 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
   if (has("ffn-hidden-size")) model["ffn_hidden"] = integer("ffn-hidden-size", 1);
   if (has("group-query-attention") || has("num-query-groups")) model["kv_heads"] = integer("num-query-groups", heads);
   if (has("swiglu")) model["mlp"] = "swiglu";
+  if (has("kv-channels")) model["head_dim"] = integer("kv-channels", 1);
+  if (has("multi-latent-attention")) {  // Megatron-LM's defaults where an argument is absent
+    if (has("q-lora-rank")) model["q_lora_rank"] = integer("q-lora-rank", 1);
+    model["kv_lora_rank"] = integer("kv-lora-rank", 32);
+    model["qk_nope_head_dim"] = integer("qk-head-dim", 128);
+    model["qk_rope_head_dim"] = integer("qk-pos-emb-head-dim", 64);
+    model["v_head_dim"] = integer("v-head-dim", 128);
+  }
   json parallel{{"pp", pp}, {"tp", tp}, {"dp", dp}, {"cp", cp}, {"microbatches", *microbatches},
                 {"sequence_parallel", has("sequence-parallel")}};
+  json moe_training = json::object();
+  if (has("num-experts")) {
+    model["num_experts"] = integer("num-experts", 1);
+    model["moe_router_topk"] = integer("moe-router-topk", 2);
+    for (const auto& [name, field] : {std::pair{"moe-ffn-hidden-size", "moe_ffn_hidden_size"},
+                                      std::pair{"moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size"},
+                                      std::pair{"moe-router-num-groups", "moe_router_num_groups"},
+                                      std::pair{"moe-router-group-topk", "moe_router_group_topk"}})
+      if (has(name)) model[field] = integer(name, 1);
+    if (has("moe-layer-freq")) {
+      const std::optional<json> freq = moe_layer_freq(args.values.at("moe-layer-freq"));
+      if (!freq && error.empty())
+        error = fmt::format("{}: --moe-layer-freq {}: expected an integer or a list expression of 0s and 1s such as "
+                            "\"([0]*3+[1]*58)\"", source, args.values.at("moe-layer-freq"));
+      if (freq) model["moe_layer_freq"] = *freq;
+    }
+    if (has("moe-expert-capacity-factor")) {
+      try {
+        model["moe_capacity_factor"] = std::stod(args.values.at("moe-expert-capacity-factor"));
+      } catch (const std::exception&) {
+        if (error.empty()) error = fmt::format("{}: --moe-expert-capacity-factor {}: expected a number", source,
+                                               args.values.at("moe-expert-capacity-factor"));
+      }
+    }
+    std::smatch imbalance;
+    if (std::regex_search(text, imbalance, std::regex("model\\.moe_imbalance ([0-9]+(\\.[0-9]+)?)")))
+      model["moe_imbalance"] = std::stod(imbalance[1]);
+    parallel["ep"] = integer("expert-model-parallel-size", 1);
+    if (has("expert-tensor-parallel-size")) parallel["etp"] = integer("expert-tensor-parallel-size", 1);
+    if (has("moe-token-dispatcher-type")) moe_training["moe_token_dispatcher_type"] = args.values.at("moe-token-dispatcher-type");
+    if (has("moe-dispatch-fwd-dtype")) moe_training["moe_dispatch_fwd_dtype"] = args.values.at("moe-dispatch-fwd-dtype");
+    moe_training["overlap_moe_expert_parallel_comm"] = has("overlap-moe-expert-parallel-comm");
+  }
   json schedule{{"name", "1f1b"}, {"vocab", "baseline"}};
   if (has("num-virtual-stages-per-pipeline-rank") || has("num-layers-per-virtual-pipeline-stage")) {
     schedule["name"] = "interleaved-1f1b";
@@ -188,6 +326,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                 {"tp_comm_overlap", has("tp-comm-overlap")},
                 // megatron/training/arguments.py: on by default, and only, with a virtual pipeline
                 {"overlap_p2p_comm", schedule.value("name", "") == "interleaved-1f1b" && !has("no-overlap-p2p-communication")}};
+  training.update(moe_training);
   if (has("recompute-granularity")) {
     training["recompute_granularity"] = args.values.at("recompute-granularity");
     if (has("recompute-method")) training["recompute_method"] = args.values.at("recompute-method");
@@ -217,8 +356,15 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "recompute-granularity", "recompute-method", "recompute-num-layers", "use-distributed-optimizer",
       "use-megatron-fsdp", "data-parallel-sharding-strategy", "overlap-grad-reduce", "overlap-param-gather",
       "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "untie-embeddings-and-output-weights",
+      "kv-channels", "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
+      "v-head-dim", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
+      "moe-layer-freq", "moe-expert-capacity-factor", "moe-router-num-groups", "moe-router-group-topk",
+      "expert-model-parallel-size", "expert-tensor-parallel-size", "moe-token-dispatcher-type",
+      "moe-dispatch-fwd-dtype", "overlap-moe-expert-parallel-comm",
       // what the runtime's Llama layers are, and the precision pipesim assumes: read, nothing to set
-      "normalization", "position-embedding-type", "disable-bias-linear", "max-position-embeddings", "bf16"};
+      "normalization", "position-embedding-type", "disable-bias-linear", "max-position-embeddings", "bf16",
+      // how the experts' GEMMs and the dispatch run: what pipesim prices already
+      "moe-grouped-gemm", "moe-flex-dispatcher-backend"};
   for (const std::string& name : args.order)
     if (std::find(kRead.begin(), kRead.end(), name) == kRead.end()) imported.ignored.push_back("--" + name);
   return imported;

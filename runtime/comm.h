@@ -10,6 +10,8 @@
 /// collectives on one lane are matched across ranks by their order on that lane, so every rank must
 /// issue a lane's collectives in the same order. Lanes are independent of each other.
 #include <memory>
+#include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,7 +50,32 @@ class Communicator {
   virtual std::unique_ptr<Request> all_gather(Buffer in, Buffer out) = 0;
   /// `out` gets block rank() (out.count values) of every rank's `in` (size() × out.count) reduced.
   virtual std::unique_ptr<Request> reduce_scatter(Buffer in, Buffer out, ReduceOp op) = 0;
+  /// Variable all-to-all (MPI_Alltoallv): `in` holds one block per rank, in rank order, block d
+  /// (send_counts[d] values) for rank d; `out` gets the block every rank sent this one, in rank order,
+  /// block r recv_counts[r] values. Each rank's send_counts[d] must be rank d's recv_counts[rank()].
+  /// The counts are copied: unlike the buffers, they need not outlive the call.
+  virtual std::unique_ptr<Request> all_to_all(Buffer in, std::span<const std::size_t> send_counts, Buffer out,
+                                              std::span<const std::size_t> recv_counts) = 0;
 };
+
+/// Throws std::logic_error unless an all_to_all's arguments agree on a group of `ranks`: one count
+/// per rank each way, `in` and `out` as long as their counts add up to, one dtype. (Whether the
+/// peers' counts agree with this rank's, only the transport can tell.)
+inline void check_all_to_all(Buffer in, std::span<const std::size_t> send_counts, Buffer out,
+                             std::span<const std::size_t> recv_counts, int ranks) {
+  const auto total = [](std::span<const std::size_t> counts) {
+    return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  };
+  if (send_counts.size() != std::size_t(ranks) || recv_counts.size() != std::size_t(ranks))
+    throw std::logic_error("an all-to-all of " + std::to_string(ranks) + " ranks given " +
+                           std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                           " receive counts");
+  if (total(send_counts) != in.count || total(recv_counts) != out.count)
+    throw std::logic_error("an all-to-all's counts add up to " + std::to_string(total(send_counts)) + " and " +
+                           std::to_string(total(recv_counts)) + " values, its buffers hold " +
+                           std::to_string(in.count) + " and " + std::to_string(out.count));
+  if (in.dtype != out.dtype) throw std::logic_error("an all-to-all between buffers of different dtypes");
+}
 
 /// After the IR's collective lanes: the point-to-point lane, and the control lane, which carries the
 /// executor's own messages (step barriers, the loss, reports) in host memory whatever the backend.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
 #include <utility>
 
 #include "cpu/hash.h"
@@ -102,11 +103,11 @@ class TensorParallelGroup final : public TensorParallel {
 // lane 0 -- two threads' collectives on one lane would match across ranks in whatever order they came.
 
 /// An expert-parallel group as a mixture-of-experts layer sees it (tensor_parallel.h): its variable
-/// all-to-all as two all-gathers on kExpertLane, every rank's counts and then every
-/// rank's rows padded to the longest -- collectives every transport runs, and each rank keeps the
-/// blocks addressed to it. That moves size() times the rows a true all-to-all moves, which the CPU
-/// runtime's small models afford. Blocking and held to the run's timeout; a failure aborts the run
-/// first, as TensorParallelGroup's do, so that no transfer touches a buffer the unwinding frees.
+/// all-to-all as two of the transport's on kExpertLane, one count per peer and then the rows, so
+/// that each rank receives only the blocks addressed to it. The counts go first because a rank
+/// knows what it sends each peer but not what each peer sends it, and the rows' exchange needs both.
+/// Blocking and held to the run's timeout; a failure aborts the run first, as TensorParallelGroup's
+/// do, so that no transfer touches a buffer the unwinding frees.
 class ExpertParallelGroup final : public ExpertParallel {
  public:
   ExpertParallelGroup(std::unique_ptr<Transport> group, double timeout_s, std::string label)
@@ -115,37 +116,27 @@ class ExpertParallelGroup final : public ExpertParallel {
   int size() const override { return group_->size(); }
   std::vector<float> all_to_all(std::span<const float> send, std::span<const std::size_t> counts,
                                 std::vector<std::size_t>& received) override {
-    const std::size_t ranks = std::size_t(size()), me = std::size_t(rank());
+    const auto ranks = std::size_t(size());
     if (counts.size() != ranks) throw std::invalid_argument("an all-to-all needs one count per rank of its group");
-    std::vector<double> mine(counts.begin(), counts.end()), all(ranks * ranks);
-    gather(host_buffer(std::span(mine)), host_buffer(std::span(all)), "an expert-parallel all-to-all's counts");
-    std::size_t longest = 1;  // never an empty buffer, which some transports refuse
-    for (std::size_t r = 0; r < ranks; ++r) {
-      std::size_t total = 0;
-      for (std::size_t d = 0; d < ranks; ++d) total += std::size_t(all[r * ranks + d]);
-      longest = std::max(longest, total);
-    }
-    if (send.size() > longest) throw std::invalid_argument("an all-to-all's buffer is longer than its counts");
-    std::vector<float> padded(longest, 0.0f), gathered(longest * ranks);
-    std::copy(send.begin(), send.end(), padded.begin());
-    gather(host_buffer(std::span(padded)), host_buffer(std::span(gathered)), "an expert-parallel all-to-all");
-    std::vector<float> out;
-    received.assign(ranks, 0);
-    for (std::size_t r = 0; r < ranks; ++r) {
-      std::size_t offset = 0;
-      for (std::size_t d = 0; d < me; ++d) offset += std::size_t(all[r * ranks + d]);
-      received[r] = std::size_t(all[r * ranks + me]);
-      const auto from = gathered.begin() + std::ptrdiff_t(r * longest + offset);
-      out.insert(out.end(), from, from + std::ptrdiff_t(received[r]));
-    }
+    if (send.size() != std::accumulate(counts.begin(), counts.end(), std::size_t{0}))
+      throw std::invalid_argument("an all-to-all's buffer is not as long as its counts add up to");
+    const std::vector<std::size_t> one(ranks, 1);
+    std::vector<double> mine(counts.begin(), counts.end()), theirs(ranks);  // exact up to 2^53
+    exchange(host_buffer(std::span(mine)), one, host_buffer(std::span(theirs)), one,
+             "an expert-parallel all-to-all's counts");
+    received.clear();
+    for (const double c : theirs) received.push_back(std::size_t(c));
+    std::vector<float> out(std::accumulate(received.begin(), received.end(), std::size_t{0}));
+    exchange(host_buffer(send), counts, host_buffer(std::span(out)), received, "an expert-parallel all-to-all");
     return out;
   }
 
  private:
-  void gather(Buffer in, Buffer out, const char* what) {
+  void exchange(Buffer in, std::span<const std::size_t> send_counts, Buffer out,
+                std::span<const std::size_t> recv_counts, const char* what) {
     std::unique_ptr<Request> request;
     try {
-      request = group_->lane(kExpertLane).all_gather(in, out);
+      request = group_->lane(kExpertLane).all_to_all(in, send_counts, out, recv_counts);
       wait_for(*group_, *request, timeout_s_, what);
     } catch (const CommError&) {
       throw;  // another rank aborted the run: no transfer touches the buffers any more

@@ -13,7 +13,7 @@
 namespace pipesim::runtime {
 namespace {
 
-enum class Collective { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter };
+enum class Collective { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll };
 
 template <class T>
 void combine_as(void* into, const void* from, std::size_t count, ReduceOp op) {
@@ -121,6 +121,11 @@ class InProcessLane final : public Communicator {
     expect_blocks(in, out, "reduce-scatter");
     return collective(Collective::ReduceScatter, in, out, op, 0);
   }
+  std::unique_ptr<Request> all_to_all(Buffer in, std::span<const std::size_t> send_counts, Buffer out,
+                                      std::span<const std::size_t> recv_counts) override {
+    check_all_to_all(in, send_counts, out, recv_counts, group_.size());
+    return collective(Collective::AllToAll, in, out, ReduceOp::None, 0, send_counts, recv_counts);
+  }
 
  private:
   World::ChannelKey channel(int from, int to) const {
@@ -133,43 +138,58 @@ class InProcessLane final : public Communicator {
                                          dtype_name(whole.dtype), group_.size(), block.count, dtype_name(block.dtype)));
   }
 
-  /// Records this rank's input in the lane's next slot; the last rank to arrive computes the result
-  /// (reducing in rank order); each rank then copies out what it gets.
-  std::unique_ptr<Request> collective(Collective kind, Buffer in, Buffer out, ReduceOp op, int root) {
+  /// Records this rank's input (and an all-to-all's counts) in the lane's next slot; the last rank to
+  /// arrive computes the result (reducing in rank order); each rank then copies out what it gets.
+  std::unique_ptr<Request> collective(Collective kind, Buffer in, Buffer out, ReduceOp op, int root,
+                                      std::span<const std::size_t> send_counts = {},
+                                      std::span<const std::size_t> recv_counts = {}) {
     const World::SlotKey key{group_.id, lane_, next_index_++};
     {
       std::lock_guard lock(world_.mutex_);
       world_.check_aborted();
       World::Slot& slot = world_.slots_[key];
-      slot.inputs.resize(std::size_t(group_.size()));
-      slot.inputs[std::size_t(group_.index)] = in;
+      const auto ranks = std::size_t(group_.size()), me = std::size_t(group_.index);
+      slot.inputs.resize(ranks);
+      slot.inputs[me] = in;
+      if (kind == Collective::AllToAll) {
+        slot.send_counts.resize(ranks), slot.recv_counts.resize(ranks);
+        slot.send_counts[me].assign(send_counts.begin(), send_counts.end());
+        slot.recv_counts[me].assign(recv_counts.begin(), recv_counts.end());
+      }
       if (++slot.arrived == group_.size()) finish(slot, kind, op, root);
       world_.notify();
     }
     const bool receives = kind != Collective::Reduce || group_.index == root;
-    // A reduce-scatter's rank takes its block of the result; every other kind the whole of it.
-    const std::size_t from = kind == Collective::ReduceScatter ? std::size_t(group_.index) * out.bytes() : 0;
-    return std::make_unique<InProcessRequest>(world_, [this, key, out, receives, from] {
+    return std::make_unique<InProcessRequest>(world_, [this, key, out, receives] {
       auto it = world_.slots_.find(key);
       World::Slot& slot = it->second;
       if (!slot.ready) return false;
+      const std::size_t from = slot.from[std::size_t(group_.index)];
       if (receives) memory_.copy(out.data, static_cast<std::byte*>(slot.result.data()) + from, out.bytes());
       if (++slot.collected == group_.size()) world_.slots_.erase(it);  // its result goes back to the memory
       return true;
     });
   }
 
+  /// The result, and where each rank's output starts in it: a reduce-scatter's rank takes its
+  /// block, an all-to-all's rank the blocks sent to it, every other kind's rank the whole result.
   void finish(World::Slot& slot, Collective kind, ReduceOp op, int root) {
+    const std::size_t ranks = slot.inputs.size();
     const std::size_t source = std::size_t(kind == Collective::Broadcast ? root : 0);
     const Buffer& first = slot.inputs[source];
-    for (std::size_t r = 0; r < slot.inputs.size(); ++r)
-      if (slot.inputs[r].count != first.count || slot.inputs[r].dtype != first.dtype)
+    for (std::size_t r = 0; r < ranks; ++r)  // an all-to-all's ranks send as many values as their counts say
+      if ((kind != Collective::AllToAll && slot.inputs[r].count != first.count) || slot.inputs[r].dtype != first.dtype)
         throw std::logic_error(fmt::format("collective on lane {} has {} {} values on rank {} and {} {} on rank {}", lane_,
                                            first.count, dtype_name(first.dtype), source, slot.inputs[r].count,
                                            dtype_name(slot.inputs[r].dtype), r));
-    if (kind == Collective::AllGather) {  // the inputs side by side, in rank order
-      slot.result = memory_.tensor(first.count * slot.inputs.size(), first.dtype);
-      for (std::size_t r = 0; r < slot.inputs.size(); ++r)
+    slot.from.assign(ranks, 0);
+    if (kind == Collective::ReduceScatter)
+      for (std::size_t r = 0; r < ranks; ++r) slot.from[r] = r * (first.bytes() / ranks);
+    if (kind == Collective::AllToAll) {
+      all_to_all(slot);
+    } else if (kind == Collective::AllGather) {  // the inputs side by side, in rank order
+      slot.result = memory_.tensor(first.count * ranks, first.dtype);
+      for (std::size_t r = 0; r < ranks; ++r)
         memory_.copy(static_cast<std::byte*>(slot.result.data()) + r * first.bytes(), slot.inputs[r].data, first.bytes());
     } else {
       slot.result = memory_.tensor(first.count, first.dtype);
@@ -179,6 +199,29 @@ class InProcessLane final : public Communicator {
           memory_.combine(slot.result.data(), slot.inputs[r].data, first.count, first.dtype, op);
     }
     slot.ready = true;
+  }
+
+  /// The result is every rank's output, receiver after receiver: the blocks addressed to it, in
+  /// sender order. Each sender's block for a receiver must be as long as the receiver expects.
+  void all_to_all(World::Slot& slot) {
+    const std::size_t ranks = slot.inputs.size(), width = size_of(slot.inputs[0].dtype);
+    std::size_t total = 0;
+    for (const Buffer& in : slot.inputs) total += in.count;
+    slot.result = memory_.tensor(total, slot.inputs[0].dtype);
+    std::size_t at = 0;  // bytes into the result
+    for (std::size_t to = 0; to < ranks; ++to) {
+      slot.from[to] = at;
+      for (std::size_t from = 0; from < ranks; ++from) {
+        const std::vector<std::size_t>& sent = slot.send_counts[from];
+        if (sent[to] != slot.recv_counts[to][from])
+          throw std::logic_error(fmt::format("all-to-all on lane {}: rank {} sends {} values to rank {}, which expects {}",
+                                             lane_, from, sent[to], to, slot.recv_counts[to][from]));
+        const std::size_t offset = std::accumulate(sent.begin(), sent.begin() + std::ptrdiff_t(to), std::size_t{0});
+        memory_.copy(static_cast<std::byte*>(slot.result.data()) + at,
+                     static_cast<const std::byte*>(slot.inputs[from].data) + offset * width, sent[to] * width);
+        at += sent[to] * width;
+      }
+    }
   }
 
   World& world_;

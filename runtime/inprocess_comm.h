@@ -61,8 +61,10 @@ class World {
   };
   struct Slot {
     std::vector<Buffer> inputs;  ///< by rank in the group
+    std::vector<std::vector<std::size_t>> send_counts, recv_counts;  ///< an all-to-all's, by rank
     int arrived = 0, collected = 0;
     Tensor result;               ///< in the lane's memory, which it goes back to with the slot
+    std::vector<std::size_t> from;  ///< where each rank's output starts in `result`, in bytes
     bool ready = false;
   };
   /// (group, lane, from, to) in world ranks: a FIFO per channel.

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <latch>
+#include <numeric>
 #include <thread>
 
 #include "inprocess_comm.h"
@@ -161,6 +162,66 @@ TEST_CASE("a collective whose blocks do not tile the buffer is refused") {
   std::vector<float> in(3), out(5);
   CHECK_THROWS_WITH(comm.lane(0).all_gather(host_buffer(std::span(in)), host_buffer(std::span(out))),
                     Catch::Contains("are not 2 blocks of 3"));
+  const std::vector<std::size_t> two_and_one{2, 1}, three_and_two{3, 2};
+  CHECK_THROWS_WITH(comm.lane(0).all_to_all(host_buffer(std::span(in)), two_and_one, host_buffer(std::span(out)),
+                                            two_and_one),
+                    Catch::Contains("counts add up to 3 and 3 values, its buffers hold 3 and 5"));
+  CHECK_THROWS_WITH(comm.lane(0).all_to_all(host_buffer(std::span(in)), std::vector<std::size_t>{3},
+                                            host_buffer(std::span(out)), three_and_two),
+                    Catch::Contains("an all-to-all of 2 ranks given 1 send and 2 receive counts"));
+}
+
+TEST_CASE("all-to-all sends each rank its block, however uneven, and gives every rank's in rank order") {
+  // Rank r sends rank d (r + 2d) mod 3 values, 100r + 10d + k: blocks of 0, 1 and 2 values (rank 0
+  // sends itself nothing, rank 3 gets nothing from rank 0).
+  const auto count = [](int from, int to) { return std::size_t((from + 2 * to) % 3); };
+  World world(4);
+  const auto seen = on_ranks(world, [&](Transport& comm) {
+    const int me = comm.rank();
+    std::vector<std::size_t> send_counts, recv_counts;
+    std::vector<float> in;
+    for (int d = 0; d < 4; ++d) {
+      send_counts.push_back(count(me, d)), recv_counts.push_back(count(d, me));
+      for (std::size_t k = 0; k < count(me, d); ++k) in.push_back(float(100 * me + 10 * d + int(k)));
+    }
+    std::vector<float> out(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}), -1.0f);
+    Communicator& lane = comm.lane(0);
+    wait(comm, *lane.all_to_all(host_buffer(std::span(in)), send_counts, host_buffer(std::span(out)), recv_counts));
+    // Back again with the counts swapped, as a MoE layer's combine returns what its dispatch sent.
+    std::vector<float> back(in.size(), -1.0f);
+    wait(comm, *lane.all_to_all(host_buffer(std::span(out)), recv_counts, host_buffer(std::span(back)), send_counts));
+    out.push_back(float(back == in));
+    return out;
+  });
+  for (int me = 0; me < 4; ++me) {
+    std::vector<float> expected;
+    for (int r = 0; r < 4; ++r)
+      for (std::size_t k = 0; k < count(r, me); ++k) expected.push_back(float(100 * r + 10 * me + int(k)));
+    expected.push_back(1.0f);  // the round trip gave back what the rank sent
+    CAPTURE(me);
+    CHECK(seen[std::size_t(me)] == expected);
+  }
+}
+
+TEST_CASE("an all-to-all whose ranks disagree on a block's size fails on both, not truncates") {
+  World world(2);
+  std::vector<std::string> errors(2);
+  on_ranks(world, [&](Transport& comm) {
+    // Rank 0 sends rank 1 one value; rank 1 expects two.
+    const std::vector<std::size_t> sends{1, 1}, receives{std::size_t(comm.rank() + 1), 1};
+    std::vector<float> in(2), out(comm.rank() == 0 ? 2 : 3);
+    std::string& error = errors[std::size_t(comm.rank())];
+    try {
+      auto q = comm.lane(0).all_to_all(host_buffer(std::span(in)), sends, host_buffer(std::span(out)), receives);
+      error = error_of(comm, *q);  // the other rank arrived last, found the disagreement and aborted
+    } catch (const std::logic_error& e) {  // this rank arrived last
+      error = e.what();
+      comm.abort(error);
+    }
+    return out;
+  });
+  for (const std::string& error : errors)
+    CHECK(error == "all-to-all on lane 0: rank 0 sends 1 values to rank 1, which expects 2");
 }
 
 TEST_CASE("subgroups reduce among their members only, and an abort reaches every rank of the world") {

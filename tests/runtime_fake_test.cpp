@@ -204,6 +204,11 @@ class FaultyLane final : public runtime::Communicator {
     lending_.lend(in);
     return track(out, [&] { return inner_.reduce_scatter(in, out, op); });
   }
+  std::unique_ptr<runtime::Request> all_to_all(runtime::Buffer in, std::span<const std::size_t> send_counts,
+                                               runtime::Buffer out, std::span<const std::size_t> recv_counts) override {
+    lending_.lend(in);
+    return track(out, [&] { return inner_.all_to_all(in, send_counts, out, recv_counts); });
+  }
 
  private:
   template <class Issue>

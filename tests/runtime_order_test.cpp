@@ -153,6 +153,10 @@ class RecordingLane final : public runtime::Communicator {
   std::unique_ptr<runtime::Request> reduce_scatter(runtime::Buffer in, runtime::Buffer out, runtime::ReduceOp op) override {
     return record(name_, "reduce-scatter", [&] { return inner_.reduce_scatter(in, out, op); });
   }
+  std::unique_ptr<runtime::Request> all_to_all(runtime::Buffer in, std::span<const std::size_t> send_counts,
+                                               runtime::Buffer out, std::span<const std::size_t> recv_counts) override {
+    return record(name_, "all-to-all", [&] { return inner_.all_to_all(in, send_counts, out, recv_counts); });
+  }
 
  private:
   template <class Issue>

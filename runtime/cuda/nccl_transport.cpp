@@ -190,7 +190,8 @@ class NcclRequest final : public Request {
 /// A collective lane: one communicator over all ranks.
 class CollectiveLane final : public Communicator {
  public:
-  CollectiveLane(std::shared_ptr<NcclComm> c, Communicators& shared) : c_(std::move(c)), shared_(shared) {}
+  CollectiveLane(std::shared_ptr<NcclComm> c, int ranks, Communicators& shared)
+      : c_(std::move(c)), ranks_(ranks), shared_(shared) {}
   std::unique_ptr<Request> send(Buffer, int) override { throw std::logic_error("send on a collective lane"); }
   std::unique_ptr<Request> recv(Buffer, int) override { throw std::logic_error("recv on a collective lane"); }
   std::unique_ptr<Request> all_reduce(Buffer b, ReduceOp op) override {
@@ -214,12 +215,38 @@ class CollectiveLane final : public Communicator {
       return ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype), nccl_op(op), c->comm, c->stream);
     });
   }
+  /// NCCL has no all-to-all call: its documented pattern is a send and a receive per peer between
+  /// ncclGroupStart and ncclGroupEnd, which NCCL launches as one operation. The group is one call
+  /// here, so the request's event is recorded after all of it. Pairs with nothing to exchange are
+  /// left out (both sides' counts are 0).
+  std::unique_ptr<Request> all_to_all(Buffer in, std::span<const std::size_t> send_counts, Buffer out,
+                                      std::span<const std::size_t> recv_counts) override {
+    check_all_to_all(in, send_counts, out, recv_counts, ranks_);
+    return call([=, c = c_.get(), ranks = ranks_, sends = std::vector(send_counts.begin(), send_counts.end()),
+                 receives = std::vector(recv_counts.begin(), recv_counts.end())] {
+      if (const ncclResult_t started = ncclGroupStart(); started != ncclSuccess) return started;
+      const std::size_t width = size_of(in.dtype);
+      std::size_t sent = 0, received = 0;  // values before the peer's block
+      ncclResult_t result = ncclSuccess;
+      for (int peer = 0; peer < ranks && result == ncclSuccess; ++peer) {
+        const std::size_t to = sends[std::size_t(peer)], from = receives[std::size_t(peer)];
+        const std::byte* const block = static_cast<const std::byte*>(in.data) + sent * width;
+        std::byte* const into = static_cast<std::byte*>(out.data) + received * width;
+        if (to) result = ncclSend(block, to, nccl_type(in.dtype), peer, c->comm, c->stream);
+        if (from && result == ncclSuccess) result = ncclRecv(into, from, nccl_type(out.dtype), peer, c->comm, c->stream);
+        sent += to, received += from;
+      }
+      const ncclResult_t ended = ncclGroupEnd();  // also after a failure: the group must be closed
+      return result != ncclSuccess ? result : ended;
+    });
+  }
 
  private:
   std::unique_ptr<Request> call(std::function<ncclResult_t()> issue) {
     return std::make_unique<NcclRequest>(c_, std::move(issue), shared_);
   }
   std::shared_ptr<NcclComm> c_;
+  int ranks_;
   Communicators& shared_;
 };
 
@@ -247,6 +274,10 @@ class ChannelLane final : public Communicator {
   std::unique_ptr<Request> all_gather(Buffer, Buffer) override { throw std::logic_error("all-gather on the p2p lane"); }
   std::unique_ptr<Request> reduce_scatter(Buffer, Buffer, ReduceOp) override {
     throw std::logic_error("reduce-scatter on the p2p lane");
+  }
+  std::unique_ptr<Request> all_to_all(Buffer, std::span<const std::size_t>, Buffer,
+                                      std::span<const std::size_t>) override {
+    throw std::logic_error("all-to-all on the p2p lane");
   }
 
  private:
@@ -348,7 +379,7 @@ class NcclTransport final : public Transport {
       // communicator before it, so creation never deadlocks.
       for (int lane = 0; lane < kCollectiveLanes; ++lane)
         lanes_.push_back(std::make_unique<CollectiveLane>(
-            create(ids[std::size_t(lane)], size_, rank_, fmt::format("collective lane {}", lane)), *shared_));
+            create(ids[std::size_t(lane)], size_, rank_, fmt::format("collective lane {}", lane)), size_, *shared_));
       std::map<std::pair<int, int>, std::shared_ptr<NcclComm>> made;
       std::size_t i = kCollectiveLanes;
       for (const auto& [from, to] : used) {

@@ -17,6 +17,7 @@ struct PluginApi {
   int (*local_device)(int);
   std::unique_ptr<Transport> (*make_nccl_transport)(std::unique_ptr<Transport>, const TaskGraph&, int, const NcclOptions&);
 };
+/// 11: Communicator gained all_to_all;
 /// 10: Memory (device_memory) is an Allocator: free takes the bytes; 9: Backend lost sequence_part
 /// and sequence_whole (the executor splits and gathers the rows); 8: BackendOptions::tensor_parallel
 /// is the runtime's one TensorParallel (base/tensor_parallel.h), which replaced TensorParallelBuffers
@@ -26,7 +27,7 @@ struct PluginApi {
 /// TiedEmbedding; 5: BackendOptions gained the tensor-parallel rank and group; 4: `owned`,
 /// Transport::subgroup the group's use, Backend weights_written; 3: Transport gained subgroup,
 /// all_gather and reduce_scatter.
-constexpr int kPluginVersion = 10;
+constexpr int kPluginVersion = 11;
 
 }  // namespace pipesim::runtime::cuda
 

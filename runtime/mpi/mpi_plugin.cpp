@@ -8,11 +8,13 @@
 // names the call and the rank, which the executor reports like any other failure.
 #include <mpi.h>
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "mpi_plugin.h"
 
@@ -34,6 +36,9 @@ void check(int code, const std::string& call) {
 class MpiRequest final : public Request {
  public:
   MPI_Request* handle() { return &request_; }
+  /// What MPI reads until the request completes besides the buffers (an MPI_Ialltoallv's counts and
+  /// displacements): kept with the request, so that they live as long as it.
+  std::vector<int>& arrays() { return arrays_; }
   bool done() override {
     if (done_) return true;
     int flag = 0;
@@ -44,6 +49,7 @@ class MpiRequest final : public Request {
 
  private:
   MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<int> arrays_;
   bool done_ = false;
 };
 
@@ -68,7 +74,9 @@ MPI_Datatype mpi_type(DType dtype) {
 /// One lane: a duplicate of its transport's communicator, so lanes never match each other's messages.
 class MpiLane final : public Communicator {
  public:
-  MpiLane(MPI_Comm base, int rank) : rank_(rank) { check(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup"); }
+  MpiLane(MPI_Comm base, int rank, int size) : rank_(rank), size_(size) {
+    check(MPI_Comm_dup(base, &comm_), "MPI_Comm_dup");
+  }
   ~MpiLane() override {
     if (const int code = MPI_Comm_free(&comm_); code != MPI_SUCCESS)  // a destructor cannot throw: say so
       std::fprintf(stderr, "pipesim: warning: rank %d: %s\n", rank_, describe_failure(code, "MPI_Comm_free").c_str());
@@ -121,9 +129,30 @@ class MpiLane final : public Communicator {
           "MPI_Ireduce_scatter_block");
     return r;
   }
+  /// MPI_Ialltoallv counts and places blocks in ints: buffers of more than INT_MAX values are refused,
+  /// not wrapped (no count or displacement is then past INT_MAX).
+  std::unique_ptr<Request> all_to_all(Buffer in, std::span<const std::size_t> send_counts, Buffer out,
+                                      std::span<const std::size_t> recv_counts) override {
+    check_all_to_all(in, send_counts, out, recv_counts, size_);
+    if (in.count > std::size_t(INT_MAX) || out.count > std::size_t(INT_MAX))
+      throw std::runtime_error("MPI_Ialltoallv: a buffer of more than INT_MAX values");
+    auto r = std::make_unique<MpiRequest>();
+    const auto n = std::size_t(size_);
+    std::vector<int>& a = r->arrays();  // send counts, send displacements, receive counts, receive displacements
+    a.assign(4 * n, 0);
+    const auto place = [n](std::span<const std::size_t> counts, int* count, int* first) {
+      int at = 0;
+      for (std::size_t p = 0; p < n; ++p) count[p] = int(counts[p]), first[p] = at, at += count[p];
+    };
+    place(send_counts, &a[0], &a[n]), place(recv_counts, &a[2 * n], &a[3 * n]);
+    check(MPI_Ialltoallv(in.data, &a[0], &a[n], mpi_type(in.dtype), out.data, &a[2 * n], &a[3 * n], mpi_type(out.dtype),
+                         comm_, r->handle()),
+          "MPI_Ialltoallv");
+    return r;
+  }
 
  private:
-  int rank_;
+  int rank_, size_;
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
@@ -134,7 +163,7 @@ class MpiTransport final : public Transport {
   explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    for (int lane = 0; lane < kLanes; ++lane) lanes_.push_back(std::make_unique<MpiLane>(comm_, rank_));
+    for (int lane = 0; lane < kLanes; ++lane) lanes_.push_back(std::make_unique<MpiLane>(comm_, rank_, size_));
   }
   ~MpiTransport() override {
     lanes_.clear();

@@ -21,7 +21,9 @@ struct PluginApi {
   void (*abort)(const char* why);
   void (*finalize)();
 };
-constexpr int kPluginVersion = 3;  ///< 3: Transport::subgroup takes the group's use (2: gained subgroup, all_gather, reduce_scatter)
+/// 4: Communicator gained all_to_all; 3: Transport::subgroup takes the group's use; 2: gained subgroup,
+/// all_gather, reduce_scatter.
+constexpr int kPluginVersion = 4;
 
 }  // namespace pipesim::runtime::mpi
 

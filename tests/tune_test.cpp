@@ -16,6 +16,7 @@
 #include "simulate_config.h"
 #include "sweep.h"
 #include "tune.h"
+#include "tune_knobs.h"
 
 using namespace pipesim;
 using namespace pipesim::testing;
@@ -563,4 +564,10 @@ TEST_CASE("tune tries every expert parallelism a MoE model's layout allows, Mega
   wider.parallel.ep = 8;
   CHECK(before.find("ep ") == std::string::npos);
   CHECK(describe_changes(moe, wider).find("dp 8→1, ep 1→8") != std::string::npos);
+  // The table shows ep/etp after cp for a MoE model, and no ep column for a dense one.
+  const std::vector<Knob> shown = shown_knobs(true);
+  CHECK(std::find(shown.begin(), shown.end(), Knob::Ep) - shown.begin() == 4);
+  CHECK(knob_cells(source_config("mixtral-8x7b.json"))[4] == "8/1");
+  const std::vector<Knob> dense = shown_knobs(false);
+  CHECK(std::find(dense.begin(), dense.end(), Knob::Ep) == dense.end());
 }

@@ -63,7 +63,7 @@ Result<std::vector<HtmlTune>> tune_each(const ReportOptions& o, const std::vecto
     if (!searched.ok()) return Error{"--tune: " + searched.error().message};
     const TuneResult& r = searched.value();
     tunes.push_back({.config = path,
-                     .table = {.columns = tune_columns(),
+                     .table = {.columns = tune_columns(config.value()),
                                .rows = tune_table_rows(config.value(), r, tune_reference(r)),
                                .reference = tune_reference_name(r)},
                      .scatter_svg = tune_scatter(path, r),

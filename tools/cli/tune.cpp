@@ -42,6 +42,7 @@ void add_knobs(nlohmann::ordered_json& row, const Config& config) {
   const ParallelConfig& p = config.parallel;
   const TrainingConfig& t = config.training;
   row["pp"] = p.pp, row["tp"] = p.tp, row["dp"] = p.dp, row["cp"] = p.cp;
+  if (config.model.has_experts()) row["ep"] = p.ep, row["etp"] = p.expert_tp();
   row["sequence_parallel"] = p.sequence_parallel, row["microbatches"] = p.microbatches;
   row["micro_batch_size"] = config.model.micro_batch_size;
   row["chunks"] = chunks_run(config);
@@ -100,7 +101,7 @@ void print_json(const Config& config, const TuneResult& r, const RunReport& refe
 }
 
 void print_table(const Config& config, const TuneResult& r, const RunReport& reference, Format format) {
-  fmt::print("{}{}", format_table(tune_columns(), tune_table_rows(config, r, reference), format),
+  fmt::print("{}{}", format_table(tune_columns(config), tune_table_rows(config, r, reference), format),
              reference_line(tune_reference_name(r), format));
 }
 

@@ -63,12 +63,12 @@ std::string yours_changes(const TuneResult& r) {
                      memory_cell(gib(max_peak(*r.yours))), gib(m.memory_capacity_bytes));
 }
 
-std::vector<Column> tune_columns() {
+std::vector<Column> tune_columns(const Config& config) {
   std::vector<Column> columns = comparison_columns();
   columns.insert(columns.begin() + comparison_index("speedup") + 1, {"speedup_per_gpu"});
   columns.insert(columns.begin() + comparison_index("tokens_per_s") + 1, {"tokens_per_s_per_gpu"});
   std::vector<Column> knobs;
-  for (const Knob knob : shown_knobs()) knobs.push_back({std::string(knob_name(knob)), knob == Knob::Recompute});
+  for (const Knob knob : shown_knobs(config.model.has_experts())) knobs.push_back({std::string(knob_name(knob)), knob == Knob::Recompute});
   columns.insert(columns.begin() + comparison_index("vocab") + 1, knobs.begin(), knobs.end());
   columns.insert(columns.begin(), {"rank", false});
   columns.push_back({"changes", true});

@@ -17,7 +17,7 @@ double speedup_per_gpu(const RunReport& report, const RunReport& reference);
 
 /// rank, compare's name columns (config, schedule, vocab), the knobs, compare's numbers with
 /// tokens_per_s_per_gpu after tokens_per_s and speedup_per_gpu after speedup, changes.
-std::vector<Column> tune_columns();
+std::vector<Column> tune_columns(const Config& config);
 
 /// Yours first (rank "-"), then every row of `r` ranked from 1, measured against `reference`.
 std::vector<std::vector<std::string>> tune_table_rows(const Config& config, const TuneResult& r,

@@ -111,15 +111,21 @@ std::string recompute_text(const TrainingConfig& t) {
   return text;
 }
 
-std::vector<Knob> shown_knobs() {
-  return {Knob::Pp,     Knob::Tp,        Knob::Dp,        Knob::Cp, Knob::SequenceParallel, Knob::Microbatches,
-          Knob::MicroBatchSize, Knob::Chunks, Knob::Recompute, Knob::ZeroStage, Knob::Fp8};
+std::vector<Knob> shown_knobs(bool experts) {
+  std::vector<Knob> knobs{Knob::Pp, Knob::Tp, Knob::Dp, Knob::Cp};
+  if (experts) knobs.push_back(Knob::Ep);
+  knobs.insert(knobs.end(), {Knob::SequenceParallel, Knob::Microbatches, Knob::MicroBatchSize, Knob::Chunks,
+                             Knob::Recompute, Knob::ZeroStage, Knob::Fp8});
+  return knobs;
 }
 
 std::vector<std::string> knob_cells(const Config& config) {
   std::vector<std::string> cells;
-  for (const Knob knob : shown_knobs())
-    cells.push_back(knob == Knob::Recompute ? recompute_text(config.training) : knob_value(config, knob));
+  for (const Knob knob : shown_knobs(config.model.has_experts())) {
+    if (knob == Knob::Recompute) cells.push_back(recompute_text(config.training));
+    else if (knob == Knob::Ep) cells.push_back(fmt::format("{}/{}", config.parallel.ep, config.parallel.expert_tp()));
+    else cells.push_back(knob_value(config, knob));
+  }
   return cells;
 }
 

@@ -31,9 +31,10 @@ std::string knob_value(const Config& config, Knob knob);
 /// Recomputation as tune shows it: "none", "selective", or "full/uniform/1" (granularity, method, layers).
 std::string recompute_text(const TrainingConfig& training);
 
-/// The knobs a row shows besides compare's schedule and vocab columns, in table order, and their cells
-/// for `config`. Full recomputation shows its method and layer count too: "full/uniform/1".
-std::vector<Knob> shown_knobs();
+/// The knobs a row shows besides compare's schedule and vocab columns, in table order (ep for a model
+/// with `experts` only), and their cells for `config`. Full recomputation shows its method and layer
+/// count too: "full/uniform/1"; expert parallelism its expert tensor parallelism: "8/1" (ep/etp).
+std::vector<Knob> shown_knobs(bool experts);
 std::vector<std::string> knob_cells(const Config& config);
 
 /// One `--fix key=value[,value...]`, checked against the knob names only: whether the search can take

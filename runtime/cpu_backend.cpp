@@ -102,7 +102,7 @@ class CpuBackend final : public Backend {
   }
   void layer_weight(int layer, Activations& base) override {
     CpuLayerActivations& c = layer_cache(base);
-    cpu::layer_weight_backward(shape_, c.cache, c.deferred, model_.grads.layers.at(layer), model_.tp);
+    cpu::layer_weight_backward(shape_, c.cache, c.deferred, model_.grads.layers.at(layer), model_.tp, model_.tp_rank);
   }
 
   std::unique_ptr<Activations> final_norm(Tensor x) override {
@@ -218,11 +218,11 @@ class CpuBackend final : public Backend {
   /// A whole activation: n × h.
   Tensor activation() { return allocate(activation_size(), DType::F32); }
   bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }
-  /// Under sequence parallelism, once per step before the gradients are read: the norms' gradients
-  /// summed over the ranks' rows.
+  /// Under sequence parallelism, once per step before the gradients are read: the norms' and the
+  /// routers' gradients summed over the ranks' rows, the routed experts' over the ranks that hold them.
   void sum_partial_gradients() {
     if (!std::exchange(partial_gradients_, false)) return;
-    for (auto& [index, layer] : model_.grads.layers) cpu::sum_partial_gradients(layer, *tp_);
+    for (auto& [index, layer] : model_.grads.layers) cpu::sum_partial_gradients(layer, *tp_, model_.ep_rank, model_.ep);
   }
   const std::vector<int>& tokens(int mb) const { return batches_.at(std::size_t(mb)).tokens; }
   const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }

@@ -186,7 +186,10 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
     if (job.ep > 1)
       groups.expert = std::make_unique<ExpertParallelGroup>(
           world.subgroup(job.expert_group_of(rank, false), GroupUse::Collectives), timeout_s, rank_label(job, rank));
-    if (job.ep > 1 && job.dp > job.ep)
+    // Within a replica its tensor-parallel ranks of one expert rank sum their gradients themselves
+    // (cpu::sum_partial_gradients); across replicas, when an expert group spans several, the
+    // replicas that hold the same experts do, in this group, and the data-parallel group otherwise.
+    if (job.expert_replicas() > 1 && job.dp > job.expert_replicas())
       groups.expert_data = world.subgroup(job.expert_group_of(rank, true), GroupUse::Collectives);
   }
   const auto& groups_of_graph = job.graph.groups();
@@ -214,9 +217,10 @@ Result<RunResult> run_steps(RankGroups& groups, Backend& backend, const Job& job
     wait_for(groups.world, groups.world.control().all_reduce(host_buffer(values), op), options.timeout_s, what);
   };
   // Every replica holds the same summed gradients, but under ZeRO each only its own part of them;
-  // under expert parallelism the first ep replicas each hold their share of the routed experts.
+  // under expert parallelism the first ep ranks of a stage each hold their share of the routed
+  // experts (host_gradients leaves out those of a tensor-parallel rank past them).
   const bool checks_gradients = place.replica == 0 || job.sharded();
-  const bool checks_experts = place.replica < job.ep;
+  const bool checks_experts = place.replica < job.expert_replicas();
   RunResult result;
   try {
     StreamWalker walker(job.graph, rank, walker_names(job, groups.world.rank()), comm, backend, options,
@@ -315,19 +319,27 @@ Config memory_as_run(const Config& config, const RunOptions& options) {
 namespace {
 
 /// Mixture-of-experts layers run on the CPU backend (cpu/moe.h), their routed experts whole on one
-/// rank or split over ep data-parallel replicas (expert parallelism, whose all-to-alls run inside F,
-/// B and R), without tensor parallelism, dropless, SwiGLU experts. Each refusal names the field.
+/// rank or split over ep ranks of a stage (expert parallelism, whose all-to-alls run inside F, B and
+/// R), under tensor parallelism with sequence parallelism (each tensor-parallel rank routes its own
+/// tokens; the config asks for it, check_experts), dropless, SwiGLU experts. Each refusal names the
+/// field.
 Status check_experts_runnable(const Config& c, const RunOptions& options) {
   if (!c.model.has_experts()) return Status::Ok();
   if (c.parallel.expert_tp() > 1)
     return Error{fmt::format("{}: parallel.etp: the runtime runs each expert whole on one rank, but its experts are "
-                             "split over {} ranks (parallel.etp defaults to parallel.tp); set parallel.etp to 1 and "
-                             "parallel.tp to 1 (simulate models it)",
+                             "split over {} ranks (parallel.etp defaults to parallel.tp); set parallel.etp to 1 "
+                             "(simulate models it)",
                              c.source, c.parallel.expert_tp())};
-  if (c.parallel.tp > 1)
-    return Error{fmt::format("{}: parallel.tp: the runtime runs mixture-of-experts layers without tensor parallelism; "
-                             "set parallel.tp to 1 (simulate models it)",
-                             c.source)};
+  const int tp = c.parallel.tp, ep = c.parallel.ep;
+  if (ep % tp != 0 && tp % ep != 0)
+    return Error{fmt::format("{}: parallel.ep: the runtime's expert-parallel groups are tensor-parallel ranks of one "
+                             "replica or whole replicas' ranks, but ep {} and tp {} do not divide one another; choose "
+                             "an ep that divides or is a multiple of parallel.tp (simulate models it)",
+                             c.source, ep, tp)};
+  if (c.model.moe_shared_expert_intermediate_size % tp != 0)
+    return Error{fmt::format("{}: model.moe_shared_expert_intermediate_size: {} does not split over parallel.tp = {} "
+                             "ranks; make it a multiple of {}",
+                             c.source, c.model.moe_shared_expert_intermediate_size, tp, tp)};
   if (options.backend == BackendKind::Cuda)
     return Error{fmt::format("{}: model.num_experts: the CUDA backend runs dense layers only; run mixture-of-experts "
                              "layers with --backend cpu, or remove model.num_experts (and the moe_ keys)",

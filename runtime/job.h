@@ -3,6 +3,7 @@
 /// do (the runtime's ModelShape, base/model_shape.h). The runtime needs nothing else of a plan, so it
 /// depends on the IR alone (src/), never on the planner, the schedules or the simulator that made the
 /// graph; tools/jobs makes a Job from a plan (job_of).
+#include <algorithm>
 #include <vector>
 
 #include "backend.h"
@@ -33,10 +34,11 @@ struct Job {
   int tp = 1;  ///< tensor-parallel ranks per pipeline device
   bool sequence_parallel = false;  ///< with tp > 1: layers' inputs and outputs split by tokens over the tp ranks
   int dp = 1;  ///< data-parallel replicas of the pipeline, each its own microbatches
-  /// Expert-parallel ranks: Megatron-Core carves them out of the replicas (tp = cp = 1 here), so
-  /// consecutive replicas in groups of ep split each MoE layer's routed experts, replica r holding
-  /// the (r mod ep)-th share; the replicas that hold the same experts (r mod ep alike) are the expert
-  /// data-parallel group, which sums their gradients. Divides dp.
+  /// Expert-parallel ranks: Megatron-Core carves them out of the tp·dp ranks of a stage (cp = etp = 1
+  /// here), enumerated tensor-parallel rank innermost (i = replica·tp + tp_rank): consecutive ranks in
+  /// groups of ep split each MoE layer's routed experts, rank i holding the (i mod ep)-th share; the
+  /// ranks that hold the same experts (i mod ep alike) are the expert data-parallel group, which sums
+  /// their gradients. Divides tp·dp; the runtime also needs ep to divide tp or tp to divide ep.
   int ep = 1;
 
   int ranks() const { return layout.devices * tp * dp; }
@@ -51,21 +53,32 @@ struct Job {
   OwnedPart owned_part(const RankPlace& p) const {
     return sharded() ? OwnedPart{.index = p.replica, .count = dp} : OwnedPart{};
   }
+  /// How many replicas one expert-parallel group spans: ep / tp when ep reaches past a replica's
+  /// tensor-parallel ranks, else 1 (its ranks are tensor-parallel ranks of one replica).
+  int expert_replicas() const { return std::max(1, ep / tp); }
   /// Of the routed experts' maps, under ZeRO: its block among the replicas that hold the same experts
-  /// (the expert data-parallel group, Megatron-Core's expert_zero_sharding), all of them otherwise.
-  /// At ep = 1, owned_part's.
+  /// (Megatron-Core's expert_zero_sharding over the expert data-parallel group), all of them
+  /// otherwise. Within one replica the expert data-parallel group's tensor-parallel ranks sum their
+  /// gradients first (cpu::sum_partial_gradients): ZeRO shards over the replicas only. At ep = 1,
+  /// owned_part's.
   OwnedPart expert_owned_part(const RankPlace& p) const {
-    return sharded() ? OwnedPart{.index = p.replica / ep, .count = dp / ep} : OwnedPart{};
+    const int replicas = expert_replicas();
+    return sharded() ? OwnedPart{.index = p.replica / replicas, .count = dp / replicas} : OwnedPart{};
   }
   /// Which share of each MoE layer's routed experts a rank at `p` holds.
-  int expert_rank(const RankPlace& p) const { return p.replica % ep; }
-  /// The ranks of `rank`'s expert-parallel group (its replica's block of ep consecutive replicas), or
-  /// with `data` of its expert data-parallel group (the replicas of its expert rank), in replica order.
+  int expert_rank(const RankPlace& p) const { return (p.replica * tp + p.tp_rank) % ep; }
+  /// The ranks of `rank`'s expert-parallel group (its block of ep consecutive ranks of the stage, in
+  /// Megatron-Core's order), or with `data` of its expert data-parallel group (the stage's ranks of
+  /// its expert rank), in that order.
   std::vector<int> expert_group_of(int rank, bool data) const {
+    const RankPlace p = place(rank);
+    const int i = p.replica * tp + p.tp_rank;
+    const int first = data ? i % ep : i / ep * ep, step = data ? ep : 1, count = data ? tp * dp / ep : ep;
     std::vector<int> ranks;
-    RankPlace p = place(rank);
-    const int first = data ? p.replica % ep : p.replica / ep * ep, step = data ? ep : 1, count = data ? dp / ep : ep;
-    for (int i = 0; i < count; ++i) p.replica = first + i * step, ranks.push_back(rank_of(p));
+    for (int k = 0; k < count; ++k) {
+      const int at = first + k * step;
+      ranks.push_back(rank_of({.device = p.device, .replica = at / tp, .tp_rank = at % tp}));
+    }
     return ranks;
   }
   /// The ranks that differ from `rank` in `varying` only, in its order: &RankPlace::device gives the

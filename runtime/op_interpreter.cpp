@@ -32,7 +32,7 @@ OpInterpreter::OpInterpreter(const Job& job, const RankPlace& place, Transport& 
                              const OptimizerSettings& optimizer, Transport* expert_data)
     : graph_(job.graph), layout_(job.layout), rank_(place.device), comm_(comm), backend_(backend),
       optimizer_(optimizer), microbatches_(job.microbatches), n_(job.shape.tokens()), h_(job.shape.hidden),
-      data_(data), tied_(tied), tensor_(tensor), expert_data_(expert_data), expert_parallel_(job.ep > 1),
+      data_(data), tied_(tied), tensor_(tensor), expert_data_(expert_data), expert_parallel_(job.expert_replicas() > 1),
       routed_experts_(routed_expert_tensors(job.layout, place.device)), replicas_(job.dp),
       owned_(job.owned_part(place)), expert_owned_(job.expert_owned_part(place)),
       last_device_(layout_.stages.back().device), last_stage_(layout_.stage_count() - 1),

@@ -105,7 +105,9 @@ class OpInterpreter final : public OpRunner {
   Transport* const tied_;     ///< the first and last stage's devices, for a tied embedding; or null
   TensorParallel* const tensor_;  ///< the tensor-parallel group; null without one
   Transport* const expert_data_;  ///< the replicas holding this rank's routed experts; null when it alone does
-  const bool expert_parallel_;  ///< whether the routed experts are split over replicas (job.ep > 1)
+  /// Whether the routed experts are split over replicas (job.expert_replicas() > 1): then their
+  /// gradients sum over expert_data_, not data_.
+  const bool expert_parallel_;
   /// For each tensor of the backend's parameter_buffers, whether it is a routed experts' map.
   const std::vector<bool> routed_experts_;
   const int replicas_;

@@ -204,9 +204,11 @@ std::span<const float> model_tensor(const cpu::Model& model, std::size_t index) 
 std::vector<HostGradient> host_gradients(const RankModel& m) {
   std::vector<HostGradient> grads;
   // Elements [first, last) of what the rank holds: a range of the tensor, or of `elements` of it.
+  // What every tensor-parallel rank holds whole, rank 0 reports; a routed experts' share, the first
+  // rank that holds it (under ep < tp the ranks past ep hold the same shares again).
   const auto add = [&](std::size_t tensor, std::size_t offset, const std::vector<float>& values,
-                       const std::vector<std::size_t>& elements, const OwnedPart& owned) {
-    if (elements.empty() && m.tp_rank != 0) return;  // whole on every tensor-parallel rank: rank 0 reports it
+                       const std::vector<std::size_t>& elements, const OwnedPart& owned, bool routed = false) {
+    if (elements.empty() && m.tp_rank >= (routed ? m.ep : 1)) return;
     const std::size_t first = owned.begin(values.size()), last = owned.end(values.size());
     if (first >= last) return;
     const auto range = [&](const auto& v) { return std::vector(v.begin() + std::ptrdiff_t(first), v.begin() + std::ptrdiff_t(last)); };
@@ -226,7 +228,7 @@ std::vector<HostGradient> host_gradients(const RankModel& m) {
       const bool routed = cpu::routed_expert_tensor(t);
       const std::size_t offset = routed ? std::size_t(m.ep_rank) * tensors[t]->size() : 0;
       add(layer_tensor(index, t), offset, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{},
-          routed ? m.expert_owned : m.owned);
+          routed ? m.expert_owned : m.owned, routed);
     }
   }
   return grads;

@@ -90,7 +90,8 @@ std::vector<std::string> tensor_names(const ModelShape& shape);
 std::span<const float> model_tensor(const cpu::Model& model, std::size_t index);
 /// The gradients `model` holds (of the owned part of each tensor), as Backend::gradients returns them;
 /// what every tensor-parallel rank holds whole, from rank 0 only; under expert parallelism the
-/// routed experts' maps as the block of the whole tensor that its experts are.
+/// routed experts' maps as the block of the whole tensor that its experts are, from the first
+/// tensor-parallel rank that holds them.
 std::vector<HostGradient> host_gradients(const RankModel& model);
 
 }  // namespace pipesim::runtime

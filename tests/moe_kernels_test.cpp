@@ -316,7 +316,17 @@ TEST_CASE("a MoE layer: its tensors, a dense layer beside it, and the same numbe
   }
   CHECK(make_model(s, 5).layers[1].router_weight == moe.router_weight);  // by (seed, tensor, index)
   CHECK(make_layer(s, 5, 1).expert_fc2_weight == moe.expert_fc2_weight);
-  CHECK_THROWS_AS(split_layer(s, moe, 0, 2), std::invalid_argument);  // experts are never split over ranks
+  // Over tensor-parallel ranks the router and routed experts stay whole (each rank routes its own
+  // tokens); the shared expert splits as the dense MLP does: its gate and up columns, its down rows.
+  const ModelShape even = moe_shape(2, 6);
+  const Layer whole = make_layer(even, 5, 1), half = split_layer(even, whole, 1, 2);
+  CHECK(half.router_weight == whole.router_weight);
+  CHECK(half.expert_fc1_weight == whole.expert_fc1_weight);
+  CHECK(half.expert_fc2_weight == whole.expert_fc2_weight);
+  REQUIRE(half.shared_fc1_weight.size() == whole.shared_fc1_weight.size() / 2);
+  CHECK(half.shared_fc1_weight[0] == whole.shared_fc1_weight[3]);  // row 0: [gate 0..5 | up 6..11], rank 1's 3..5, 9..11
+  CHECK(half.shared_fc1_weight[3] == whole.shared_fc1_weight[9]);
+  CHECK(half.shared_fc2_weight == std::vector<float>(whole.shared_fc2_weight.begin() + 3 * 8, whole.shared_fc2_weight.end()));
 }
 
 TEST_CASE("a whole MoE layer's backward matches finite differences, and W apart from B gives the same bits") {

@@ -1,14 +1,16 @@
 // Mixture-of-experts layers in the CPU runtime (runtime/cpu/moe.h): configs/moe-tiny.json -- a dense
 // first layer, then routed and shared SwiGLU experts -- trains like a single device under every
-// schedule and vocabulary mode, with data parallelism, ZeRO and recomputation, and with expert
-// parallelism over the replicas; what the runtime does not run is refused by the field that asks
-// for it.
+// schedule and vocabulary mode, with data parallelism, ZeRO and recomputation, with expert
+// parallelism over the replicas, and under tensor parallelism with sequence parallelism (each
+// expert whole on one rank, expert groups carved out of the tensor- and data-parallel ranks); what
+// the runtime does not run is refused by the field that asks for it.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "helpers.h"
@@ -153,6 +155,45 @@ TEST_CASE("an expert-parallel rank holds its share of each MoE layer's routed ex
   }
 }
 
+namespace {
+/// Tensor parallelism as Megatron-Core runs MoE layers under it: sequence parallel, experts whole.
+std::vector<std::string> with_tp(std::vector<std::string> set) {
+  set.insert(set.begin(), {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.etp=1"});
+  return set;
+}
+}  // namespace
+
+TEST_CASE("expert-parallel groups are carved out of a stage's tensor- and data-parallel ranks, tensor-parallel innermost") {
+  const auto groups = [](const std::vector<std::string>& set, int rank) {
+    const Plan plan = plan_for(moe_tiny(with_tp(set)), "1f1b", "baseline");
+    const runtime::Job job = job_of(plan);
+    const runtime::RankPlace p = job.place(rank);
+    return std::tuple{job.expert_group_of(rank, false), job.expert_group_of(rank, true), job.expert_rank(p),
+                      job.expert_replicas()};
+  };
+  using Groups = std::tuple<std::vector<int>, std::vector<int>, int, int>;
+  // Rank = (device·dp + replica)·tp + tp_rank. At tp 2 × dp 1, ep 2: the two tensor-parallel ranks.
+  CHECK(groups({"parallel.ep=2"}, 3) == Groups{{2, 3}, {3}, 1, 1});
+  // ep 1: every rank its own group; the expert data-parallel group all of a stage's ranks.
+  CHECK(groups({"parallel.dp=2"}, 5) == Groups{{5}, {4, 5, 6, 7}, 0, 1});
+  // tp 2 × dp 2, ep 2: a replica's tensor-parallel ranks; the replicas sum the same experts.
+  CHECK(groups({"parallel.dp=2", "parallel.ep=2"}, 2) == Groups{{2, 3}, {0, 2}, 0, 1});
+  // ep 4: both replicas' ranks of a device, every rank its own experts.
+  CHECK(groups({"parallel.dp=2", "parallel.ep=4"}, 6) == Groups{{4, 5, 6, 7}, {6}, 2, 2});
+}
+
+TEST_CASE("tensor parallelism with sequence parallelism: each rank routes its own tokens, its experts whole") {
+  // ep 1: every tensor-parallel rank holds every expert and sums their gradients with the others;
+  // ep 2 at dp 1: the two tensor-parallel ranks are the expert group; at dp 2 the replicas sum each
+  // share; ep 4: a group spans both replicas.
+  for (const std::vector<std::string>& set :
+       {std::vector<std::string>{}, {"parallel.ep=2"}, {"parallel.dp=2"}, {"parallel.dp=2", "parallel.ep=2"},
+        {"parallel.dp=2", "parallel.ep=4", "training.zero_stage=1"}})
+    for (const auto& [schedule, vocab] : {std::pair{"1f1b", "vocab-1"}, {"zb-v", "baseline"}})
+      check_matches_reference(plan_for(moe_tiny(with_tp(set)), schedule, vocab),
+                              fmt::format("tp 2 {} / {} / {}", fmt::join(set, " "), schedule, vocab));
+}
+
 TEST_CASE("mixture-of-experts runs refuse, by the field, what the runtime does not run") {
   const auto refusal = [](const std::vector<std::string>& set, runtime::BackendKind backend = runtime::BackendKind::Cpu) {
     runtime::RunOptions o = options();
@@ -162,9 +203,10 @@ TEST_CASE("mixture-of-experts runs refuse, by the field, what the runtime does n
     return s.error().message;
   };
   using Catch::Matchers::Contains;
-  CHECK_THAT(refusal({"parallel.dp=2", "parallel.ep=2", "parallel.tp=2", "parallel.etp=1"}), Contains("parallel.tp:"));
   CHECK_THAT(refusal({"parallel.tp=2"}), Contains("parallel.etp:") && Contains("defaults to parallel.tp"));
-  CHECK_THAT(refusal({"parallel.tp=2", "parallel.etp=1"}), Contains("parallel.tp:") && Contains("set parallel.tp to 1"));
+  CHECK_THAT(refusal(with_tp({"model.num_experts=6", "parallel.dp=3", "parallel.ep=3"})), Contains("parallel.ep:") && Contains("divide"));
+  CHECK_THAT(refusal(with_tp({"model.moe_shared_expert_intermediate_size=31"})),
+             Contains("model.moe_shared_expert_intermediate_size:") && Contains("multiple of 2"));
   CHECK_THAT(refusal({}, runtime::BackendKind::Cuda),
              Contains("model.num_experts:") && Contains("the CUDA backend runs dense layers only"));
   CHECK_THAT(refusal({"model.mlp=gelu"}), Contains("model.mlp:") && Contains("swiglu"));

@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <type_traits>
@@ -141,19 +142,42 @@ std::size_t mean_count(const ModelShape& s, int rows) { return s.family == Layer
 
 int ranks_of(const TensorParallel* tp) { return tp ? tp->size() : 1; }
 
-/// A mixture-of-experts layer's MLP, as moe.h takes it.
-MoeWeights moe_weights(const Layer& w) {
-  return {w.router_weight, w.expert_fc1_weight, w.expert_fc2_weight, w.shared_fc1_weight, w.shared_fc2_weight};
+/// A mixture-of-experts layer's router and routed experts, as moe.h takes them; its shared expert
+/// runs as a dense MLP does (MlpMaps).
+MoeWeights routed_weights(const Layer& w) { return {w.router_weight, w.expert_fc1_weight, w.expert_fc2_weight, {}, {}}; }
+MoeGradients routed_gradients(Layer& g) { return {g.router_weight, g.expert_fc1_weight, g.expert_fc2_weight, {}, {}}; }
+
+/// The maps of an MLP that splits over the tensor-parallel ranks as Megatron splits the dense one
+/// (its first by columns, its second by rows): the dense MLP's, or a mixture-of-experts layer's shared
+/// expert's. A MoE layer is Llama's, whose biases are empty: the shared expert reads the dense ones.
+struct MlpMaps {
+  std::vector<float> Layer::*fc1_weight;
+  std::vector<float> Layer::*fc1_bias;
+  std::vector<float> Layer::*fc2_weight;
+  std::vector<float> Layer::*fc2_bias;
+  int ffn;  ///< its whole width
+};
+constexpr MlpMaps kDenseMlp{&Layer::fc1_weight, &Layer::fc1_bias, &Layer::fc2_weight, &Layer::fc2_bias, 0};
+MlpMaps mlp_of(const ModelShape& s, const Layer& w) {
+  MlpMaps m = kDenseMlp;
+  if (w.moe()) m.fc1_weight = &Layer::shared_fc1_weight, m.fc2_weight = &Layer::shared_fc2_weight;
+  m.ffn = w.moe() ? s.shared_expert_ffn : s.ffn;
+  return m;
 }
-MoeGradients moe_gradients(Layer& g) {
-  return {g.router_weight, g.expert_fc1_weight, g.expert_fc2_weight, g.shared_fc1_weight, g.shared_fc2_weight};
+/// Whether a layer runs such an MLP: a dense one always, a MoE one with a shared expert.
+bool has_mlp(const ModelShape& s, const Layer& w) { return !w.moe() || s.shared_expert_ffn > 0; }
+
+/// This rank's rows of a layer's second norm output, which the routed experts read: the cache keeps
+/// them gathered when the shared expert needs the whole.
+std::span<const float> own_rows(std::span<const float> ln2, std::size_t mine, int rank) {
+  return ln2.size() == mine ? ln2 : ln2.subspan(std::size_t(rank) * mine, mine);
 }
 
-/// Its experts run whole on one rank: with tensor parallelism each rank would need its tokens'
-/// experts (expert parallelism), which this model does not split.
-void require_whole_moe(const TensorParallel* tp) {
-  if (ranks_of(tp) > 1)
-    throw std::invalid_argument("a mixture-of-experts layer runs whole on one rank, without tensor parallelism");
+/// Under tensor parallelism the routed experts take each rank's own tokens, its sequence-parallel
+/// share: without that split every rank would route all of them.
+void require_sequence_parallel_moe(const TensorParallel* tp) {
+  if (tp && !tp->sequence_parallel())
+    throw std::invalid_argument("a mixture-of-experts layer runs under tensor parallelism with sequence parallelism");
 }
 
 /// Host fp32 values as the tensor-parallel group's buffers.
@@ -169,21 +193,25 @@ void rotate_qk(const ModelShape& s, const LayerPart& part, std::span<float> qkv,
   rope(qkv, s.tokens(), s.seq, part.qkv, part.heads + part.kv_heads, s.head_width(), s.rope_theta);
 }
 
-/// The MLP's activation: gelu(fc1) (n × ffn) for GPT, silu(gate)·up of fc1 = [gate | up] for Llama.
-void activation_forward(const ModelShape& s, const LayerPart& part, std::span<const float> fc1, std::span<float> out) {
+/// The MLP's activation: gelu(fc1) (n × ffn) for GPT, silu(gate)·up of fc1 = [gate | up] for Llama
+/// (ffn: this rank's width).
+void activation_forward(const ModelShape& s, int ffn, std::span<const float> fc1, std::span<float> out) {
   switch (s.family) {
     case LayerFamily::Gpt: return gelu_forward(fc1, out);
-    case LayerFamily::Llama: return swiglu_forward(fc1, out, s.tokens(), part.ffn);
+    case LayerFamily::Llama: return swiglu_forward(fc1, out, s.tokens(), ffn);
   }
 }
 
-void activation_backward(const ModelShape& s, const LayerPart& part, std::span<const float> fc1, std::span<const float> dout,
+void activation_backward(const ModelShape& s, int ffn, std::span<const float> fc1, std::span<const float> dout,
                          std::span<float> dfc1) {
   switch (s.family) {
     case LayerFamily::Gpt: return gelu_backward(fc1, dout, dfc1);
-    case LayerFamily::Llama: return swiglu_backward(fc1, dout, dfc1, s.tokens(), part.ffn);
+    case LayerFamily::Llama: return swiglu_backward(fc1, dout, dfc1, s.tokens(), ffn);
   }
 }
+
+/// fc1's output width of an MLP of this rank's width `ffn`: the fused [gate | up] for Llama.
+int fc1_width(const ModelShape& s, int ffn) { return s.family == LayerFamily::Llama ? 2 * ffn : ffn; }
 
 /// The output columns of the fused QKV that rank `rank` of `ranks` computes: its query heads, then
 /// its key and value heads.
@@ -197,10 +225,10 @@ std::vector<std::size_t> qkv_columns(const ModelShape& s, int rank, int ranks) {
   return columns;
 }
 
-/// The MLP's first map's output columns of rank `rank`: its slice of the FFN (for Llama, of the gate
-/// and of the up projection).
-std::vector<std::size_t> fc1_columns(const ModelShape& s, int rank, int ranks) {
-  const std::size_t f = std::size_t(s.ffn), part = f / std::size_t(ranks);
+/// An MLP's first map's output columns of rank `rank`: its slice of the width f (for Llama, of the
+/// gate and of the up projection).
+std::vector<std::size_t> fc1_columns(const ModelShape& s, int ffn, int rank, int ranks) {
+  const std::size_t f = std::size_t(ffn), part = f / std::size_t(ranks);
   std::vector<std::size_t> columns;
   for (std::size_t block = 0; block < (s.family == LayerFamily::Llama ? 2u : 1u); ++block)
     for (std::size_t c = 0; c < part; ++c) columns.push_back(block * f + std::size_t(rank) * part + c);
@@ -295,6 +323,33 @@ std::vector<float> sum_input_gradient(TensorParallel* tp, std::vector<float>& pa
   return mine;
 }
 
+/// y (this rank's rows) = the MLP `m` of the whole rows c.ln2 plus `residual`: this rank's columns of
+/// its first map, its rows of the second, whose partial outputs are summed over the ranks.
+void mlp_forward(const ModelShape& s, const Layer& w, const MlpMaps& m, LayerCache& c, std::span<const float> residual,
+                 std::span<float> y, TensorParallel* tp) {
+  const int n = s.tokens(), h = s.hidden, ffn = m.ffn / ranks_of(tp), fc1 = fc1_width(s, ffn);
+  c.fc1.resize(std::size_t(n) * fc1), c.gelu.resize(std::size_t(n) * ffn);
+  linear(c.ln2, w.*m.fc1_weight, w.*m.fc1_bias, c.fc1, n, h, fc1);
+  activation_forward(s, ffn, c.fc1, c.gelu);
+  std::vector<float> partial(tp ? std::size_t(n) * h : 0);
+  linear(c.gelu, w.*m.fc2_weight, {}, row_split_output(tp, partial, y), n, ffn, h);
+  finish_row_split(tp, partial, w.*m.fc2_bias, residual, y);
+}
+
+/// dx_partial (whole rows: this rank's columns' part of the sum) += the gradient of the MLP `m`'s
+/// input given dy_whole; its weight gradients into `g`, or kept in `deferred`.
+void mlp_backward(const ModelShape& s, const Layer& w, const MlpMaps& m, const LayerCache& c,
+                  std::span<const float> dy_whole, std::span<float> dx_partial, Layer& g, DeferredWeightGrad* deferred,
+                  int ranks) {
+  const int n = s.tokens(), h = s.hidden, ffn = m.ffn / ranks, fc1 = fc1_width(s, ffn);
+  std::vector<float> dgelu(std::size_t(n) * ffn, 0.0f), dfc1(std::size_t(n) * fc1, 0.0f);
+  linear_backward(c.gelu, w.*m.fc2_weight, dy_whole, dgelu, g.*m.fc2_weight, g.*m.fc2_bias, n, ffn, h,
+                  deferred ? &deferred->fc2_dy : nullptr);
+  activation_backward(s, ffn, c.fc1, dgelu, dfc1);
+  linear_backward(c.ln2, w.*m.fc1_weight, dfc1, dx_partial, g.*m.fc1_weight, g.*m.fc1_bias, n, h, fc1,
+                  deferred ? &deferred->fc1_dy : nullptr);
+}
+
 }  // namespace
 
 void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c,
@@ -319,19 +374,17 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
   std::vector<float> ln2(mine);
   c.mean2.resize(c.mean1.size()), c.rstd2.resize(std::size_t(rows));
   norm_forward(s, w.ln2_gain, w.ln2_bias, c.middle, ln2, c.mean2, c.rstd2, rows);
-  c.ln2 = whole_rows(tp, std::move(ln2), whole);
-  if (w.moe()) {
-    require_whole_moe(tp);
-    c.fc1.clear(), c.gelu.clear();
-    moe_forward(s, moe_weights(w), c.ln2, y, c.moe, ep);
-    std::vector<float> none;
-    return finish_row_split(nullptr, none, w.fc2_bias, c.middle, y);  // the second residual
-  }
-  c.fc1.resize(std::size_t(n) * part.fc1), c.gelu.resize(std::size_t(n) * part.ffn);
-  linear(c.ln2, w.fc1_weight, w.fc1_bias, c.fc1, n, h, part.fc1);
-  activation_forward(s, part, c.fc1, c.gelu);
-  linear(c.gelu, w.fc2_weight, {}, row_split_output(tp, partial, y), n, part.ffn, h);
-  finish_row_split(tp, partial, w.fc2_bias, c.middle, y);
+  c.ln2 = has_mlp(s, w) ? whole_rows(tp, std::move(ln2), whole) : std::move(ln2);
+  if (!w.moe()) return mlp_forward(s, w, mlp_of(s, w), c, c.middle, y, tp);
+  // The routed experts on this rank's own rows, the second residual added; then the shared expert,
+  // whose output adds to that as the dense MLP's does to the residual.
+  require_sequence_parallel_moe(tp);
+  std::vector<float> routed(mine);
+  moe_forward(s, routed_weights(w), own_rows(c.ln2, mine, tp ? tp->rank() : 0), routed, c.moe, ep, tp);
+  for (std::size_t i = 0; i < mine; ++i) routed[i] += c.middle[i];
+  c.fc1.clear(), c.gelu.clear();
+  if (has_mlp(s, w)) return mlp_forward(s, w, mlp_of(s, w), c, routed, y, tp);
+  std::copy(routed.begin(), routed.end(), y.begin());
 }
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
@@ -345,23 +398,18 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   };
   // A row-split map reads the whole output gradient: its rows are the same on every rank (and its
   // bias gradient, from all of them, is whole).
-  std::vector<float> gathered;
-  const std::span<const float> dy_whole = whole_rows(tp, dy, gathered, whole);
-  std::vector<float> dln2_partial(whole, 0.0f);
-  if (w.moe()) {
-    require_whole_moe(tp);
-    moe_backward(s, moe_weights(w), c.ln2, c.moe, dy_whole, dln2_partial, moe_gradients(g),
-                 deferred ? &deferred->moe : nullptr, aux_loss_weight, ep);
-  } else {
-    std::vector<float> dgelu(std::size_t(n) * part.ffn, 0.0f), dfc1(std::size_t(n) * part.fc1, 0.0f);
-    linear_backward(c.gelu, w.fc2_weight, dy_whole, dgelu, g.fc2_weight, g.fc2_bias, n, part.ffn, h,
-                    keep(&DeferredWeightGrad::fc2_dy));
-    activation_backward(s, part, c.fc1, dgelu, dfc1);
-    linear_backward(c.ln2, w.fc1_weight, dfc1, dln2_partial, g.fc1_weight, g.fc1_bias, n, h, part.fc1,
-                    keep(&DeferredWeightGrad::fc1_dy));
+  std::vector<float> dln2_partial(has_mlp(s, w) ? whole : mine, 0.0f);
+  if (has_mlp(s, w)) {
+    std::vector<float> gathered;
+    mlp_backward(s, w, mlp_of(s, w), c, whole_rows(tp, dy, gathered, whole), dln2_partial, g, deferred, ranks_of(tp));
   }
   // Each rank's FFN slice contributes to the norm's output gradient.
-  const std::vector<float> dln2 = sum_input_gradient(tp, dln2_partial, mine);
+  std::vector<float> dln2 = has_mlp(s, w) ? sum_input_gradient(tp, dln2_partial, mine) : std::move(dln2_partial);
+  if (w.moe()) {  // the routed experts of this rank's own rows
+    require_sequence_parallel_moe(tp);
+    moe_backward(s, routed_weights(w), own_rows(c.ln2, mine, tp ? tp->rank() : 0), c.moe, dy, dln2, routed_gradients(g),
+                 deferred ? &deferred->moe : nullptr, aux_loss_weight, ep);
+  }
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
   norm_backward(s, w.ln2_gain, c.middle, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, rows);
   std::vector<float> dmiddle_gathered;
@@ -379,19 +427,33 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   norm_backward(s, w.ln1_gain, c.input, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, rows);
 }
 
-void sum_partial_gradients(Layer& g, TensorParallel& tp) {
-  for (std::vector<float>* t : {&g.ln1_gain, &g.ln1_bias, &g.ln2_gain, &g.ln2_bias})
+void sum_partial_gradients(Layer& g, TensorParallel& tp, int ep_rank, int ep) {
+  // The router, whole on every rank, routed each rank's own rows.
+  for (std::vector<float>* t : {&g.ln1_gain, &g.ln1_bias, &g.ln2_gain, &g.ln2_bias, &g.router_weight})
     if (!t->empty()) tp.all_reduce(host(*t));
+  // The routed experts ran each rank's own rows too: the ranks that hold the same experts (ep < tp:
+  // those of one expert rank) sum them, each adding its block into a tensor of all ep blocks.
+  if (!g.moe() || ep >= tp.size()) return;
+  for (std::vector<float>* t : {&g.expert_fc1_weight, &g.expert_fc2_weight}) {
+    std::vector<float> blocks(t->size() * std::size_t(ep), 0.0f);
+    const auto at = blocks.begin() + std::ptrdiff_t(t->size() * std::size_t(ep_rank));
+    std::copy(t->begin(), t->end(), at);
+    tp.all_reduce(host(blocks));
+    std::copy_n(at, t->size(), t->begin());
+  }
 }
 
-void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g, int ranks) {
+void layer_weight_backward(const ModelShape& s, const LayerCache& c, const DeferredWeightGrad& d, Layer& g, int ranks,
+                           int rank) {
   const int n = s.tokens(), h = s.hidden;
   const LayerPart part(s, ranks);
-  if (g.moe()) {
-    moe_weight_backward(s, c.ln2, c.moe, d.moe, moe_gradients(g));
-  } else {
-    linear_weight_backward(c.gelu, d.fc2_dy, g.fc2_weight, g.fc2_bias, n, part.ffn, h);
-    linear_weight_backward(c.ln2, d.fc1_dy, g.fc1_weight, g.fc1_bias, n, h, part.fc1);
+  if (g.moe())
+    moe_weight_backward(s, own_rows(c.ln2, c.middle.size(), rank), c.moe, d.moe, routed_gradients(g));
+  if (has_mlp(s, g)) {
+    const MlpMaps m = mlp_of(s, g);
+    const int ffn = m.ffn / ranks;
+    linear_weight_backward(c.gelu, d.fc2_dy, g.*m.fc2_weight, g.*m.fc2_bias, n, ffn, h);
+    linear_weight_backward(c.ln2, d.fc1_dy, g.*m.fc1_weight, g.*m.fc1_bias, n, h, fc1_width(s, ffn));
   }
   linear_weight_backward(c.attention, d.proj_dy, g.proj_weight, g.proj_bias, n, part.attention, h);
   linear_weight_backward(c.ln1, d.qkv_dy, g.qkv_weight, g.qkv_bias, n, h, part.qkv);
@@ -399,11 +461,14 @@ void layer_weight_backward(const ModelShape& s, const LayerCache& c, const Defer
 
 std::vector<std::vector<std::size_t>> split_elements(const ModelShape& s, int rank, int ranks) {
   const std::size_t h = std::size_t(s.hidden), n_qkv = std::size_t(s.qkv_width()), n_fc1 = std::size_t(s.fc1_width());
-  const std::vector<std::size_t> qkv = qkv_columns(s, rank, ranks), fc1 = fc1_columns(s, rank, ranks);
+  const std::vector<std::size_t> qkv = qkv_columns(s, rank, ranks), fc1 = fc1_columns(s, s.ffn, rank, ranks);
+  const std::size_t fs = std::size_t(s.shared_expert_ffn), fs_part = fs / std::size_t(ranks);
   const LayerPart part(s, ranks);
   const bool gpt = s.family == LayerFamily::Gpt;  // Llama's biases are empty: nothing to split
   // Layer::tensors() order: ln1 gain, bias; qkv weight, bias; proj weight, bias; ln2 gain, bias; fc1
-  // weight, bias; fc2 weight, bias; then a mixture-of-experts layer's five, whole (it is never split).
+  // weight, bias; fc2 weight, bias; then a mixture-of-experts layer's router and routed experts, whole
+  // (each rank routes its own tokens; the experts are split by expert_part), and its shared expert,
+  // split as fc1 and fc2 are.
   return {{},
           {},
           column_elements(h, n_qkv, qkv),
@@ -416,18 +481,24 @@ std::vector<std::vector<std::size_t>> split_elements(const ModelShape& s, int ra
           gpt ? fc1 : std::vector<std::size_t>{},
           row_elements(std::size_t(rank) * std::size_t(part.ffn), std::size_t(part.ffn), h),
           {},
-          {}, {}, {}, {}, {}};
+          {},
+          {},
+          {},
+          column_elements(h, 2 * fs, fc1_columns(s, s.shared_expert_ffn, rank, ranks)),
+          row_elements(std::size_t(rank) * fs_part, fs_part, h)};
 }
 
 Layer split_layer(const ModelShape& s, const Layer& whole, int rank, int ranks) {
   if (ranks == 1) return whole;
-  if (whole.moe()) throw std::invalid_argument("a mixture-of-experts layer runs whole on one rank (parallel.tp = 1)");
   const std::vector<std::vector<std::size_t>> elements = split_elements(s, rank, ranks);
   Layer part;
   const auto from = whole.tensors();
   const auto to = part.tensors();
   for (std::size_t t = 0; t < from.size(); ++t) {
-    if (elements[t].empty()) *to[t] = *from[t];  // whole on every rank
+    if (elements[t].empty() || from[t]->empty()) {  // whole on every rank, or not in this kind of layer
+      *to[t] = *from[t];
+      continue;
+    }
     for (const std::size_t e : elements[t]) to[t]->push_back((*from[t])[e]);
   }
   return part;

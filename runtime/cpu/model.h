@@ -53,7 +53,8 @@ std::vector<std::string> layer_tensor_names();
 /// families: for Llama, ln1/ln2 are RMSNorm outputs and mean1/mean2 stay empty, qkv is after the
 /// rotary embedding (the backward needs no pre-rotation copy: the rotation is linear), fc1 is the
 /// fused [gate | up] (n × 2·ffn) and gelu holds silu(gate)·up (n × ffn), the MLP's activation. A
-/// mixture-of-experts layer keeps its MLP's in `moe` instead of fc1 and gelu.
+/// mixture-of-experts layer keeps its routed experts' in `moe`, its shared expert's in fc1 and gelu,
+/// and in ln2 this rank's rows only when it has no shared expert (which reads all of them).
 struct LayerCache {
   std::vector<float> input, ln1, mean1, rstd1, qkv, probs, attention, middle, ln2, mean2, rstd2, fc1, gelu;
   MoeCache moe;
@@ -66,11 +67,14 @@ Layer make_layer(const ModelShape& shape, std::uint64_t seed, int index);
 /// Rows of a layer's input and output on one rank: n, or n / size under sequence parallelism.
 int layer_rows(const ModelShape& shape, const TensorParallel* tp);
 /// Under sequence parallelism, sums over the group the gradients each rank holds a partial sum of
-/// (the norms' gains and biases, over its rows): once per step, before they are read.
-void sum_partial_gradients(Layer& grad, TensorParallel& tp);
+/// (the norms' gains and biases, a mixture-of-experts layer's router: over its rows; its routed
+/// experts over the ranks that hold the same ones, this rank's being the ep_rank-th of ep shares):
+/// once per step, before they are read.
+void sum_partial_gradients(Layer& grad, TensorParallel& tp, int ep_rank = 0, int ep = 1);
 
-/// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads and ffn divisible by ranks). A
-/// mixture-of-experts layer runs whole on one rank: more ranks are refused (std::invalid_argument).
+/// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads, ffn and a shared expert's
+/// width divisible by ranks). A mixture-of-experts layer's router and routed experts stay whole
+/// (expert_part splits the latter); its shared expert splits as the dense MLP does.
 Layer split_layer(const ModelShape& shape, const Layer& whole, int rank, int ranks);
 /// Rank `rank` of an expert-parallel group of `ranks`' part of a whole mixture-of-experts layer: the
 /// routed experts [rank·E/ranks, (rank + 1)·E/ranks) of its two stacked expert maps, everything else
@@ -84,14 +88,15 @@ bool routed_expert_tensor(std::size_t index);
 std::vector<std::vector<std::size_t>> split_elements(const ModelShape& shape, int rank, int ranks);
 /// Zero-filled, the shapes of make_layer's layer `index`: a gradient accumulator.
 Layer zero_layer(const ModelShape& shape, int index = 0);
-/// With `tp`, `w` is this rank's part of the layer (split_layer) and x and y have layer_rows rows.
+/// With `tp`, `w` is this rank's part of the layer (split_layer) and x and y have layer_rows rows; a
+/// mixture-of-experts layer needs sequence parallelism then, and routes this rank's rows (moe.h).
 /// With `ep`, a mixture-of-experts layer's `w` holds this rank's routed experts only (expert_part)
 /// and its tokens go to the group's ranks and back (moe.h).
 void layer_forward(const ModelShape& shape, const Layer& w, std::span<const float> x, std::span<float> y,
                    LayerCache& cache, TensorParallel* tp = nullptr, ExpertParallel* ep = nullptr);
 /// What a layer's weight-gradient pass needs when it runs apart from the input-gradient pass (a W op
 /// split off B): the input and output gradient of each of the four linear maps (a mixture-of-experts
-/// layer's MLP keeps its maps' in `moe`).
+/// layer's router and routed experts keep theirs in `moe`, its shared expert in fc1_dy and fc2_dy).
 struct DeferredWeightGrad {
   std::vector<float> fc2_dy, fc1_dy, proj_dy, qkv_dy;
   MoeDeferred moe;
@@ -105,9 +110,10 @@ struct DeferredWeightGrad {
 void layer_backward(const ModelShape& shape, const Layer& w, const LayerCache& cache, std::span<const float> dy,
                     std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr, TensorParallel* tp = nullptr,
                     float aux_loss_weight = 1.0f, ExpertParallel* ep = nullptr);
-/// The weight gradients layer_backward deferred; `ranks`: the tensor-parallel group's size.
+/// The weight gradients layer_backward deferred; `ranks`: the tensor-parallel group's size, `rank`
+/// this rank's in it.
 void layer_weight_backward(const ModelShape& shape, const LayerCache& cache, const DeferredWeightGrad& deferred,
-                           Layer& grad, int ranks = 1);
+                           Layer& grad, int ranks = 1, int rank = 0);
 
 /// The whole model on one device: the reference a pipeline must reproduce.
 struct Model {

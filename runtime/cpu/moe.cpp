@@ -13,11 +13,12 @@ namespace {
 
 using runtime::ModelShape;
 
-/// The sizes of one MoE MLP, checked once; `ranks` of an expert-parallel group, each `local` experts.
+/// The sizes of one MoE MLP, checked once: n of the tokens (rows of x), `ranks` of an
+/// expert-parallel group, each `local` experts; fs 0 when no shared expert is given.
 struct Sizes {
   int n, h, experts, k, f, fs, ranks, local;
-  explicit Sizes(const ModelShape& s, int ranks = 1)
-      : n(s.tokens()), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn), fs(s.shared_expert_ffn),
+  Sizes(const ModelShape& s, std::size_t x_size, bool shared, int ranks = 1)
+      : n(int(x_size / std::size_t(s.hidden))), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn), fs(shared ? s.shared_expert_ffn : 0),
         ranks(ranks), local(ranks > 0 ? s.experts / ranks : 0) {
     if (experts < 1 || k < 1 || k > experts || f < 1)
       throw std::invalid_argument("a mixture-of-experts layer needs 1 <= router top-k <= experts and an expert width");
@@ -101,14 +102,31 @@ std::vector<int> positions(const MoeCache& c) {
   return at;
 }
 
-/// aux = coeff · E · Σ_i f_i·P_i (f_i: expert i's share of the routed copies; P_i: its mean
-/// probability), summed in double.
+/// Each expert's routed copies of the whole microbatch, and its tokens: under sequence parallelism
+/// (`tp`) summed over the ranks, each of which routed its share of them.
+void count_microbatch(const Sizes& z, TensorParallel* tp, MoeCache& c) {
+  std::vector<float> counts;  // exact: far below 2^24
+  for (int e = 0; e < z.experts; ++e) counts.push_back(float(z.rows_in(c, e)));
+  counts.push_back(float(z.n));
+  if (tp) tp->all_reduce({counts.data(), counts.size(), runtime::DType::F32});
+  c.microbatch_tokens = int(counts.back());
+  c.microbatch_routed.assign(counts.begin(), counts.end() - 1);
+}
+
+/// Expert e's share f_e of the microbatch's routed copies.
+double routed_share(const Sizes& z, const MoeCache& c, int e) {
+  return double(c.microbatch_routed[std::size_t(e)]) / (double(c.microbatch_tokens) * z.k);
+}
+
+/// aux = coeff · E · Σ_i f_i·P_i (f_i: expert i's share of the microbatch's routed copies; P_i: its
+/// mean probability over the microbatch's tokens), summed in double; of P_i, this rank's tokens'
+/// terms only: the ranks of a sequence-parallel group add up to the microbatch's.
 double load_balancing_loss(const ModelShape& s, const Sizes& z, const MoeCache& c) {
   double sum = 0;
   for (int e = 0; e < z.experts; ++e) {
     double p = 0;
     for (int t = 0; t < z.n; ++t) p += c.probs[std::size_t(t) * z.experts + e];
-    sum += double(z.rows_in(c, e)) / double(z.copies()) * (p / z.n);
+    sum += routed_share(z, c, e) * (p / c.microbatch_tokens);
   }
   return double(s.moe_aux_loss_coeff) * z.experts * sum;
 }
@@ -128,10 +146,10 @@ std::vector<float> router_gradient(const ModelShape& s, const Sizes& z, const Mo
   }
   const float coeff = aux_weight * s.moe_aux_loss_coeff;
   if (coeff == 0) return dlogits;
-  // d aux / d p_ti = coeff · E · f_i / n, the same for every token.
+  // d aux / d p_ti = coeff · E · f_i / n (n: the microbatch's tokens), the same for every token.
   std::vector<float> dp(std::size_t(z.experts));
   for (int e = 0; e < z.experts; ++e)
-    dp[std::size_t(e)] = coeff * float(z.experts) * (float(z.rows_in(c, e)) / float(z.copies())) / float(z.n);
+    dp[std::size_t(e)] = coeff * float(z.experts) * float(routed_share(z, c, e)) / float(c.microbatch_tokens);
   for (int t = 0; t < z.n; ++t) {
     const std::span<const float> p(c.probs.data() + std::size_t(t) * z.experts, std::size_t(z.experts));
     float dot = 0;
@@ -214,7 +232,7 @@ std::size_t MoeCache::bytes() const {
   std::size_t floats = probs.size() + gates.size() + permuted.size() + fc1.size() + act.size() + out.size() +
                        shared_fc1.size() + shared_act.size();
   return floats * sizeof(float) +
-         (chosen.size() + rows.size() + first_row.size() + received.size() + expert_first_row.size()) * sizeof(int);
+         (chosen.size() + rows.size() + microbatch_routed.size() + first_row.size() + received.size() + expert_first_row.size()) * sizeof(int);
 }
 
 std::size_t MoeDeferred::bytes() const {
@@ -223,8 +241,8 @@ std::size_t MoeDeferred::bytes() const {
 }
 
 void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, std::span<float> y, MoeCache& c,
-                 ExpertParallel* ep) {
-  const Sizes z(s, ep ? ep->size() : 1);
+                 ExpertParallel* ep, TensorParallel* tp) {
+  const Sizes z(s, x.size(), !w.shared_fc1.empty(), ep ? ep->size() : 1);
   const std::size_t h = std::size_t(z.h);
   std::vector<float> logits(std::size_t(z.n) * z.experts);
   matmul(x, w.router, logits, z.n, z.h, z.experts);
@@ -232,6 +250,7 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
   softmax_rows(logits, c.probs, z.n, z.experts);
   route(z, logits, c);
   permute(z, c);
+  count_microbatch(z, tp, c);
   c.aux_loss = load_balancing_loss(s, z, c);
 
   std::vector<float> routed(z.copies() * h);  // x's row of each routed copy, in expert order
@@ -275,7 +294,7 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
 void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, const MoeCache& c,
                   std::span<const float> dy, std::span<float> dx, const MoeGradients& g, MoeDeferred* deferred,
                   float aux_loss_weight, ExpertParallel* ep) {
-  const Sizes z(s, ep ? ep->size() : 1);
+  const Sizes z(s, x.size(), !w.shared_fc1.empty(), ep ? ep->size() : 1);
   const std::size_t h = std::size_t(z.h);
   // Combine's backward: each copy's output gradient is its gate times its token's, and each gate's
   // gradient the dot product of its token's output gradient with the copy's output.
@@ -338,7 +357,7 @@ void moe_weight_backward(const ModelShape& s, std::span<const float> x, const Mo
                          const MoeGradients& g) {
   // The forward's exchange left how many ranks sent this one rows: the group's size.
   const int local = int(c.expert_first_row.size()) - 1;
-  const Sizes z(s, local > 0 ? s.experts / local : 1);
+  const Sizes z(s, x.size(), !g.shared_fc1.empty(), local > 0 ? s.experts / local : 1);
   matmul_at(x, d.router_dy, g.router, z.n, z.h, z.experts);
   for (int e = 0; e < z.local; ++e) {
     const int m = z.expert_rows_in(c, e);

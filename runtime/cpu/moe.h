@@ -13,10 +13,11 @@
 ///   map as the dense layer's. No tokens are dropped (Megatron-Core's dropless MoE).
 /// - Combine: y_t = Σ_j gate_tj · expert_{e_tj}(x_t), summed over each token's k copies in its
 ///   order (best first) whatever the permutation; plus, when given, a shared expert: a dense SwiGLU
-///   MLP of width fs on every token, added.
+///   MLP of width fs on every token, added. (A model's layer runs its shared expert as it runs a
+///   dense MLP, split over the tensor-parallel ranks (model.cpp), and gives none here.)
 /// - Load balancing (Switch Transformer, Megatron-Core's aux_loss): aux = coeff · E · Σ_i f_i · P_i
 ///   with f_i the fraction of the n·k routed copies that expert i takes and P_i the mean over tokens
-///   of its probability in the softmax over all E logits. The routing counts f_i are constants of
+///   of its probability in the softmax over all E logits, both over the microbatch's n tokens. The routing counts f_i are constants of
 ///   the gradient; P_i carries it into the router. The caller weighs it as it weighs the
 ///   microbatch's loss (aux_loss_weight); its value is kept, not added to the reported loss, as
 ///   Megatron-LM logs it apart from the LM loss.
@@ -29,6 +30,11 @@
 ///   rank order), and combine sends the outputs back, where the gate-weighted sum happens. The
 ///   backward mirrors it: the outputs' gradients are dispatched, the inputs' combined back. The
 ///   weight pass needs no exchange: it reads what the expert's rank kept.
+/// - Sequence parallelism (with a TensorParallel group): x holds this rank's share of the
+///   microbatch's tokens (Megatron-Core's MoE under tensor parallelism, each expert whole on one rank),
+///   which it routes and runs as above. The routing counts f_i are summed over the group, so that the
+///   ranks' load-balancing losses (P_i's terms of their own tokens) add up to the microbatch's, and
+///   so do their router gradients, which the caller sums over the group.
 ///
 /// Deterministic: every sum runs in a fixed order, so the same inputs give the same bits however
 /// the model is partitioned over devices (under expert parallelism an expert's weight gradient sums
@@ -43,6 +49,7 @@
 namespace pipesim::cpu {
 
 using runtime::ExpertParallel;
+using runtime::TensorParallel;
 
 /// The weights of one MoE MLP, as linear maps x·W: the router h × E; the experts' fused gate and up
 /// projections, E blocks of h × 2f one after the other (each row [gate | up]); their down
@@ -76,7 +83,11 @@ struct MoeCache {
   /// n·k × h: the expert's output of each of this rank's routed copies, in expert order (combined back).
   std::vector<float> out;
   std::vector<float> shared_fc1, shared_act;  ///< n × 2fs, n × fs; empty without a shared expert
-  double aux_loss = 0;  ///< coeff · E · Σ f_i·P_i of this microbatch
+  /// E: each expert's routed copies of the whole microbatch (every rank of a sequence-parallel group),
+  /// and the microbatch's tokens: the load-balancing loss's f_i.
+  std::vector<int> microbatch_routed;
+  int microbatch_tokens = 0;
+  double aux_loss = 0;  ///< coeff · E · Σ f_i·P_i of this microbatch (this rank's tokens' part of it)
   std::size_t bytes() const;
 };
 
@@ -88,10 +99,11 @@ struct MoeDeferred {
   std::size_t bytes() const;
 };
 
-/// y (n × h) = the MoE MLP of x (n × h), overwritten. With `ep`, w holds this rank's experts only and
-/// the group's other ranks run the same layer at the same time (their own tokens).
+/// y (n × h) = the MoE MLP of x (n × h), overwritten; n is x's rows. With `ep`, w holds this rank's
+/// experts only and the group's other ranks run the same layer at the same time (their own tokens).
+/// With `tp`, x is this rank's share of the microbatch's tokens, the group's other ranks' the rest.
 void moe_forward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x, std::span<float> y,
-                 MoeCache& cache, ExpertParallel* ep = nullptr);
+                 MoeCache& cache, ExpertParallel* ep = nullptr, TensorParallel* tp = nullptr);
 /// dx += the gradient of x given dy, the gradient of y, and of aux_loss_weight · cache.aux_loss;
 /// adds the weight gradients into `grad`, or with `deferred` keeps what moe_weight_backward needs.
 void moe_backward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x,

@@ -117,6 +117,12 @@ TEST_CASE("mpirun -np 4: expert parallelism over the replicas of a 2-stage pipel
                                   config("moe-tiny.json") + " --set parallel.dp=4 --set parallel.ep=2" +
                                   " --set training.zero_stage=3 --schedule zb-v --vocab vocab-2 --check --format json");
   check_report(zero, 8);
+  // tp 2 × ep 2: a stage's two tensor-parallel ranks are its expert group, each routing its own
+  // sequence-parallel share of the tokens.
+  const Output tensor = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " +
+                                    config("moe-tiny.json") + " --set parallel.tp=2 --set parallel.etp=1" +
+                                    " --set parallel.ep=2 --schedule 1f1b --vocab vocab-1 --check --format json");
+  check_report(tensor, 4);
 }
 
 int main(int argc, char** argv) {

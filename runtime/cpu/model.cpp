@@ -157,12 +157,9 @@ struct MlpMaps {
   std::vector<float> Layer::*fc2_bias;
   int ffn;  ///< its whole width
 };
-constexpr MlpMaps kDenseMlp{&Layer::fc1_weight, &Layer::fc1_bias, &Layer::fc2_weight, &Layer::fc2_bias, 0};
 MlpMaps mlp_of(const ModelShape& s, const Layer& w) {
-  MlpMaps m = kDenseMlp;
-  if (w.moe()) m.fc1_weight = &Layer::shared_fc1_weight, m.fc2_weight = &Layer::shared_fc2_weight;
-  m.ffn = w.moe() ? s.shared_expert_ffn : s.ffn;
-  return m;
+  if (!w.moe()) return {&Layer::fc1_weight, &Layer::fc1_bias, &Layer::fc2_weight, &Layer::fc2_bias, s.ffn};
+  return {&Layer::shared_fc1_weight, &Layer::fc1_bias, &Layer::shared_fc2_weight, &Layer::fc2_bias, s.shared_expert_ffn};
 }
 /// Whether a layer runs such an MLP: a dense one always, a MoE one with a shared expert.
 bool has_mlp(const ModelShape& s, const Layer& w) { return !w.moe() || s.shared_expert_ffn > 0; }
@@ -396,10 +393,10 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   const auto keep = [deferred](std::vector<float> DeferredWeightGrad::*field) {
     return deferred ? &(deferred->*field) : nullptr;
   };
-  // A row-split map reads the whole output gradient: its rows are the same on every rank (and its
-  // bias gradient, from all of them, is whole).
   std::vector<float> dln2_partial(has_mlp(s, w) ? whole : mine, 0.0f);
   if (has_mlp(s, w)) {
+    // A row-split map reads the whole output gradient: its rows are the same on every rank (and its
+    // bias gradient, from all of them, is whole).
     std::vector<float> gathered;
     mlp_backward(s, w, mlp_of(s, w), c, whole_rows(tp, dy, gathered, whole), dln2_partial, g, deferred, ranks_of(tp));
   }

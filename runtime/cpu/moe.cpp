@@ -18,8 +18,8 @@ using runtime::ModelShape;
 struct Sizes {
   int n, h, experts, k, f, fs, ranks, local;
   Sizes(const ModelShape& s, std::size_t x_size, bool shared, int ranks = 1)
-      : n(int(x_size / std::size_t(s.hidden))), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn), fs(shared ? s.shared_expert_ffn : 0),
-        ranks(ranks), local(ranks > 0 ? s.experts / ranks : 0) {
+      : n(int(x_size / std::size_t(s.hidden))), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn),
+        fs(shared ? s.shared_expert_ffn : 0), ranks(ranks), local(ranks > 0 ? s.experts / ranks : 0) {
     if (experts < 1 || k < 1 || k > experts || f < 1)
       throw std::invalid_argument("a mixture-of-experts layer needs 1 <= router top-k <= experts and an expert width");
     if (ranks < 1 || experts % ranks != 0)
@@ -232,7 +232,9 @@ std::size_t MoeCache::bytes() const {
   std::size_t floats = probs.size() + gates.size() + permuted.size() + fc1.size() + act.size() + out.size() +
                        shared_fc1.size() + shared_act.size();
   return floats * sizeof(float) +
-         (chosen.size() + rows.size() + microbatch_routed.size() + first_row.size() + received.size() + expert_first_row.size()) * sizeof(int);
+         (chosen.size() + rows.size() + first_row.size() + received.size() + expert_first_row.size() +
+          microbatch_routed.size()) *
+             sizeof(int);
 }
 
 std::size_t MoeDeferred::bytes() const {

@@ -309,7 +309,9 @@ TEST_CASE("every shipped config simulates") {
     // configs/hf/ holds Hugging Face model files that configs name, not configs.
     if (entry.path().extension() != ".json" || entry.path().parent_path().filename() == "hf") continue;
     CAPTURE(entry.path().string());
-    const Output out = run("compare " + entry.path().string() + " --format json", true);
+    // Its own plan: compare's every schedule and mode on each config took most of this suite's time,
+    // and the schedules are proved on every mode elsewhere.
+    const Output out = run("simulate " + entry.path().string() + " --format json", true);
     CHECK(out.exit_code == 0);
   }
 }

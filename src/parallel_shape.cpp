@@ -109,11 +109,12 @@ double avoid_chance(int n, int d, int r) {
 
 double expert_nodes_per_token(const Config& c) {
   const ModelConfig& m = c.model;
-  const int nodes = c.parallel.ep / expert_ranks_per_node(c), k = m.moe_router_topk;
-  if (nodes <= 1) return 1;
-  const double unlimited = distinct_bins(nodes, k);
-  const int groups = m.moe_router_num_groups, chosen = m.moe_router_group_topk;
-  if (groups == 0) return unlimited;
+  const int ep = c.parallel.ep, in_node = expert_ranks_per_node(c), k = m.moe_router_topk;
+  if (ep <= in_node) return 1;
+  // A group of ep ranks may end part-way into a node (ep 12 over nodes of 8): its share of them.
+  const double unlimited = distinct_bins(double(ep) / in_node, k);
+  const int groups = m.moe_router_num_groups, chosen = m.moe_router_group_topk, nodes = ep / in_node;
+  if (groups == 0 || ep % in_node != 0) return unlimited;
   // The experts, and so the groups, lie in order over the ranks and nodes.
   if (groups % nodes == 0) {  // groups/nodes whole groups in each node: a node is missed when all
     const int per_node = groups / nodes;  // `chosen` groups come from the other nodes
@@ -129,8 +130,9 @@ double expert_nodes_per_token(const Config& c) {
 
 ExpertTraffic expert_traffic(const Config& c, bool mxfp8_wire) {
   const ModelConfig& m = c.model;
-  const int ep = c.parallel.ep, in_node = expert_ranks_per_node(c), nodes = ep / in_node;
+  const int ep = c.parallel.ep, in_node = expert_ranks_per_node(c);
   if (ep <= 1) return {};
+  const double nodes = double(ep) / in_node;
   // MXFP8: one byte a value and a one-byte scale for each block of 32.
   const double value_bytes = mxfp8_wire ? 1 + 1.0 / 32 : c.precision.activation_bytes;
   const double copies = expert_exchange_bytes(c) / c.precision.activation_bytes / m.hidden;  // routed copies

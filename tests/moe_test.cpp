@@ -135,6 +135,10 @@ TEST_CASE("group-limited routing and the flex dispatcher cut what leaves the nod
   const Config free = parse_or_fail(moe_json(layout, "", "1f1b", flex));
   const double unlimited = nodes * (1 - std::pow(1 - 1 / nodes, k));
   CHECK(expert_nodes_per_token(free) == Approx(unlimited));
+  // ep 6 over nodes of 4 ends half-way into its second node: 1.5 nodes' worth of bins.
+  const Config ragged = parse_or_fail(moe_json(R"({"pp": 1, "dp": 12, "ep": 6, "microbatches": 2})", "", "1f1b", flex),
+                                      {"model.num_experts=24"});
+  CHECK(expert_nodes_per_token(ragged) == Approx(1.5 * (1 - std::pow(1 - 1 / 1.5, k))));
   // Node-limited (DeepSeek-V3's): 4 groups, one a node, 2 a token: exactly 2 nodes.
   const std::string node_limited = R"(, "moe_router_num_groups": 4, "moe_router_group_topk": 2)";
   CHECK(expert_nodes_per_token(parse_or_fail(moe_json(layout, node_limited, "1f1b", flex))) == Approx(2));

@@ -185,12 +185,14 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
           timeout_s, job.place(rank).device, rank_label(job, rank));
     if (job.ep > 1)
       groups.expert = std::make_unique<ExpertParallelGroup>(
-          world.subgroup(job.expert_group_of(rank, false), GroupUse::Collectives), timeout_s, rank_label(job, rank));
+          world.subgroup(job.expert_group_of(rank, Job::ExpertGroup::Parallel), GroupUse::Collectives), timeout_s,
+          rank_label(job, rank));
     // Within a replica its tensor-parallel ranks of one expert rank sum their gradients themselves
     // (cpu::sum_partial_gradients); across replicas, when an expert group spans several, the
     // replicas that hold the same experts do, in this group, and the data-parallel group otherwise.
     if (job.expert_replicas() > 1 && job.dp > job.expert_replicas())
-      groups.expert_data = world.subgroup(job.expert_group_of(rank, true), GroupUse::Collectives);
+      groups.expert_data =
+          world.subgroup(job.expert_group_of(rank, Job::ExpertGroup::DataParallel), GroupUse::Collectives);
   }
   const auto& groups_of_graph = job.graph.groups();
   const bool tie = std::any_of(groups_of_graph.begin(), groups_of_graph.end(),

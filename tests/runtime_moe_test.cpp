@@ -168,7 +168,8 @@ TEST_CASE("expert-parallel groups are carved out of a stage's tensor- and data-p
     const Plan plan = plan_for(moe_tiny(with_tp(set)), "1f1b", "baseline");
     const runtime::Job job = job_of(plan);
     const runtime::RankPlace p = job.place(rank);
-    return std::tuple{job.expert_group_of(rank, false), job.expert_group_of(rank, true), job.expert_rank(p),
+    return std::tuple{job.expert_group_of(rank, runtime::Job::ExpertGroup::Parallel),
+                      job.expert_group_of(rank, runtime::Job::ExpertGroup::DataParallel), job.expert_rank(p),
                       job.expert_replicas()};
   };
   using Groups = std::tuple<std::vector<int>, std::vector<int>, int, int>;

@@ -37,6 +37,7 @@ std::unique_ptr<Backend> make_backend(const RunOptions& options, const Job& job,
     return make_cpu_backend(shape, job.layout,
                             {.device = place.device, .tp_rank = place.tp_rank, .tp = job.tp, .owned = owned,
                              .ep_rank = job.expert_rank(place), .ep = job.ep,
+                             .etp_rank = job.expert_tp_rank(place), .etp = job.etp,
                              .expert_owned = job.expert_owned_part(place)},
                             options.seed, tp, 1.0f / float(job.microbatches * job.dp), ep);
   // On the GPU a rank holds its pipeline device's stages, its tensor-parallel part of each layer

@@ -88,7 +88,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Activations> layer_forward(int layer, Tensor& x) override {
     auto cache = std::make_unique<CpuLayerActivations>();
     Tensor y = allocate(layer_activation_count(), DType::F32);
-    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache, tp_, ep_);
+    cpu::layer_forward(shape_, model_.params.layers.at(layer), f32(x), f32(y), cache->cache, tp_, ep_, etp());
     x = std::move(y);
     return cache;
   }
@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
     Tensor dx = allocate(layer_activation_count(), DType::F32);
     partial_gradients_ = sequence_parallel();
     cpu::layer_backward(shape_, model_.params.layers.at(layer), c.cache, f32(dy), f32(dx), model_.grads.layers.at(layer),
-                        defer_weights ? &c.deferred : nullptr, tp_, microbatch_weight_, ep_);
+                        defer_weights ? &c.deferred : nullptr, tp_, microbatch_weight_, ep_, etp());
     dy = std::move(dx);
   }
   void layer_weight(int layer, Activations& base) override {
@@ -218,11 +218,15 @@ class CpuBackend final : public Backend {
   /// A whole activation: n × h.
   Tensor activation() { return allocate(activation_size(), DType::F32); }
   bool sequence_parallel() const { return tp_ && tp_->sequence_parallel(); }
+  /// The expert-tensor-parallel group: the runtime splits the experts over the tensor-parallel group
+  /// (etp = tp) or not at all.
+  TensorParallel* etp() const { return model_.etp > 1 ? tp_ : nullptr; }
   /// Under sequence parallelism, once per step before the gradients are read: the norms' and the
   /// routers' gradients summed over the ranks' rows, the routed experts' over the ranks that hold them.
   void sum_partial_gradients() {
     if (!std::exchange(partial_gradients_, false)) return;
-    for (auto& [index, layer] : model_.grads.layers) cpu::sum_partial_gradients(layer, *tp_, model_.ep_rank, model_.ep);
+    const int slice = model_.ep_rank * model_.etp + model_.etp_rank, slices = model_.ep * model_.etp;
+    for (auto& [index, layer] : model_.grads.layers) cpu::sum_partial_gradients(layer, *tp_, slice, slices);
   }
   const std::vector<int>& tokens(int mb) const { return batches_.at(std::size_t(mb)).tokens; }
   const std::vector<int>& targets(int mb) const { return batches_.at(std::size_t(mb)).targets; }

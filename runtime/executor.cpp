@@ -185,12 +185,14 @@ RankGroups make_groups(Transport& world, const Job& job, double timeout_s) {
           timeout_s, job.place(rank).device, rank_label(job, rank));
     if (job.ep > 1)
       groups.expert = std::make_unique<ExpertParallelGroup>(
-          world.subgroup(job.expert_group_of(rank, false), GroupUse::Collectives), timeout_s, rank_label(job, rank));
+          world.subgroup(job.expert_group_of(rank, Job::ExpertGroup::Parallel), GroupUse::Collectives), timeout_s,
+          rank_label(job, rank));
     // Within a replica its tensor-parallel ranks of one expert rank sum their gradients themselves
     // (cpu::sum_partial_gradients); across replicas, when an expert group spans several, the
     // replicas that hold the same experts do, in this group, and the data-parallel group otherwise.
     if (job.expert_replicas() > 1 && job.dp > job.expert_replicas())
-      groups.expert_data = world.subgroup(job.expert_group_of(rank, true), GroupUse::Collectives);
+      groups.expert_data =
+          world.subgroup(job.expert_group_of(rank, Job::ExpertGroup::DataParallel), GroupUse::Collectives);
   }
   const auto& groups_of_graph = job.graph.groups();
   const bool tie = std::any_of(groups_of_graph.begin(), groups_of_graph.end(),
@@ -321,17 +323,18 @@ namespace {
 /// Mixture-of-experts layers run on the CPU backend (cpu/moe.h), their routed experts whole on one
 /// rank or split over ep ranks of a stage (expert parallelism, whose all-to-alls run inside F, B and
 /// R), under tensor parallelism with sequence parallelism (each tensor-parallel rank routes its own
-/// tokens; the config asks for it, check_experts), dropless, SwiGLU experts. Each refusal names the
-/// field.
+/// tokens; the config asks for it, check_experts), each expert whole (etp 1) or split over the
+/// tensor-parallel group (etp = tp, whose collectives the expert-tensor-parallel ones then are),
+/// dropless, SwiGLU experts. Each refusal names the field.
 Status check_experts_runnable(const Config& c, const RunOptions& options) {
   if (!c.model.has_experts()) return Status::Ok();
-  if (c.parallel.expert_tp() > 1)
-    return Error{fmt::format("{}: parallel.etp: the runtime runs each expert whole on one rank, but its experts are "
-                             "split over {} ranks (parallel.etp defaults to parallel.tp); set parallel.etp to 1 "
+  const int tp = c.parallel.tp, ep = c.parallel.ep, etp = c.parallel.expert_tp();
+  if (etp != 1 && etp != tp)
+    return Error{fmt::format("{}: parallel.etp: the runtime splits each expert over the tensor-parallel group or not "
+                             "at all, but parallel.etp is {} at parallel.tp {}; set parallel.etp to 1 or to {} "
                              "(simulate models it)",
-                             c.source, c.parallel.expert_tp())};
-  const int tp = c.parallel.tp, ep = c.parallel.ep;
-  if (ep % tp != 0 && tp % ep != 0)
+                             c.source, etp, tp, tp)};
+  if (etp == 1 && ep % tp != 0 && tp % ep != 0)
     return Error{fmt::format("{}: parallel.ep: the runtime's expert-parallel groups are tensor-parallel ranks of one "
                              "replica or whole replicas' ranks, but ep {} and tp {} do not divide one another; choose "
                              "an ep that divides or is a multiple of parallel.tp (simulate models it)",

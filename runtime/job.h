@@ -34,12 +34,17 @@ struct Job {
   int tp = 1;  ///< tensor-parallel ranks per pipeline device
   bool sequence_parallel = false;  ///< with tp > 1: layers' inputs and outputs split by tokens over the tp ranks
   int dp = 1;  ///< data-parallel replicas of the pipeline, each its own microbatches
-  /// Expert-parallel ranks: Megatron-Core carves them out of the tp·dp ranks of a stage (cp = etp = 1
-  /// here), enumerated tensor-parallel rank innermost (i = replica·tp + tp_rank): consecutive ranks in
-  /// groups of ep split each MoE layer's routed experts, rank i holding the (i mod ep)-th share; the
-  /// ranks that hold the same experts (i mod ep alike) are the expert data-parallel group, which sums
-  /// their gradients. Divides tp·dp; the runtime also needs ep to divide tp or tp to divide ep.
+  /// Expert-parallel ranks: Megatron-Core carves its expert grid out of the tp·dp ranks of a stage
+  /// (cp = 1 here), enumerated tensor-parallel rank innermost (i = replica·tp + tp_rank): expert-
+  /// tensor-parallel rank innermost (i mod etp), then the expert-parallel rank (i / etp mod ep), then
+  /// the expert data-parallel index. The etp ranks of one expert rank split each of its experts'
+  /// maps (column-parallel fc1, row-parallel fc2); the ep ranks of one etp rank split each MoE layer's
+  /// routed experts, rank ep_rank holding the ep_rank-th share; the ranks that hold the same slice of
+  /// the same experts (i mod ep·etp alike) are the expert data-parallel group, which sums their
+  /// gradients. ep·etp divides tp·dp; the runtime also needs etp = 1 or tp, and at etp = 1 ep to
+  /// divide tp or tp to divide ep (check_experts_runnable).
   int ep = 1;
+  int etp = 1;  ///< expert-tensor-parallel ranks: 1 or tp (the tensor-parallel group then splits the experts)
 
   int ranks() const { return layout.devices * tp * dp; }
   RankPlace place(int rank) const { return {.device = rank / (tp * dp), .replica = rank / tp % dp, .tp_rank = rank % tp}; }
@@ -53,10 +58,12 @@ struct Job {
   OwnedPart owned_part(const RankPlace& p) const {
     return sharded() ? OwnedPart{.index = p.replica, .count = dp} : OwnedPart{};
   }
-  /// How many replicas one expert-parallel group spans: ep / tp when ep reaches past a replica's
-  /// tensor-parallel ranks, else 1 (its ranks are tensor-parallel ranks of one replica).
-  int expert_replicas() const { return std::max(1, ep / tp); }
-  /// Of the routed experts' maps, under ZeRO: its block among the replicas that hold the same experts
+  /// How many distinct slices of the routed experts a stage holds: each of ep shares, split etp ways.
+  int expert_slices() const { return ep * etp; }
+  /// How many replicas hold distinct expert slices: expert_slices() / tp when they reach past a
+  /// replica's tensor-parallel ranks, else 1 (a replica's tensor-parallel ranks hold them all).
+  int expert_replicas() const { return std::max(1, expert_slices() / tp); }
+  /// Of the routed experts' maps, under ZeRO: its block among the replicas that hold the same slice
   /// (Megatron-Core's expert_zero_sharding over the expert data-parallel group), all of them
   /// otherwise. Within one replica the expert data-parallel group's tensor-parallel ranks sum their
   /// gradients first (cpu::sum_partial_gradients): ZeRO shards over the replicas only. At ep = 1,
@@ -66,14 +73,24 @@ struct Job {
     return sharded() ? OwnedPart{.index = p.replica / replicas, .count = dp / replicas} : OwnedPart{};
   }
   /// Which share of each MoE layer's routed experts a rank at `p` holds.
-  int expert_rank(const RankPlace& p) const { return (p.replica * tp + p.tp_rank) % ep; }
-  /// The ranks of `rank`'s expert-parallel group (its block of ep consecutive ranks of the stage, in
-  /// Megatron-Core's order), or with `data` of its expert data-parallel group (the stage's ranks of
-  /// its expert rank), in that order.
-  std::vector<int> expert_group_of(int rank, bool data) const {
+  int expert_rank(const RankPlace& p) const { return (p.replica * tp + p.tp_rank) / etp % ep; }
+  /// Which slice of each of those experts it holds.
+  int expert_tp_rank(const RankPlace& p) const { return (p.replica * tp + p.tp_rank) % etp; }
+  /// The groups of the expert grid: the ranks that split the routed experts (expert-parallel), that
+  /// split each expert (expert-tensor-parallel), that hold the same slice (expert data-parallel).
+  enum class ExpertGroup { Parallel, TensorParallel, DataParallel };
+  /// The ranks of `rank`'s group `which` in Megatron-Core's order: expert-parallel, ep ranks etp
+  /// apart; expert-tensor-parallel, etp consecutive ranks; expert data-parallel, the stage's ranks
+  /// of its slice, ep·etp apart.
+  std::vector<int> expert_group_of(int rank, ExpertGroup which) const {
     const RankPlace p = place(rank);
-    const int i = p.replica * tp + p.tp_rank;
-    const int first = data ? i % ep : i / ep * ep, step = data ? ep : 1, count = data ? tp * dp / ep : ep;
+    const int i = p.replica * tp + p.tp_rank, slices = expert_slices();
+    int first = 0, step = 1, count = 1;
+    switch (which) {
+      case ExpertGroup::Parallel: first = i / slices * slices + i % etp, step = etp, count = ep; break;
+      case ExpertGroup::TensorParallel: first = i / etp * etp, step = 1, count = etp; break;
+      case ExpertGroup::DataParallel: first = i % slices, step = slices, count = tp * dp / slices; break;
+    }
     std::vector<int> ranks;
     for (int k = 0; k < count; ++k) {
       const int at = first + k * step;

@@ -88,8 +88,9 @@ ModelShape model_shape(const Config& c) {
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed) {
   const int rank = part.device;
   RankModel m{.shape = shape, .shard = {0, shape.vocab}, .owned = part.owned, .tp_rank = part.tp_rank, .tp = part.tp,
-              .ep_rank = part.ep_rank, .ep = part.ep, .expert_owned = part.expert_owned, .tied = false, .params = {},
-              .grads = {}, .moment1 = {}, .moment2 = {}, .has_moments = false};
+              .ep_rank = part.ep_rank, .ep = part.ep, .etp_rank = part.etp_rank, .etp = part.etp,
+              .expert_owned = part.expert_owned, .tied = false, .params = {}, .grads = {}, .moment1 = {}, .moment2 = {},
+              .has_moments = false};
   const bool split_vocab = layout.vocab != VocabPlacement::OnStages;
   if (split_vocab) {
     const int per_device = layout.padded_vocab / layout.devices;
@@ -101,7 +102,7 @@ RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const R
     for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
       m.params.layers.emplace(
           l, cpu::expert_part(shape, cpu::split_layer(shape, cpu::make_layer(shape, seed, l), part.tp_rank, part.tp),
-                              part.ep_rank, part.ep));
+                              part.ep_rank, part.ep, part.etp_rank, part.etp));
     if (stage.has_embedding) m.params.embedding = cpu::embedding_rows(shape, seed, 0, shape.vocab);
     if (stage.has_head) m.params.head = cpu::head_rows(shape, seed, 0, shape.vocab);
   }
@@ -204,11 +205,11 @@ std::span<const float> model_tensor(const cpu::Model& model, std::size_t index) 
 std::vector<HostGradient> host_gradients(const RankModel& m) {
   std::vector<HostGradient> grads;
   // Elements [first, last) of what the rank holds: a range of the tensor, or of `elements` of it.
-  // What every tensor-parallel rank holds whole, rank 0 reports; a routed experts' share, the first
-  // rank that holds it (under ep < tp the ranks past ep hold the same shares again).
+  // What every tensor-parallel rank holds whole, rank 0 reports; a routed experts' slice, the first
+  // rank that holds it (under ep·etp < tp the ranks past ep·etp hold the same slices again).
   const auto add = [&](std::size_t tensor, std::size_t offset, const std::vector<float>& values,
                        const std::vector<std::size_t>& elements, const OwnedPart& owned, bool routed = false) {
-    if (elements.empty() && m.tp_rank >= (routed ? m.ep : 1)) return;
+    if ((routed || elements.empty()) && m.tp_rank >= (routed ? m.ep * m.etp : 1)) return;
     const std::size_t first = owned.begin(values.size()), last = owned.end(values.size());
     if (first >= last) return;
     const auto range = [&](const auto& v) { return std::vector(v.begin() + std::ptrdiff_t(first), v.begin() + std::ptrdiff_t(last)); };
@@ -221,14 +222,29 @@ std::vector<HostGradient> host_gradients(const RankModel& m) {
   add(kEmbedding, shard_offset, m.grads.embedding, {}, m.owned), add(kHead, shard_offset, m.grads.head, {}, m.owned);
   add(kFinalGain, 0, m.grads.final_gain, {}, m.owned), add(kFinalBias, 0, m.grads.final_bias, {}, m.owned);
   const std::vector<std::vector<std::size_t>> split = cpu::split_elements(m.shape, m.tp_rank, m.tp);
+  // This rank's routed experts are one block of each stacked map, the ep_rank-th; under expert tensor
+  // parallelism, of each expert in it its slice's elements.
+  const std::size_t local = m.shape.experts > 0 ? std::size_t(m.shape.experts / m.ep) : 0;
+  std::vector<std::vector<std::size_t>> sliced;
+  if (m.etp > 1)
+    for (const std::vector<std::size_t>& one : cpu::expert_slice_elements(m.shape, m.etp_rank, m.etp)) {
+      const std::size_t per_expert = one.size() * std::size_t(m.etp);
+      std::vector<std::size_t> all;
+      for (std::size_t e = 0; e < local; ++e)
+        for (const std::size_t i : one) all.push_back(e * per_expert + i);
+      sliced.push_back(std::move(all));
+    }
   for (const auto& [index, layer] : m.grads.layers) {
     const auto tensors = layer.tensors();
+    std::size_t routed_maps = 0;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      // This rank's routed experts are one block of each stacked map: the ep_rank-th.
       const bool routed = cpu::routed_expert_tensor(t);
-      const std::size_t offset = routed ? std::size_t(m.ep_rank) * tensors[t]->size() : 0;
-      add(layer_tensor(index, t), offset, *tensors[t], m.tp > 1 ? split[t] : std::vector<std::size_t>{},
-          routed ? m.expert_owned : m.owned, routed);
+      const std::vector<std::size_t> none;
+      const std::vector<std::size_t>& elements = routed ? (m.etp > 1 ? sliced.at(routed_maps++) : none)
+                                                        : (m.tp > 1 ? split[t] : none);
+      // The rank's experts' whole maps are etp times its slices.
+      const std::size_t offset = routed ? std::size_t(m.ep_rank) * tensors[t]->size() * std::size_t(m.etp) : 0;
+      add(layer_tensor(index, t), offset, *tensors[t], elements, routed ? m.expert_owned : m.owned, routed);
     }
   }
   return grads;

@@ -32,6 +32,8 @@ struct RankModel {
   int tp_rank = 0, tp = 1;  ///< its part of each layer (cpu::split_layer); the rest is whole on every rank
   /// Its expert-parallel rank and group: the routed experts of each MoE layer it holds (cpu::expert_part).
   int ep_rank = 0, ep = 1;
+  /// Its expert-tensor-parallel rank and group: the slice of each of those experts it holds.
+  int etp_rank = 0, etp = 1;
   /// Under ZeRO, what its optimizer updates of the routed experts' maps (sharded over the expert
   /// data-parallel group); `owned` is for every other tensor.
   OwnedPart expert_owned;
@@ -72,6 +74,7 @@ struct RankPart {
   int tp_rank = 0, tp = 1;
   OwnedPart owned;
   int ep_rank = 0, ep = 1;  ///< under expert parallelism, which routed experts it holds
+  int etp_rank = 0, etp = 1;  ///< under expert tensor parallelism, which slice of each of them
   OwnedPart expert_owned = {};  ///< under ZeRO, its part of the routed experts' maps
 };
 RankModel make_rank_model(const ModelShape& shape, const Layout& layout, const RankPart& part, std::uint64_t seed);

@@ -123,6 +123,12 @@ TEST_CASE("mpirun -np 4: expert parallelism over the replicas of a 2-stage pipel
                                     config("moe-tiny.json") + " --set parallel.tp=2 --set parallel.etp=1" +
                                     " --set parallel.ep=2 --schedule 1f1b --vocab vocab-1 --check --format json");
   check_report(tensor, 4);
+  // etp = tp = 2: each expert split over the two tensor-parallel ranks, which gather the rows they
+  // received and sum their slices' outputs back.
+  const Output sliced = run_command(std::string(mpirun) + " -np 4 " + std::getenv("PIPESIM") + " run " +
+                                    config("moe-tiny.json") + " --set parallel.tp=2 --set parallel.etp=2" +
+                                    " --schedule zb-v --vocab baseline --check --format json");
+  check_report(sliced, 4);
 }
 
 int main(int argc, char** argv) {

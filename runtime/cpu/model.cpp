@@ -350,7 +350,7 @@ void mlp_backward(const ModelShape& s, const Layer& w, const MlpMaps& m, const L
 }  // namespace
 
 void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x, std::span<float> y, LayerCache& c,
-                   TensorParallel* tp, ExpertParallel* ep) {
+                   TensorParallel* tp, ExpertParallel* ep, TensorParallel* etp) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
   const LayerPart part(s, ranks_of(tp));
@@ -377,7 +377,7 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
   // whose output adds to that as the dense MLP's does to the residual.
   require_sequence_parallel_moe(tp);
   std::vector<float> routed(mine);
-  moe_forward(s, routed_weights(w), own_rows(c.ln2, mine, tp ? tp->rank() : 0), routed, c.moe, ep, tp);
+  moe_forward(s, routed_weights(w), own_rows(c.ln2, mine, tp ? tp->rank() : 0), routed, c.moe, ep, tp, etp);
   for (std::size_t i = 0; i < mine; ++i) routed[i] += c.middle[i];
   c.fc1.clear(), c.gelu.clear();
   if (has_mlp(s, w)) return mlp_forward(s, w, mlp_of(s, w), c, routed, y, tp);
@@ -386,7 +386,7 @@ void layer_forward(const ModelShape& s, const Layer& w, std::span<const float> x
 
 void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, std::span<const float> dy,
                     std::span<float> dx, Layer& g, DeferredWeightGrad* deferred, TensorParallel* tp,
-                    float aux_loss_weight, ExpertParallel* ep) {
+                    float aux_loss_weight, ExpertParallel* ep, TensorParallel* etp) {
   const int n = s.tokens(), h = s.hidden, rows = layer_rows(s, tp);
   const std::size_t whole = std::size_t(n) * h, mine = std::size_t(rows) * h;
   const LayerPart part(s, ranks_of(tp));
@@ -405,7 +405,7 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   if (w.moe()) {  // the routed experts of this rank's own rows
     require_sequence_parallel_moe(tp);
     moe_backward(s, routed_weights(w), own_rows(c.ln2, mine, tp ? tp->rank() : 0), c.moe, dy, dln2, routed_gradients(g),
-                 deferred ? &deferred->moe : nullptr, aux_loss_weight, ep);
+                 deferred ? &deferred->moe : nullptr, aux_loss_weight, ep, etp);
   }
   std::vector<float> dmiddle(dy.begin(), dy.end());  // through the second residual
   norm_backward(s, w.ln2_gain, c.middle, c.mean2, c.rstd2, dln2, dmiddle, g.ln2_gain, g.ln2_bias, rows);
@@ -424,16 +424,17 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
   norm_backward(s, w.ln1_gain, c.input, c.mean1, c.rstd1, dln1, dx, g.ln1_gain, g.ln1_bias, rows);
 }
 
-void sum_partial_gradients(Layer& g, TensorParallel& tp, int ep_rank, int ep) {
+void sum_partial_gradients(Layer& g, TensorParallel& tp, int slice, int slices) {
   // The router, whole on every rank, routed each rank's own rows.
   for (std::vector<float>* t : {&g.ln1_gain, &g.ln1_bias, &g.ln2_gain, &g.ln2_bias, &g.router_weight})
     if (!t->empty()) tp.all_reduce(host(*t));
-  // The routed experts ran each rank's own rows too: the ranks that hold the same experts (ep < tp:
-  // those of one expert rank) sum them, each adding its block into a tensor of all ep blocks.
-  if (!g.moe() || ep >= tp.size()) return;
+  // The routed experts ran each rank's own rows too: the ranks that hold the same slice of the same
+  // experts (slices < tp: those of one slice index) sum them, each adding its block into a tensor of
+  // all `slices` blocks.
+  if (!g.moe() || slices >= tp.size()) return;
   for (std::vector<float>* t : {&g.expert_fc1_weight, &g.expert_fc2_weight}) {
-    std::vector<float> blocks(t->size() * std::size_t(ep), 0.0f);
-    const auto at = blocks.begin() + std::ptrdiff_t(t->size() * std::size_t(ep_rank));
+    std::vector<float> blocks(t->size() * std::size_t(slices), 0.0f);
+    const auto at = blocks.begin() + std::ptrdiff_t(t->size() * std::size_t(slice));
     std::copy(t->begin(), t->end(), at);
     tp.all_reduce(host(blocks));
     std::copy_n(at, t->size(), t->begin());
@@ -501,10 +502,12 @@ Layer split_layer(const ModelShape& s, const Layer& whole, int rank, int ranks) 
   return part;
 }
 
-Layer expert_part(const ModelShape& s, const Layer& whole, int rank, int ranks) {
-  if (ranks == 1 || !whole.moe()) return whole;
+Layer expert_part(const ModelShape& s, const Layer& whole, int rank, int ranks, int etp_rank, int etp) {
+  if ((ranks == 1 && etp == 1) || !whole.moe()) return whole;
   if (s.experts % ranks != 0 || rank < 0 || rank >= ranks)
     throw std::invalid_argument("an expert-parallel group must split the experts evenly (parallel.ep)");
+  if (s.expert_ffn % etp != 0 || etp_rank < 0 || etp_rank >= etp)
+    throw std::invalid_argument("an expert-tensor-parallel group must split the expert width evenly (parallel.etp)");
   Layer part = whole;
   const std::size_t local = std::size_t(s.experts / ranks);
   // Stacked expert by expert: this rank's experts are one block of each map.
@@ -513,7 +516,24 @@ Layer expert_part(const ModelShape& s, const Layer& whole, int rank, int ranks) 
     *t = std::vector<float>(t->begin() + std::ptrdiff_t(std::size_t(rank) * block),
                             t->begin() + std::ptrdiff_t(std::size_t(rank + 1) * block));
   }
+  if (etp == 1) return part;
+  // Then each expert's slice: columns of its fused [gate | up], rows of its down projection.
+  const std::vector<std::vector<std::size_t>> slice = expert_slice_elements(s, etp_rank, etp);
+  for (const auto& [t, elements] :
+       {std::pair{&part.expert_fc1_weight, &slice[0]}, {&part.expert_fc2_weight, &slice[1]}}) {
+    const std::size_t per_expert = t->size() / local;
+    std::vector<float> sliced;
+    for (std::size_t e = 0; e < local; ++e)
+      for (const std::size_t i : *elements) sliced.push_back((*t)[e * per_expert + i]);
+    *t = std::move(sliced);
+  }
   return part;
+}
+
+std::vector<std::vector<std::size_t>> expert_slice_elements(const ModelShape& s, int rank, int ranks) {
+  const std::size_t h = std::size_t(s.hidden), f = std::size_t(s.expert_ffn), part = f / std::size_t(ranks);
+  return {column_elements(h, 2 * f, fc1_columns(s, s.expert_ffn, rank, ranks)),
+          row_elements(std::size_t(rank) * part, part, h)};
 }
 
 bool routed_expert_tensor(std::size_t index) {

@@ -68,9 +68,10 @@ Layer make_layer(const ModelShape& shape, std::uint64_t seed, int index);
 int layer_rows(const ModelShape& shape, const TensorParallel* tp);
 /// Under sequence parallelism, sums over the group the gradients each rank holds a partial sum of
 /// (the norms' gains and biases, a mixture-of-experts layer's router: over its rows; its routed
-/// experts over the ranks that hold the same ones, this rank's being the ep_rank-th of ep shares):
+/// experts over the ranks that hold the same slice of them, this rank's being the slice-th of
+/// `slices`, ep·etp: Job::expert_rank·etp + Job::expert_tp_rank):
 /// once per step, before they are read.
-void sum_partial_gradients(Layer& grad, TensorParallel& tp, int ep_rank = 0, int ep = 1);
+void sum_partial_gradients(Layer& grad, TensorParallel& tp, int slice = 0, int slices = 1);
 
 /// Rank `rank` of `ranks`' part of a whole layer (heads, key/value heads, ffn and a shared expert's
 /// width divisible by ranks). A mixture-of-experts layer's router and routed experts stay whole
@@ -79,7 +80,13 @@ Layer split_layer(const ModelShape& shape, const Layer& whole, int rank, int ran
 /// Rank `rank` of an expert-parallel group of `ranks`' part of a whole mixture-of-experts layer: the
 /// routed experts [rank·E/ranks, (rank + 1)·E/ranks) of its two stacked expert maps, everything else
 /// whole. A dense layer, or one rank, is returned whole.
-Layer expert_part(const ModelShape& shape, const Layer& whole, int rank, int ranks);
+/// With `etp` > 1, of each of those experts the etp_rank-th slice (expert_slice_elements), in expert
+/// order.
+Layer expert_part(const ModelShape& shape, const Layer& whole, int rank, int ranks, int etp_rank = 0, int etp = 1);
+/// The elements of one expert's fused [gate | up] map (h × 2f) and of its down projection (f × h)
+/// that rank `rank` of an expert-tensor-parallel group of `ranks` holds: the columns of its share of
+/// the width of each of gate and up, and those rows.
+std::vector<std::vector<std::size_t>> expert_slice_elements(const ModelShape& shape, int rank, int ranks);
 /// Whether tensor `index` of Layer::tensors() is one of the routed experts' maps: what an
 /// expert-parallel group splits and the expert data-parallel group, not every replica, reduces.
 bool routed_expert_tensor(std::size_t index);
@@ -91,9 +98,11 @@ Layer zero_layer(const ModelShape& shape, int index = 0);
 /// With `tp`, `w` is this rank's part of the layer (split_layer) and x and y have layer_rows rows; a
 /// mixture-of-experts layer needs sequence parallelism then, and routes this rank's rows (moe.h).
 /// With `ep`, a mixture-of-experts layer's `w` holds this rank's routed experts only (expert_part)
-/// and its tokens go to the group's ranks and back (moe.h).
+/// and its tokens go to the group's ranks and back (moe.h). With `etp` (the tensor-parallel group, at
+/// etp = tp), of each of them its slice, which the group's ranks run on every row they received.
 void layer_forward(const ModelShape& shape, const Layer& w, std::span<const float> x, std::span<float> y,
-                   LayerCache& cache, TensorParallel* tp = nullptr, ExpertParallel* ep = nullptr);
+                   LayerCache& cache, TensorParallel* tp = nullptr, ExpertParallel* ep = nullptr,
+                   TensorParallel* etp = nullptr);
 /// What a layer's weight-gradient pass needs when it runs apart from the input-gradient pass (a W op
 /// split off B): the input and output gradient of each of the four linear maps (a mixture-of-experts
 /// layer's router and routed experts keep theirs in `moe`, its shared expert in fc1_dy and fc2_dy).
@@ -109,7 +118,7 @@ struct DeferredWeightGrad {
 /// loss (1 for one microbatch alone).
 void layer_backward(const ModelShape& shape, const Layer& w, const LayerCache& cache, std::span<const float> dy,
                     std::span<float> dx, Layer& grad, DeferredWeightGrad* deferred = nullptr, TensorParallel* tp = nullptr,
-                    float aux_loss_weight = 1.0f, ExpertParallel* ep = nullptr);
+                    float aux_loss_weight = 1.0f, ExpertParallel* ep = nullptr, TensorParallel* etp = nullptr);
 /// The weight gradients layer_backward deferred; `ranks`: the tensor-parallel group's size, `rank`
 /// this rank's in it.
 void layer_weight_backward(const ModelShape& shape, const LayerCache& cache, const DeferredWeightGrad& deferred,

@@ -14,16 +14,20 @@ namespace {
 using runtime::ModelShape;
 
 /// The sizes of one MoE MLP, checked once: n of the tokens (rows of x), `ranks` of an
-/// expert-parallel group, each `local` experts; fs 0 when no shared expert is given.
+/// expert-parallel group, each `local` experts, of which it holds a slice of width f (the expert
+/// width over `slices`, the expert-tensor-parallel ranks); fs 0 when no shared expert is given.
 struct Sizes {
   int n, h, experts, k, f, fs, ranks, local;
-  Sizes(const ModelShape& s, std::size_t x_size, bool shared, int ranks = 1)
-      : n(int(x_size / std::size_t(s.hidden))), h(s.hidden), experts(s.experts), k(s.router_topk), f(s.expert_ffn),
-        fs(shared ? s.shared_expert_ffn : 0), ranks(ranks), local(ranks > 0 ? s.experts / ranks : 0) {
+  Sizes(const ModelShape& s, std::size_t x_size, bool shared, int ranks = 1, int slices = 1)
+      : n(int(x_size / std::size_t(s.hidden))), h(s.hidden), experts(s.experts), k(s.router_topk),
+        f(slices > 0 ? s.expert_ffn / slices : 0), fs(shared ? s.shared_expert_ffn : 0), ranks(ranks),
+        local(ranks > 0 ? s.experts / ranks : 0) {
     if (experts < 1 || k < 1 || k > experts || f < 1)
       throw std::invalid_argument("a mixture-of-experts layer needs 1 <= router top-k <= experts and an expert width");
     if (ranks < 1 || experts % ranks != 0)
       throw std::invalid_argument("an expert-parallel group must split the experts evenly (parallel.ep)");
+    if (s.expert_ffn % slices != 0)
+      throw std::invalid_argument("an expert-tensor-parallel group must split the expert width evenly (parallel.etp)");
   }
   std::size_t copies() const { return std::size_t(n) * std::size_t(k); }
   int rows_in(const MoeCache& c, int e) const { return c.first_row[std::size_t(e) + 1] - c.first_row[std::size_t(e)]; }
@@ -48,6 +52,9 @@ template <class T>
 std::span<const T> view(const std::vector<T>& v) { return v; }
 template <class T>
 std::span<T> view(std::vector<T>& v) { return v; }
+
+/// Host fp32 values as a group's buffer.
+runtime::Buffer host_floats(std::vector<float>& values) { return {values.data(), values.size(), runtime::DType::F32}; }
 
 /// Softmax over each row of `width` logits, in fp32, from the row's largest.
 void softmax_rows(std::span<const float> logits, std::span<float> probs, int rows, int width) {
@@ -226,6 +233,70 @@ void exchange_counts(const Sizes& z, ExpertParallel* ep, MoeCache& c) {
   }
 }
 
+/// Each rank of the expert-tensor-parallel group's rows of each of this rank's experts (the group's
+/// ranks hold the same experts), and where each expert's block of the rows they all run starts: by
+/// expert, the group's ranks in order within one. Without a group, this rank's rows alone.
+void gather_counts(const Sizes& z, TensorParallel* etp, MoeCache& c) {
+  const int ranks = etp ? etp->size() : 1, me = etp ? etp->rank() : 0;
+  std::vector<float> counts(std::size_t(ranks * z.local), 0.0f);  // exact: far below 2^24
+  for (int e = 0; e < z.local; ++e) counts[std::size_t(me * z.local + e)] = float(z.expert_rows_in(c, e));
+  if (etp) etp->all_reduce(host_floats(counts));  // one rank's counts, zeros elsewhere: exact
+  c.etp_rows.assign(counts.begin(), counts.end());
+  for (int e = 0; e < z.local; ++e) {
+    int rows = 0;
+    for (int r = 0; r < ranks; ++r) rows += c.etp_rows[std::size_t(r * z.local + e)];
+    c.expert_first_row[std::size_t(e) + 1] = c.expert_first_row[std::size_t(e)] + rows;
+  }
+}
+
+/// Copies this rank's rows of each of its experts between `own` (its rows, expert order) and `group`
+/// (the group's, gather_counts' order), into `group` or out of it.
+void copy_own_rows(const Sizes& z, const MoeCache& c, int me, std::span<float> own, std::span<float> group, int width,
+                   bool into_group) {
+  const std::size_t w = std::size_t(width);
+  std::size_t in_own = 0;
+  for (int e = 0; e < z.local; ++e) {
+    std::size_t in_group = std::size_t(c.expert_first_row[std::size_t(e)]);
+    for (int r = 0; r < me; ++r) in_group += std::size_t(c.etp_rows[std::size_t(r * z.local + e)]);
+    const std::size_t rows = std::size_t(c.etp_rows[std::size_t(me * z.local + e)]);
+    const std::span<float> a = own.subspan(in_own * w, rows * w), b = group.subspan(in_group * w, rows * w);
+    std::copy(into_group ? a.begin() : b.begin(), into_group ? a.end() : b.end(), into_group ? b.begin() : a.begin());
+    in_own += rows;
+  }
+}
+
+/// The expert-tensor-parallel group's all-gather of the rows this rank received (`own`, expert
+/// order): every rank of the group then runs its slice of each expert on all of them. The ranks'
+/// blocks differ in size, so it is an all-reduce of this rank's rows and zeros elsewhere (exact).
+std::vector<float> gather_rows(const Sizes& z, TensorParallel* etp, const MoeCache& c, std::vector<float> own,
+                               int width) {
+  if (!etp) return own;
+  std::vector<float> group(std::size_t(c.expert_first_row.back()) * std::size_t(width), 0.0f);
+  copy_own_rows(z, c, etp->rank(), own, group, width, true);
+  etp->all_reduce(host_floats(group));
+  return group;
+}
+
+/// Its reverse, the reduce-scatter (an all-reduce likewise): the group's partial sums over the expert
+/// width (row-parallel fc2's outputs, column-parallel fc1's input gradients) added up, and this
+/// rank's rows kept.
+std::vector<float> scatter_rows(const Sizes& z, TensorParallel* etp, const MoeCache& c, std::vector<float> group,
+                                int width) {
+  if (!etp) return group;
+  etp->all_reduce(host_floats(group));
+  int rows = 0;
+  for (int e = 0; e < z.local; ++e) rows += c.etp_rows[std::size_t(etp->rank() * z.local + e)];
+  std::vector<float> own(std::size_t(rows) * std::size_t(width));
+  copy_own_rows(z, c, etp->rank(), own, group, width, false);
+  return own;
+}
+
+/// How many expert-tensor-parallel ranks split the experts, from what the forward kept.
+int slices_of(const MoeCache& c) {
+  const std::size_t local = c.expert_first_row.size() - 1;
+  return local > 0 ? int(c.etp_rows.size() / local) : 1;
+}
+
 }  // namespace
 
 std::size_t MoeCache::bytes() const {
@@ -233,7 +304,7 @@ std::size_t MoeCache::bytes() const {
                        shared_fc1.size() + shared_act.size();
   return floats * sizeof(float) +
          (chosen.size() + rows.size() + first_row.size() + received.size() + expert_first_row.size() +
-          microbatch_routed.size()) *
+          etp_rows.size() + microbatch_routed.size()) *
              sizeof(int);
 }
 
@@ -243,8 +314,8 @@ std::size_t MoeDeferred::bytes() const {
 }
 
 void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, std::span<float> y, MoeCache& c,
-                 ExpertParallel* ep, TensorParallel* tp) {
-  const Sizes z(s, x.size(), !w.shared_fc1.empty(), ep ? ep->size() : 1);
+                 ExpertParallel* ep, TensorParallel* tp, TensorParallel* etp) {
+  const Sizes z(s, x.size(), !w.shared_fc1.empty(), ep ? ep->size() : 1, etp ? etp->size() : 1);
   const std::size_t h = std::size_t(z.h);
   std::vector<float> logits(std::size_t(z.n) * z.experts);
   matmul(x, w.router, logits, z.n, z.h, z.experts);
@@ -262,7 +333,11 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
   }
   // Dispatch: each routed copy to its expert's rank.
   exchange_counts(z, ep, c);
-  c.permuted = regroup(z, c, exchange(ep, std::move(routed), dispatch_rows(z, c), z.h), z.h, true);
+  std::vector<float> own = regroup(z, c, exchange(ep, std::move(routed), dispatch_rows(z, c), z.h), z.h, true);
+  // Each rank of an expert-tensor-parallel group runs its slice of the experts on every row the group
+  // received.
+  gather_counts(z, etp, c);
+  c.permuted = gather_rows(z, etp, c, std::move(own), z.h);
   const std::size_t mine = std::size_t(c.expert_first_row.back());
   c.fc1.resize(mine * 2 * std::size_t(z.f)), c.act.resize(mine * std::size_t(z.f));
   std::vector<float> out(mine * h);
@@ -275,8 +350,10 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
     swiglu_forward(fc1, act, m, z.f);
     matmul(act, z.weights_of(w.expert_fc2, e, z.f, z.h), z.expert_rows(view(out), c, e, z.h), m, z.f, z.h);
   }
-  // Combine: each output back to the rank of its token, which holds them in expert order.
-  c.out = exchange(ep, regroup(z, c, out, z.h, false), combine_rows(z, c), z.h);
+  // Combine: the slices' partial outputs summed, then each back to the rank of its token, which holds
+  // them in expert order.
+  c.out = exchange(ep, regroup(z, c, scatter_rows(z, etp, c, std::move(out), z.h), z.h, false), combine_rows(z, c),
+                   z.h);
   // Each token's copies summed in its own order (best first), whatever expert order put them in.
   const std::vector<int> at = positions(c);
   std::fill(y.begin(), y.end(), 0.0f);
@@ -295,8 +372,8 @@ void moe_forward(const ModelShape& s, const MoeWeights& w, std::span<const float
 
 void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const float> x, const MoeCache& c,
                   std::span<const float> dy, std::span<float> dx, const MoeGradients& g, MoeDeferred* deferred,
-                  float aux_loss_weight, ExpertParallel* ep) {
-  const Sizes z(s, x.size(), !w.shared_fc1.empty(), ep ? ep->size() : 1);
+                  float aux_loss_weight, ExpertParallel* ep, TensorParallel* etp) {
+  const Sizes z(s, x.size(), !w.shared_fc1.empty(), ep ? ep->size() : 1, slices_of(c));
   const std::size_t h = std::size_t(z.h);
   // Combine's backward: each copy's output gradient is its gate times its token's, and each gate's
   // gradient the dot product of its token's output gradient with the copy's output.
@@ -312,8 +389,9 @@ void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const floa
     }
     dgates[copy] = dot;
   }
-  // The output gradients to the experts' ranks, as dispatch sent the rows.
-  std::vector<float> dout_mine = regroup(z, c, exchange(ep, std::move(dout), dispatch_rows(z, c), z.h), z.h, true);
+  // The output gradients to the experts' ranks, as dispatch sent the rows, and gathered as they were.
+  std::vector<float> dout_mine = gather_rows(
+      z, etp, c, regroup(z, c, exchange(ep, std::move(dout), dispatch_rows(z, c), z.h), z.h, true), z.h);
   const std::size_t mine = std::size_t(c.expert_first_row.back());
   std::vector<float> dact(mine * std::size_t(z.f), 0.0f), dfc1(mine * 2 * std::size_t(z.f), 0.0f),
       dpermuted_mine(mine * h, 0.0f);
@@ -327,8 +405,9 @@ void moe_backward(const ModelShape& s, const MoeWeights& w, std::span<const floa
     matmul_bt(dfc1_e, z.weights_of(w.expert_fc1, e, z.h, 2 * z.f), z.expert_rows(view(dpermuted_mine), c, e, z.h), m,
               2 * z.f, z.h);
   }
-  // The input gradients back to the tokens' ranks, in expert order there.
-  const std::vector<float> dpermuted = exchange(ep, regroup(z, c, dpermuted_mine, z.h, false), combine_rows(z, c), z.h);
+  // The input gradients summed over the slices and back to the tokens' ranks, in expert order there.
+  const std::vector<float> dpermuted = exchange(
+      ep, regroup(z, c, scatter_rows(z, etp, c, std::move(dpermuted_mine), z.h), z.h, false), combine_rows(z, c), z.h);
   // Un-permute: each token's copies added in its own order.
   for (std::size_t copy = 0; copy < z.copies(); ++copy) {
     const std::size_t token = copy / std::size_t(z.k), r = std::size_t(at[copy]);
@@ -359,7 +438,7 @@ void moe_weight_backward(const ModelShape& s, std::span<const float> x, const Mo
                          const MoeGradients& g) {
   // The forward's exchange left how many ranks sent this one rows: the group's size.
   const int local = int(c.expert_first_row.size()) - 1;
-  const Sizes z(s, x.size(), !g.shared_fc1.empty(), local > 0 ? s.experts / local : 1);
+  const Sizes z(s, x.size(), !g.shared_fc1.empty(), local > 0 ? s.experts / local : 1, slices_of(c));
   matmul_at(x, d.router_dy, g.router, z.n, z.h, z.experts);
   for (int e = 0; e < z.local; ++e) {
     const int m = z.expert_rows_in(c, e);

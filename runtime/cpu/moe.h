@@ -31,14 +31,24 @@
 ///   backward mirrors it: the outputs' gradients are dispatched, the inputs' combined back. The
 ///   weight pass needs no exchange: it reads what the expert's rank kept.
 /// - Sequence parallelism (with a TensorParallel group): x holds this rank's share of the
-///   microbatch's tokens (Megatron-Core's MoE under tensor parallelism, each expert whole on one rank),
-///   which it routes and runs as above. The routing counts f_i are summed over the group, so that the
-///   ranks' load-balancing losses (P_i's terms of their own tokens) add up to the microbatch's, and
-///   so do their router gradients, which the caller sums over the group.
+///   microbatch's tokens (Megatron-Core's MoE under tensor parallelism: each expert whole on one
+///   rank, or split over the group by expert tensor parallelism, below), which it routes and runs as
+///   above. The routing counts f_i are summed over the group, so that the ranks' load-balancing
+///   losses (P_i's terms of their own tokens) add up to the microbatch's, and so do their router
+///   gradients, which the caller sums over the group.
+/// - Expert tensor parallelism (with an expert-tensor-parallel group of T ranks, which hold the same
+///   experts): each expert's MLP splits over the group as a dense tensor-parallel one does, rank t
+///   holding columns [t·f/T, (t + 1)·f/T) of its gate and of its up projection and those rows of
+///   its down projection. After dispatch the group's ranks all-gather the rows they received (by
+///   expert, ranks in order within one), run their slice on all of them, and sum the partial outputs
+///   back to the rank that received each row (a reduce-scatter) before combine; the backward
+///   gathers the output gradients and sums the input gradients likewise. A slice's weight gradient
+///   sums over every row the group ran (Megatron-Core's expert tensor parallelism).
 ///
 /// Deterministic: every sum runs in a fixed order, so the same inputs give the same bits however
 /// the model is partitioned over devices (under expert parallelism an expert's weight gradient sums
-/// the rows of every rank's tokens in one GEMM, which fp32 rounds differently from one per rank).
+/// the rows of every rank's tokens in one GEMM, which fp32 rounds differently from one per rank;
+/// under expert tensor parallelism the outputs add the slices' partial sums).
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -76,6 +86,9 @@ struct MoeCache {
   std::vector<int> received;
   /// E/P + 1: where each of this rank's experts' block of `permuted`, `fc1` and `act` starts.
   std::vector<int> expert_first_row;
+  /// T × E/P: each rank of the expert-tensor-parallel group's rows of each of these experts (T = 1
+  /// without one: this rank's own).
+  std::vector<int> etp_rows;
   /// Per row this rank's experts ran, expert by expert (sources in rank order within one): its input
   /// (h), the fused [gate | up] (2f), silu(gate)·up (f). Without expert parallelism: the routed copies
   /// in expert order.
@@ -102,13 +115,17 @@ struct MoeDeferred {
 /// y (n × h) = the MoE MLP of x (n × h), overwritten; n is x's rows. With `ep`, w holds this rank's
 /// experts only and the group's other ranks run the same layer at the same time (their own tokens).
 /// With `tp`, x is this rank's share of the microbatch's tokens, the group's other ranks' the rest.
+/// With `etp`, w holds this rank's slice of each of its experts (cpu::expert_part) and the group's
+/// other ranks the other slices of the same experts.
 void moe_forward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x, std::span<float> y,
-                 MoeCache& cache, ExpertParallel* ep = nullptr, TensorParallel* tp = nullptr);
+                 MoeCache& cache, ExpertParallel* ep = nullptr, TensorParallel* tp = nullptr,
+                 TensorParallel* etp = nullptr);
 /// dx += the gradient of x given dy, the gradient of y, and of aux_loss_weight · cache.aux_loss;
 /// adds the weight gradients into `grad`, or with `deferred` keeps what moe_weight_backward needs.
 void moe_backward(const runtime::ModelShape& shape, const MoeWeights& w, std::span<const float> x,
                   const MoeCache& cache, std::span<const float> dy, std::span<float> dx, const MoeGradients& grad,
-                  MoeDeferred* deferred, float aux_loss_weight, ExpertParallel* ep = nullptr);
+                  MoeDeferred* deferred, float aux_loss_weight, ExpertParallel* ep = nullptr,
+                  TensorParallel* etp = nullptr);
 /// The weight gradients moe_backward deferred: the same sums, so the same bits (of this rank's
 /// experts, from the rows it kept: no exchange).
 void moe_weight_backward(const runtime::ModelShape& shape, std::span<const float> x, const MoeCache& cache,

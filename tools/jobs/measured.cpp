@@ -14,7 +14,8 @@ runtime::Job job_of(const Plan& plan) {
   return {.graph = plan.graph, .layout = plan.layout, .shape = runtime::model_shape(plan.config),
           .microbatches = plan.config.parallel.microbatches, .training = plan.config.training,
           .tp = plan.config.parallel.tp, .sequence_parallel = plan.config.parallel.sequence_parallel,
-          .dp = plan.config.parallel.dp, .ep = plan.config.parallel.ep};
+          .dp = plan.config.parallel.dp, .ep = plan.config.parallel.ep,
+          .etp = plan.config.model.has_experts() ? plan.config.parallel.expert_tp() : 1};
 }
 
 namespace {

@@ -4,6 +4,7 @@
 /// (tensor.h).
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 namespace pipesim::runtime {
@@ -34,5 +35,11 @@ struct Buffer {
   DType dtype = DType::F32;
   std::size_t bytes() const { return count * size_of(dtype); }
 };
+
+/// Host fp32 values as a buffer: what the CPU backend's layers hand their groups. The values are
+/// read, or with a reduction overwritten, so the view is mutable whatever `values` says.
+inline Buffer host_floats(std::span<const float> values) {
+  return {const_cast<float*>(values.data()), values.size(), DType::F32};
+}
 
 }  // namespace pipesim::runtime

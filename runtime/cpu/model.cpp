@@ -177,11 +177,6 @@ void require_sequence_parallel_moe(const TensorParallel* tp) {
     throw std::invalid_argument("a mixture-of-experts layer runs under tensor parallelism with sequence parallelism");
 }
 
-/// Host fp32 values as the tensor-parallel group's buffers.
-runtime::Buffer host(std::span<const float> values) {
-  return {const_cast<float*>(values.data()), values.size(), runtime::DType::F32};
-}
-
 /// Llama's rotary embedding of the q and k heads of a fused QKV (n × part.qkv), in place; GPT has
 /// none. `backward` rotates a gradient back.
 void rotate_qk(const ModelShape& s, const LayerPart& part, std::span<float> qkv, bool backward) {
@@ -277,7 +272,7 @@ namespace {
 std::vector<float> whole_rows(TensorParallel* tp, std::vector<float> rows, std::size_t whole) {
   if (!tp || !tp->sequence_parallel()) return rows;
   std::vector<float> all(whole);
-  tp->all_gather(host(rows), host(all));
+  tp->all_gather(runtime::host_floats(rows), runtime::host_floats(all));
   return all;
 }
 
@@ -286,7 +281,7 @@ std::span<const float> whole_rows(TensorParallel* tp, std::span<const float> row
                                   std::size_t whole) {
   if (!tp || !tp->sequence_parallel()) return rows;
   gathered.resize(whole);
-  tp->all_gather(host(rows), host(gathered));
+  tp->all_gather(runtime::host_floats(rows), runtime::host_floats(gathered));
   return gathered;
 }
 
@@ -301,9 +296,9 @@ std::span<float> row_split_output(const TensorParallel* tp, std::vector<float>& 
 void finish_row_split(TensorParallel* tp, std::vector<float>& partial, const std::vector<float>& bias,
                       std::span<const float> residual, std::span<float> out) {
   if (tp && tp->sequence_parallel())
-    tp->reduce_scatter(host(partial), host(out));
+    tp->reduce_scatter(runtime::host_floats(partial), runtime::host_floats(out));
   else if (tp)
-    tp->all_reduce(host(partial)), std::copy(partial.begin(), partial.end(), out.begin());
+    tp->all_reduce(runtime::host_floats(partial)), std::copy(partial.begin(), partial.end(), out.begin());
   for (std::size_t i = 0; i < out.size(); ++i) out[i] += residual[i] + (bias.empty() ? 0.0f : bias[i % bias.size()]);
 }
 
@@ -312,11 +307,11 @@ void finish_row_split(TensorParallel* tp, std::vector<float>& partial, const std
 std::vector<float> sum_input_gradient(TensorParallel* tp, std::vector<float>& partial, std::size_t rows_size) {
   if (!tp) return std::move(partial);
   if (!tp->sequence_parallel()) {
-    tp->all_reduce(host(partial));
+    tp->all_reduce(runtime::host_floats(partial));
     return std::move(partial);
   }
   std::vector<float> mine(rows_size);
-  tp->reduce_scatter(host(partial), host(mine));
+  tp->reduce_scatter(runtime::host_floats(partial), runtime::host_floats(mine));
   return mine;
 }
 
@@ -427,7 +422,7 @@ void layer_backward(const ModelShape& s, const Layer& w, const LayerCache& c, st
 void sum_partial_gradients(Layer& g, TensorParallel& tp, int slice, int slices) {
   // The router, whole on every rank, routed each rank's own rows.
   for (std::vector<float>* t : {&g.ln1_gain, &g.ln1_bias, &g.ln2_gain, &g.ln2_bias, &g.router_weight})
-    if (!t->empty()) tp.all_reduce(host(*t));
+    if (!t->empty()) tp.all_reduce(runtime::host_floats(*t));
   // The routed experts ran each rank's own rows too: the ranks that hold the same slice of the same
   // experts (slices < tp: those of one slice index) sum them, each adding its block into a tensor of
   // all `slices` blocks.
@@ -436,7 +431,7 @@ void sum_partial_gradients(Layer& g, TensorParallel& tp, int slice, int slices) 
     std::vector<float> blocks(t->size() * std::size_t(slices), 0.0f);
     const auto at = blocks.begin() + std::ptrdiff_t(t->size() * std::size_t(slice));
     std::copy(t->begin(), t->end(), at);
-    tp.all_reduce(host(blocks));
+    tp.all_reduce(runtime::host_floats(blocks));
     std::copy_n(at, t->size(), t->begin());
   }
 }

@@ -53,9 +53,6 @@ std::span<const T> view(const std::vector<T>& v) { return v; }
 template <class T>
 std::span<T> view(std::vector<T>& v) { return v; }
 
-/// Host fp32 values as a group's buffer.
-runtime::Buffer host_floats(std::vector<float>& values) { return {values.data(), values.size(), runtime::DType::F32}; }
-
 /// Softmax over each row of `width` logits, in fp32, from the row's largest.
 void softmax_rows(std::span<const float> logits, std::span<float> probs, int rows, int width) {
   for (int t = 0; t < rows; ++t) {
@@ -115,7 +112,7 @@ void count_microbatch(const Sizes& z, TensorParallel* tp, MoeCache& c) {
   std::vector<float> counts;  // exact: far below 2^24
   for (int e = 0; e < z.experts; ++e) counts.push_back(float(z.rows_in(c, e)));
   counts.push_back(float(z.n));
-  if (tp) tp->all_reduce({counts.data(), counts.size(), runtime::DType::F32});
+  if (tp) tp->all_reduce(runtime::host_floats(counts));
   c.microbatch_tokens = int(counts.back());
   c.microbatch_routed.assign(counts.begin(), counts.end() - 1);
 }
@@ -240,7 +237,7 @@ void gather_counts(const Sizes& z, TensorParallel* etp, MoeCache& c) {
   const int ranks = etp ? etp->size() : 1, me = etp ? etp->rank() : 0;
   std::vector<float> counts(std::size_t(ranks * z.local), 0.0f);  // exact: far below 2^24
   for (int e = 0; e < z.local; ++e) counts[std::size_t(me * z.local + e)] = float(z.expert_rows_in(c, e));
-  if (etp) etp->all_reduce(host_floats(counts));  // one rank's counts, zeros elsewhere: exact
+  if (etp) etp->all_reduce(runtime::host_floats(counts));  // one rank's counts, zeros elsewhere: exact
   c.etp_rows.assign(counts.begin(), counts.end());
   for (int e = 0; e < z.local; ++e) {
     int rows = 0;
@@ -273,7 +270,7 @@ std::vector<float> gather_rows(const Sizes& z, TensorParallel* etp, const MoeCac
   if (!etp) return own;
   std::vector<float> group(std::size_t(c.expert_first_row.back()) * std::size_t(width), 0.0f);
   copy_own_rows(z, c, etp->rank(), own, group, width, true);
-  etp->all_reduce(host_floats(group));
+  etp->all_reduce(runtime::host_floats(group));
   return group;
 }
 
@@ -283,7 +280,7 @@ std::vector<float> gather_rows(const Sizes& z, TensorParallel* etp, const MoeCac
 std::vector<float> scatter_rows(const Sizes& z, TensorParallel* etp, const MoeCache& c, std::vector<float> group,
                                 int width) {
   if (!etp) return group;
-  etp->all_reduce(host_floats(group));
+  etp->all_reduce(runtime::host_floats(group));
   int rows = 0;
   for (int e = 0; e < z.local; ++e) rows += c.etp_rows[std::size_t(etp->rank() * z.local + e)];
   std::vector<float> own(std::size_t(rows) * std::size_t(width));

@@ -238,6 +238,12 @@ std::optional<FieldError> check_config(const Config& config) {
     return FieldError{"training.tp_comm_overlap", "overlaps the all-gathers and reduce-scatters of sequence "
                                                   "parallelism, so it needs parallel.tp > 1 and "
                                                   "parallel.sequence_parallel true; set it to false"};
+  for (const auto& [field, sms] : {std::pair{"training.tp_comm_overlap_proj_sms", training.tp_comm_overlap_proj_sms},
+                                    std::pair{"training.tp_comm_overlap_fc2_sms", training.tp_comm_overlap_fc2_sms}})
+    if (training.tp_comm_overlap && config.hardware.sms > 0 && sms >= config.hardware.sms)
+      return FieldError{field, fmt::format("a reduce-scatter cannot take all {} of the GPU's SMs (hardware.sms) from "
+                                           "its GEMM; give fewer (Transformer Engine's default is 16)",
+                                           config.hardware.sms)};
   if (training.overlap_param_gather && training.zero_stage == 0)
     return FieldError{"training.overlap_param_gather", "gathers parameters that a sharded optimizer updated, so it "
                                                        "needs training.zero_stage >= 1; set it to false or shard"};

@@ -178,6 +178,13 @@ struct TrainingConfig {
   bool overlap_grad_reduce = false;   ///< gradient reduce-scatter/all-reduce hidden behind the backward
   bool overlap_param_gather = false;  ///< parameter all-gather hidden behind the next step's forwards
   bool tp_comm_overlap = false;       ///< tensor-parallel collectives overlapped with their GEMMs
+  /// Under tp_comm_overlap, the streaming multiprocessors Transformer Engine's forward reduce-scatters
+  /// keep from their GEMMs: the attention output projection's (its userbuffers layer proj_fprop) and
+  /// the MLP down projection's (fc2_fprop), each a "pipeline" overlap with an SM margin (TE's default
+  /// 16 each; NeMo's recipes set their own). 0: the GEMM keeps every SM (PyTorch's async tensor
+  /// parallelism). docs/cost-model.md, "The training job".
+  int tp_comm_overlap_proj_sms = 16;
+  int tp_comm_overlap_fc2_sms = 16;
   /// Megatron-Core's --overlap-p2p-comm: pipeline sends and receives run beside compute. Off (its
   /// default), each rank waits for every exchange, which puts the transfer on both ends' critical path.
   bool overlap_p2p_comm = false;

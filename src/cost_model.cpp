@@ -77,9 +77,20 @@ class AnalyticTimes {
  private:
   const HardwareConfig& h() const { return c_.hardware; }
   TimeNs run(const std::vector<Kernel>& kernels) const { return ns_from_s(seconds(kernels, h())); }
-  TimeNs tp_allreduce() const {
-    const double bytes = rank_tokens(c_) * c_.model.hidden * c_.precision.activation_bytes;
-    return ring(true, bytes, c_.parallel.tp, true);
+  /// A tensor-parallel all-reduce of the rank's activations; under sequence parallelism an
+  /// all-gather and a reduce-scatter, each half of it.
+  TimeNs tp_allreduce() const { return ring(true, tp_activation_bytes(), c_.parallel.tp, true); }
+  double tp_activation_bytes() const { return rank_tokens(c_) * c_.model.hidden * c_.precision.activation_bytes; }
+  /// Transformer Engine's "pipeline" comm-GEMM overlap (its forward reduce-scatters) splits the GEMM
+  /// in 4 (num_splits, the default every NeMo recipe keeps): each split's reduce-scatter runs beside
+  /// the next split's GEMM, on SMs the GEMM leaves free (Kernel::overlap_sms), and the last one
+  /// after the GEMM ends. The GEMM's time on the SMs it keeps, less its time on all of them, plus
+  /// that last reduce-scatter.
+  double overlap_cost_seconds(const Kernel& gemm) const {
+    constexpr double kSplits = 4;
+    const int sms = h().sms;
+    const double margin = sms > gemm.overlap_sms ? kernel_seconds(gemm, h()) * gemm.overlap_sms / (sms - gemm.overlap_sms) : 0;
+    return margin + double(ring(false, tp_activation_bytes(), c_.parallel.tp, true)) * 1e-9 / kSplits;
   }
   /// One round of context parallelism's ring: each rank passes on a block of K and V (s/cp tokens).
   double cp_ring_seconds() const {
@@ -91,18 +102,22 @@ class AnalyticTimes {
     return (c_.parallel.cp - 1) * double(link(block, intra)) * 1e-9;
   }
   /// A pass's kernels, then the communication they leave exposed: its `tp_collectives` (all of them,
-  /// or under tp_comm_overlap what the pass's GEMMs cannot cover) and, per attention kernel,
+  /// or under tp_comm_overlap what the pass's GEMMs cannot cover, and what the overlap costs the
+  /// GEMMs a reduce-scatter shares its SMs with: overlap_cost_seconds) and, per attention kernel,
   /// `ring_rounds` of context parallelism's K/V ring (K and V forward; with dK and dV backward),
   /// overlapped with that attention.
   TimeNs pass(const std::vector<Kernel>& kernels, int tp_collectives, int ring_rounds) const {
-    double gemm = 0, attention = 0, attention_kernels = 0;
+    double gemm = 0, attention = 0, attention_kernels = 0, overlap_cost = 0;
     for (const Kernel& k : kernels) {
       if (k.attention) attention += kernel_seconds(k, h()), ++attention_kernels;
       else if (k.flops > 0) gemm += kernel_seconds(k, h());
+      if (k.overlap_sms > 0) overlap_cost += overlap_cost_seconds(k);
     }
     TimeNs time = run(kernels);
     const TimeNs tp_comm = times_ns(tp_collectives, tp_allreduce());
-    time = add_ns(time, c_.training.tp_comm_overlap ? ns_from_s(std::max(0.0, double(tp_comm) * 1e-9 - gemm)) : tp_comm);
+    time = add_ns(time, c_.training.tp_comm_overlap
+                            ? ns_from_s(std::max(0.0, double(tp_comm) * 1e-9 - gemm) + overlap_cost)
+                            : tp_comm);
     const double ring = attention_kernels * ring_rounds * cp_ring_seconds();
     return ring > 0 ? add_ns(time, ns_from_s(std::max(0.0, ring - attention))) : time;
   }

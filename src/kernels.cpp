@@ -84,6 +84,7 @@ std::vector<Kernel> core_attention_backward(const Config& c) {
 struct Linear {
   double tokens, out, in;
   double groups = 1;
+  int overlap_sms = 0;  ///< a row-parallel linear's forward under tp_comm_overlap (Kernel::overlap_sms)
 };
 
 /// A linear's GEMMs in F (Y = XWᵀ), B (dX = dY·W) and W (dW = dYᵀX, accumulated into the fp32 main
@@ -109,21 +110,27 @@ void add_linear(const Config& c, const Linear& l, StageKernels& out) {
   Kernel w = fp8 ? fp8_gemm(l.out * l.groups, l.in, l.tokens, 2 * p.grad_bytes)
                  : gemm(l.out * l.groups, l.in, l.tokens, act, act, 2 * p.grad_bytes);
   f.rows = b.rows = l.tokens, w.rows = l.out;
+  f.overlap_sms = l.overlap_sms;
   out.forward.push_back(widen(f, l.out));
   out.backward.push_back(widen(b, l.in));
   out.weight.push_back(widen(w, l.in));
 }
 
+/// The SM margin of a row-parallel linear's forward GEMM, whose output a tensor-parallel
+/// reduce-scatter overlaps under tp_comm_overlap (Kernel::overlap_sms); 0 without the overlap.
+int overlap_margin(const Config& c, int sms) { return c.training.tp_comm_overlap && c.parallel.tp > 1 ? sms : 0; }
+
 /// A dense MLP of width f over `tokens`, split over tp: its two linears (gate and up together for
 /// SwiGLU) and its activation function's memory-bound kernels, in elements per token: F: GELU one
 /// fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f. B: GELU 3f;
 /// SwiGLU 13f (two products, SiLU's backward, the gate and up gradients copied into one).
-void add_mlp(const Config& c, double tokens, double f, double t, double groups, StageKernels& out) {
+void add_mlp(const Config& c, double tokens, double f, double t, double groups, StageKernels& out,
+             int overlap_sms = 0) {
   if (f <= 0) return;
   const double h = c.model.hidden, act = c.precision.activation_bytes;
   const bool swiglu = c.model.mlp == MlpKind::SwiGlu;
   add_linear(c, {tokens, (swiglu ? 2 : 1) * f / t, h, groups}, out);
-  add_linear(c, {tokens, h, f / t, groups}, out);
+  add_linear(c, {tokens, h, f / t, groups, overlap_sms}, out);
   out.forward.push_back(streaming(groups * tokens * (swiglu ? 5 : 2) * f / t * act));
   out.backward.push_back(streaming(groups * tokens * (swiglu ? 13 : 3) * f / t * act));
 }
@@ -145,7 +152,8 @@ void add_experts(const Config& c, StageKernels& out) {
   out.backward.push_back(streaming(2 * 2 * copies * h * act + local * m.num_experts * 4 * 3));
   out.weight.push_back(gemm(m.num_experts, h, local, 4, act, 2 * c.precision.grad_bytes));
   add_mlp(c, copies * etp * moe_load(m) / local_experts, m.expert_ffn_hidden(), etp, local_experts, out);
-  add_mlp(c, rank_tokens(c), m.moe_shared_expert_intermediate_size, p.tp, 1, out);
+  add_mlp(c, rank_tokens(c), m.moe_shared_expert_intermediate_size, p.tp, 1, out,
+          overlap_margin(c, c.training.tp_comm_overlap_fc2_sms));
 }
 
 /// One decoder layer as a framework runs it (docs/cost-model.md): the attention's two linears (QKV,
@@ -154,13 +162,17 @@ void add_experts(const Config& c, StageKernels& out) {
 void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   const ModelConfig& m = c.model;
   const double t = c.parallel.tp, tokens = rank_tokens(c), h = m.hidden, act = c.precision.activation_bytes;
-  for (const AttentionLinear& l : attention_linears(m))
-    add_linear(c, {tokens, l.split == AttentionLinear::Split::Column ? l.out / t : l.out,
-                   l.split == AttentionLinear::Split::Row ? l.in / t : l.in},
+  const int proj_margin = overlap_margin(c, c.training.tp_comm_overlap_proj_sms);
+  for (const AttentionLinear& l : attention_linears(m)) {
+    const bool row = l.split == AttentionLinear::Split::Row;
+    add_linear(c, {tokens, l.split == AttentionLinear::Split::Column ? l.out / t : l.out, row ? l.in / t : l.in, 1,
+                   row ? proj_margin : 0},
                out);
+  }
   append(out.forward, core_attention_forward(c));
   append(out.backward, core_attention_backward(c));
-  if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out);
+  const int fc2_margin = overlap_margin(c, c.training.tp_comm_overlap_fc2_sms);
+  if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out, fc2_margin);
   else add_experts(c, out);
   // The norms (read, write; backward read input and gradient, write gradient), the residual gradients'
   // sums and attention's layout copies, in elements per token: 4h forward, 16h backward, on every token

@@ -18,6 +18,9 @@ struct Kernel {
   bool attention = false;
   double rows = 0, cols = 0;  ///< a GEMM's output shape, for its tile fill (0: not a GEMM)
   bool fp8 = false;           ///< a GEMM on FP8 inputs: its FLOPs at peak_fp8_tflops
+  /// A forward GEMM whose output a tensor-parallel reduce-scatter overlaps (training.tp_comm_overlap):
+  /// the SMs that reduce-scatter keeps from it (Transformer Engine's SM margin), 0 for none.
+  int overlap_sms = 0;
 };
 /// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.

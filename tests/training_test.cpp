@@ -339,6 +339,30 @@ TEST_CASE("tensor-parallel communication overlapped with its GEMMs shortens the 
   CHECK(b.metrics.iteration_ns < a.metrics.iteration_ns);
 }
 
+TEST_CASE("Transformer Engine's overlapped reduce-scatters slow their GEMMs by the SMs they take and expose their last split") {
+  // tp 2 with sequence parallelism on a 32-SM GPU whose memory never limits: the attention output
+  // projection's and the MLP down projection's forward GEMMs (T x h by h/t, T x h by f/t, T = b·s)
+  // keep 32 - 16 SMs, twice their time on all 32, and each forward reduce-scatter's last quarter runs
+  // after its GEMM. Middle stage (one layer, no embedding or head); F against the same with no margin.
+  const auto forward_ns = [](int sms) {
+    const Simulated s = simulate_or_fail(parse_or_fail(
+        kGpt, {"parallel.tp=2", "parallel.sequence_parallel=true", "training.tp_comm_overlap=true",
+               "hardware.sms=32", "hardware.hbm_gbps=1e7", fmt::format("training.tp_comm_overlap_proj_sms={}", sms),
+               fmt::format("training.tp_comm_overlap_fc2_sms={}", sms)}));
+    for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id)
+      if (s.plan.graph.task(id).kind == OpKind::F && s.plan.graph.task(id).stage == 1) return s.durations[std::size_t(id)];
+    FAIL("no forward of stage 1");
+    return TimeNs(0);
+  };
+  const HardwareConfig h = parse_or_fail(kGpt).hardware;
+  const double t = 2, tokens = 2 * 2048, hidden = 1024, ffn = 4096;
+  const double flops_per_s = h.peak_tflops * 1e12 * h.compute_efficiency;
+  const double proj_s = 2 * tokens * hidden * hidden / t / flops_per_s, fc2_s = 2 * tokens * hidden * ffn / t / flops_per_s;
+  const double reduce_scatter_s = h.intra_node_latency_us * 1e-6 + tokens * hidden * 2 / t / (h.intra_node_gbps * 1e9);
+  const double expected_s = proj_s + fc2_s + 2 * reduce_scatter_s / 4;
+  CHECK(std::abs(double(forward_ns(16) - forward_ns(0)) - expected_s * 1e9) < 4);
+}
+
 TEST_CASE("the training keys are checked, each error naming its field and the fix") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"training.recompute_granularity=\"most\""},
@@ -348,6 +372,10 @@ TEST_CASE("the training keys are checked, each error naming its field and the fi
       {{"training.tp_comm_overlap=true"},
        "test.json: training.tp_comm_overlap (from --set): overlaps the all-gathers and reduce-scatters of sequence "
        "parallelism, so it needs parallel.tp > 1 and parallel.sequence_parallel true; set it to false"},
+      {{"parallel.tp=2", "parallel.sequence_parallel=true", "training.tp_comm_overlap=true",
+        "training.tp_comm_overlap_fc2_sms=132"},
+       "test.json: training.tp_comm_overlap_fc2_sms (from --set): a reduce-scatter cannot take all 132 of the GPU's SMs "
+       "(hardware.sms) from its GEMM; give fewer (Transformer Engine's default is 16)"},
       {{"training.overlap_param_gather=true"},
        "test.json: training.overlap_param_gather (from --set): gathers parameters that a sharded optimizer updated, so "
        "it needs training.zero_stage >= 1; set it to false or shard"},

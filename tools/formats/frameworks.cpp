@@ -172,7 +172,11 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
 
 Config as_run_by(Framework framework, Config config) {
   const bool pytorch = framework == Framework::Torchtitan || framework == Framework::Pytorch;
-  if (pytorch) config.training.overlap_p2p_comm = true;
+  if (pytorch) {
+    config.training.overlap_p2p_comm = true;
+    // Its async tensor parallelism has no Transformer Engine SM margin to price.
+    config.training.tp_comm_overlap_proj_sms = config.training.tp_comm_overlap_fc2_sms = 0;
+  }
   if (framework == Framework::Megatron && config.schedule.name != "interleaved-1f1b") config.training.overlap_p2p_comm = false;
   return config;
 }

@@ -195,6 +195,11 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
   if (t.overlap_grad_reduce) flag("overlap-grad-reduce");
   if (t.overlap_param_gather) flag("overlap-param-gather");
   if (t.tp_comm_overlap) flag("tp-comm-overlap");
+  // Not arguments: Transformer Engine reads them from a --tp-comm-overlap-cfg file; import reads them back.
+  if (t.tp_comm_overlap && (t.tp_comm_overlap_proj_sms != 16 || t.tp_comm_overlap_fc2_sms != 16))
+    out += fmt::format("# pipesim priced Transformer Engine's overlap with num_sm proj_fprop {} fc2_fprop {} "
+                       "(set them in a --tp-comm-overlap-cfg file)\n",
+                       t.tp_comm_overlap_proj_sms, t.tp_comm_overlap_fc2_sms);
   if (c.schedule.name == "interleaved-1f1b" && !t.overlap_p2p_comm) flag("no-overlap-p2p-communication");
   if (c.precision.param_bytes == 2) flag("bf16");
   if (c.precision.fp8 != Fp8Format::None) arg("fp8-format", std::string(fp8_format_name(c.precision.fp8)));
@@ -327,6 +332,9 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                 // megatron/training/arguments.py: on by default, and only, with a virtual pipeline
                 {"overlap_p2p_comm", schedule.value("name", "") == "interleaved-1f1b" && !has("no-overlap-p2p-communication")}};
   training.update(moe_training);
+  std::smatch sms;
+  if (std::regex_search(text, sms, std::regex("num_sm proj_fprop ([0-9]{1,4}) fc2_fprop ([0-9]{1,4})")))
+    training["tp_comm_overlap_proj_sms"] = std::stoi(sms[1]), training["tp_comm_overlap_fc2_sms"] = std::stoi(sms[2]);
   if (has("recompute-granularity")) {
     training["recompute_granularity"] = args.values.at("recompute-granularity");
     if (has("recompute-method")) training["recompute_method"] = args.values.at("recompute-method");

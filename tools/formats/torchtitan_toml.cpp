@@ -146,7 +146,10 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
   const std::string reshard = text_of("parallelism", "fsdp_reshard_after_forward", "default");
   json training{{"zero_stage", shard > 1 ? (reshard == "never" ? 2 : 3) : 0},
                 {"overlap_p2p_comm", true},  // torch.distributed.pipelining's transfers overlap
-                {"tp_comm_overlap", table.at_path("parallelism.enable_async_tensor_parallel").value_or(false)}};
+                {"tp_comm_overlap", table.at_path("parallelism.enable_async_tensor_parallel").value_or(false)},
+                // PyTorch's async tensor parallelism: no Transformer Engine SM margin (docs/config.md)
+                {"tp_comm_overlap_proj_sms", 0},
+                {"tp_comm_overlap_fc2_sms", 0}};
   const std::string ac = text_of("activation_checkpoint", "mode", "selective");
   if (ac == "full") {
     training["recompute_granularity"] = "full";

@@ -60,7 +60,11 @@ TEST_CASE("Megatron-LM: export then import simulates the same, for both schedule
                              Sets{"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "training.zero_stage=3",
                                   "training.recompute_granularity=full", "training.recompute_method=block",
                                   "training.recompute_num_layers=2", "training.overlap_grad_reduce=true"},
-                             Sets{"parallel.pp=4", "parallel.cp=2", "training.zero_stage=2", "parallel.dp=1"});
+                             Sets{"parallel.pp=4", "parallel.cp=2", "training.zero_stage=2", "parallel.dp=1"},
+                             // Transformer Engine's SM margins travel in a comment (--tp-comm-overlap-cfg sets them)
+                             Sets{"parallel.pp=2", "parallel.tp=4", "parallel.sequence_parallel=true",
+                                  "training.tp_comm_overlap=true", "training.tp_comm_overlap_proj_sms=24",
+                                  "training.tp_comm_overlap_fc2_sms=20"});
   Sets all = sets;
   all.push_back("schedule.name=" + schedule);
   CAPTURE(all);
@@ -116,7 +120,11 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
                              Sets{"parallel.microbatches=16", "parallel.pp=4", "parallel.dp=2", "training.zero_stage=3",
                                   "precision.fp8=e4m3"},
                              Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
-                                  "training.zero_stage=2", "training.recompute_granularity=full"});
+                                  "training.zero_stage=2", "training.recompute_granularity=full"},
+                             // async tensor parallelism: no Transformer Engine SM margin
+                             Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2",
+                                  "parallel.sequence_parallel=true", "training.tp_comm_overlap=true",
+                                  "training.tp_comm_overlap_proj_sms=0", "training.tp_comm_overlap_fc2_sms=0"});
   Sets all = sets;
   all.push_back("schedule.name=" + schedule);
   all.push_back("training.overlap_p2p_comm=true");  // PyTorch's pipelining overlaps its transfers

@@ -76,11 +76,14 @@ std::vector<int> balanced_split(int layers, int stages, const StageWeights& w) {
     split[static_cast<std::size_t>(s)] = capacity(limit, extra_cost(s, stages, w), w, layers);
     surplus += split[static_cast<std::size_t>(s)];
   }
-  // Hand back the surplus from the most loaded stages, latest first (the head sits last).
+  // Hand back the surplus from the most loaded stages, earliest first: the layers left over sit on
+  // the later stages, which hold fewer microbatches' activations at once (in 1F1B stage s keeps p - s),
+  // as Megatron-LM's layer redistribution in the Vocabulary Parallelism paper's code places them
+  // (its baseline and redistributed runs peak alike: docs/vocabulary-parallelism.md).
   while (surplus-- > 0) {
     int worst = -1;
     double worst_cost = -1;
-    for (int s = stages - 1; s >= 0; --s) {
+    for (int s = 0; s < stages; ++s) {
       const double cost = split[static_cast<std::size_t>(s)] * w.layer + extra_cost(s, stages, w);
       if (split[static_cast<std::size_t>(s)] > 0 && cost > worst_cost) worst = s, worst_cost = cost;
     }

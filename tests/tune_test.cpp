@@ -570,4 +570,8 @@ TEST_CASE("tune tries every expert parallelism a MoE model's layout allows, Mega
   CHECK(knob_cells(source_config("mixtral-8x7b.json"))[4] == "8/1");
   const std::vector<Knob> dense = shown_knobs(false);
   CHECK(std::find(dense.begin(), dense.end(), Knob::Ep) == dense.end());
+  // Nor do a dense model's changes name etp, which follows tp there.
+  const Config tiny = source_config("tiny.json");
+  for (const Candidate& c : tune_space(tiny, 4))
+    if (c.parallel.tp != tiny.parallel.tp) CHECK(describe_changes(tiny, c).find("etp") == std::string::npos);
 }

@@ -307,8 +307,10 @@ std::string describe_changes(const Config& config, const Candidate& candidate) {
   number("tp", from.tp, to.tp);
   number("dp", from.dp, to.dp);
   number("cp", from.cp, to.cp);
-  number("ep", from.ep, to.ep);
-  number("etp", from.expert_tp(), to.expert_tp());
+  if (config.model.has_experts()) {  // a dense model has no experts to place: etp follows tp unseen
+    number("ep", from.ep, to.ep);
+    number("etp", from.expert_tp(), to.expert_tp());
+  }
   if (from.sequence_parallel != to.sequence_parallel) parts.push_back(to.sequence_parallel ? "sp on" : "sp off");
   number("m", from.microbatches, to.microbatches);
   number("mbs", config.model.micro_batch_size, candidate.micro_batch_size);

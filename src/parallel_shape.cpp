@@ -235,10 +235,21 @@ double device_layer_params(const Config& c, const Layout& layout, int device) {
 
 std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
   const auto devices = static_cast<std::size_t>(layout.devices);
-  std::vector<double> params = device_params(c, layout), largest_stage(devices, 0.0);
+  // What ZeRO-3 holds gathered at once, per device: at pp 1, FSDP's unit (PyTorch FSDP as torchtitan
+  // and LLM Foundry wrap a model: each decoder block, and the embedding and the LM head) in use and
+  // the next one, prefetched; under a pipeline, a virtual stage in use and the next.
+  std::vector<double> params = device_params(c, layout);
+  // A device's vocabulary shards (the vocabulary-parallel modes) are one more unit.
+  std::vector<double> largest_unit(devices, c.parallel.pp == 1 ? vocab_shard_params(c, layout) : 0.0);
   for (const VirtualStage& stage : layout.stages) {
     const auto d = static_cast<std::size_t>(stage.device);
-    largest_stage[d] = std::max(largest_stage[d], stage_params(c, stage));
+    double unit = stage_params(c, stage);
+    if (c.parallel.pp == 1) {
+      unit = (stage.has_embedding || stage.has_head ? vocab_params(c.model) / c.parallel.tp : 0);
+      for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
+        unit = std::max(unit, layers_rank_params(c, l, 1).all);
+    }
+    largest_unit[d] = std::max(largest_unit[d], unit);
   }
   const std::vector<double> experts = device_expert_params(c, layout);
   const ZeroSharding zero = zero_sharding(c), expert_zero = expert_zero_sharding(c);
@@ -246,9 +257,7 @@ std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
   for (std::size_t d = 0; d < devices; ++d) {
     params[d] -= tied_copy_params(c, layout, int(d)) + experts[d];
     double held = params[d] * zero.bytes_per_param(c.precision) + experts[d] * expert_zero.bytes_per_param(c.precision);
-    // ZeRO-3 gathers a chunk's weights before its F and B and frees them after: the chunk in use and
-    // the next one, fetched ahead, are whole.
-    if (zero.parameters()) held += 2 * largest_stage[d] * c.precision.param_bytes;
+    if (zero.parameters()) held += 2 * largest_unit[d] * c.precision.param_bytes;
     if (c.precision.fp8 != Fp8Format::None) held += 2 * device_layer_params(c, layout, int(d));
     bytes.push_back(static_cast<Bytes>(std::llround(held)));
   }

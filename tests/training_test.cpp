@@ -85,6 +85,11 @@ TEST_CASE("static memory follows the ZeRO stage; distributed_optimizer is stage 
   const Plan plan = plan_or_fail(parse_or_fail(kGpt, {"parallel.dp=4", "training.zero_stage=3"}));
   CHECK(plan.static_bytes[1] == std::llround(layer * 18 / d + 2 * layer * 2));
   CHECK(plan.static_bytes[0] > plan.static_bytes[1]);  // the embedding's shard and copy too
+  // At pp 1, as FSDP wraps a model: one unit in use and the next, the largest unit here the
+  // embedding's (or the LM head's) V x h, above a layer's.
+  const double vocab = 32000 * h, all = 3 * layer + 2 * vocab + 2 * h;  // three layers, both ends, final norm
+  const Plan fsdp = plan_or_fail(parse_or_fail(kGpt, {"parallel.pp=1", "parallel.dp=4", "training.zero_stage=3"}));
+  CHECK(fsdp.static_bytes[0] == std::llround(all * 18 / d + 2 * vocab * 2));
 }
 
 TEST_CASE("full recomputation puts an R before each B that rebuilds the layers F no longer keeps") {

@@ -242,8 +242,8 @@ std::optional<FieldError> check_config(const Config& config) {
                                     std::pair{"training.tp_comm_overlap_fc2_sms", training.tp_comm_overlap_fc2_sms}})
     if (training.tp_comm_overlap && config.hardware.sms > 0 && sms >= config.hardware.sms)
       return FieldError{field, fmt::format("a reduce-scatter cannot take all {} of the GPU's SMs (hardware.sms) from "
-                                           "its GEMM; give fewer (Transformer Engine's default is 16)",
-                                           config.hardware.sms)};
+                                           "its GEMM; give fewer (Transformer Engine's default is {})",
+                                           config.hardware.sms, TrainingConfig::kTeOverlapSms)};
   if (training.overlap_param_gather && training.zero_stage == 0)
     return FieldError{"training.overlap_param_gather", "gathers parameters that a sharded optimizer updated, so it "
                                                        "needs training.zero_stage >= 1; set it to false or shard"};

@@ -183,8 +183,9 @@ struct TrainingConfig {
   /// the MLP down projection's (fc2_fprop), each a "pipeline" overlap with an SM margin (TE's default
   /// 16 each; NeMo's recipes set their own). 0: the GEMM keeps every SM (PyTorch's async tensor
   /// parallelism). docs/cost-model.md, "The training job".
-  int tp_comm_overlap_proj_sms = 16;
-  int tp_comm_overlap_fc2_sms = 16;
+  static constexpr int kTeOverlapSms = 16;  ///< Transformer Engine's initialize_ub default num_sm
+  int tp_comm_overlap_proj_sms = kTeOverlapSms;
+  int tp_comm_overlap_fc2_sms = kTeOverlapSms;
   /// Megatron-Core's --overlap-p2p-comm: pipeline sends and receives run beside compute. Off (its
   /// default), each rank waits for every exchange, which puts the transfer on both ends' critical path.
   bool overlap_p2p_comm = false;

@@ -363,8 +363,8 @@ TrainingConfig read_training(const json* object, const json* precision) {
   t.overlap_grad_reduce = r.boolean("overlap_grad_reduce", false);
   t.overlap_param_gather = r.boolean("overlap_param_gather", false);
   t.tp_comm_overlap = r.boolean("tp_comm_overlap", false);
-  t.tp_comm_overlap_proj_sms = r.integer("tp_comm_overlap_proj_sms", 16, 0);
-  t.tp_comm_overlap_fc2_sms = r.integer("tp_comm_overlap_fc2_sms", 16, 0);
+  t.tp_comm_overlap_proj_sms = r.integer("tp_comm_overlap_proj_sms", TrainingConfig::kTeOverlapSms, 0);
+  t.tp_comm_overlap_fc2_sms = r.integer("tp_comm_overlap_fc2_sms", TrainingConfig::kTeOverlapSms, 0);
   t.overlap_p2p_comm = r.boolean("overlap_p2p_comm", false);
   t.overlap_moe_expert_parallel_comm = r.boolean("overlap_moe_expert_parallel_comm", false);
   const std::string dispatcher = r.string("moe_token_dispatcher_type", "alltoall");

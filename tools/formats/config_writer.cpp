@@ -115,8 +115,8 @@ json training_json(const TrainingConfig& t) {
     out["moe_token_dispatcher_type"] = std::string(moe_dispatcher_name(t.moe_token_dispatcher_type));
   if (t.moe_dispatch_mxfp8) out["moe_dispatch_fwd_dtype"] = "mxfp8";
   // Transformer Engine's defaults are left out, so a file that never set them stays without them.
-  if (t.tp_comm_overlap_proj_sms != 16) out["tp_comm_overlap_proj_sms"] = t.tp_comm_overlap_proj_sms;
-  if (t.tp_comm_overlap_fc2_sms != 16) out["tp_comm_overlap_fc2_sms"] = t.tp_comm_overlap_fc2_sms;
+  if (t.tp_comm_overlap_proj_sms != TrainingConfig::kTeOverlapSms) out["tp_comm_overlap_proj_sms"] = t.tp_comm_overlap_proj_sms;
+  if (t.tp_comm_overlap_fc2_sms != TrainingConfig::kTeOverlapSms) out["tp_comm_overlap_fc2_sms"] = t.tp_comm_overlap_fc2_sms;
   return out;
 }
 

@@ -19,7 +19,8 @@ struct OpWork {
 /// and of the whole vocabulary layers (`output_forward`, `output_backward` (dX), `output_weight` (dW),
 /// `input_forward`, `input_backward`), without tensor parallelism: what calibration fits hardware to.
 std::vector<OpWork> analytic_op_work(const Config& config);
-/// Seconds the analytic model gives `work` on `hardware`.
+/// Seconds the analytic model gives `work` on `hardware`, timed alone as an op benchmark times it
+/// (sustained_compute_fraction 1).
 double analytic_seconds(const OpWork& work, const HardwareConfig& hardware);
 
 }  // namespace pipesim

@@ -27,20 +27,24 @@ namespace {
 // specifications" in its DGX Cloud benchmarks; the H200's datasheet gives the same 3,958 "with
 // sparsity"); the A100 has no FP8 tensor cores. fp8_efficiency is fitted to NVIDIA's published FP8
 // against BF16 step times of the same recipes, on half of them (tools/fit-fp8.py, docs/cost-model.md);
-// the H200 takes the H100's.
+// the H200 takes the H100's. sustained_compute_fraction: fitted per GPU to the even-numbered published
+// runs of that GPU and tested on the odd-numbered ones (tools/published-runs.py --fit, docs/
+// cost-model.md); the H200, with no published runs, takes the H100's (the same chip at the same 700 W).
 const std::array<HardwareConfig, 3> kPresets = {{
     {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
      .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300, .intra_node_latency_us = 8,
      .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
-     .kernel_launch_us = 0, .sms = 108},
+     .kernel_launch_us = 0, .sms = 108, .sustained_compute_fraction = 0.94},
     {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
      .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
-     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.59},
+     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
+     .sustained_compute_fraction = 0.84},
     {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
      .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
-     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.59},
+     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
+     .sustained_compute_fraction = 0.84},
 }};
 
 }  // namespace

@@ -137,6 +137,12 @@ struct HardwareConfig {
   /// Dense FP8 tensor-core peak, TFLOP/s; 0 for a GPU without FP8 (precision.fp8 is refused there).
   double peak_fp8_tflops = 0;
   double fp8_efficiency = 0;  ///< achieved fraction of peak_fp8_tflops for FP8 GEMMs (× tile fill, as bf16's)
+  /// The share of the efficiencies above (measured on ops timed alone) that a GPU's tensor-core
+  /// kernels keep through a training run: GEMMs, attention and FP8 GEMMs run at peak × efficiency ×
+  /// this. 1 for hardware described by hand; the presets' are fitted to half of the published runs
+  /// (tools/published-runs.py --fit, docs/cost-model.md "Sustained throughput"). Op-level
+  /// calibration compares with it at 1.
+  double sustained_compute_fraction = 1;
 };
 
 /// Activation recomputation, as Megatron-LM's --recompute-granularity names it.

@@ -288,7 +288,7 @@ double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
   const double efficiency = kernel.attention ? h.attention_efficiency
                             : kernel.fp8     ? h.fp8_efficiency * tile_fill(kernel, h.sms)
                                              : h.compute_efficiency * tile_fill(kernel, h.sms);
-  const double peak = kernel.fp8 ? h.peak_fp8_tflops : h.peak_tflops;
+  const double peak = (kernel.fp8 ? h.peak_fp8_tflops : h.peak_tflops) * h.sustained_compute_fraction;
   return std::max(kernel.flops / (peak * 1e12 * efficiency), kernel.bytes / (h.hbm_gbps * 1e9 * h.hbm_efficiency)) +
          h.kernel_launch_us * 1e-6;
 }

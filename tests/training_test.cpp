@@ -361,7 +361,7 @@ TEST_CASE("Transformer Engine's overlapped reduce-scatters slow their GEMMs by t
   };
   const HardwareConfig h = parse_or_fail(kGpt).hardware;
   const double t = 2, tokens = 2 * 2048, hidden = 1024, ffn = 4096;
-  const double flops_per_s = h.peak_tflops * 1e12 * h.compute_efficiency;
+  const double flops_per_s = h.peak_tflops * 1e12 * h.compute_efficiency * h.sustained_compute_fraction;
   const double proj_s = 2 * tokens * hidden * hidden / t / flops_per_s, fc2_s = 2 * tokens * hidden * ffn / t / flops_per_s;
   const double reduce_scatter_s = h.intra_node_latency_us * 1e-6 + tokens * hidden * 2 / t / (h.intra_node_gbps * 1e9);
   const double expected_s = proj_s + fc2_s + 2 * reduce_scatter_s / 4;

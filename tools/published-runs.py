@@ -8,7 +8,11 @@ GPU. Where a source gives
 TFLOP/s per GPU, both sides are converted with the FLOPs formula that source counts with, so the
 error is the error in iteration time either way. Progress goes to stderr.
 
-usage: tools/published-runs.py [--pipesim PATH] [--only TEXT] [--data FILE]
+usage: tools/published-runs.py [--pipesim PATH] [--only TEXT] [--data FILE] [--fit [--grid LOW:HIGH:STEP]]
+
+--fit: fits hardware.sustained_compute_fraction, one per GPU (docs/cost-model.md, "Sustained
+throughput"), to the even-numbered runs of that GPU in table order, and reports the errors on those
+and on the odd-numbered ones, held out. The presets carry the fractions it prints.
 
 --data docs/data/published-runs-moe.json: the mixture-of-experts runs; a row whose model pipesim
 cannot describe yet names the config it waits for and is listed as skipped.
@@ -76,11 +80,50 @@ def check_layout(run, model, parallel, result):
              f"the row says {run['gpus']} and {run['tokens_per_iteration']}")
 
 
+def gpu_of(preset):
+    return "A100" if preset.startswith("a100") else "H100" if preset.startswith("h100") else preset
+
+
+def scaled_errors(pipesim, runs, fraction):
+    """Each run's error at hardware.sustained_compute_fraction `fraction`."""
+    errors = []
+    for run in runs:
+        model, parallel, preset = model_of(run["config"], run["set"])
+        sets = run["set"] + [f"hardware.sustained_compute_fraction={fraction}"]
+        result = simulate(pipesim, ROOT / run["config"], sets, lambda m: fail(f"{run['name']}: {m}"))
+        error = result["tokens_per_s"] / run["gpus"] / published_tokens_per_gpu(run, model) - 1
+        errors.append({"error": error, "name": run["name"], "pp": result["pp"], "gpu": gpu_of(preset)})
+    return errors
+
+
+def fit(pipesim, runs, grid):
+    """Per GPU, the sustained fraction that minimises the mean |error| of its even-numbered runs, and
+    the errors it gives on those and on the odd-numbered ones (held out)."""
+    fitted_all = []
+    for gpu in sorted({gpu_of(model_of(r["config"], r["set"])[2]) for r in runs}):
+        mine = [r for r in runs if gpu_of(model_of(r["config"], r["set"])[2]) == gpu]
+        fitted, held_out = mine[0::2], mine[1::2]
+        mean = lambda errors: sum(abs(e["error"]) for e in errors) / len(errors)
+        print(f"published-runs.py: fitting {gpu} on {len(fitted)} runs", file=sys.stderr, flush=True)
+        best = min(grid, key=lambda k: mean(scaled_errors(pipesim, fitted, k)))
+        print(f"{gpu}: sustained_compute_fraction {best:.2f}, fitted to {len(fitted)} runs, held out {len(held_out)}")
+        summarize(f"{gpu} fitted half", scaled_errors(pipesim, fitted, best))
+        held = scaled_errors(pipesim, held_out, best)
+        summarize(f"{gpu} held-out half", held)
+        fitted_all += scaled_errors(pipesim, fitted, best) + held
+    summarize("all runs, fitted fractions", fitted_all)
+    summarize("pp = 1, fitted fractions", [e for e in fitted_all if e["pp"] == 1])
+    summarize("pp > 1, fitted fractions", [e for e in fitted_all if e["pp"] > 1])
+
+
 def main():
     global DATA  # the file the messages name
     parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only the runs whose name contains this text")
     parser.add_argument("--data", default=str(DATA), help="the runs' file (default: %(default)s)")
+    parser.add_argument("--fit", action="store_true",
+                        help="also fit hardware.sustained_compute_fraction per GPU on half the runs and report the other half")
+    parser.add_argument("--grid", default="0.50:1.00:0.01", help="with --fit: the fractions tried, LOW:HIGH:STEP")
     args = parser.parse_args()
     DATA = pathlib.Path(args.data)
     if not DATA.is_file():
@@ -107,7 +150,7 @@ def main():
         predicted = result["tokens_per_s"] / run["gpus"]
         error = predicted / published - 1
         errors.append({"error": error, "name": run["name"], "source": run["source"], "pp": result["pp"],
-                       "gpu": "A100" if preset.startswith("a100") else "H100" if preset.startswith("h100") else preset})
+                       "gpu": gpu_of(preset)})
         layout = f"{result['tp']}·{result['pp']}·{result['dp']}·{parallel.get('cp', 1)}"
         peak = result["peak_memory_bytes"] / 2**30
         fits = "fits" if result["fits_in_memory"] else "does not fit"
@@ -121,6 +164,10 @@ def main():
     summarize("pp > 1", [e for e in errors if e["pp"] > 1])
     for gpu in sorted({e["gpu"] for e in errors}):
         summarize(gpu, [e for e in errors if e["gpu"] == gpu])
+    if args.fit:
+        print()
+        low, high, step = (float(x) for x in args.grid.split(":"))
+        fit(args.pipesim, runs, [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)])
 
 
 if __name__ == "__main__":

@@ -299,6 +299,7 @@ HardwareConfig read_hardware(const json* object) {
   h.sms = r.integer("sms", h.sms, 0);
   h.peak_fp8_tflops = r.number("peak_fp8_tflops", h.peak_fp8_tflops, 0);
   h.fp8_efficiency = r.number("fp8_efficiency", h.fp8_efficiency, 0, 1);
+  h.sustained_compute_fraction = r.number("sustained_compute_fraction", h.sustained_compute_fraction, 0, 1, true);
   r.reject_unknown();
   return h;
 }

@@ -76,7 +76,8 @@ json hardware_json(const HardwareConfig& h) {
                   {"kernel_launch_us", h.kernel_launch_us},
                   {"sms", h.sms},
                   {"peak_fp8_tflops", h.peak_fp8_tflops},
-                  {"fp8_efficiency", h.fp8_efficiency}});
+                  {"fp8_efficiency", h.fp8_efficiency},
+                  {"sustained_compute_fraction", h.sustained_compute_fraction}});
   return out;
 }
 

@@ -10,7 +10,7 @@ error is the error in iteration time either way. Progress goes to stderr.
 
 usage: tools/published-runs.py [--pipesim PATH] [--only TEXT] [--data FILE] [--fit [--grid LOW:HIGH:STEP]]
 
---fit: fits hardware.sustained_compute_fraction, one per GPU (docs/cost-model.md, "Sustained
+--fit: instead of the table, fits hardware.sustained_compute_fraction, one per GPU (docs/cost-model.md, "Sustained
 throughput"), to the even-numbered runs of that GPU in table order, and reports the errors on those
 and on the odd-numbered ones, held out. The presets carry the fractions it prints.
 
@@ -19,6 +19,7 @@ cannot describe yet names the config it waits for and is listed as skipped.
 """
 import json
 import pathlib
+import subprocess
 import sys
 
 from comparison import pipesim_parser, require_pipesim, simulate, summarize
@@ -84,33 +85,42 @@ def gpu_of(preset):
     return "A100" if preset.startswith("a100") else "H100" if preset.startswith("h100") else preset
 
 
-def scaled_errors(pipesim, runs, fraction):
-    """Each run's error at hardware.sustained_compute_fraction `fraction`."""
-    errors = []
-    for run in runs:
+def errors_by_fraction(pipesim, runs, grid):
+    """{fraction: [each run's error at hardware.sustained_compute_fraction = fraction]}, one
+    `pipesim sweep` over the grid per run."""
+    by = {k: [] for k in grid}
+    for i, run in enumerate(runs, 1):
+        print(f"published-runs.py: fit [{i}/{len(runs)}] {run['name']}", file=sys.stderr, flush=True)
         model, parallel, preset = model_of(run["config"], run["set"])
-        sets = run["set"] + [f"hardware.sustained_compute_fraction={fraction}"]
-        result = simulate(pipesim, ROOT / run["config"], sets, lambda m: fail(f"{run['name']}: {m}"))
-        error = result["tokens_per_s"] / run["gpus"] / published_tokens_per_gpu(run, model) - 1
-        errors.append({"error": error, "name": run["name"], "pp": result["pp"], "gpu": gpu_of(preset)})
-    return errors
+        command = [pipesim, "sweep", str(ROOT / run["config"]), "--format", "json",
+                   "--grid", "hardware.sustained_compute_fraction=" + ",".join(str(k) for k in grid)]
+        for item in run["set"]:
+            command += ["--set", item]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            fail(f"{run['name']}: {' '.join(command)} failed:\n{done.stderr.strip()}")
+        for point in json.loads(done.stdout):
+            error = point["tokens_per_s"] / run["gpus"] / published_tokens_per_gpu(run, model) - 1
+            by[point["hardware.sustained_compute_fraction"]].append(
+                {"error": error, "name": run["name"], "pp": point["pp"], "gpu": gpu_of(preset)})
+    return by
 
 
 def fit(pipesim, runs, grid):
     """Per GPU, the sustained fraction that minimises the mean |error| of its even-numbered runs, and
     the errors it gives on those and on the odd-numbered ones (held out)."""
     fitted_all = []
+    mean = lambda errors: sum(abs(e["error"]) for e in errors) / len(errors)
     for gpu in sorted({gpu_of(model_of(r["config"], r["set"])[2]) for r in runs}):
         mine = [r for r in runs if gpu_of(model_of(r["config"], r["set"])[2]) == gpu]
-        fitted, held_out = mine[0::2], mine[1::2]
-        mean = lambda errors: sum(abs(e["error"]) for e in errors) / len(errors)
-        print(f"published-runs.py: fitting {gpu} on {len(fitted)} runs", file=sys.stderr, flush=True)
-        best = min(grid, key=lambda k: mean(scaled_errors(pipesim, fitted, k)))
-        print(f"{gpu}: sustained_compute_fraction {best:.2f}, fitted to {len(fitted)} runs, held out {len(held_out)}")
-        summarize(f"{gpu} fitted half", scaled_errors(pipesim, fitted, best))
-        held = scaled_errors(pipesim, held_out, best)
-        summarize(f"{gpu} held-out half", held)
-        fitted_all += scaled_errors(pipesim, fitted, best) + held
+        by = errors_by_fraction(pipesim, mine, grid)
+        fitted = {k: errors[0::2] for k, errors in by.items()}
+        best = min(grid, key=lambda k: mean(fitted[k]))
+        print(f"{gpu}: sustained_compute_fraction {best:.2f}, fitted to {len(fitted[best])} runs, "
+              f"held out {len(by[best][1::2])}")
+        summarize(f"{gpu} fitted half", fitted[best])
+        summarize(f"{gpu} held-out half", by[best][1::2])
+        fitted_all += by[best]
     summarize("all runs, fitted fractions", fitted_all)
     summarize("pp = 1, fitted fractions", [e for e in fitted_all if e["pp"] == 1])
     summarize("pp > 1, fitted fractions", [e for e in fitted_all if e["pp"] > 1])
@@ -122,7 +132,7 @@ def main():
     parser.add_argument("--only", default="", help="only the runs whose name contains this text")
     parser.add_argument("--data", default=str(DATA), help="the runs' file (default: %(default)s)")
     parser.add_argument("--fit", action="store_true",
-                        help="also fit hardware.sustained_compute_fraction per GPU on half the runs and report the other half")
+                        help="instead of the table, fit hardware.sustained_compute_fraction per GPU on half the runs and report the other half")
     parser.add_argument("--grid", default="0.50:1.00:0.01", help="with --fit: the fractions tried, LOW:HIGH:STEP")
     args = parser.parse_args()
     DATA = pathlib.Path(args.data)
@@ -138,6 +148,10 @@ def main():
     if not runs:
         fail(f"no run in {DATA} has '{args.only}' in its name")
 
+    if args.fit:  # the fit alone: it simulates every run once per fraction tried
+        low, high, step = (float(x) for x in args.grid.split(":"))
+        fit(args.pipesim, runs, [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)])
+        return
     print("| run | source | GPUs | tp·pp·dp·cp | published tokens/s/GPU | predicted | error | peak GiB (fits) |")
     print("|---|---|---:|---|---:|---:|---:|---|")
     errors = []
@@ -164,10 +178,6 @@ def main():
     summarize("pp > 1", [e for e in errors if e["pp"] > 1])
     for gpu in sorted({e["gpu"] for e in errors}):
         summarize(gpu, [e for e in errors if e["gpu"] == gpu])
-    if args.fit:
-        print()
-        low, high, step = (float(x) for x in args.grid.split(":"))
-        fit(args.pipesim, runs, [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)])
 
 
 if __name__ == "__main__":

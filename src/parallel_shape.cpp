@@ -233,31 +233,43 @@ double device_layer_params(const Config& c, const Layout& layout, int device) {
   return params;
 }
 
-std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
-  const auto devices = static_cast<std::size_t>(layout.devices);
-  // What ZeRO-3 holds gathered at once, per device: at pp 1, FSDP's unit (PyTorch FSDP as torchtitan
-  // and LLM Foundry wrap a model: each decoder block, and the embedding and the LM head) in use and
-  // the next one, prefetched; under a pipeline, a virtual stage in use and the next.
-  std::vector<double> params = device_params(c, layout);
-  // A device's vocabulary shards (the vocabulary-parallel modes) are one more unit.
-  std::vector<double> largest_unit(devices, c.parallel.pp == 1 ? vocab_shard_params(c, layout) : 0.0);
+namespace {
+
+/// What ZeRO-3 holds gathered at once, per device, one unit of it (it holds two: the one in use and
+/// the next, prefetched): at pp 1 FSDP's unit, as PyTorch FSDP wraps a model in torchtitan and LLM
+/// Foundry (a decoder block, the embedding, the LM head; a device's vocabulary shards are one more);
+/// under a pipeline a virtual stage.
+std::vector<double> largest_gathered_unit(const Config& c, const Layout& layout) {
+  const bool fsdp_units = c.parallel.pp == 1;
+  std::vector<double> largest(std::size_t(layout.devices), fsdp_units ? vocab_shard_params(c, layout) : 0.0);
   for (const VirtualStage& stage : layout.stages) {
-    const auto d = static_cast<std::size_t>(stage.device);
-    double unit = stage_params(c, stage);
-    if (c.parallel.pp == 1) {
-      unit = (stage.has_embedding || stage.has_head ? vocab_params(c.model) / c.parallel.tp : 0);
+    double unit;
+    if (!fsdp_units) {
+      unit = stage_params(c, stage);
+    } else {
+      unit = stage.has_embedding || stage.has_head ? vocab_params(c.model) / c.parallel.tp : 0;
       for (int l = stage.first_layer; l < stage.first_layer + stage.layers; ++l)
         unit = std::max(unit, layers_rank_params(c, l, 1).all);
     }
-    largest_unit[d] = std::max(largest_unit[d], unit);
+    double& on_device = largest[std::size_t(stage.device)];
+    on_device = std::max(on_device, unit);
   }
+  return largest;
+}
+
+}  // namespace
+
+std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
+  const auto devices = static_cast<std::size_t>(layout.devices);
+  std::vector<double> params = device_params(c, layout);
   const std::vector<double> experts = device_expert_params(c, layout);
   const ZeroSharding zero = zero_sharding(c), expert_zero = expert_zero_sharding(c);
+  const std::vector<double> gathered = zero.parameters() ? largest_gathered_unit(c, layout) : std::vector<double>();
   std::vector<Bytes> bytes;
   for (std::size_t d = 0; d < devices; ++d) {
     params[d] -= tied_copy_params(c, layout, int(d)) + experts[d];
     double held = params[d] * zero.bytes_per_param(c.precision) + experts[d] * expert_zero.bytes_per_param(c.precision);
-    if (zero.parameters()) held += 2 * largest_unit[d] * c.precision.param_bytes;
+    if (zero.parameters()) held += 2 * gathered[d] * c.precision.param_bytes;
     if (c.precision.fp8 != Fp8Format::None) held += 2 * device_layer_params(c, layout, int(d));
     bytes.push_back(static_cast<Bytes>(std::llround(held)));
   }

@@ -1,5 +1,5 @@
 """What the comparison scripts (published-runs.py, vocab-paper.py, fit-fp8.py) share: their --pipesim
-option, a simulation's result, and the summary line they print."""
+option, a simulation's result (or a sweep's), a --grid's values, and the summary line they print."""
 import argparse
 import json
 import pathlib
@@ -21,15 +21,24 @@ def require_pipesim(path, fail):
         fail(f"{path} is not a pipesim executable; build it (README) or give --pipesim PATH")
 
 
-def simulate(pipesim, config, sets, fail):
-    """`pipesim simulate CONFIG --set ... --format json`, parsed; `fail` takes the message when it fails."""
-    command = [pipesim, "simulate", str(config), "--format", "json"]
+def simulate(pipesim, config, sets, fail, grid=None):
+    """`pipesim simulate CONFIG --set ... --format json`, parsed; `fail` takes the message when it fails.
+    With `grid` ("key=v1,v2,..."), `pipesim sweep` over it instead: a list of points."""
+    command = [pipesim, "simulate" if grid is None else "sweep", str(config), "--format", "json"]
+    if grid is not None:
+        command += ["--grid", grid]
     for item in sets:
         command += ["--set", item]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
     return json.loads(done.stdout)
+
+
+def grid_values(spec):
+    """The values LOW:HIGH:STEP names (a --grid option), LOW and HIGH included."""
+    low, high, step = (float(x) for x in spec.split(":"))
+    return [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)]
 
 
 def summarize(label, errors, noun="runs"):

@@ -15,7 +15,7 @@ import math
 import pathlib
 import sys
 
-from comparison import pipesim_parser, require_pipesim, simulate, summarize
+from comparison import grid_values, pipesim_parser, require_pipesim, simulate, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
@@ -48,8 +48,7 @@ def main():
     parser.add_argument("--grid", default="0.40:0.80:0.01", help="efficiencies tried, LOW:HIGH:STEP")
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
-    low, high, step = (float(x) for x in args.grid.split(":"))
-    grid = [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)]
+    grid = grid_values(args.grid)
     found = pairs(json.loads(DATA.read_text())["runs"])
     if len(found) < 2:
         fail(f"{DATA} has {len(found)} FP8 rows with a BF16 twin; the fit needs two")

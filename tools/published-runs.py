@@ -19,10 +19,9 @@ cannot describe yet names the config it waits for and is listed as skipped.
 """
 import json
 import pathlib
-import subprocess
 import sys
 
-from comparison import pipesim_parser, require_pipesim, simulate, summarize
+from comparison import grid_values, pipesim_parser, require_pipesim, simulate, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "published-runs.json"
@@ -92,14 +91,9 @@ def errors_by_fraction(pipesim, runs, grid):
     for i, run in enumerate(runs, 1):
         print(f"published-runs.py: fit [{i}/{len(runs)}] {run['name']}", file=sys.stderr, flush=True)
         model, parallel, preset = model_of(run["config"], run["set"])
-        command = [pipesim, "sweep", str(ROOT / run["config"]), "--format", "json",
-                   "--grid", "hardware.sustained_compute_fraction=" + ",".join(str(k) for k in grid)]
-        for item in run["set"]:
-            command += ["--set", item]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            fail(f"{run['name']}: {' '.join(command)} failed:\n{done.stderr.strip()}")
-        for point in json.loads(done.stdout):
+        points = simulate(pipesim, ROOT / run["config"], run["set"], lambda m: fail(f"{run['name']}: {m}"),
+                          grid="hardware.sustained_compute_fraction=" + ",".join(str(k) for k in grid))
+        for point in points:
             error = point["tokens_per_s"] / run["gpus"] / published_tokens_per_gpu(run, model) - 1
             by[point["hardware.sustained_compute_fraction"]].append(
                 {"error": error, "name": run["name"], "pp": point["pp"], "gpu": gpu_of(preset)})
@@ -111,9 +105,11 @@ def fit(pipesim, runs, grid):
     the errors it gives on those and on the odd-numbered ones (held out)."""
     fitted_all = []
     mean = lambda errors: sum(abs(e["error"]) for e in errors) / len(errors)
-    for gpu in sorted({gpu_of(model_of(r["config"], r["set"])[2]) for r in runs}):
-        mine = [r for r in runs if gpu_of(model_of(r["config"], r["set"])[2]) == gpu]
-        by = errors_by_fraction(pipesim, mine, grid)
+    runs_of = {}
+    for run in runs:
+        runs_of.setdefault(gpu_of(model_of(run["config"], run["set"])[2]), []).append(run)
+    for gpu in sorted(runs_of):
+        by = errors_by_fraction(pipesim, runs_of[gpu], grid)
         fitted = {k: errors[0::2] for k, errors in by.items()}
         best = min(grid, key=lambda k: mean(fitted[k]))
         print(f"{gpu}: sustained_compute_fraction {best:.2f}, fitted to {len(fitted[best])} runs, "
@@ -149,8 +145,7 @@ def main():
         fail(f"no run in {DATA} has '{args.only}' in its name")
 
     if args.fit:  # the fit alone: it simulates every run once per fraction tried
-        low, high, step = (float(x) for x in args.grid.split(":"))
-        fit(args.pipesim, runs, [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)])
+        fit(args.pipesim, runs, grid_values(args.grid))
         return
     print("| run | source | GPUs | tp·pp·dp·cp | published tokens/s/GPU | predicted | error | peak GiB (fits) |")
     print("|---|---|---:|---|---:|---:|---:|---|")

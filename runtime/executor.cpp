@@ -390,6 +390,10 @@ Status check_runnable(const Config& c, const RunOptions& options) {
                              "recomputes attention scores, which the runtime keeps; use \"full\" or \"none\", or set "
                              "precision.flash_attention to true (then selective recomputation has no R op)",
                              c.source)};
+  if (c.training.recompute_granularity == Recompute::SelectiveOp)
+    return Error{fmt::format("{}: training.recompute_granularity: the runtime recomputes whole layers (\"full\") or "
+                             "nothing; use one of them, or \"selective\" (simulate models \"selective_op\")",
+                             c.source)};
   if (c.model.tied_embeddings && options.backend == BackendKind::Cuda)
     return Error{fmt::format("{}: model.tied_embeddings: the CUDA backend runs an untied embedding and LM head; run "
                              "tied embeddings with --backend cpu, or set model.tied_embeddings to false",

@@ -30,7 +30,12 @@ namespace {
 // the H200 takes the H100's. sustained_compute_fraction: fitted per GPU to the even-numbered published
 // runs of that GPU and tested on the odd-numbered ones (tools/published-runs.py --fit, docs/
 // cost-model.md); the H200, with no published runs, takes the H100's (the same chip at the same 700 W).
-const std::array<HardwareConfig, 3> kPresets = {{
+// h100-96gb-500w is the H100 of Meta's Grand Teton hosts that torchtitan's benchmarks ran on, as
+// their December 2024 file describes it (docs/data/published-runs.json gives its address): 96 GB of
+// HBM2e at 2.4 TB/s, a 500 W power limit, a 400 Gb/s RDMA port per GPU. The chip and its op-level efficiencies are the H100's; the lower clocks
+// the power limit holds it to are in its own fitted fraction, as the other presets' (from torchtitan's
+// runs alone, the only published ones on it).
+const std::array<HardwareConfig, 4> kPresets = {{
     {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
      .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300, .intra_node_latency_us = 8,
      .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
@@ -39,12 +44,17 @@ const std::array<HardwareConfig, 3> kPresets = {{
      .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
      .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
-     .sustained_compute_fraction = 0.84},
+     .sustained_compute_fraction = 0.85},
+    {.preset = "h100-96gb-500w", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
+     .hbm_gbps = 2400, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
+     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 89.4, .reserved_gib = 3.0,
+     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
+     .sustained_compute_fraction = 0.57},
     {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
      .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450, .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
      .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
-     .sustained_compute_fraction = 0.84},
+     .sustained_compute_fraction = 0.85},
 }};
 
 }  // namespace
@@ -71,6 +81,7 @@ std::string_view recompute_name(Recompute recompute) {
   switch (recompute) {
     case Recompute::None: return "none";
     case Recompute::Selective: return "selective";
+    case Recompute::SelectiveOp: return "selective_op";
     case Recompute::Full: return "full";
   }
   return "?";
@@ -227,6 +238,15 @@ std::optional<FieldError> check_config(const Config& config) {
                                   config.hardware.preset.empty() ? "this GPU" : "the " + config.hardware.preset)};
   if (std::optional<FieldError> e = check_experts(config)) return e;
   const TrainingConfig& training = config.training;
+  if (training.recompute_granularity == Recompute::SelectiveOp &&
+      (model.has_experts() || model.latent_attention() || !config.precision.flash_attention))
+    return FieldError{"training.recompute_granularity",
+                      fmt::format("\"selective_op\" is torchtitan's per-op policy as it runs dense layers with flash "
+                                  "attention and {} attention; this model {}: use \"selective\" or \"full\"",
+                                  "multi-head or grouped-query",
+                                  model.has_experts()        ? "has experts"
+                                  : model.latent_attention() ? "has latent attention"
+                                                             : "runs without flash attention")};
   // Both given (derive_microbatches fills microbatches only when the config leaves it out): they must agree.
   if (training.global_batch_size && global_batch_size(config) != *training.global_batch_size) {
     const std::optional<int> derived =

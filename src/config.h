@@ -145,13 +145,19 @@ struct HardwareConfig {
   double sustained_compute_fraction = 1;
 };
 
-/// Activation recomputation, as Megatron-LM's --recompute-granularity names it.
+/// Activation recomputation, as Megatron-LM's --recompute-granularity names it, and torchtitan's
+/// per-op policy.
 enum class Recompute {
   None,
   Selective,  ///< core attention only (the score matrices); nothing to save under flash attention
-  Full,       ///< whole layers, from their saved input, before the backward that needs them
+  /// torchtitan's selective activation checkpointing by op policy (selective_ac_option "op"): each
+  /// layer keeps its input, attention's output and every other matrix product's output in forward
+  /// order (q, v, the MLP's first and last), and its backward reruns the rest of its forward
+  /// (model_math.h, op_checkpoint_products). Dense layers with multi-head or grouped-query attention.
+  SelectiveOp,
+  Full,  ///< whole layers, from their saved input, before the backward that needs them
 };
-/// "none", "selective" or "full", as configs spell it.
+/// "none", "selective", "selective_op" or "full", as configs spell it.
 std::string_view recompute_name(Recompute recompute);
 
 /// Which layers full recomputation covers (Megatron-LM's --recompute-method).

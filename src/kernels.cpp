@@ -214,6 +214,28 @@ void add_embedding(const Config& c, StageKernels& out) {
   if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
 }
 
+/// What a dense layer's backward reruns under per-op checkpointing (Recompute::SelectiveOp): the
+/// products the policy does not save, and every memory-bound kernel of its forward (norms, the
+/// activation function, casts: the policy saves none of their outputs). Flash attention's output is
+/// saved, so attention is not rerun.
+std::vector<Kernel> op_checkpoint_rerun(const Config& c, const StageKernels& layer) {
+  const double t = c.parallel.tp, tokens = rank_tokens(c), act = c.precision.activation_bytes;
+  std::vector<Kernel> rerun;
+  for (const Kernel& k : layer.forward)
+    if (k.flops == 0) rerun.push_back(k);
+  for (const LayerProduct& p : op_checkpoint_products(c.model)) {
+    if (p.saved) continue;
+    const bool column = p.split == AttentionLinear::Split::Column;
+    rerun.push_back(gemm(tokens, column ? p.out / t : p.out, column ? p.in : p.in / t, act, c.precision.param_bytes, act));
+  }
+  return rerun;
+}
+
+/// Tensor-parallel collectives the rerun repeats: torchtitan's policy saves reduce-scatters' outputs,
+/// not all-gathers' or all-reduces', so under sequence parallelism the two all-gathers of the
+/// attention's and the MLP's inputs (one all-reduce's ring time), without it both all-reduces.
+int op_checkpoint_collectives(const Config& c) { return c.parallel.sequence_parallel ? 1 : 2; }
+
 int tp_collectives(const Config& c, LayerKind kind) {
   // Attention's and the MLP's all-reduce (or all-gather and reduce-scatter); a MoE layer's routed
   // experts exchange tokens by all-to-all instead, its shared experts as a dense MLP.
@@ -243,8 +265,9 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
     kernels.expert_exchanges += kind == LayerKind::Moe;
   }
   kernels.tp_allreduces_backward = kernels.tp_allreduces_forward;
-  // R: full recomputation runs the recomputed layers' forward again, collectives included; selective
-  // recomputation only the score part of attention, which flash attention's backward already redoes.
+  // R: full recomputation runs the recomputed layers' forward again, collectives included; per-op
+  // checkpointing what its policy did not save; selective recomputation only the score part of
+  // attention, which flash attention's backward already redoes.
   const int recomputed = recomputed_layers(c.training, stage.layers);
   if (recomputed > 0) {
     for (int l = stage.first_layer; l < stage.first_layer + recomputed; ++l) {
@@ -253,6 +276,10 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
       kernels.tp_allreduces_recompute += tp_collectives(c, kind);
       kernels.expert_exchanges_recompute += kind == LayerKind::Moe;
     }
+  } else if (c.training.recompute_granularity == Recompute::SelectiveOp && stage.layers > 0) {
+    const std::vector<Kernel> rerun = op_checkpoint_rerun(c, layer(LayerKind::Dense));
+    for (int l = 0; l < stage.layers; ++l) append(kernels.recompute, rerun);
+    kernels.tp_allreduces_recompute = stage.layers * op_checkpoint_collectives(c);
   } else if (c.training.recompute_granularity == Recompute::Selective && !c.precision.flash_attention) {
     for (int l = 0; l < stage.layers; ++l) append(kernels.recompute, core_attention_forward(c));
   }

@@ -131,8 +131,32 @@ double moe_activation_bytes(const Config& c) {
   return local_tokens * (4.0 * m.num_experts + m.moe_router_topk * moe_load(m) * copy * element_scale(c));
 }
 
+std::vector<LayerProduct> op_checkpoint_products(const ModelConfig& m) {
+  using Split = AttentionLinear::Split;
+  const AttentionWidths w = attention_widths(m);
+  const double h = m.hidden, f = m.ffn_hidden;
+  std::vector<LayerProduct> products{{w.query, h, Split::Column}, {w.key, h, Split::Column},
+                                     {w.value, h, Split::Column}, {h, w.output, Split::Row}};
+  if (m.mlp == MlpKind::SwiGlu) products.push_back({f, h, Split::Column});  // the gate; the up follows
+  products.insert(products.end(), {{f, h, Split::Column}, {h, f, Split::Row}});
+  for (std::size_t i = 0; i < products.size(); ++i) products[i].saved = i % 2 == 0;
+  return products;
+}
+
+double op_checkpoint_bytes(const Config& c) {
+  const ModelConfig& m = c.model;
+  const double t = c.parallel.tp, whole = c.parallel.sequence_parallel ? t : 1;
+  double per_token = m.hidden / whole + attention_widths(m).output / t;  // the layer's input; attention's output
+  for (const LayerProduct& p : op_checkpoint_products(m))
+    if (p.saved) per_token += p.out / (p.split == AttentionLinear::Split::Column ? t : whole);
+  constexpr double kSoftmaxStatBytes = 4;  // flash attention's log-sum-exp, fp32
+  return rank_tokens(c) * (per_token * c.precision.activation_bytes + m.heads / t * kSoftmaxStatBytes);
+}
+
 double layer_activation_bytes(const Config& c, LayerKind kind) {
   const ModelConfig& m = c.model;
+  if (c.training.recompute_granularity == Recompute::SelectiveOp && kind == LayerKind::Dense)
+    return op_checkpoint_bytes(c);
   const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
   const AttentionWidths w = attention_widths(m);
   const double t = c.parallel.tp, f_over_h = mlp_width / m.hidden;

@@ -71,7 +71,7 @@ double model_layer_params(const ModelConfig& m);
 /// projection's input 8 — 4 + 4g with grouped-query attention, K and V shrinking to g = kv/heads —
 /// and the MLP's inner activations 16, SwiGLU's 6f/h), plus the score matrices 5·a·s/h, split too,
 /// unless flash attention or selective recomputation drops them. Sequence parallelism splits the
-/// 10 as well: 34/t. Context parallelism gives each rank s/cp of the tokens. A MoE layer keeps, in
+/// 10 as well: 34/t. Under Recompute::SelectiveOp, op_checkpoint_bytes. Context parallelism gives each rank s/cp of the tokens. A MoE layer keeps, in
 /// place of the MLP's inner activations, per token of the rank's sequence-parallel share: the router's
 /// fp32 logits (4E bytes) and, for each of its top-k copies (× the busiest expert's imbalance), the
 /// permuted input (all-gathered over etp) and the expert's inner activations; the shared experts keep
@@ -82,6 +82,24 @@ double moe_activation_bytes(const Config& c);
 /// Routed token copies the busiest expert rank processes per token of the mean, at most the capacity
 /// factor (tokens past it are dropped): min(moe_imbalance, moe_capacity_factor).
 double moe_load(const ModelConfig& m);
+/// One matrix product of a dense layer's forward as PyTorch runs it op by op (torchtitan's Llama: the
+/// query, key and value projections as three products, SwiGLU's gate and up as two), in forward
+/// order: `out` by `in` features, its tensor-parallel split, and whether torchtitan's per-op
+/// checkpointing policy saves its output. The policy (torchtitan/distributed/activation_checkpoint.py,
+/// `_get_custom_policy`) saves every matrix product but every second one, counting from the layer's
+/// first: q, v, the MLP's first and last are kept; k, the output projection and SwiGLU's up are rerun.
+struct LayerProduct {
+  double out, in;
+  AttentionLinear::Split split;
+  bool saved = true;
+};
+/// A dense layer's products, multi-head or grouped-query attention (Recompute::SelectiveOp).
+std::vector<LayerProduct> op_checkpoint_products(const ModelConfig& m);
+/// Activation bytes one dense layer keeps under Recompute::SelectiveOp on one rank, per microbatch:
+/// its input, flash attention's output and fp32 softmax statistics (one a head and token), and the
+/// outputs of the products the policy saves; column-parallel outputs split over tp, the rest whole
+/// unless sequence parallelism splits them.
+double op_checkpoint_bytes(const Config& c);
 /// The part of layer_activation_bytes that selective recomputation drops: the score matrices
 /// (0 under flash attention, whose backward recomputes them already).
 double layer_score_bytes(const Config& c);

@@ -286,11 +286,14 @@ ActivationsKept activations_kept(const Config& c, int first, int layers) {
   const double input = hidden_activation_bytes(c);
   ActivationsKept kept{sum(c), 0, sum(c)};
   const TrainingConfig& t = c.training;
-  if (t.recompute_granularity == Recompute::Selective) {
+  if (t.recompute_granularity == Recompute::Selective || t.recompute_granularity == Recompute::SelectiveOp) {
     Config all = c;
     all.training.recompute_granularity = Recompute::None;
     kept.without_recompute = sum(all);
-    kept.rebuilt = layers > 0 ? layer_score_bytes(c) : 0;
+    // Each layer's backward rebuilds what it did not keep: the scores, or what per-op checkpointing reran.
+    const double rebuilt = t.recompute_granularity == Recompute::Selective ? layer_score_bytes(c)
+                                                                           : layer_activation_bytes(all) - layer;
+    kept.rebuilt = layers > 0 ? rebuilt : 0;
   } else if (const int recomputed = recomputed_layers(t, layers); recomputed > 0) {
     if (t.recompute_method == RecomputeMethod::Uniform) {
       const int group = std::min(t.recompute_num_layers, layers);

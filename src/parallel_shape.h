@@ -142,7 +142,8 @@ struct ActivationsKept {
 /// uniform full recomputation keeps the input of each group of recompute_num_layers layers and
 /// rebuilds one group at a time; block keeps the input of each of its first layers, and the rest
 /// whole, rebuilding one layer at a time; selective keeps all but the score matrices and rebuilds one
-/// layer's (none under flash attention).
+/// layer's (none under flash attention); selective_op keeps op_checkpoint_bytes a layer and rebuilds
+/// the rest of one layer's.
 ActivationsKept activations_kept(const Config& c, int first, int layers);
 
 /// The memory a device offers the training job's tensors: hardware.memory_gib less

@@ -103,7 +103,7 @@ TEST_CASE("a file name, --set, --grid, --schedule-file or --preset that is not U
     const Output out = run_stderr("calibrate " + ops + " --preset '\xff'");
     CHECK(out.exit_code == 1);
     CHECK(out.text == "pipesim: error: --preset: hardware.preset: unknown preset '" + kReplacement +
-                          "'. Presets: a100-80gb, h100-sxm, h200\n");
+                          "'. Presets: a100-80gb, h100-sxm, h100-96gb-500w, h200\n");
   }
   std::filesystem::remove_all(dir);
 }

@@ -504,6 +504,8 @@ TEST_CASE("run refuses what the CPU runtime cannot run, naming the field") {
       {"default.json", "model: the CPU runtime would need about"},
       {"tiny.json --set training.recompute_granularity=selective --set precision.flash_attention=false",
        "training.recompute_granularity: selective recomputation without flash attention recomputes attention scores"},
+      {"llama-tiny.json --set training.recompute_granularity=selective_op",
+       "training.recompute_granularity: the runtime recomputes whole layers (\"full\") or nothing"},
       {"llama-tiny.json --set model.hidden=36", "model.hidden: rotary embeddings turn pairs of a head's 9 dimensions; "
                                                 "make model.hidden / model.heads even"},
       {"tiny.json --inject-fault 1:X:0", "expected RANK:KIND:MICROBATCH[:hang|:kill]"},

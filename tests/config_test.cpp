@@ -92,7 +92,7 @@ TEST_CASE("bad config files are refused with the file, the path and the fix") {
        "c.json: hardwre: unknown key; did you mean 'hardware'? Known keys here: model, parallel, schedule, hardware, "
        "precision, training, costs, description"},
       {kBase + R"json(, "hardware": {"preset": "h100"}})json", {},
-       "c.json: hardware.preset: unknown preset 'h100'; did you mean 'h100-sxm'? Presets: a100-80gb, h100-sxm, h200"},
+       "c.json: hardware.preset: unknown preset 'h100'; did you mean 'h100-sxm' or 'h100-96gb-500w'? Presets: a100-80gb, h100-sxm, h100-96gb-500w, h200"},
       {kBase + R"json(, "hardware": {"compute_efficiency": 1.5}})json", {},
        "c.json: hardware.compute_efficiency: must be at most 1, got 1.5"},
       {kBase + R"json(, "hardware": {"hbm_gbps": 0}})json", {}, "c.json: hardware.hbm_gbps: must be greater than 0, got 0"},

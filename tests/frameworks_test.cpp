@@ -121,6 +121,9 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
                                   "precision.fp8=e4m3"},
                              Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
                                   "training.zero_stage=2", "training.recompute_granularity=full"},
+                             // per-op selective checkpointing: [activation_checkpoint] selective_ac_option "op"
+                             Sets{"parallel.microbatches=16", "parallel.dp=2", "training.zero_stage=3",
+                                  "training.recompute_granularity=selective_op"},
                              // async tensor parallelism: no Transformer Engine SM margin
                              Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2",
                                   "parallel.sequence_parallel=true", "training.tp_comm_overlap=true",
@@ -162,6 +165,12 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
                     {})
             .front()
             .nearest == "full/uniform/1");
+  // torchtitan's per-op policy is no Megatron-LM granularity: selective (core attention) is its nearest.
+  const Config per_op = llama({"training.recompute_granularity=selective_op"});
+  for (const Unsupported& u : unsupported(Framework::Torchtitan, per_op, {})) CHECK(u.field != "training.recompute_granularity");
+  changes.clear();
+  CHECK(nearest_runnable(Framework::Megatron, per_op, split_of(per_op), changes).training.recompute_granularity ==
+        Recompute::Selective);
   // megatron/training/arguments.py: overlapped transfers only with a virtual pipeline, on by default there.
   CHECK(unsupported(Framework::Megatron, llama({"training.overlap_p2p_comm=true"}), {}).front().field ==
         "training.overlap_p2p_comm");

@@ -98,17 +98,20 @@ def vocab_paper_table():
 
 
 def sustained_fit():
-    """tools/published-runs.py --fit around the shipped values: each GPU's fit must land on its
-    preset's sustained_compute_fraction (a100-80gb 0.94, h100-sxm 0.84), inside the grid."""
+    """tools/published-runs.py --fit around the shipped values: each preset's fit must land on its
+    sustained_compute_fraction (a100-80gb 0.94, h100-sxm 0.85, h100-96gb-500w 0.57), inside the grid."""
     global failures
-    run = subprocess.run(["tools/published-runs.py", "--pipesim", pipesim, "--fit", "--grid", "0.83:0.95:0.01"],
+    grid = "0.56:0.58:0.01,0.84:0.95:0.01"
+    run = subprocess.run(["tools/published-runs.py", "--pipesim", pipesim, "--fit", "--grid", grid],
                          cwd=root, capture_output=True, text=True, timeout=300)
-    ok = run.returncode == 0 and "A100: sustained_compute_fraction 0.94, fitted to 12 runs, held out 11" in run.stdout
-    ok = ok and "H100: sustained_compute_fraction 0.84, fitted to 27 runs, held out 26" in run.stdout
-    ok = ok and "H100 held-out half: 26 runs, mean |error|" in run.stdout
+    ok = run.returncode == 0 and "a100-80gb: sustained_compute_fraction 0.94, fitted to 12 runs, held out 11" in run.stdout
+    ok = ok and "h100-sxm: sustained_compute_fraction 0.85, fitted to 23 runs, held out 23" in run.stdout
+    ok = ok and "h100-96gb-500w: sustained_compute_fraction 0.57, fitted to 4 runs, held out 3" in run.stdout
+    ok = ok and "h100-sxm held-out half: 23 runs, mean |error|" in run.stdout
     listing = subprocess.run([pipesim, "list"], capture_output=True, text=True).stdout
-    ok = ok and re.search(r"a100-80gb .*sustained 0\.94$", listing, re.M) and re.search(r"h100-sxm .*sustained 0\.84$", listing, re.M)
-    print(f"{'ok  ' if ok else 'FAIL'} tools/published-runs.py --fit --grid 0.83:0.95:0.01: exit {run.returncode}")
+    ok = ok and all(re.search(rf"{preset} .*sustained {fraction}$", listing, re.M)
+                    for preset, fraction in [("a100-80gb", r"0\.94"), ("h100-sxm", r"0\.85"), ("h100-96gb-500w", r"0\.57")])
+    print(f"{'ok  ' if ok else 'FAIL'} tools/published-runs.py --fit --grid {grid}: exit {run.returncode}")
     failures += not ok
 
 

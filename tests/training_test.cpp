@@ -5,6 +5,7 @@
 #include <map>
 
 #include "helpers.h"
+#include "kernels.h"
 #include "model_math.h"
 #include "schedule_csv.h"
 
@@ -50,6 +51,46 @@ TEST_CASE("a layer keeps what Korthikanti et al. Table 2 gives, for every tensor
   CHECK(bytes({"parallel.sequence_parallel=true"}).second == Approx(2 * sbh / t));
   // t = 1: the table's first row, sbh(34 + 5as/h).
   if (t == 1) CHECK(bytes({}).first == Approx(sbh * (34 + scores)));
+}
+
+TEST_CASE("torchtitan's per-op checkpointing keeps every other product's output and reruns the rest") {
+  // Llama-style: grouped-query attention (8 heads, 2 key/value heads of 128 channels), SwiGLU.
+  const double s = 1024, b = 2, h = 1024, kv = 256, f = 2816, heads = 8, tokens = s * b;
+  const int t = GENERATE(1, 2);
+  const bool sp = GENERATE(false, true);
+  const std::vector<std::string> sets = {
+      "model.hidden=1024", "model.heads=8", "model.kv_heads=2", "model.mlp=\"swiglu\"", "model.ffn_hidden=2816",
+      "model.seq_len=1024", "parallel.pp=1", "parallel.microbatches=1", fmt::format("parallel.tp={}", t),
+      fmt::format("parallel.sequence_parallel={}", sp), "training.recompute_granularity=\"selective_op\""};
+  const Config c = parse_or_fail(kGpt, sets);
+  // Products in order q, k, v, o, gate, up, down: q, v, gate and down saved; k, o and up rerun.
+  // Kept: the input and the down projection's output (whole, or split under sequence parallelism),
+  // attention's output, q, v and the gate (column-parallel: split), and fp32 log-sum-exp a head.
+  const double whole = sp ? t : 1;
+  CHECK(layer_activation_bytes(c) ==
+        Approx(tokens * (2 * (2 * h / whole + (h + h + kv + f) / t) + 4 * heads / t)));
+  // R reruns k, o and up: 2·tokens·h·(kv + h + f)/t FLOPs a layer, on each of the stage's layers.
+  const VirtualStage stage{.first_layer = 0, .layers = 3};
+  const StageKernels kernels = stage_kernels(c, stage);
+  CHECK(total(kernels.recompute, &Kernel::flops) == Approx(3 * 2 * tokens * h * (kv + h + f) / t));
+  // ... and the tensor-parallel collectives it does not save: the two all-gathers, or both all-reduces.
+  CHECK(kernels.tp_allreduces_recompute == 3 * (sp ? 1 : 2));
+  // The backward rebuilds the rest of one layer.
+  Config none = c;
+  none.training.recompute_granularity = Recompute::None;
+  const ActivationsKept kept = activations_kept(c, 0, 3);
+  CHECK(kept.from_forward == Approx(3 * layer_activation_bytes(c)));
+  CHECK(kept.rebuilt == Approx(layer_activation_bytes(none) - layer_activation_bytes(c)));
+}
+
+TEST_CASE("per-op checkpointing is refused where torchtitan's policy does not apply") {
+  const std::string per_op = "training.recompute_granularity=\"selective_op\"";
+  const Result<Config> unfused = parse_config(kGpt, "test.json", {per_op, "precision.flash_attention=false"});
+  REQUIRE(!unfused.ok());
+  CHECK_THAT(unfused.error().message, Catch::Contains("training.recompute_granularity") && Catch::Contains("flash"));
+  const Result<Config> experts = load_config(std::string(std::getenv("PIPESIM_SOURCE")) + "/configs/moe-tiny.json", {per_op});
+  REQUIRE(!experts.ok());
+  CHECK_THAT(experts.error().message, Catch::Contains("has experts"));
 }
 
 TEST_CASE("context parallelism gives each rank s/cp of the tokens: 1/cp of the activations") {
@@ -371,8 +412,8 @@ TEST_CASE("Transformer Engine's overlapped reduce-scatters slow their GEMMs by t
 TEST_CASE("the training keys are checked, each error naming its field and the fix") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"training.recompute_granularity=\"most\""},
-       "test.json: training.recompute_granularity (from --set): expected \"none\", \"selective\" (core attention) or "
-       "\"full\" (whole layers), got \"most\""},
+       "test.json: training.recompute_granularity (from --set): expected \"none\", \"selective\" (core attention), "
+       "\"selective_op\" (torchtitan's per-op policy) or \"full\" (whole layers), got \"most\""},
       {{"training.zero_stage=4"}, "test.json: training.zero_stage (from --set): must be at most 3, got 4"},
       {{"training.tp_comm_overlap=true"},
        "test.json: training.tp_comm_overlap (from --set): overlaps the all-gathers and reduce-scatters of sequence "

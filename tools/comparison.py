@@ -36,9 +36,13 @@ def simulate(pipesim, config, sets, fail, grid=None):
 
 
 def grid_values(spec):
-    """The values LOW:HIGH:STEP names (a --grid option), LOW and HIGH included."""
-    low, high, step = (float(x) for x in spec.split(":"))
-    return [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)]
+    """The values a --grid option names: LOW:HIGH:STEP (LOW and HIGH included), or several of them
+    joined by commas."""
+    values = []
+    for part in spec.split(","):
+        low, high, step = (float(x) for x in part.split(":"))
+        values += [round(low + i * step, 6) for i in range(int(round((high - low) / step)) + 1)]
+    return sorted(set(values))
 
 
 def summarize(label, errors, noun="runs"):

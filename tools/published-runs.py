@@ -10,8 +10,8 @@ error is the error in iteration time either way. Progress goes to stderr.
 
 usage: tools/published-runs.py [--pipesim PATH] [--only TEXT] [--data FILE] [--fit [--grid LOW:HIGH:STEP]]
 
---fit: instead of the table, fits hardware.sustained_compute_fraction, one per GPU (docs/cost-model.md, "Sustained
-throughput"), to the even-numbered runs of that GPU in table order, and reports the errors on those
+--fit: instead of the table, fits hardware.sustained_compute_fraction, one per hardware preset (docs/cost-model.md,
+"Sustained throughput"), to the even-numbered runs of that preset in table order, and reports the errors on those
 and on the odd-numbered ones, held out. The presets carry the fractions it prints.
 
 --data docs/data/published-runs-moe.json: the mixture-of-experts runs; a row whose model pipesim
@@ -101,21 +101,21 @@ def errors_by_fraction(pipesim, runs, grid):
 
 
 def fit(pipesim, runs, grid):
-    """Per GPU, the sustained fraction that minimises the mean |error| of its even-numbered runs, and
+    """Per preset, the sustained fraction that minimises the mean |error| of its even-numbered runs, and
     the errors it gives on those and on the odd-numbered ones (held out)."""
     fitted_all = []
     mean = lambda errors: sum(abs(e["error"]) for e in errors) / len(errors)
-    runs_of = {}
+    runs_of = {}  # a fraction per preset: one GPU at two power limits is two presets
     for run in runs:
-        runs_of.setdefault(gpu_of(model_of(run["config"], run["set"])[2]), []).append(run)
-    for gpu in sorted(runs_of):
-        by = errors_by_fraction(pipesim, runs_of[gpu], grid)
+        runs_of.setdefault(model_of(run["config"], run["set"])[2], []).append(run)
+    for preset in sorted(runs_of):
+        by = errors_by_fraction(pipesim, runs_of[preset], grid)
         fitted = {k: errors[0::2] for k, errors in by.items()}
         best = min(grid, key=lambda k: mean(fitted[k]))
-        print(f"{gpu}: sustained_compute_fraction {best:.2f}, fitted to {len(fitted[best])} runs, "
+        print(f"{preset}: sustained_compute_fraction {best:.2f}, fitted to {len(fitted[best])} runs, "
               f"held out {len(by[best][1::2])}")
-        summarize(f"{gpu} fitted half", fitted[best])
-        summarize(f"{gpu} held-out half", by[best][1::2])
+        summarize(f"{preset} fitted half", fitted[best])
+        summarize(f"{preset} held-out half", by[best][1::2])
         fitted_all += by[best]
     summarize("all runs, fitted fractions", fitted_all)
     summarize("pp = 1, fitted fractions", [e for e in fitted_all if e["pp"] == 1])
@@ -159,7 +159,7 @@ def main():
         predicted = result["tokens_per_s"] / run["gpus"]
         error = predicted / published - 1
         errors.append({"error": error, "name": run["name"], "source": run["source"], "pp": result["pp"],
-                       "gpu": gpu_of(preset)})
+                       "gpu": gpu_of(preset), "preset": preset})
         layout = f"{result['tp']}·{result['pp']}·{result['dp']}·{parallel.get('cp', 1)}"
         peak = result["peak_memory_bytes"] / 2**30
         fits = "fits" if result["fits_in_memory"] else "does not fit"
@@ -173,6 +173,8 @@ def main():
     summarize("pp > 1", [e for e in errors if e["pp"] > 1])
     for gpu in sorted({e["gpu"] for e in errors}):
         summarize(gpu, [e for e in errors if e["gpu"] == gpu])
+    for preset in sorted({e["preset"] for e in errors}):
+        summarize(f"preset {preset}", [e for e in errors if e["preset"] == preset])
 
 
 if __name__ == "__main__":

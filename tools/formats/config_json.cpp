@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -334,14 +335,15 @@ TrainingConfig read_training(const json* object, const json* precision) {
   TrainingConfig t;
   if (r.has("global_batch_size")) t.global_batch_size = r.integer("global_batch_size", 0, 1);
   const std::string granularity = r.string("recompute_granularity", "none");
-  if (granularity != "none" && granularity != "selective" && granularity != "full")
+  constexpr std::array kGranularities{Recompute::None, Recompute::Selective, Recompute::SelectiveOp, Recompute::Full};
+  const auto named = std::ranges::find(kGranularities, granularity, recompute_name);
+  if (named == kGranularities.end())
     throw ConfigError{r.at("recompute_granularity"),
-                      fmt::format("expected \"none\", \"selective\" (core attention) or \"full\" (whole layers), got "
-                                  "\"{}\"{}", visible(abbreviate(granularity)),
-                                  suggestion(granularity, {"none", "selective", "full"}))};
-  t.recompute_granularity = granularity == "full"        ? Recompute::Full
-                            : granularity == "selective" ? Recompute::Selective
-                                                         : Recompute::None;
+                      fmt::format("expected \"none\", \"selective\" (core attention), \"selective_op\" (torchtitan's "
+                                  "per-op policy) or \"full\" (whole layers), got \"{}\"{}",
+                                  visible(abbreviate(granularity)),
+                                  suggestion(granularity, {"none", "selective", "selective_op", "full"}))};
+  t.recompute_granularity = *named;
   const std::string method = r.string("recompute_method", "uniform");
   if (method != "uniform" && method != "block")
     throw ConfigError{r.at("recompute_method"),

@@ -51,6 +51,10 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
                    "Megatron-LM splits layers unevenly only at the first and last stage "
                    "(--decoder-first/last-pipeline-num-layers), and not with a virtual pipeline",
                    "baseline"});
+  if (c.training.recompute_granularity == Recompute::SelectiveOp)
+    out.push_back({"training.recompute_granularity",
+                   "Megatron-LM recomputes core attention (selective) or whole layers, not by torchtitan's op policy",
+                   "selective"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "mainline Megatron-LM synchronises stages at the step", "false"});
   // megatron/training/arguments.py turns overlap_p2p_comm off without a virtual pipeline.
@@ -91,10 +95,10 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
   if (c.parallel.dp > 1 && c.training.zero_stage == 1)
     out.push_back({"training.zero_stage", "torchtitan has DDP (0) and FSDP2: 2 (no resharding after forward) or 3",
                    "2"});
-  // torchtitan/models/llama3/infra/parallelize.py: full AC per block, or selective AC (per op or
-  // every n blocks) -- not pipesim's selective (core attention alone).
+  // torchtitan/distributed/activation_checkpoint.py: full AC per block, or selective AC by op policy
+  // (selective_op) or every n blocks -- not pipesim's selective (core attention alone).
   const std::string recompute = recompute_form(c.training);
-  if (recompute != "none" && recompute != "full/uniform/1")
+  if (recompute != "none" && recompute != "full/uniform/1" && recompute != "selective_op")
     out.push_back({"training.recompute_granularity",
                    fmt::format("torchtitan's activation checkpointing is per block (full) or by op policy, not {}",
                                recompute),
@@ -160,7 +164,9 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
     if (u.field == "schedule.vocab") config.schedule.vocab = VocabMode::Baseline, config.schedule.layers_per_stage.clear();
     if (u.field == "training.zero_stage") config.training.zero_stage = std::stoi(u.nearest);
     if (u.field == "training.recompute_granularity") {
-      config.training.recompute_granularity = u.nearest == "none" ? Recompute::None : Recompute::Full;
+      config.training.recompute_granularity = u.nearest == "none"        ? Recompute::None
+                                              : u.nearest == "selective" ? Recompute::Selective
+                                                                         : Recompute::Full;
       config.training.recompute_method = RecomputeMethod::Uniform, config.training.recompute_num_layers = 1;
     }
     if (u.field == "parallel.sequence_parallel") config.parallel.sequence_parallel = true;

@@ -82,8 +82,10 @@ std::string torchtitan_toml(const Config& c, const std::vector<int>& split, cons
     out += fmt::format("pipeline_parallel_layers_per_stage = {}\n", m.layers / (p.pp * p.chunks));
   }
   out += fmt::format("context_parallel_degree = {}\n\n", p.cp);
-  out += fmt::format("[activation_checkpoint]\nmode = {}\n",
-                     c.training.recompute_granularity == Recompute::Full ? "\"full\"" : "\"none\"");
+  const Recompute r = c.training.recompute_granularity;
+  out += fmt::format("[activation_checkpoint]\nmode = {}\n", r == Recompute::Full          ? "\"full\""
+                                                            : r == Recompute::SelectiveOp ? "\"selective\"\nselective_ac_option = \"op\""
+                                                                                          : "\"none\"");
   if (p.tp > 1 && c.training.tp_comm_overlap) out += "\n[compile]\nenable = true  # async tensor parallelism needs it\n";
   return out;
 }
@@ -151,12 +153,17 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                 {"tp_comm_overlap_proj_sms", 0},
                 {"tp_comm_overlap_fc2_sms", 0}};
   const std::string ac = text_of("activation_checkpoint", "mode", "selective");
+  // torchtitan's selective_ac_option: "op" (its per-op policy) or a number n (every n-th block in full).
+  const std::string option = text_of("activation_checkpoint", "selective_ac_option", "2");
   if (ac == "full") {
     training["recompute_granularity"] = "full";
+  } else if (ac == "selective" && option == "op") {
+    training["recompute_granularity"] = "selective_op";
   } else if (ac != "none") {
-    imported.ignored.push_back(fmt::format("[activation_checkpoint] mode = \"{}\" (pipesim has per-layer full "
-                                           "recomputation or none; read as none)",
-                                           ac));
+    imported.ignored.push_back(fmt::format("[activation_checkpoint] mode = \"{}\", selective_ac_option = \"{}\" "
+                                           "(pipesim has torchtitan's per-op policy, per-layer full recomputation or "
+                                           "none; read as none)",
+                                           ac, option));
   }
   json schedule{{"name", "1f1b"}, {"vocab", "baseline"}};
   json parallel{{"pp", pp}, {"tp", tp}, {"dp", replicate * shard}, {"cp", cp}, {"microbatches", local_batch / mbs},

@@ -118,7 +118,10 @@ struct HardwareConfig {
   std::string preset;
   double peak_tflops = 0;          ///< dense bf16/fp16 peak per GPU, TFLOP/s
   double compute_efficiency = 0;   ///< achieved fraction of peak for GEMMs
-  double attention_efficiency = 0; ///< achieved fraction of peak for fused (flash) causal attention
+  double attention_efficiency = 0; ///< achieved fraction of peak for fused causal attention (cuDNN's, FlashAttention-3's)
+  /// The same for FlashAttention-2's kernels (precision.attention_kernel "flash2"): on Hopper about
+  /// 0.62 of cuDNN's (docs/cost-model.md, "Attention kernels"); on the A100 the same kernel.
+  double flash2_attention_efficiency = 0;
   double hbm_gbps = 0;             ///< HBM bandwidth, GB/s
   double hbm_efficiency = 0;       ///< achieved fraction of HBM bandwidth
   double intra_node_gbps = 0;      ///< GPU-to-GPU link inside a node, per direction, GB/s
@@ -229,12 +232,20 @@ enum class Fp8Format { None, Hybrid, E4M3 };
 /// "hybrid" or "e4m3", as configs and Megatron-LM spell them; "none" for None.
 std::string_view fp8_format_name(Fp8Format format);
 
+/// Which fused attention kernel the framework runs: cuDNN's (Transformer Engine; PyTorch's SDPA on
+/// Hopper once it made cuDNN its default) or FlashAttention-2 (flash-attn 2, PyTorch's SDPA flash
+/// backend). FlashAttention-3 runs at cuDNN's rate on the H100 (docs/cost-model.md).
+enum class AttentionKernel { Cudnn, Flash2 };
+/// "cudnn" or "flash2", as configs spell them.
+std::string_view attention_kernel_name(AttentionKernel kernel);
+
 struct PrecisionConfig {
   double param_bytes = 2;          ///< bf16/fp16 working weights
   double grad_bytes = 4;           ///< fp32 gradient accumulation
   double optimizer_bytes = 12;     ///< fp32 master weights + Adam m and v
   double activation_bytes = 2;     ///< bytes per activation element (bf16/fp16)
   bool flash_attention = true;     ///< drops the 5·a·s/h attention-score activation term
+  AttentionKernel attention_kernel = AttentionKernel::Cudnn;  ///< under flash_attention: whose kernel
   Fp8Format fp8 = Fp8Format::None; ///< FP8 linear layers (docs/cost-model.md, "FP8")
 };
 

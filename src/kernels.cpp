@@ -24,8 +24,13 @@ Kernel fp8_gemm(double m, double n, double k, double c_bytes) {
 Kernel streaming(double bytes) { return {0, bytes, false, 0, 0}; }
 /// A GEMM batched over heads and sequences: enough tiles to fill the SMs, so its fill is taken as 1.
 Kernel batched_gemm(double flops, double bytes) { return {flops, bytes, false, 0, 0}; }
-/// Fused (flash) causal attention: its matrix FLOPs, run at attention_efficiency.
-Kernel fused_attention(double flops, double bytes) { return {flops, bytes, true, 0, 0}; }
+/// Fused (flash) causal attention: its matrix FLOPs, run at the attention efficiency of the kernel
+/// the config names (precision.attention_kernel).
+Kernel fused_attention(const Config& c, double flops, double bytes) {
+  Kernel k{flops, bytes, true, 0, 0};
+  k.flash2 = c.precision.attention_kernel == AttentionKernel::Flash2;
+  return k;
+}
 
 void append(std::vector<Kernel>& to, const std::vector<Kernel>& kernels) { to.insert(to.end(), kernels.begin(), kernels.end()); }
 
@@ -61,7 +66,7 @@ AttentionShape attention_shape(const Config& c) {
 /// dropout (a 1-byte mask) each reading and writing that matrix through HBM.
 std::vector<Kernel> core_attention_forward(const Config& c) {
   const AttentionShape a = attention_shape(c);
-  if (c.precision.flash_attention) return {fused_attention(a.products(), a.qkvo_bytes())};
+  if (c.precision.flash_attention) return {fused_attention(c, a.products(), a.qkvo_bytes())};
   return {a.score_product(),                                  // S = QKᵀ
           streaming(2 * a.score_bytes()),                     // P = softmax(mask(S))
           streaming(2 * a.score_bytes() + a.scores()),        // dropout(P) and its mask
@@ -70,7 +75,7 @@ std::vector<Kernel> core_attention_forward(const Config& c) {
 
 std::vector<Kernel> core_attention_backward(const Config& c) {
   const AttentionShape a = attention_shape(c);
-  if (c.precision.flash_attention) return {fused_attention(2.5 * a.products(), 2 * a.qkvo_bytes())};
+  if (c.precision.flash_attention) return {fused_attention(c, 2.5 * a.products(), 2 * a.qkvo_bytes())};
   const Kernel product = a.score_product();
   return {product, product,                                   // dP = dO·Vᵀ, dV = Pᵀ·dO
           streaming(2 * a.score_bytes() + a.scores()),        // dropout's backward, through its mask
@@ -312,7 +317,7 @@ double tile_fill(const Kernel& kernel, int sms) {
 }
 
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
-  const double efficiency = kernel.attention ? h.attention_efficiency
+  const double efficiency = kernel.attention ? (kernel.flash2 ? h.flash2_attention_efficiency : h.attention_efficiency)
                             : kernel.fp8     ? h.fp8_efficiency * tile_fill(kernel, h.sms)
                                              : h.compute_efficiency * tile_fill(kernel, h.sms);
   const double peak = (kernel.fp8 ? h.peak_fp8_tflops : h.peak_tflops) * h.sustained_compute_fraction;

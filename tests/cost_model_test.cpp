@@ -117,6 +117,30 @@ TEST_CASE("without flash attention, the score matrix goes through HBM: two batch
   CHECK(double(time(selective).backward - time(unfused).backward) == Approx(forward * 1e9).margin(4));
 }
 
+TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency; nothing else changes") {
+  const Plan cudnn = plan_or_fail(parse_or_fail(kThreeStages));
+  const Plan flash2 = plan_or_fail(parse_or_fail(kThreeStages, {"precision.attention_kernel=flash2"}));
+  const HardwareConfig& hw = cudnn.config.hardware;
+  REQUIRE(hw.flash2_attention_efficiency < hw.attention_efficiency);
+  const double T = 2048, s = 2048, h = 1024;  // tokens (b = 1), keys, hidden
+  const auto attention = [&](double flops, double efficiency) {
+    return flops / (hw.peak_tflops * 1e12 * efficiency * hw.sustained_compute_fraction);
+  };
+  const double forward = 2 * T * s * h, backward = 2.5 * forward;  // causal: half of 4Tsh, 2.5x backward
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  const double slower_forward = attention(forward, hw.flash2_attention_efficiency) - attention(forward, hw.attention_efficiency);
+  const double slower_backward =
+      attention(backward, hw.flash2_attention_efficiency) - attention(backward, hw.attention_efficiency);
+  CHECK(double(time(flash2).forward - time(cudnn).forward) == Approx(slower_forward * 1e9).margin(2));
+  CHECK(double(time(flash2).backward - time(cudnn).backward) == Approx(slower_backward * 1e9).margin(2));
+  CHECK(time(flash2).weight == time(cudnn).weight);
+  // The kernel is flash attention's: without it there is none to name.
+  CHECK_THAT(parse_error(kThreeStages, {"precision.flash_attention=false", "precision.attention_kernel=flash2"}),
+             Catch::Contains("precision.attention_kernel") && Catch::Contains("flash_attention"));
+  CHECK_THAT(parse_error(kThreeStages, {"precision.attention_kernel=flash3"}),
+             Catch::Contains("expected \"cudnn\"") && Catch::Contains("flash2"));
+}
+
 TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
   const Config c = parse_or_fail(kThreeStages);  // 2 GPUs per node: devices 0,1 | 2
   const Simulated sim = simulate_or_fail(c);

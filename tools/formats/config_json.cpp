@@ -287,6 +287,7 @@ HardwareConfig read_hardware(const json* object) {
   h.peak_tflops = r.number("peak_tflops", h.peak_tflops, 0, 1e300, true);
   h.compute_efficiency = r.number("compute_efficiency", h.compute_efficiency, 0, 1, true);
   h.attention_efficiency = r.number("attention_efficiency", h.attention_efficiency, 0, 1, true);
+  h.flash2_attention_efficiency = r.number("flash2_attention_efficiency", h.flash2_attention_efficiency, 0, 1, true);
   h.hbm_gbps = r.number("hbm_gbps", h.hbm_gbps, 0, 1e300, true);
   h.hbm_efficiency = r.number("hbm_efficiency", h.hbm_efficiency, 0, 1, true);
   h.intra_node_gbps = r.number("intra_node_gbps", h.intra_node_gbps, 0, 1e300, true);
@@ -316,6 +317,18 @@ PrecisionConfig read_precision(const json* object) {
   p.optimizer_bytes = r.number("optimizer_bytes", p.optimizer_bytes, 0, 64);
   p.activation_bytes = r.number("activation_bytes", p.activation_bytes, 0, 8, true);
   p.flash_attention = r.boolean("flash_attention", p.flash_attention);
+  if (r.has("attention_kernel")) {
+    const std::string kernel = r.string("attention_kernel", "cudnn");
+    if (kernel != "cudnn" && kernel != "flash2")
+      throw ConfigError{r.at("attention_kernel"),
+                        fmt::format("expected \"cudnn\" (cuDNN's fused attention: Transformer Engine, PyTorch's SDPA on "
+                                    "Hopper today) or \"flash2\" (FlashAttention-2), got \"{}\"{}",
+                                    visible(abbreviate(kernel)), suggestion(kernel, {"cudnn", "flash2"}))};
+    if (!p.flash_attention)
+      throw ConfigError{r.at("attention_kernel"), "names the fused attention kernel, and precision.flash_attention is "
+                                                  "false; remove it or set flash_attention to true"};
+    p.attention_kernel = kernel == "flash2" ? AttentionKernel::Flash2 : AttentionKernel::Cudnn;
+  }
   if (r.has("fp8") && !r.value("fp8").is_null()) {
     const std::string fp8 = r.string("fp8", "");
     if (fp8 != "hybrid" && fp8 != "e4m3")

@@ -64,6 +64,7 @@ json hardware_json(const HardwareConfig& h) {
   out.update(json{{"peak_tflops", h.peak_tflops},
                   {"compute_efficiency", h.compute_efficiency},
                   {"attention_efficiency", h.attention_efficiency},
+                  {"flash2_attention_efficiency", h.flash2_attention_efficiency},
                   {"hbm_gbps", h.hbm_gbps},
                   {"hbm_efficiency", h.hbm_efficiency},
                   {"intra_node_gbps", h.intra_node_gbps},
@@ -95,6 +96,7 @@ json precision_json(const PrecisionConfig& p) {
           {"optimizer_bytes", p.optimizer_bytes},
           {"activation_bytes", p.activation_bytes},
           {"flash_attention", p.flash_attention},
+          {"attention_kernel", attention_kernel_name(p.attention_kernel)},
           {"fp8", fp8_json(p.fp8)}};
 }
 

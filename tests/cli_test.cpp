@@ -532,7 +532,7 @@ TEST_CASE("calibrate recovers the efficiencies that produced the op times, and c
   nlohmann::json profile{{"ops", nlohmann::json::array()}};
   for (const auto& [flops, bytes] : ops)
     profile["ops"].push_back({{"flops", flops}, {"bytes", bytes}, {"ms", 1e3 * (std::max(flops / peak, bytes / bandwidth) + launch)}});
-  const auto dir = std::filesystem::temp_directory_path() / "pipesim-calibrate-test";
+  const auto dir = std::filesystem::temp_directory_path() / ("pipesim-calibrate-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "ops.json") << profile.dump();
@@ -587,7 +587,8 @@ TEST_CASE("calibrate warns of a poor fit, and refuses to write one worse than th
 }
 
 TEST_CASE("calibrate reads tools/measure-ops.py's framework times and reports the error by op") {
-  const auto dir = std::filesystem::temp_directory_path() / "pipesim-calibrate-framework-test";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("pipesim-calibrate-framework-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "ops.json") << R"({"device": "test", "ops": [

@@ -1,6 +1,7 @@
 // Hostile inputs to the file formats: every one is refused quickly, with one message naming the file
 // (or the --set flag), the place and the reason, and nothing crashes, hangs or grows without bound.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -19,10 +20,13 @@ namespace {
 const std::string kBase = R"json({"model": {"layers": 8, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000},
   "parallel": {"pp": 4, "microbatches": 8})json";
 
-/// A fresh folder for one test's files, removed at the end.
+/// A fresh folder for one test's files, removed at the end; the process id keeps two builds' test
+/// runs on one machine out of each other's folders.
 struct Scratch {
   std::filesystem::path dir;
-  explicit Scratch(const std::string& name) : dir(std::filesystem::temp_directory_path() / ("pipesim-hardening-" + name)) {
+  explicit Scratch(const std::string& name)
+      : dir(std::filesystem::temp_directory_path() /
+            ("pipesim-hardening-" + name + "-" + std::to_string(getpid()))) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
   }

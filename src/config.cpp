@@ -76,6 +76,10 @@ std::string_view fp8_format_name(Fp8Format format) {
   return "?";
 }
 
+std::string_view kernel_profile_name(KernelProfile profile) {
+  return profile == KernelProfile::Fused ? "fused" : "eager";
+}
+
 std::string_view attention_kernel_name(AttentionKernel kernel) {
   return kernel == AttentionKernel::Flash2 ? "flash2" : "cudnn";
 }

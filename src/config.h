@@ -177,6 +177,10 @@ enum class MoeDispatcher {
 /// "alltoall" or "flex", as configs spell it.
 std::string_view moe_dispatcher_name(MoeDispatcher dispatcher);
 
+/// The elementwise kernels a framework runs: "eager" (PyTorch, one kernel an op) or "fused".
+enum class KernelProfile { Eager, Fused };
+std::string_view kernel_profile_name(KernelProfile profile);
+
 /// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding
 /// and the overlap of data- and tensor-parallel communication with compute.
 struct TrainingConfig {
@@ -219,6 +223,10 @@ struct TrainingConfig {
   /// steady-state period, the longest device span (docs/cost-model.md). Without it every stage waits
   /// for the slowest at the step, and the iteration time is the makespan from a common start.
   bool optimizer_post_validation = false;
+  /// Whose elementwise kernels the layers run (docs/cost-model.md, "Kernel profiles"): PyTorch eager's,
+  /// one kernel an op, as the presets' op measurements ran them, or fused ones (Megatron-Core's and
+  /// Transformer Engine's, torch.compile's). They differ in SwiGLU, one kernel instead of several.
+  KernelProfile kernels = KernelProfile::Eager;
 };
 
 /// The first layers of a stage of `layers` that full recomputation runs again before their backward

@@ -128,16 +128,19 @@ int overlap_margin(const Config& c, int sms) { return c.training.tp_comm_overlap
 /// A dense MLP of width f over `tokens`, split over tp: its two linears (gate and up together for
 /// SwiGLU) and its activation function's memory-bound kernels, in elements per token: F: GELU one
 /// fused kernel, 2f; SwiGLU as PyTorch runs it unfused, SiLU 2f and the product 3f. B: GELU 3f;
-/// SwiGLU 13f (two products, SiLU's backward, the gate and up gradients copied into one).
+/// SwiGLU 13f (two products, SiLU's backward, the gate and up gradients copied into one). Fused
+/// (training.kernels), SwiGLU is one kernel each way: gate and up in, the product out, 3f; gate, up
+/// and the product's gradient in, the gate's and up's gradients out, 5f.
 void add_mlp(const Config& c, double tokens, double f, double t, double groups, StageKernels& out,
              int overlap_sms = 0) {
   if (f <= 0) return;
   const double h = c.model.hidden, act = c.precision.activation_bytes;
-  const bool swiglu = c.model.mlp == MlpKind::SwiGlu;
+  const bool swiglu = c.model.mlp == MlpKind::SwiGlu, fused = c.training.kernels == KernelProfile::Fused;
   add_linear(c, {tokens, (swiglu ? 2 : 1) * f / t, h, groups}, out);
   add_linear(c, {tokens, h, f / t, groups, overlap_sms}, out);
-  out.forward.push_back(streaming(groups * tokens * (swiglu ? 5 : 2) * f / t * act));
-  out.backward.push_back(streaming(groups * tokens * (swiglu ? 13 : 3) * f / t * act));
+  const double forward = swiglu ? (fused ? 3 : 5) : 2, backward = swiglu ? (fused ? 5 : 13) : 3;
+  out.forward.push_back(streaming(groups * tokens * forward * f / t * act));
+  out.backward.push_back(streaming(groups * tokens * backward * f / t * act));
 }
 
 /// A MoE layer's expert part on one rank (docs/cost-model.md, "Mixture of experts"): the router's GEMM

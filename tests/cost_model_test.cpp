@@ -141,6 +141,25 @@ TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency; 
              Catch::Contains("expected \"cudnn\"") && Catch::Contains("flash2"));
 }
 
+TEST_CASE("fused kernels run SwiGLU as one kernel each way: 3f and 5f elements a token, not eager's 5f and 13f") {
+  const std::vector<std::string> llama = {"model.mlp=swiglu", "model.ffn_hidden=2816"};
+  std::vector<std::string> fused_sets = llama;
+  fused_sets.push_back("training.kernels=fused");
+  const Plan eager = plan_or_fail(parse_or_fail(kThreeStages, llama));
+  const Plan fused = plan_or_fail(parse_or_fail(kThreeStages, fused_sets));
+  const HardwareConfig& hw = eager.config.hardware;
+  const double T = 2048, f = 2816, bf16 = 2;  // tokens (b = 1), SwiGLU's width
+  const auto streaming = [&](double elements) { return elements * bf16 / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency); };
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  CHECK(double(time(eager).forward - time(fused).forward) == Approx(streaming(T * (5 - 3) * f) * 1e9).margin(2));
+  CHECK(double(time(eager).backward - time(fused).backward) == Approx(streaming(T * (13 - 5) * f) * 1e9).margin(2));
+  CHECK(time(eager).weight == time(fused).weight);
+  // GELU is one kernel either way.
+  CHECK(time(plan_or_fail(parse_or_fail(kThreeStages, {"training.kernels=fused"}))).forward ==
+        time(plan_or_fail(parse_or_fail(kThreeStages))).forward);
+  CHECK_THAT(parse_error(kThreeStages, {"training.kernels=compiled"}), Catch::Contains("expected \"eager\""));
+}
+
 TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
   const Config c = parse_or_fail(kThreeStages);  // 2 GPUs per node: devices 0,1 | 2
   const Simulated sim = simulate_or_fail(c);

@@ -56,7 +56,8 @@ Config llama(const std::vector<std::string>& sets) {
 TEST_CASE("Megatron-LM: export then import simulates the same, for both schedules it runs") {
   const std::string schedule = GENERATE("1f1b", "interleaved-1f1b");
   using Sets = std::vector<std::string>;
-  const Sets sets = GENERATE(Sets{}, Sets{"parallel.pp=4", "parallel.dp=2", "training.zero_stage=1", "precision.fp8=hybrid"},
+  const Sets sets = GENERATE(Sets{}, Sets{"parallel.pp=4", "parallel.dp=2", "training.zero_stage=1", "precision.fp8=hybrid",
+                                          "training.kernels=fused"},
                              Sets{"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "training.zero_stage=3",
                                   "training.recompute_granularity=full", "training.recompute_method=block",
                                   "training.recompute_num_layers=2", "training.overlap_grad_reduce=true"},
@@ -124,10 +125,11 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
                              // per-op selective checkpointing: [activation_checkpoint] selective_ac_option "op"
                              Sets{"parallel.microbatches=16", "parallel.dp=2", "training.zero_stage=3",
                                   "training.recompute_granularity=selective_op"},
-                             // async tensor parallelism: no Transformer Engine SM margin
+                             // async tensor parallelism: no Transformer Engine SM margin, under torch.compile
                              Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2",
                                   "parallel.sequence_parallel=true", "training.tp_comm_overlap=true",
-                                  "training.tp_comm_overlap_proj_sms=0", "training.tp_comm_overlap_fc2_sms=0"});
+                                  "training.tp_comm_overlap_proj_sms=0", "training.tp_comm_overlap_fc2_sms=0",
+                                  "training.kernels=fused"});
   Sets all = sets;
   all.push_back("schedule.name=" + schedule);
   all.push_back("training.overlap_p2p_comm=true");  // PyTorch's pipelining overlaps its transfers
@@ -165,6 +167,13 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
                     {})
             .front()
             .nearest == "full/uniform/1");
+  // torchtitan's async tensor parallelism needs torch.compile, whose kernels are fused.
+  const Config async_tp = llama({"parallel.tp=2", "parallel.sequence_parallel=true", "training.tp_comm_overlap=true"});
+  const std::vector<Unsupported> async_tp_refused = unsupported(Framework::Torchtitan, async_tp, {});
+  CHECK(std::ranges::count(async_tp_refused, std::string("training.kernels"), &Unsupported::field) == 1);
+  changes.clear();
+  CHECK(nearest_runnable(Framework::Torchtitan, async_tp, split_of(async_tp), changes).training.kernels ==
+        KernelProfile::Fused);
   // torchtitan's per-op policy is no Megatron-LM granularity: selective (core attention) is its nearest.
   const Config per_op = llama({"training.recompute_granularity=selective_op"});
   for (const Unsupported& u : unsupported(Framework::Torchtitan, per_op, {})) CHECK(u.field != "training.recompute_granularity");
@@ -183,6 +192,7 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
             .front()
             .field == "schedule.name");
   CHECK_FALSE(as_run_by(Framework::Megatron, llama({"training.overlap_p2p_comm=true"})).training.overlap_p2p_comm);
+  CHECK(as_run_by(Framework::Megatron, llama({})).training.kernels == KernelProfile::Fused);
 }
 
 TEST_CASE("import names what is missing or does not add up") {

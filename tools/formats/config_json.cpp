@@ -366,6 +366,14 @@ TrainingConfig read_training(const json* object, const json* precision) {
   t.recompute_method = method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
   t.recompute_num_layers = r.integer("recompute_num_layers", 1, 1, false, limits::kLayers);
   t.optimizer_post_validation = r.boolean("optimizer_post_validation", t.optimizer_post_validation);
+  if (r.has("kernels")) {
+    const std::string kernels = r.string("kernels", "eager");
+    if (kernels != "eager" && kernels != "fused")
+      throw ConfigError{r.at("kernels"), fmt::format("expected \"eager\" (PyTorch, one kernel an op) or \"fused\" "
+                                                     "(Megatron-Core and Transformer Engine, torch.compile), got \"{}\"{}",
+                                                     visible(abbreviate(kernels)), suggestion(kernels, {"eager", "fused"}))};
+    t.kernels = kernels == "fused" ? KernelProfile::Fused : KernelProfile::Eager;
+  }
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

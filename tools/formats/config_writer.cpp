@@ -112,7 +112,8 @@ json training_json(const TrainingConfig& t) {
           {"tp_comm_overlap", t.tp_comm_overlap},
           {"overlap_p2p_comm", t.overlap_p2p_comm},
           {"overlap_moe_expert_parallel_comm", t.overlap_moe_expert_parallel_comm},
-          {"optimizer_post_validation", t.optimizer_post_validation}});
+          {"optimizer_post_validation", t.optimizer_post_validation},
+          {"kernels", kernel_profile_name(t.kernels)}});
   // Only a MoE model may set them (check_experts): a dense config's file stays without them.
   if (t.moe_token_dispatcher_type != MoeDispatcher::AllToAll)
     out["moe_token_dispatcher_type"] = std::string(moe_dispatcher_name(t.moe_token_dispatcher_type));

@@ -106,6 +106,8 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
                    c.training.recompute_granularity == Recompute::Selective ? "none" : "full/uniform/1"});
   if (c.parallel.tp > 1 && !c.parallel.sequence_parallel)
     out.push_back({"parallel.sequence_parallel", "torchtitan's tensor parallelism always shards the sequence", "true"});
+  if (c.parallel.tp > 1 && c.training.tp_comm_overlap && c.training.kernels == KernelProfile::Eager)
+    out.push_back({"training.kernels", "torchtitan's async tensor parallelism runs under torch.compile", "fused"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});
   pytorch_transfers(c, out);
@@ -170,6 +172,7 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
       config.training.recompute_method = RecomputeMethod::Uniform, config.training.recompute_num_layers = 1;
     }
     if (u.field == "parallel.sequence_parallel") config.parallel.sequence_parallel = true;
+    if (u.field == "training.kernels") config.training.kernels = KernelProfile::Fused;
     if (u.field == "training.optimizer_post_validation") config.training.optimizer_post_validation = false;
     if (u.field == "training.overlap_p2p_comm") config.training.overlap_p2p_comm = u.nearest == "true";
   }
@@ -183,7 +186,10 @@ Config as_run_by(Framework framework, Config config) {
     // Its async tensor parallelism has no Transformer Engine SM margin to price.
     config.training.tp_comm_overlap_proj_sms = config.training.tp_comm_overlap_fc2_sms = 0;
   }
-  if (framework == Framework::Megatron && config.schedule.name != "interleaved-1f1b") config.training.overlap_p2p_comm = false;
+  if (framework == Framework::Megatron) {
+    if (config.schedule.name != "interleaved-1f1b") config.training.overlap_p2p_comm = false;
+    config.training.kernels = KernelProfile::Fused;  // Megatron-Core fuses SwiGLU unless told not to
+  }
   return config;
 }
 

@@ -36,7 +36,8 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
                         std::vector<std::string>& changes);
 
 /// `config` with what the framework decides for itself whatever the config says: how its pipeline
-/// transfers meet compute (synchronous in Megatron-LM's 1F1B, overlapped in PyTorch's pipelining).
+/// transfers meet compute (synchronous in Megatron-LM's 1F1B, overlapped in PyTorch's pipelining),
+/// and Megatron-Core's fused kernels.
 /// `tune --framework` searches from it.
 Config as_run_by(Framework framework, Config config);
 

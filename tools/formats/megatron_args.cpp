@@ -154,6 +154,8 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
     arg("normalization", "RMSNorm");
     arg("position-embedding-type", "rope");
     flag("disable-bias-linear");
+    // Megatron-Core fuses SwiGLU by default (bias_swiglu_fusion); eager kernels are its opt-out.
+    if (c.training.kernels == KernelProfile::Eager) flag("no-bias-swiglu-fusion");
   }
   if (!m.tied_embeddings) flag("untie-embeddings-and-output-weights");
   if (m.head_dim > 0) arg("kv-channels", m.head_dim);
@@ -330,7 +332,9 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                 {"overlap_param_gather", has("overlap-param-gather")},
                 {"tp_comm_overlap", has("tp-comm-overlap")},
                 // megatron/training/arguments.py: on by default, and only, with a virtual pipeline
-                {"overlap_p2p_comm", schedule.value("name", "") == "interleaved-1f1b" && !has("no-overlap-p2p-communication")}};
+                {"overlap_p2p_comm", schedule.value("name", "") == "interleaved-1f1b" && !has("no-overlap-p2p-communication")},
+                // Megatron-Core's fused kernels (bias_swiglu_fusion on unless --no-bias-swiglu-fusion)
+                {"kernels", has("no-bias-swiglu-fusion") ? "eager" : "fused"}};
   training.update(moe_training);
   std::smatch sms;
   if (std::regex_search(text, sms, std::regex("num_sm proj_fprop ([0-9]{1,4}) fc2_fprop ([0-9]{1,4})")))
@@ -363,7 +367,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "sequence-parallel",
       "recompute-granularity", "recompute-method", "recompute-num-layers", "use-distributed-optimizer",
       "use-megatron-fsdp", "data-parallel-sharding-strategy", "overlap-grad-reduce", "overlap-param-gather",
-      "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "untie-embeddings-and-output-weights",
+      "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "no-bias-swiglu-fusion", "untie-embeddings-and-output-weights",
       "kv-channels", "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
       "v-head-dim", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
       "moe-layer-freq", "moe-expert-capacity-factor", "moe-router-num-groups", "moe-router-group-topk",

@@ -86,7 +86,8 @@ std::string torchtitan_toml(const Config& c, const std::vector<int>& split, cons
   out += fmt::format("[activation_checkpoint]\nmode = {}\n", r == Recompute::Full          ? "\"full\""
                                                             : r == Recompute::SelectiveOp ? "\"selective\"\nselective_ac_option = \"op\""
                                                                                           : "\"none\"");
-  if (p.tp > 1 && c.training.tp_comm_overlap) out += "\n[compile]\nenable = true  # async tensor parallelism needs it\n";
+  // torch.compile fuses the elementwise kernels (training.kernels "fused"); async TP needs it too.
+  if (c.training.kernels == KernelProfile::Fused) out += "\n[compile]\nenable = true\n";
   return out;
 }
 
@@ -151,7 +152,11 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                 {"tp_comm_overlap", table.at_path("parallelism.enable_async_tensor_parallel").value_or(false)},
                 // PyTorch's async tensor parallelism: no Transformer Engine SM margin (docs/config.md)
                 {"tp_comm_overlap_proj_sms", 0},
-                {"tp_comm_overlap_fc2_sms", 0}};
+                {"tp_comm_overlap_fc2_sms", 0},
+                // torch.compile (its [compile] section, or [training] compile before) fuses the elementwise ops
+                {"kernels", table.at_path("compile.enable").value_or(table.at_path("training.compile").value_or(false))
+                                ? "fused"
+                                : "eager"}};
   const std::string ac = text_of("activation_checkpoint", "mode", "selective");
   // torchtitan's selective_ac_option: "op" (its per-op policy) or a number n (every n-th block in full).
   const std::string option = text_of("activation_checkpoint", "selective_ac_option", "2");

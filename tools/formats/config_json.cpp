@@ -96,6 +96,26 @@ class ObjectReader {
     return object_.at(key).get<std::string>();
   }
 
+  /// One value a config names (a string among `choices`), `fallback` when absent; anything else is
+  /// refused with each choice and what it means (an empty meaning is left out).
+  struct Choice {
+    std::string name, meaning;
+  };
+  std::string choice(const std::string& key, const std::string& fallback, const std::vector<Choice>& choices) {
+    const std::string given = string(key, fallback);
+    std::vector<std::string> names;
+    for (const Choice& c : choices) names.push_back(c.name);
+    if (std::find(names.begin(), names.end(), given) != names.end()) return given;
+    std::string listed;
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      listed += i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
+      listed += fmt::format("\"{}\"", choices[i].name);
+      if (!choices[i].meaning.empty()) listed += fmt::format(" ({})", choices[i].meaning);
+    }
+    throw ConfigError{at(key), fmt::format("expected {}, got \"{}\"{}", listed, visible(abbreviate(given)),
+                                           suggestion(given, names))};
+  }
+
   /// Call last: every key not asked for is a mistake (usually a typo).
   void reject_unknown() const {
     for (const auto& [key, _] : object_.items())
@@ -184,11 +204,8 @@ ModelConfig read_model(ObjectReader r) {
   m.seq_len = r.integer("seq_len", 0, 1, true);
   m.vocab = r.integer("vocab", 0, 1, true);
   m.micro_batch_size = r.integer("micro_batch_size", 1, 1);
-  const std::string mlp = r.string("mlp", "gelu");
-  if (mlp != "gelu" && mlp != "swiglu")
-    throw ConfigError{r.at("mlp"), fmt::format("expected \"gelu\" (GPT: two matrices) or \"swiglu\" (Llama, Qwen: "
-                                               "gate, up and down matrices), got \"{}\"{}", visible(abbreviate(mlp)),
-                                               suggestion(mlp, {"gelu", "swiglu"}))};
+  const std::string mlp =
+      r.choice("mlp", "gelu", {{"gelu", "GPT: two matrices"}, {"swiglu", "Llama, Qwen: gate, up and down matrices"}});
   m.mlp = mlp == "swiglu" ? MlpKind::SwiGlu : MlpKind::Gelu;
   m.tied_embeddings = r.boolean("tied_embeddings", false);
   read_attention(r, m);
@@ -318,12 +335,9 @@ PrecisionConfig read_precision(const json* object) {
   p.activation_bytes = r.number("activation_bytes", p.activation_bytes, 0, 8, true);
   p.flash_attention = r.boolean("flash_attention", p.flash_attention);
   if (r.has("attention_kernel")) {
-    const std::string kernel = r.string("attention_kernel", "cudnn");
-    if (kernel != "cudnn" && kernel != "flash2")
-      throw ConfigError{r.at("attention_kernel"),
-                        fmt::format("expected \"cudnn\" (cuDNN's fused attention: Transformer Engine, PyTorch's SDPA on "
-                                    "Hopper today) or \"flash2\" (FlashAttention-2), got \"{}\"{}",
-                                    visible(abbreviate(kernel)), suggestion(kernel, {"cudnn", "flash2"}))};
+    const std::string kernel = r.choice(
+        "attention_kernel", "cudnn",
+        {{"cudnn", "cuDNN's fused attention: Transformer Engine, PyTorch's SDPA on Hopper today"}, {"flash2", "FlashAttention-2"}});
     if (!p.flash_attention)
       throw ConfigError{r.at("attention_kernel"), "names the fused attention kernel, and precision.flash_attention is "
                                                   "false; remove it or set flash_attention to true"};
@@ -347,33 +361,23 @@ TrainingConfig read_training(const json* object, const json* precision) {
   ObjectReader r(object ? *object : empty, "training");
   TrainingConfig t;
   if (r.has("global_batch_size")) t.global_batch_size = r.integer("global_batch_size", 0, 1);
-  const std::string granularity = r.string("recompute_granularity", "none");
+  const std::string granularity = r.choice("recompute_granularity", "none",
+                                           {{"none", ""},
+                                            {"selective", "core attention"},
+                                            {"selective_op", "torchtitan's per-op policy"},
+                                            {"full", "whole layers"}});
   constexpr std::array kGranularities{Recompute::None, Recompute::Selective, Recompute::SelectiveOp, Recompute::Full};
-  const auto named = std::ranges::find(kGranularities, granularity, recompute_name);
-  if (named == kGranularities.end())
-    throw ConfigError{r.at("recompute_granularity"),
-                      fmt::format("expected \"none\", \"selective\" (core attention), \"selective_op\" (torchtitan's "
-                                  "per-op policy) or \"full\" (whole layers), got \"{}\"{}",
-                                  visible(abbreviate(granularity)),
-                                  suggestion(granularity, {"none", "selective", "selective_op", "full"}))};
-  t.recompute_granularity = *named;
-  const std::string method = r.string("recompute_method", "uniform");
-  if (method != "uniform" && method != "block")
-    throw ConfigError{r.at("recompute_method"),
-                      fmt::format("expected \"uniform\" (every layer, in groups of recompute_num_layers) or \"block\" "
-                                  "(the first recompute_num_layers layers of each stage), got \"{}\"{}",
-                                  visible(abbreviate(method)), suggestion(method, {"uniform", "block"}))};
+  t.recompute_granularity = *std::ranges::find(kGranularities, granularity, recompute_name);
+  const std::string method = r.choice("recompute_method", "uniform",
+                                      {{"uniform", "every layer, in groups of recompute_num_layers"},
+                                       {"block", "the first recompute_num_layers layers of each stage"}});
   t.recompute_method = method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
   t.recompute_num_layers = r.integer("recompute_num_layers", 1, 1, false, limits::kLayers);
   t.optimizer_post_validation = r.boolean("optimizer_post_validation", t.optimizer_post_validation);
-  if (r.has("kernels")) {
-    const std::string kernels = r.string("kernels", "eager");
-    if (kernels != "eager" && kernels != "fused")
-      throw ConfigError{r.at("kernels"), fmt::format("expected \"eager\" (PyTorch, one kernel an op) or \"fused\" "
-                                                     "(Megatron-Core and Transformer Engine, torch.compile), got \"{}\"{}",
-                                                     visible(abbreviate(kernels)), suggestion(kernels, {"eager", "fused"}))};
-    t.kernels = kernels == "fused" ? KernelProfile::Fused : KernelProfile::Eager;
-  }
+  const std::string kernels = r.choice("kernels", "eager",
+                                       {{"eager", "PyTorch, one kernel an op"},
+                                        {"fused", "Megatron-Core and Transformer Engine, torch.compile"}});
+  t.kernels = kernels == "fused" ? KernelProfile::Fused : KernelProfile::Eager;
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

@@ -22,7 +22,8 @@ namespace {
 // flash2_attention_efficiency: FlashAttention-2 on Hopper runs at 0.62 of cuDNN's fused attention,
 // forward (causal) and backward, head dim 128, sequences of 2K to 8K tokens (Shah et al. 2024,
 // FlashAttention-3, Figures 5 and 6), applied to the measured attention_efficiency; the A100 preset's
-// attention is FlashAttention-2's already. All of it is overridable per config. sms: the GPUs' SM counts, for GEMMs' tile fill. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
+// attention is FlashAttention-2's already. All of it is overridable per config. sms: the GPUs' SM
+// counts, for GEMMs' tile fill. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
 // NCCL's buffers for the tensor-, pipeline- and data-parallel communicators (about 1 GiB), and the
 // caching allocator's fragmentation (about 5% of what a training step allocates, taken as 1.4 GiB
 // of an 80 GB card and 1.9 GiB of a 141 GB one): what Megatron-LM runs lose on these GPUs.
@@ -35,26 +36,30 @@ namespace {
 // cost-model.md); the H200, with no published runs, takes the H100's (the same chip at the same 700 W).
 // h100-96gb-500w is the H100 of Meta's Grand Teton hosts that torchtitan's benchmarks ran on, as
 // their December 2024 file describes it (docs/data/published-runs.json gives its address): 96 GB of
-// HBM2e at 2.4 TB/s, a 500 W power limit, a 400 Gb/s RDMA port per GPU. The chip and its op-level efficiencies are the H100's; the lower clocks
-// the power limit holds it to are in its own fitted fraction, as the other presets' (from torchtitan's
-// runs alone, the only published ones on it).
+// HBM2e at 2.4 TB/s, a 500 W power limit, a 400 Gb/s RDMA port per GPU. The chip and its op-level
+// efficiencies are the H100's; the lower clocks the power limit holds it to are in its own fitted
+// fraction, as the other presets' (from torchtitan's runs alone, the only published ones on it).
 const std::array<HardwareConfig, 4> kPresets = {{
     {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
-     .flash2_attention_efficiency = 0.65, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300, .intra_node_latency_us = 8,
+     .flash2_attention_efficiency = 0.65, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
+     .intra_node_latency_us = 8,
      .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
      .kernel_launch_us = 0, .sms = 108, .sustained_compute_fraction = 0.94},
     {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
-     .flash2_attention_efficiency = 0.37, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
+     .flash2_attention_efficiency = 0.37, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
+     .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
      .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
      .sustained_compute_fraction = 0.85},
     {.preset = "h100-96gb-500w", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
-     .flash2_attention_efficiency = 0.37, .hbm_gbps = 2400, .hbm_efficiency = 0.80, .intra_node_gbps = 450, .intra_node_latency_us = 6,
+     .flash2_attention_efficiency = 0.37, .hbm_gbps = 2400, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
+     .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 89.4, .reserved_gib = 3.0,
      .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
      .sustained_compute_fraction = 0.62},
     {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
-     .flash2_attention_efficiency = 0.32, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450, .intra_node_latency_us = 6,
+     .flash2_attention_efficiency = 0.32, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
+     .intra_node_latency_us = 6,
      .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
      .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.58,
      .sustained_compute_fraction = 0.85},

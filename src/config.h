@@ -118,7 +118,7 @@ struct HardwareConfig {
   std::string preset;
   double peak_tflops = 0;          ///< dense bf16/fp16 peak per GPU, TFLOP/s
   double compute_efficiency = 0;   ///< achieved fraction of peak for GEMMs
-  double attention_efficiency = 0; ///< achieved fraction of peak for fused causal attention (cuDNN's, FlashAttention-3's)
+  double attention_efficiency = 0; ///< achieved fraction of peak for fused causal attention (cuDNN's)
   /// The same for FlashAttention-2's kernels (precision.attention_kernel "flash2"): on Hopper about
   /// 0.62 of cuDNN's (docs/cost-model.md, "Attention kernels"); on the A100 the same kernel.
   double flash2_attention_efficiency = 0;
@@ -155,8 +155,8 @@ enum class Recompute {
   Selective,  ///< core attention only (the score matrices); nothing to save under flash attention
   /// torchtitan's selective activation checkpointing by op policy (selective_ac_option "op"): each
   /// layer keeps its input, attention's output and every other matrix product's output in forward
-  /// order (q, v, the MLP's first and last), and its backward reruns the rest of its forward
-  /// (model_math.h, op_checkpoint_products). Dense layers with multi-head or grouped-query attention.
+  /// order (q, v, the MLP's first), and its backward reruns the rest of its forward (model_math.h,
+  /// op_checkpoint_products). Dense layers with multi-head or grouped-query attention.
   SelectiveOp,
   Full,  ///< whole layers, from their saved input, before the backward that needs them
 };

@@ -234,7 +234,8 @@ std::vector<Kernel> op_checkpoint_rerun(const Config& c, const StageKernels& lay
   for (const LayerProduct& p : op_checkpoint_products(c.model)) {
     if (p.saved) continue;
     const bool column = p.split == AttentionLinear::Split::Column;
-    rerun.push_back(gemm(tokens, column ? p.out / t : p.out, column ? p.in : p.in / t, act, c.precision.param_bytes, act));
+    const double out = column ? p.out / t : p.out, in = column ? p.in : p.in / t;
+    rerun.push_back(gemm(tokens, out, in, act, c.precision.param_bytes, act));
   }
   return rerun;
 }

@@ -145,10 +145,16 @@ std::vector<LayerProduct> op_checkpoint_products(const ModelConfig& m) {
 
 double op_checkpoint_bytes(const Config& c) {
   const ModelConfig& m = c.model;
-  const double t = c.parallel.tp, whole = c.parallel.sequence_parallel ? t : 1;
-  double per_token = m.hidden / whole + attention_widths(m).output / t;  // the layer's input; attention's output
-  for (const LayerProduct& p : op_checkpoint_products(m))
-    if (p.saved) per_token += p.out / (p.split == AttentionLinear::Split::Column ? t : whole);
+  const double t = c.parallel.tp;
+  const bool sp = c.parallel.sequence_parallel;
+  // The layer's input (split under sequence parallelism) and attention's output.
+  double per_token = m.hidden / (sp ? t : 1) + attention_widths(m).output / t;
+  for (const LayerProduct& p : op_checkpoint_products(m)) {
+    const bool column = p.split == AttentionLinear::Split::Column;
+    if (p.saved) per_token += column ? p.out / t : p.out;  // a row-parallel product's partial sums, whole
+    // The policy saves reduce-scatters' outputs: sequence parallelism's after each row-parallel product.
+    if (!column && sp && t > 1) per_token += p.out / t;
+  }
   constexpr double kSoftmaxStatBytes = 4;  // flash attention's log-sum-exp, fp32
   return rank_tokens(c) * (per_token * c.precision.activation_bytes + m.heads / t * kSoftmaxStatBytes);
 }

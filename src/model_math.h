@@ -71,7 +71,8 @@ double model_layer_params(const ModelConfig& m);
 /// projection's input 8 — 4 + 4g with grouped-query attention, K and V shrinking to g = kv/heads —
 /// and the MLP's inner activations 16, SwiGLU's 6f/h), plus the score matrices 5·a·s/h, split too,
 /// unless flash attention or selective recomputation drops them. Sequence parallelism splits the
-/// 10 as well: 34/t. Under Recompute::SelectiveOp, op_checkpoint_bytes. Context parallelism gives each rank s/cp of the tokens. A MoE layer keeps, in
+/// 10 as well: 34/t. Under Recompute::SelectiveOp, op_checkpoint_bytes. Context parallelism gives
+/// each rank s/cp of the tokens. A MoE layer keeps, in
 /// place of the MLP's inner activations, per token of the rank's sequence-parallel share: the router's
 /// fp32 logits (4E bytes) and, for each of its top-k copies (× the busiest expert's imbalance), the
 /// permuted input (all-gathered over etp) and the expert's inner activations; the shared experts keep
@@ -87,7 +88,8 @@ double moe_load(const ModelConfig& m);
 /// order: `out` by `in` features, its tensor-parallel split, and whether torchtitan's per-op
 /// checkpointing policy saves its output. The policy (torchtitan/distributed/activation_checkpoint.py,
 /// `_get_custom_policy`) saves every matrix product but every second one, counting from the layer's
-/// first: q, v, the MLP's first and last are kept; k, the output projection and SwiGLU's up are rerun.
+/// first: q, v and the MLP's first are kept, k and the output projection rerun; SwiGLU's up is rerun
+/// and its down kept, GELU's second matrix rerun.
 struct LayerProduct {
   double out, in;
   AttentionLinear::Split split;
@@ -96,9 +98,10 @@ struct LayerProduct {
 /// A dense layer's products, multi-head or grouped-query attention (Recompute::SelectiveOp).
 std::vector<LayerProduct> op_checkpoint_products(const ModelConfig& m);
 /// Activation bytes one dense layer keeps under Recompute::SelectiveOp on one rank, per microbatch:
-/// its input, flash attention's output and fp32 softmax statistics (one a head and token), and the
-/// outputs of the products the policy saves; column-parallel outputs split over tp, the rest whole
-/// unless sequence parallelism splits them.
+/// its input (split under sequence parallelism), flash attention's output and fp32 softmax
+/// statistics (one a head and token), the outputs of the products the policy saves (column-parallel
+/// ones split over tp, row-parallel ones the whole partial sums each rank computes) and, under
+/// sequence parallelism, the reduce-scatters' outputs after the row-parallel products.
 double op_checkpoint_bytes(const Config& c);
 /// The part of layer_activation_bytes that selective recomputation drops: the score matrices
 /// (0 under flash attention, whose backward recomputes them already).

@@ -64,11 +64,12 @@ TEST_CASE("torchtitan's per-op checkpointing keeps every other product's output 
       fmt::format("parallel.sequence_parallel={}", sp), "training.recompute_granularity=\"selective_op\""};
   const Config c = parse_or_fail(kGpt, sets);
   // Products in order q, k, v, o, gate, up, down: q, v, gate and down saved; k, o and up rerun.
-  // Kept: the input and the down projection's output (whole, or split under sequence parallelism),
-  // attention's output, q, v and the gate (column-parallel: split), and fp32 log-sum-exp a head.
-  const double whole = sp ? t : 1;
+  // Kept: the input (split under sequence parallelism); attention's output, q, v and the gate
+  // (column-parallel: split); the down projection's partial sums (whole on every rank); under
+  // sequence parallelism with t > 1 the reduce-scatters' outputs after o and down; fp32 log-sum-exp.
+  const double input = sp ? h / t : h, scattered = sp && t > 1 ? 2 * h / t : 0;
   CHECK(layer_activation_bytes(c) ==
-        Approx(tokens * (2 * (2 * h / whole + (h + h + kv + f) / t) + 4 * heads / t)));
+        Approx(tokens * (2 * (input + (h + h + kv + f) / t + h + scattered) + 4 * heads / t)));
   // R reruns k, o and up: 2·tokens·h·(kv + h + f)/t FLOPs a layer, on each of the stage's layers.
   const VirtualStage stage{.first_layer = 0, .layers = 3};
   const StageKernels kernels = stage_kernels(c, stage);

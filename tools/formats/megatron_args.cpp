@@ -198,7 +198,8 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
   if (t.overlap_param_gather) flag("overlap-param-gather");
   if (t.tp_comm_overlap) flag("tp-comm-overlap");
   // Not arguments: Transformer Engine reads them from a --tp-comm-overlap-cfg file; import reads them back.
-  if (t.tp_comm_overlap && (t.tp_comm_overlap_proj_sms != TrainingConfig::kTeOverlapSms || t.tp_comm_overlap_fc2_sms != TrainingConfig::kTeOverlapSms))
+  constexpr int kTeDefault = TrainingConfig::kTeOverlapSms;
+  if (t.tp_comm_overlap && (t.tp_comm_overlap_proj_sms != kTeDefault || t.tp_comm_overlap_fc2_sms != kTeDefault))
     out += fmt::format("# pipesim priced Transformer Engine's overlap with num_sm proj_fprop {} fc2_fprop {} "
                        "(set them in a --tp-comm-overlap-cfg file)\n",
                        t.tp_comm_overlap_proj_sms, t.tp_comm_overlap_fc2_sms);

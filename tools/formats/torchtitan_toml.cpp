@@ -83,9 +83,9 @@ std::string torchtitan_toml(const Config& c, const std::vector<int>& split, cons
   }
   out += fmt::format("context_parallel_degree = {}\n\n", p.cp);
   const Recompute r = c.training.recompute_granularity;
-  out += fmt::format("[activation_checkpoint]\nmode = {}\n", r == Recompute::Full          ? "\"full\""
-                                                            : r == Recompute::SelectiveOp ? "\"selective\"\nselective_ac_option = \"op\""
-                                                                                          : "\"none\"");
+  const char* mode = r == Recompute::Full ? "full" : r == Recompute::SelectiveOp ? "selective" : "none";
+  out += fmt::format("[activation_checkpoint]\nmode = \"{}\"\n", mode);
+  if (r == Recompute::SelectiveOp) out += "selective_ac_option = \"op\"\n";
   // torch.compile fuses the elementwise kernels (training.kernels "fused"); async TP needs it too.
   if (c.training.kernels == KernelProfile::Fused) out += "\n[compile]\nenable = true\n";
   return out;

@@ -120,18 +120,20 @@ std::optional<FieldError> check_config_for(const Config& config, const ScheduleI
   const int pp = config.parallel.pp, chunks = config.parallel.chunks, layers = config.model.layers;
   // Past a cap check_sizes names the cap; below them pp × chunks is exact.
   const bool within_caps = pp <= limits::kPp && chunks <= limits::kChunks && layers <= limits::kLayers;
-  if ((!schedule && !custom) || !within_caps || pp * chunks <= layers) return check_config(config);
+  const int stages = pp * chunks, spare = vocabulary_only_stages(config.schedule.vocab);
+  if ((!schedule && !custom) || !within_caps || fewest_layers(config.schedule.vocab, stages) <= layers)
+    return check_config(config);
   const std::string& name = config.schedule.name;
-  const int stages = pp * chunks;
+  const int needed = int(fewest_layers(config.schedule.vocab, stages));
   const std::string runs = !schedule               ? fmt::format("the schedule file {} runs {} chunks per device", name, chunks)
                            : schedule->chunks == 0 ? fmt::format("{} runs parallel.chunks = {} chunks per device", name, chunks)
                            : chunks == 1           ? fmt::format("{} runs one stage per device", name)
                                                    : fmt::format("{} runs {} chunks per device", name, chunks);
   std::vector<std::string> fixes;
-  if (schedule && schedule->chunks == 0 && layers / pp >= 2)
-    fixes.push_back(fmt::format("parallel.chunks of at most {}", layers / pp));
-  if (layers / chunks >= 1) fixes.push_back(fmt::format("parallel.pp of at most {}", layers / chunks));
-  fixes.push_back(fmt::format("at least {} layers", stages));
+  if (schedule && schedule->chunks == 0 && (layers + spare) / pp >= 2)
+    fixes.push_back(fmt::format("parallel.chunks of at most {}", (layers + spare) / pp));
+  if ((layers + spare) / chunks >= 1) fixes.push_back(fmt::format("parallel.pp of at most {}", (layers + spare) / chunks));
+  fixes.push_back(fmt::format("at least {} layers", needed));
   if (chunks > 1 && (!schedule || schedule->chunks > 0)) {
     std::string single;
     for (const ScheduleInfo& s : schedules())
@@ -142,7 +144,7 @@ std::optional<FieldError> check_config_for(const Config& config, const ScheduleI
   for (std::size_t i = 0; i < fixes.size(); ++i)
     fix += (i == 0 ? "" : i + 1 == fixes.size() ? " or " : ", ") + fixes[i];
   return FieldError{"model.layers", fmt::format("{} layers cannot fill {} virtual stages: {}, so pp {} needs {}; use {}",
-                                                layers, stages, runs, pp, stages, fix)};
+                                                layers, stages, runs, pp, needed, fix)};
 }
 
 Result<PlannedLayout> plan_layout(Config& config, const CustomSchedule* custom) {

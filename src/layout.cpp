@@ -35,6 +35,12 @@ int stage_of(Placement placement, int devices, int device, int chunk) {
   return chunk * devices + device;
 }
 
+int vocabulary_only_stages(VocabMode vocab) { return vocab == VocabMode::Redistribute ? 2 : 0; }
+
+std::int64_t fewest_layers(VocabMode vocab, std::int64_t stages) {
+  return std::max<std::int64_t>(1, stages - vocabulary_only_stages(vocab));
+}
+
 int Layout::stage_of(int device, int chunk) const { return pipesim::stage_of(placement, devices, device, chunk); }
 
 std::optional<std::vector<int>> split_per_stage(const std::vector<int>& split, int devices, int chunks,

@@ -1,6 +1,7 @@
 #pragma once
 /// Where the model lives: which virtual stages each device holds, which layers each virtual stage
 /// holds, and which stages carry the vocabulary layers.
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +55,13 @@ struct StageWeights {
   double embedding = 0;
   double head = 0;
 };
+
+/// Virtual stages that may hold no transformer layer: under `redistribute` the first may hold the
+/// embedding alone and the last the LM head and loss alone (as Llama 3 ran its 405B, and Megatron-LM's
+/// --account-for-embedding/loss-in-pipeline-split lay it out); under every other mode, none.
+int vocabulary_only_stages(VocabMode vocab);
+/// The fewest transformer layers that fill `stages` virtual stages: one a stage, less those above.
+std::int64_t fewest_layers(VocabMode vocab, std::int64_t stages);
 
 /// How transformer layers are split over virtual stages.
 enum class LayerSplit {

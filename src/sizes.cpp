@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "layout.h"
 #include "model_math.h"
 #include "parallel_shape.h"
 
@@ -123,12 +124,14 @@ std::optional<FieldError> check_sizes(const Config& c) {
   if (std::optional<FieldError> e = check_model(c.model)) return e;
   if (std::optional<FieldError> e = check_parallel(c.parallel, c.hardware)) return e;
   const std::optional<std::int64_t> stages = times(c.parallel.pp, c.parallel.chunks);
-  if (!stages || *stages > c.model.layers)
+  const std::optional<std::int64_t> fewest =
+      stages ? std::optional(fewest_layers(c.schedule.vocab, *stages)) : std::nullopt;
+  if (!fewest || *fewest > c.model.layers)
     return FieldError{"model.layers",
                       fmt::format("{} layers cannot fill {} virtual stages (pp {} x chunks {}); use at least {} layers "
                                   "or fewer stages",
                                   c.model.layers, stages ? fmt::to_string(*stages) : "too many", c.parallel.pp,
-                                  c.parallel.chunks, stages ? fmt::to_string(*stages) : "that many")};
+                                  c.parallel.chunks, fewest ? fmt::to_string(*fewest) : "that many")};
   if (std::optional<FieldError> e = check_bytes(c)) return e;
   const std::optional<std::int64_t> tasks = estimated_tasks(c);
   if (!tasks || *tasks > limits::kTasks)

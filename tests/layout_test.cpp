@@ -135,3 +135,31 @@ TEST_CASE("a layer split of neither length names the lengths this schedule takes
     CHECK(plan.error().message == "schedule.layers_per_stage: has 3 entries; " + why);
   }
 }
+
+TEST_CASE("redistribute may leave the first and last virtual stage the embedding and the LM head alone") {
+  // Llama 3 405B's layout (docs/config.md): one layer a chunk, and the first and last chunk hold no
+  // transformer layer. 6 layers fill 8 virtual stages that way, and the balanced split finds it.
+  const std::string config = R"json({
+    "model": {"layers": 6, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 1000},
+    "parallel": {"pp": 4, "microbatches": 8, "chunks": 2},
+    "schedule": {"name": "interleaved-1f1b", "vocab": "redistribute", "layers_per_stage": "auto"}
+  })json";
+  const Simulated run = simulate_or_fail(parse_or_fail(config));
+  std::vector<int> layers;
+  for (const VirtualStage& s : run.plan.layout.stages) layers.push_back(s.layers);
+  CHECK(layers == std::vector<int>{0, 1, 1, 1, 1, 1, 1, 0});
+  CHECK(run.plan.layout.stages.front().has_embedding);
+  CHECK(run.plan.layout.stages.back().has_head);
+  CHECK(run.metrics.iteration_ns > 0);
+
+  // Every other mode needs a layer on every stage, and redistribute one on every stage but those two.
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"schedule.vocab=baseline"}, "so pp 4 needs 8; use parallel.pp of at most 3 or at least 8 layers"},
+      {{"model.layers=5"}, "so pp 4 needs 6; use parallel.pp of at most 3 or at least 6 layers"}};
+  for (const auto& [overrides, why] : refused) {
+    CAPTURE(overrides);
+    const Result<Config> parsed = parse_config(config, "test.json", overrides);
+    REQUIRE_FALSE(parsed.ok());
+    CHECK_THAT(parsed.error().message, Catch::Matchers::EndsWith(why));
+  }
+}

@@ -99,35 +99,35 @@ def vocab_paper_table():
 
 def sustained_fit():
     """tools/published-runs.py --fit around the shipped values: each preset's fit must land on its
-    sustained_compute_fraction (a100-80gb 0.94, h100-sxm 0.85, h100-96gb-500w 0.62), inside the grid."""
+    sustained_compute_fraction (a100-80gb 0.94, h100-sxm 0.79, h100-96gb-500w 0.62), inside the grid."""
     global failures
-    grid = "0.61:0.63:0.01,0.84:0.95:0.01"
+    grid = "0.61:0.63:0.01,0.78:0.95:0.01"
     run = subprocess.run(["tools/published-runs.py", "--pipesim", pipesim, "--fit", "--grid", grid],
                          cwd=root, capture_output=True, text=True, timeout=300)
     ok = run.returncode == 0 and "a100-80gb: sustained_compute_fraction 0.94, fitted to 12 runs, held out 11" in run.stdout
-    ok = ok and "h100-sxm: sustained_compute_fraction 0.85, fitted to 23 runs, held out 23" in run.stdout
+    ok = ok and "h100-sxm: sustained_compute_fraction 0.79, fitted to 23 runs, held out 23" in run.stdout
     ok = ok and "h100-96gb-500w: sustained_compute_fraction 0.62, fitted to 4 runs, held out 3" in run.stdout
     ok = ok and "h100-sxm held-out half: 23 runs, mean |error|" in run.stdout
     listing = subprocess.run([pipesim, "list"], capture_output=True, text=True).stdout
     ok = ok and all(re.search(rf"{preset} .*sustained {fraction}$", listing, re.M)
-                    for preset, fraction in [("a100-80gb", r"0\.94"), ("h100-sxm", r"0\.85"), ("h100-96gb-500w", r"0\.62")])
+                    for preset, fraction in [("a100-80gb", r"0\.94"), ("h100-sxm", r"0\.79"), ("h100-96gb-500w", r"0\.62")])
     print(f"{'ok  ' if ok else 'FAIL'} tools/published-runs.py --fit --grid {grid}: exit {run.returncode}")
     failures += not ok
 
 
 def fp8_fit():
     """tools/fit-fp8.py around the shipped value: the fit must land on the h100-sxm preset's
-    fp8_efficiency (0.58), inside the grid, and each row's error be its predicted over published speedup."""
+    fp8_efficiency (0.57), inside the grid, and each row's error be its predicted over published speedup."""
     global failures
-    run = subprocess.run(["tools/fit-fp8.py", "--pipesim", pipesim, "--grid", "0.57:0.59:0.01"], cwd=root,
+    run = subprocess.run(["tools/fit-fp8.py", "--pipesim", pipesim, "--grid", "0.56:0.58:0.01"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| ") and "FP8" in line]
-    ok = run.returncode == 0 and run.stdout.startswith("fp8_efficiency 0.58 (fitted on 8 rows; 8 held out)")
+    ok = run.returncode == 0 and run.stdout.startswith("fp8_efficiency 0.57 (fitted on 8 rows; 8 held out)")
     ok = ok and len(rows) == 16 and "held out: 8 rows, mean |error|" in run.stdout
     for cells in rows:
         published, predicted, error = float(cells[2]), float(cells[3]), float(cells[4].strip().rstrip("%")) / 100
         ok = ok and abs(predicted / published - 1 - error) < 0.002
-    print(f"{'ok  ' if ok else 'FAIL'} tools/fit-fp8.py --grid 0.57:0.59:0.01: exit {run.returncode}")
+    print(f"{'ok  ' if ok else 'FAIL'} tools/fit-fp8.py --grid 0.56:0.58:0.01: exit {run.returncode}")
     failures += not ok
 
 

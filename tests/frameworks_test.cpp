@@ -114,6 +114,33 @@ TEST_CASE("Megatron-LM: a split uneven only at the ends travels as --decoder-fir
   check_same_run(config, round_trip(config, Framework::Megatron));
 }
 
+TEST_CASE("Megatron-LM: stages for the embedding and the loss travel as --account-for-embedding/loss-in-pipeline-split") {
+  CHECK(accounts_for_vocabulary({0, 1, 1, 1, 1, 0}));
+  CHECK(accounts_for_vocabulary({3, 4, 4, 3}));
+  CHECK(accounts_for_vocabulary({1, 1}));
+  CHECK_FALSE(accounts_for_vocabulary({4, 4, 4, 4}));
+  CHECK_FALSE(accounts_for_vocabulary({0, 1, 2, 0}));
+  CHECK_FALSE(accounts_for_vocabulary({1}));
+  // Llama 3 405B's layout (docs/config.md) in miniature: 30 layers on 4 devices of 8 one-layer chunks.
+  const Config config = llama({"schedule.name=interleaved-1f1b", "schedule.vocab=redistribute", "parallel.pp=4",
+                               "parallel.chunks=8", "model.layers=30"});
+  const std::vector<int> split = split_of(config);
+  CHECK(split.front() == 0);
+  CHECK(split.back() == 0);
+  CHECK(unsupported(Framework::Megatron, config, split).empty());
+  const std::string args = megatron_arguments(config, split, "test");
+  CHECK_THAT(args, Catch::Contains("--account-for-embedding-in-pipeline-split\n") &&
+                       Catch::Contains("--account-for-loss-in-pipeline-split\n") &&
+                       !Catch::Contains("--decoder-first-pipeline-num-layers"));
+  check_same_run(config, round_trip(config, Framework::Megatron));
+  // Megatron-LM needs the layers and the two counted for the vocabulary to split evenly.
+  std::string uneven = args;
+  uneven.replace(uneven.find("--num-layers 30"), 15, "--num-layers 29");
+  CHECK_THAT(config_from_megatron(uneven, "a.args", std::nullopt).error().message,
+             Catch::Contains("a.args: --account-for-embedding/loss-in-pipeline-split: 29 layers and 2 counted for the "
+                             "vocabulary do not split evenly over 32 virtual stages"));
+}
+
 TEST_CASE("torchtitan: export then import simulates the same, for every schedule it names") {
   const std::string schedule = GENERATE("gpipe", "1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v");
   using Sets = std::vector<std::string>;

@@ -27,6 +27,18 @@ bool even_between_ends(const std::vector<int>& split, bool ends_fewer_only) {
   return !ends_fewer_only || (split.front() <= middle && split.back() <= middle);
 }
 
+}  // namespace
+
+bool accounts_for_vocabulary(const std::vector<int>& split) {
+  if (split.size() < 2) return false;
+  const int k = split.front() + 1;
+  for (std::size_t i = 1; i + 1 < split.size(); ++i)
+    if (split[i] != k) return false;
+  return split.back() == k - 1;
+}
+
+namespace {
+
 std::string recompute_form(const TrainingConfig& t) {
   if (t.recompute_granularity != Recompute::Full) return std::string(recompute_name(t.recompute_granularity));
   return fmt::format("full/{}/{}", t.recompute_method == RecomputeMethod::Block ? "block" : "uniform",
@@ -46,10 +58,12 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
   if (v == VocabMode::Vocab1 || v == VocabMode::Vocab2 || v == VocabMode::Interlaced)
     out.push_back({"schedule.vocab", "Megatron-LM keeps the embedding on the first stage and the LM head on the last",
                    "baseline"});
-  else if (v == VocabMode::Redistribute && (s == "interleaved-1f1b" || !even_between_ends(split, false)))
+  else if (v == VocabMode::Redistribute && !accounts_for_vocabulary(split) &&
+           (s == "interleaved-1f1b" || !even_between_ends(split, false)))
     out.push_back({"schedule.vocab",
                    "Megatron-LM splits layers unevenly only at the first and last stage "
-                   "(--decoder-first/last-pipeline-num-layers), and not with a virtual pipeline",
+                   "(--decoder-first/last-pipeline-num-layers, not with a virtual pipeline), or one layer fewer "
+                   "there for the embedding and the loss (--account-for-embedding/loss-in-pipeline-split)",
                    "baseline"});
   if (c.training.recompute_granularity == Recompute::SelectiveOp)
     out.push_back({"training.recompute_granularity",

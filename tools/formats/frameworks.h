@@ -31,6 +31,11 @@ struct Unsupported {
 /// unevenly only at the ends are checked against it.
 std::vector<Unsupported> unsupported(Framework framework, const Config& config, const std::vector<int>& layers_per_stage);
 
+/// Whether a split over virtual stages (model order) is Megatron-LM's with the input embedding and the
+/// loss each counted as a layer (--account-for-embedding-in-pipeline-split and
+/// --account-for-loss-in-pipeline-split): k layers a stage, k - 1 on the first and on the last.
+bool accounts_for_vocabulary(const std::vector<int>& split);
+
 /// `config` with every unsupported field set to its nearest runnable value, and one line per change.
 Config nearest_runnable(Framework framework, Config config, const std::vector<int>& layers_per_stage,
                         std::vector<std::string>& changes);

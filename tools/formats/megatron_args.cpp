@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "frameworks.h"
 #include "parallel_shape.h"
 
 namespace pipesim {
@@ -180,8 +181,13 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
   arg("context-parallel-size", p.cp);
   if (c.schedule.name == "interleaved-1f1b") arg("num-virtual-stages-per-pipeline-rank", p.chunks);
   if (c.schedule.vocab == VocabMode::Redistribute && layers_per_stage.size() >= 2) {
-    arg("decoder-first-pipeline-num-layers", layers_per_stage.front());
-    arg("decoder-last-pipeline-num-layers", layers_per_stage.back());
+    if (c.schedule.name == "interleaved-1f1b" && accounts_for_vocabulary(layers_per_stage)) {
+      flag("account-for-embedding-in-pipeline-split");
+      flag("account-for-loss-in-pipeline-split");
+    } else {
+      arg("decoder-first-pipeline-num-layers", layers_per_stage.front());
+      arg("decoder-last-pipeline-num-layers", layers_per_stage.back());
+    }
   }
   if (p.tp > 1 && p.sequence_parallel) flag("sequence-parallel");
   if (t.recompute_granularity != Recompute::None) arg("recompute-granularity", recompute_name(t.recompute_granularity));
@@ -322,6 +328,21 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
     schedule["vocab"] = "redistribute";
     schedule["layers_per_stage"] = split;
   }
+  const bool embedding_layer = has("account-for-embedding-in-pipeline-split"),
+             loss_layer = has("account-for-loss-in-pipeline-split");
+  if (embedding_layer || loss_layer) {
+    // Megatron-LM counts the embedding and the loss each as a layer of its stage and splits the sum
+    // evenly over the virtual stages.
+    const int stages = pp * parallel.value("chunks", 1), counted = layers + embedding_layer + loss_layer;
+    if (counted % stages != 0 || counted / stages < 1)
+      return Error{fmt::format("{}: --account-for-embedding/loss-in-pipeline-split: {} layers and {} counted for "
+                               "the vocabulary do not split evenly over {} virtual stages",
+                               source, layers, embedding_layer + loss_layer, stages)};
+    std::vector<int> split(std::size_t(stages), counted / stages);
+    split.front() -= embedding_layer, split.back() -= loss_layer;
+    schedule["vocab"] = "redistribute";
+    schedule["layers_per_stage"] = split;
+  }
   json training{{"zero_stage", has("use-megatron-fsdp")
                                    ? (args.values.count("data-parallel-sharding-strategy") &&
                                               args.values.at("data-parallel-sharding-strategy") == "optim_grads"
@@ -365,7 +386,8 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "num-query-groups", "seq-length", "vocab-size", "micro-batch-size", "global-batch-size",
       "tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
       "num-virtual-stages-per-pipeline-rank", "num-layers-per-virtual-pipeline-stage",
-      "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "sequence-parallel",
+      "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
+      "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel",
       "recompute-granularity", "recompute-method", "recompute-num-layers", "use-distributed-optimizer",
       "use-megatron-fsdp", "data-parallel-sharding-strategy", "overlap-grad-reduce", "overlap-param-gather",
       "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "no-bias-swiglu-fusion", "untie-embeddings-and-output-weights",

@@ -120,11 +120,11 @@ std::optional<FieldError> check_config_for(const Config& config, const ScheduleI
   const int pp = config.parallel.pp, chunks = config.parallel.chunks, layers = config.model.layers;
   // Past a cap check_sizes names the cap; below them pp × chunks is exact.
   const bool within_caps = pp <= limits::kPp && chunks <= limits::kChunks && layers <= limits::kLayers;
-  const int stages = pp * chunks, spare = vocabulary_only_stages(config.schedule.vocab);
-  if ((!schedule && !custom) || !within_caps || fewest_layers(config.schedule.vocab, stages) <= layers)
-    return check_config(config);
+  if ((!schedule && !custom) || !within_caps) return check_config(config);
+  const int stages = pp * chunks, spare = vocabulary_only_stages(config.schedule.vocab),
+            needed = int(fewest_layers(config.schedule.vocab, stages));
+  if (needed <= layers) return check_config(config);
   const std::string& name = config.schedule.name;
-  const int needed = int(fewest_layers(config.schedule.vocab, stages));
   const std::string runs = !schedule               ? fmt::format("the schedule file {} runs {} chunks per device", name, chunks)
                            : schedule->chunks == 0 ? fmt::format("{} runs parallel.chunks = {} chunks per device", name, chunks)
                            : chunks == 1           ? fmt::format("{} runs one stage per device", name)

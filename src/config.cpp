@@ -39,31 +39,36 @@ namespace {
 // HBM2e at 2.4 TB/s, a 500 W power limit, a 400 Gb/s RDMA port per GPU. The chip and its op-level
 // efficiencies are the H100's; the lower clocks the power limit holds it to are in its own fitted
 // fraction, as the other presets' (from torchtitan's runs alone, the only published ones on it).
-const std::array<HardwareConfig, 4> kPresets = {{
-    {.preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
-     .flash2_attention_efficiency = 0.65, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
-     .intra_node_latency_us = 8,
-     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
-     .kernel_launch_us = 0, .sms = 108, .sustained_compute_fraction = 0.94},
-    {.preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
-     .flash2_attention_efficiency = 0.37, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
-     .intra_node_latency_us = 6,
-     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
-     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
-     .sustained_compute_fraction = 0.79},
-    {.preset = "h100-96gb-500w", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
-     .flash2_attention_efficiency = 0.37, .hbm_gbps = 2400, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
-     .intra_node_latency_us = 6,
-     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 89.4, .reserved_gib = 3.0,
-     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
-     .sustained_compute_fraction = 0.62},
-    {.preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
-     .flash2_attention_efficiency = 0.32, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
-     .intra_node_latency_us = 6,
-     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
-     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
-     .sustained_compute_fraction = 0.79},
-}};
+const HardwareConfig kA100{
+    .preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
+    .flash2_attention_efficiency = 0.65, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
+    .intra_node_latency_us = 8,
+    .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
+    .kernel_launch_us = 0, .sms = 108, .sustained_compute_fraction = 0.94};
+const HardwareConfig kH100Sxm{
+    .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
+    .flash2_attention_efficiency = 0.37, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
+    .intra_node_latency_us = 6,
+    .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
+    .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
+    .sustained_compute_fraction = 0.79};
+/// The H100 chip with its own memory and its own fitted fraction (above).
+HardwareConfig grand_teton_h100() {
+  HardwareConfig h = kH100Sxm;
+  h.preset = "h100-96gb-500w";
+  h.hbm_gbps = 2400;
+  h.memory_gib = 89.4;
+  h.sustained_compute_fraction = 0.62;
+  return h;
+}
+const HardwareConfig kH200{
+    .preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
+    .flash2_attention_efficiency = 0.32, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
+    .intra_node_latency_us = 6,
+    .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
+    .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = kH100Sxm.fp8_efficiency,
+    .sustained_compute_fraction = kH100Sxm.sustained_compute_fraction};
+const std::array<HardwareConfig, 4> kPresets = {kA100, kH100Sxm, grand_teton_h100(), kH200};
 
 }  // namespace
 

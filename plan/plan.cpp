@@ -184,7 +184,8 @@ DataParallelWork data_parallel_work(const Config& config, const Layout& layout) 
   return {.zero = zero_sharding(config), .grad_bytes = config.precision.grad_bytes,
           .param_bytes = config.precision.param_bytes, .shard_params = vocab_shard_params(config, layout),
           .tied_params = tied_apart_params(config, layout),
-          .overlap_grad_reduce = t.overlap_grad_reduce, .overlap_param_gather = t.overlap_param_gather};
+          .overlap_grad_reduce = t.overlap_grad_reduce, .overlap_param_gather = t.overlap_param_gather,
+          .bucket_params = gradient_bucket_params(config)};
 }
 
 ScheduleContext schedule_context(const Config& config, const Layout& layout, const CostModel& costs) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "two_threads.h"
 #include "vocab_assembly.h"
@@ -383,23 +384,33 @@ class DataParallelOps {
   /// A stage's gradients or weights as its DP_ALLREDUCE carries them: all bytes, and the routed experts'.
   struct Tensors {
     double bytes = 0, experts = 0;
+    int buckets = 1;  ///< TaskWork::buckets
+    double embedding = 0;
     Tensors& operator+=(const Tensors& o) {
       bytes += o.bytes, experts += o.experts;
       return *this;
     }
   };
-  Tensors grads(int stage) const {
+  Tensors grads(int stage) const { return tensors(stage, dp_.grad_bytes); }
+  Tensors params(int stage) const { return tensors(stage, dp_.param_bytes); }
+  /// Megatron-LM buckets the data-parallel buffer of the first model chunk of the first pipeline rank
+  /// only (Megatron-Core's DistributedDataParallel: later stages' reductions are off the critical
+  /// path), so only stage 0's collectives go in buckets; its embedding, reached last by the backward
+  /// and first by the forward, apart.
+  Tensors tensors(int stage, double bytes_each) const {
     const StageWork& w = work_[std::size_t(stage)];
-    return {w.params * dp_.grad_bytes, w.expert_params * dp_.grad_bytes};
-  }
-  Tensors params(int stage) const {
-    const StageWork& w = work_[std::size_t(stage)];
-    return {w.params * dp_.param_bytes, w.expert_params * dp_.param_bytes};
+    Tensors t{w.params * bytes_each, w.expert_params * bytes_each};
+    if (stage == 0 && dp_.bucket_params > 0) {
+      t.buckets = std::max(1, int(std::ceil((w.params - w.embedding_params) / dp_.bucket_params)));
+      t.embedding = w.embedding_params * bytes_each;
+    }
+    return t;
   }
   /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of what no per-stage op of its
   /// kind covers on device d (task_graph.h).
   TaskId collective(int d, CollectiveData data, Tensors tensors, int stage = -1) const {
-    const TaskWork work{.bytes = tensors.bytes, .expert_bytes = tensors.experts};
+    const TaskWork work{.bytes = tensors.bytes, .expert_bytes = tensors.experts, .buckets = tensors.buckets,
+                        .embedding_bytes = tensors.embedding};
     const TaskId id = builder_.add({.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work(work)});
     builder_.add_group({.members = {id}, .ranks = dp_.zero.dp, .data = data, .op = ReduceOp::Sum});
     return id;

@@ -28,6 +28,9 @@ struct DataParallelWork {
   /// holding a copy: its parameters, whose gradient the two devices sum before either reads it.
   double tied_params = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false;
+  /// gradient_bucket_params: the first stage's collectives go in buckets of this many parameters
+  /// beside its last backward and its first forward; 0: none do.
+  double bucket_params = 0;
 };
 
 /// How point-to-point transfers meet compute: overlapped (a RECV posted ahead, the sender free to go

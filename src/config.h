@@ -196,6 +196,9 @@ struct TrainingConfig {
   int zero_stage = 0;
   bool overlap_grad_reduce = false;   ///< gradient reduce-scatter/all-reduce hidden behind the backward
   bool overlap_param_gather = false;  ///< parameter all-gather hidden behind the next step's forwards
+  /// Parameters a gradient bucket holds under overlap_grad_reduce (Megatron-LM's --ddp-bucket-size);
+  /// 0: Megatron-Core's default, max(40M, 1M·dp) (gradient_bucket_params).
+  int bucket_size = 0;
   bool tp_comm_overlap = false;       ///< tensor-parallel collectives overlapped with their GEMMs
   /// Under tp_comm_overlap, the streaming multiprocessors Transformer Engine's forward reduce-scatters
   /// keep from their GEMMs: the attention output projection's (its userbuffers layer proj_fprop) and

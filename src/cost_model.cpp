@@ -283,8 +283,20 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::AllReduce:
     case OpKind::Broadcast:
     case OpKind::Reduce:
-    case OpKind::DpAllReduce:
       return collective(task, graph.work_of(task), graph.groups()[static_cast<std::size_t>(task.group)]);
+    case OpKind::DpAllReduce: {
+      const TaskWork& work = graph.work_of(task);
+      const CollectiveGroup& group = graph.groups()[static_cast<std::size_t>(task.group)];
+      const TimeNs whole = collective(task, work, group);
+      if (work.buckets <= 1) return whole;
+      // Gradients fill their buckets through the stage's last backward (B, or W where split off);
+      // weights are gathered bucket by bucket ahead of its first forward.
+      const StageTimes& t = stage(task.stage);
+      const TimeNs pass = group.data == CollectiveData::Parameters ? t.forward
+                          : split_weight                          ? t.weight
+                                                                  : add_ns(t.backward - t.recompute, t.weight);
+      return bucketed_tail(whole, work, pass);
+    }
     case OpKind::AllToAll: {
       const StageTimes& t = stage(task.stage);
       return task.payload == Payload::Gradient ? t.exchange_backward : t.exchange_forward;
@@ -292,6 +304,16 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::Optimizer: return optimizer(task.device);
   }
   return 0;
+}
+
+TimeNs bucketed_tail(TimeNs whole, const TaskWork& work, TimeNs pass) {
+  // The embedding's share of the collective runs after the pass; the layers' n buckets, each ready a
+  // 1/n of the pass after the last, leave their last bucket after it, or when they take longer than
+  // the pass, all they could not fit beside it: max(R/n, R − T(1 − 1/n)) (docs/cost-model.md).
+  const double embedding = work.bytes > 0 ? double(whole) * work.embedding_bytes / work.bytes : 0;
+  const double rest = double(whole) - embedding, n = work.buckets;
+  const double tail = std::max(rest / n, rest - double(pass) * (1 - 1 / n));
+  return TimeNs(std::llround(embedding + tail));
 }
 
 std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& layout) {

@@ -58,6 +58,11 @@ std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& l
 /// takes under `model`, in either direction; the largest TimeNs when every boundary stays on a device.
 TimeNs shortest_transfer(const CostModel& model, const Layout& layout, Bytes boundary_bytes);
 
+/// What a data-parallel collective taking `whole` in one piece leaves after (or before) a pass of
+/// `pass` when its layers' tensors go in work.buckets buckets beside that pass and the embedding's
+/// (work.embedding_bytes) after it (TaskWork::buckets).
+TimeNs bucketed_tail(TimeNs whole, const TaskWork& work, TimeNs pass);
+
 /// Durations of every op of `graph`, indexed by TaskId.
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph);
 

@@ -46,6 +46,7 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
     w.weight_held_bytes = static_cast<Bytes>(std::llround(full_layers * std::min(1.0, weight_held_fraction)));
     w.params = stage_params(config, stage);
     w.expert_params = stage_expert_params(config, stage);
+    if (stage.has_embedding) w.embedding_params = vocab_params(config.model) / config.parallel.tp;
     if (exchanges_experts(config)) {
       w.expert_exchanges = moe_layer_count(m, stage.first_layer, stage.layers);
       w.exchange_bytes = expert_exchange_bytes(config);

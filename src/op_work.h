@@ -21,6 +21,7 @@ struct StageWork {
   Bytes weight_held_bytes = 0;  ///< kept past B until W when W is split off
   double params = 0;            ///< parameters of this stage on one rank (stage_params)
   double expert_params = 0;     ///< the routed experts' share of them (stage_expert_params)
+  double embedding_params = 0;  ///< the input embedding's share of them (a stage that holds it)
   /// MoE layers whose tokens leave the rank (exchanges_experts): F and B each end in an ALLTOALL
   /// carrying `exchange_bytes` per layer and all-to-all.
   int expert_exchanges = 0;

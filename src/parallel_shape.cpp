@@ -182,6 +182,12 @@ double stage_expert_params(const Config& c, const VirtualStage& stage) {
   return layers_rank_params(c, stage.first_layer, stage.layers).experts;
 }
 
+double gradient_bucket_params(const Config& c) {
+  const TrainingConfig& t = c.training;
+  if (!t.overlap_grad_reduce || zero_sharding(c).parameters()) return 0;
+  return t.bucket_size > 0 ? double(t.bucket_size) : std::max(40e6, 1e6 * c.parallel.dp);
+}
+
 std::vector<double> device_expert_params(const Config& c, const Layout& layout) {
   std::vector<double> params(std::size_t(layout.devices), 0.0);
   for (const VirtualStage& stage : layout.stages) params[std::size_t(stage.device)] += stage_expert_params(c, stage);

@@ -250,6 +250,55 @@ TEST_CASE("ZeRO's collectives: a reduce-scatter per device, the weights gathered
   CHECK(reduce_early.metrics.iteration_ns <= plain.metrics.iteration_ns);
 }
 
+TEST_CASE("Megatron's gradient buckets: the first stage's collectives beside its passes, its embedding's after") {
+  // The tail closed form: the embedding's share (10 of 100 bytes) after the pass; the layers' three
+  // buckets leave one after it when the pass is long, and what they cannot fit beside a short one.
+  const TaskWork work{.bytes = 100, .buckets = 3, .embedding_bytes = 10};
+  CHECK(bucketed_tail(1000, work, 3000) == 100 + 900 / 3);
+  CHECK(bucketed_tail(1000, work, 600) == 100 + (900 - 600 * 2 / 3));
+  CHECK(bucketed_tail(1000, {.bytes = 100, .buckets = 1}, 3000) == 1000);
+
+  // 4M-parameter buckets: stage 0 holds the embedding (32000·1024) and one layer (12·1024² + 13·1024).
+  const std::vector<std::string> zero = {"parallel.dp=2", "training.zero_stage=1", "training.overlap_grad_reduce=true",
+                                         "training.overlap_param_gather=true", "training.bucket_size=4000000"};
+  const Simulated s = simulate_or_fail(parse_or_fail(kGpt, zero));
+  const double embedding = 32000.0 * 1024, layer = 12.0 * 1024 * 1024 + 13 * 1024;
+  std::vector<std::string> large = zero;
+  large.back() = "training.bucket_size=2000000000";
+  const Simulated one_bucket = simulate_or_fail(parse_or_fail(kGpt, large));
+  REQUIRE(one_bucket.plan.graph.size() == s.plan.graph.size());
+  int bucketed = 0;
+  for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id) {
+    const Task& t = s.plan.graph.task(id);
+    if (t.kind != OpKind::DpAllReduce) continue;
+    const TaskWork& w = s.plan.graph.work_of(t);
+    INFO(s.plan.graph.describe(id));
+    if (t.stage != 0) {  // Megatron-Core buckets the first model chunk of the first pipeline rank only
+      CHECK(w.buckets == 1);
+      CHECK(s.durations[std::size_t(id)] == one_bucket.durations[std::size_t(id)]);
+      continue;
+    }
+    ++bucketed;
+    const bool weights = s.plan.graph.group_of(id).data == CollectiveData::Parameters;
+    const double bytes_each = weights ? 2 : 4;
+    CHECK(w.buckets == 4);  // ceil(12.6M / 4M)
+    CHECK(w.embedding_bytes == Approx(embedding * bytes_each));
+    CHECK(w.bytes == Approx((embedding + layer) * bytes_each));
+    const StageTimes& times = s.plan.costs->stage(0);
+    const TimeNs pass = weights ? times.forward : times.backward + times.weight;
+    // The whole collective's time: the same op in one bucket (buckets as large as the stage).
+    const TimeNs whole = one_bucket.durations[std::size_t(id)];
+    CHECK(s.durations[std::size_t(id)] == bucketed_tail(whole, w, pass));
+    CHECK(s.durations[std::size_t(id)] < whole);
+  }
+  CHECK(bucketed == 2);  // the reduce-scatter and the gather
+  // Without the flag (or under ZeRO 3) nothing goes in buckets.
+  CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=2"})) == 0);
+  CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=64", "training.overlap_grad_reduce=true"})) == 64e6);
+  CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=2", "training.zero_stage=3",
+                                                   "training.overlap_grad_reduce=true"})) == 0);
+}
+
 TEST_CASE("the data-parallel collectives carry a device's vocabulary shards, per device or after its stages") {
   // Per device and direction (gradients, weights), the bytes the collectives move, and how many.
   struct Moved {

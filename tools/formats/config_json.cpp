@@ -390,6 +390,7 @@ TrainingConfig read_training(const json* object, const json* precision) {
                                           "one of them or make them agree"};
   t.overlap_grad_reduce = r.boolean("overlap_grad_reduce", false);
   t.overlap_param_gather = r.boolean("overlap_param_gather", false);
+  t.bucket_size = r.integer("bucket_size", 0, 0);
   t.tp_comm_overlap = r.boolean("tp_comm_overlap", false);
   t.tp_comm_overlap_proj_sms = r.integer("tp_comm_overlap_proj_sms", TrainingConfig::kTeOverlapSms, 0);
   t.tp_comm_overlap_fc2_sms = r.integer("tp_comm_overlap_fc2_sms", TrainingConfig::kTeOverlapSms, 0);

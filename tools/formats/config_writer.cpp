@@ -121,6 +121,7 @@ json training_json(const TrainingConfig& t) {
   // Transformer Engine's defaults are left out, so a file that never set them stays without them.
   if (t.tp_comm_overlap_proj_sms != TrainingConfig::kTeOverlapSms) out["tp_comm_overlap_proj_sms"] = t.tp_comm_overlap_proj_sms;
   if (t.tp_comm_overlap_fc2_sms != TrainingConfig::kTeOverlapSms) out["tp_comm_overlap_fc2_sms"] = t.tp_comm_overlap_fc2_sms;
+  if (t.bucket_size > 0) out["bucket_size"] = t.bucket_size;
   return out;
 }
 

@@ -201,6 +201,7 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
     arg("data-parallel-sharding-strategy", t.zero_stage == 2 ? "optim_grads" : "optim_grads_params");
   }
   if (t.overlap_grad_reduce) flag("overlap-grad-reduce");
+  if (t.overlap_grad_reduce && t.bucket_size > 0) arg("ddp-bucket-size", t.bucket_size);
   if (t.overlap_param_gather) flag("overlap-param-gather");
   if (t.tp_comm_overlap) flag("tp-comm-overlap");
   // Not arguments: Transformer Engine reads them from a --tp-comm-overlap-cfg file; import reads them back.
@@ -358,6 +359,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                 // Megatron-Core's fused kernels (bias_swiglu_fusion on unless --no-bias-swiglu-fusion)
                 {"kernels", has("no-bias-swiglu-fusion") ? "eager" : "fused"}};
   training.update(moe_training);
+  if (has("ddp-bucket-size")) training["bucket_size"] = integer("ddp-bucket-size", 1);
   std::smatch sms;
   if (std::regex_search(text, sms, std::regex("num_sm proj_fprop ([0-9]{1,4}) fc2_fprop ([0-9]{1,4})")))
     training["tp_comm_overlap_proj_sms"] = std::stoi(sms[1]), training["tp_comm_overlap_fc2_sms"] = std::stoi(sms[2]);

@@ -396,11 +396,15 @@ class DataParallelOps {
   /// Megatron-LM buckets the data-parallel buffer of the first model chunk of the first pipeline rank
   /// only (Megatron-Core's DistributedDataParallel: later stages' reductions are off the critical
   /// path), so only stage 0's collectives go in buckets; its embedding, reached last by the backward
-  /// and first by the forward, apart.
+  /// and first by the forward, apart. FSDP (ZeRO 3) gathers and reduces every stage a layer at a
+  /// time, the embedding and the LM head in the root unit, gathered first and reduced last.
   Tensors tensors(int stage, double bytes_each) const {
     const StageWork& w = work_[std::size_t(stage)];
     Tensors t{w.params * bytes_each, w.expert_params * bytes_each};
-    if (stage == 0 && dp_.bucket_params > 0) {
+    if (dp_.zero.parameters()) {
+      t.buckets = std::max(1, layout_.stages[std::size_t(stage)].layers);
+      t.embedding = (w.embedding_params + w.head_params) * bytes_each;
+    } else if (stage == 0 && dp_.bucket_params > 0) {
       t.buckets = std::max(1, int(std::ceil((w.params - w.embedding_params) / dp_.bucket_params)));
       t.embedding = w.embedding_params * bytes_each;
     }

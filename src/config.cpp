@@ -58,7 +58,7 @@ HardwareConfig grand_teton_h100() {
   h.preset = "h100-96gb-500w";
   h.hbm_gbps = 2400;
   h.memory_gib = 89.4;
-  h.sustained_compute_fraction = 0.62;
+  h.sustained_compute_fraction = 0.61;
   return h;
 }
 const HardwareConfig kH200{

@@ -46,7 +46,8 @@ std::vector<StageWork> stage_work(const Config& config, const Layout& layout) {
     w.weight_held_bytes = static_cast<Bytes>(std::llround(full_layers * std::min(1.0, weight_held_fraction)));
     w.params = stage_params(config, stage);
     w.expert_params = stage_expert_params(config, stage);
-    if (stage.has_embedding) w.embedding_params = vocab_params(config.model) / config.parallel.tp;
+    if (stage.has_embedding) w.embedding_params = stage_params(config, {.has_embedding = true});
+    if (stage.has_head) w.head_params = stage_params(config, {.has_head = true});
     if (exchanges_experts(config)) {
       w.expert_exchanges = moe_layer_count(m, stage.first_layer, stage.layers);
       w.exchange_bytes = expert_exchange_bytes(config);

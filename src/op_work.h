@@ -22,6 +22,7 @@ struct StageWork {
   double params = 0;            ///< parameters of this stage on one rank (stage_params)
   double expert_params = 0;     ///< the routed experts' share of them (stage_expert_params)
   double embedding_params = 0;  ///< the input embedding's share of them (a stage that holds it)
+  double head_params = 0;       ///< the LM head's and the final norm's (a stage that holds them)
   /// MoE layers whose tokens leave the rank (exchanges_experts): F and B each end in an ALLTOALL
   /// carrying `exchange_bytes` per layer and all-to-all.
   int expert_exchanges = 0;

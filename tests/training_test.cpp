@@ -250,7 +250,7 @@ TEST_CASE("ZeRO's collectives: a reduce-scatter per device, the weights gathered
   CHECK(reduce_early.metrics.iteration_ns <= plain.metrics.iteration_ns);
 }
 
-TEST_CASE("Megatron's gradient buckets: the first stage's collectives beside its passes, its embedding's after") {
+TEST_CASE("gradient buckets: Megatron's first stage and FSDP's layers beside their passes, the embedding's after") {
   // The tail closed form: the embedding's share (10 of 100 bytes) after the pass; the layers' three
   // buckets leave one after it when the pass is long, and what they cannot fit beside a short one.
   const TaskWork work{.bytes = 100, .buckets = 3, .embedding_bytes = 10};
@@ -292,6 +292,22 @@ TEST_CASE("Megatron's gradient buckets: the first stage's collectives beside its
     CHECK(s.durations[std::size_t(id)] < whole);
   }
   CHECK(bucketed == 2);  // the reduce-scatter and the gather
+  // FSDP (ZeRO 3) goes a layer at a time on every stage, the embedding and the LM head (with the final
+  // norm, 2h) in its root unit.
+  const Simulated fsdp = simulate_or_fail(parse_or_fail(kGpt, {"parallel.dp=2", "model.layers=6", "training.zero_stage=3"}));
+  int units = 0;
+  for (TaskId id = 0; id < TaskId(fsdp.plan.graph.size()); ++id) {
+    const Task& t = fsdp.plan.graph.task(id);
+    if (t.kind != OpKind::DpAllReduce) continue;
+    const TaskWork& w = fsdp.plan.graph.work_of(t);
+    const VirtualStage& stage = fsdp.plan.layout.stages[std::size_t(t.stage)];
+    const double root = (stage.has_embedding ? embedding : 0) + (stage.has_head ? embedding + 2 * 1024 : 0);
+    const double bytes_each = fsdp.plan.graph.group_of(id).data == CollectiveData::Parameters ? 2 : 4;
+    CHECK(w.buckets == stage.layers);
+    CHECK(w.embedding_bytes == Approx(root * bytes_each));
+    ++units;
+  }
+  CHECK(units == 9);  // per stage: two gathers and a reduce-scatter
   // Without the flag (or under ZeRO 3) nothing goes in buckets.
   CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=2"})) == 0);
   CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=64", "training.overlap_grad_reduce=true"})) == 64e6);

@@ -57,7 +57,8 @@ TEST_CASE("Megatron-LM: export then import simulates the same, for both schedule
   const std::string schedule = GENERATE("1f1b", "interleaved-1f1b");
   using Sets = std::vector<std::string>;
   const Sets sets = GENERATE(Sets{}, Sets{"parallel.pp=4", "parallel.dp=2", "training.zero_stage=1", "precision.fp8=hybrid",
-                                          "training.kernels=fused"},
+                                          "training.kernels=fused", "training.overlap_grad_reduce=true",
+                                          "training.bucket_size=5000000"},
                              Sets{"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "training.zero_stage=3",
                                   "training.recompute_granularity=full", "training.recompute_method=block",
                                   "training.recompute_num_layers=2", "training.overlap_grad_reduce=true"},

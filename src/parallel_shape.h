@@ -106,7 +106,7 @@ double stage_params(const Config& c, const VirtualStage& stage);
 double stage_expert_params(const Config& c, const VirtualStage& stage);
 /// Parameters a gradient bucket of Megatron-LM's data-parallel buffer holds (training.bucket_size, or
 /// Megatron-Core's default max(40M, 1M·dp)); 0 where the stage's collectives are not bucketed:
-/// without overlap_grad_reduce, or under ZeRO 3 (docs/cost-model.md, "Data parallelism").
+/// without overlap_grad_reduce, or under ZeRO 3 (docs/cost-model.md, "The training job").
 double gradient_bucket_params(const Config& c);
 /// Per device, the routed experts' parameters it holds.
 std::vector<double> device_expert_params(const Config& c, const Layout& layout);

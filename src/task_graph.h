@@ -104,9 +104,10 @@ struct TaskWork {
   /// data-parallel group instead (parallel_shape.h, expert_data_parallel).
   double expert_bytes = 0;
   /// DP_ALLREDUCE of a stage whose collective goes in buckets beside a pass (Megatron-LM's first model
-  /// chunk; docs/cost-model.md, "Data parallelism"): how many buckets the layers' tensors fill, and
-  /// the input embedding's bytes among `bytes`, which the backward fills last and the forward needs
-  /// first. 1: one collective after (or before) the pass, as the graph orders it.
+  /// chunk, FSDP's layers under ZeRO 3; docs/cost-model.md, "The training job"): how many buckets the
+  /// layers' tensors fill, and the bytes among `bytes` that the backward fills last and the forward
+  /// needs first (the embedding's; under ZeRO 3 the LM head's too). 1: one collective after (or
+  /// before) the pass, as the graph orders it.
   std::int32_t buckets = 1;
   double embedding_bytes = 0;
   bool operator==(const TaskWork&) const = default;

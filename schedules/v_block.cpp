@@ -118,16 +118,15 @@ VBlock v_block(const ScheduleContext& context, VSpacing spacing) {
   return block;
 }
 
-VBlock paper_v_half_block(int p) {
-  const int delta = p % 2 == 0 ? 3 : 0;
-  VBlock block{6, std::vector<std::array<TimeNs, 6>>(std::size_t(p))};
-  std::vector<Ring> rings(std::size_t(p), Ring(6));
-  for (int i = 0; i < p; ++i) {
-    auto& start = block.start[std::size_t(i)];
-    const std::array<TimeNs, 4> slots = {2 * i, 3 * p - i - 2, 3 * p + delta + 2 * i - 1, 6 * p + delta - i - 2};
-    for (int pass : {kF0, kF1, kB1, kB0}) start[std::size_t(pass)] = rings[std::size_t(i)].take(slots[std::size_t(pass)], 1);
-    start[kW1] = rings[std::size_t(i)].take(start[kB1] + 1, 1);
-    start[kW0] = rings[std::size_t(i)].take(start[kB0] + 1, 1);
+VBlock paper_v_half_block(const VPattern& pattern) {
+  const std::size_t p = pattern.size();
+  VBlock block{6, std::vector<std::array<TimeNs, 6>>(p)};
+  std::vector<Ring> rings(p, Ring(6));
+  for (std::size_t i = 0; i < p; ++i) {
+    auto& start = block.start[i];
+    for (int pass : {kF0, kF1, kB1, kB0}) start[std::size_t(pass)] = rings[i].take(pattern[i][std::size_t(pass)], 1);
+    start[kW1] = rings[i].take(start[kB1] + 1, 1);
+    start[kW0] = rings[i].take(start[kB0] + 1, 1);
   }
   return block;
 }

@@ -31,10 +31,9 @@ struct VSpacing {
 /// Every pass starts at the first time after its input arrives (and its spacing) at which it does
 /// not overlap, modulo the period, the passes already placed on its device; W right after its B.
 VBlock v_block(const ScheduleContext& context, VSpacing spacing);
-/// The paper's V-Half block in unit slots (period 6): F0 at 2i, F1 at 3p - i - 2, B1 at
-/// 3p + δ + 2i - 1, B0 at 6p + δ - i - 2 (δ = 3 for even p, 0 for odd p), each W in the first free
-/// slot after its B.
-VBlock paper_v_half_block(int devices);
+/// The paper's V-Half block in unit slots (period 6): F0, F1, B1 and B0 where `pattern` puts them
+/// (v_half_pattern), each W in the first free slot after its B.
+VBlock paper_v_half_block(const VPattern& pattern);
 /// `context` with every pass one unit long and free transfers: blocks built on it are in unit slots.
 ScheduleContext unit_costs(const ScheduleContext& context);
 

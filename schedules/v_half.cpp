@@ -10,8 +10,7 @@ namespace pipesim {
 /// the block where they run faster.
 Result<DeviceOrders> generate_v_half(const ScheduleContext& context) {
   const VPattern pattern = v_half_pattern(context.layout.devices);
-  return v_schedule(context, paper_v_half_block(context.layout.devices), {.forward_down = 1, .backward_up = 1},
-                    &pattern);
+  return v_schedule(context, paper_v_half_block(pattern), {.forward_down = 1, .backward_up = 1}, &pattern);
 }
 
 }  // namespace pipesim

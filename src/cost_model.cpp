@@ -290,12 +290,16 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
       const TimeNs whole = collective(task, work, group);
       if (work.buckets <= 1) return whole;
       // Gradients fill their buckets through the stage's last backward (B, or W where split off);
-      // weights are gathered bucket by bucket ahead of its first forward.
+      // weights are gathered bucket by bucket ahead of its first forward. Each bucket is a collective
+      // of its own (its latency too); the embedding's runs after (before) the pass.
       const StageTimes& t = stage(task.stage);
       const TimeNs pass = group.data == CollectiveData::Parameters ? t.forward
                           : split_weight                          ? t.weight
                                                                   : add_ns(t.backward - t.recompute, t.weight);
-      return bucketed_tail(whole, work, pass);
+      const double n = work.buckets;
+      const TaskWork bucket{.bytes = (work.bytes - work.embedding_bytes) / n, .expert_bytes = work.expert_bytes / n};
+      const TimeNs embedding = work.embedding_bytes > 0 ? collective(task, {.bytes = work.embedding_bytes}, group) : 0;
+      return add_ns(embedding, bucketed_tail(collective(task, bucket, group), work.buckets, pass));
     }
     case OpKind::AllToAll: {
       const StageTimes& t = stage(task.stage);
@@ -306,14 +310,11 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
   return 0;
 }
 
-TimeNs bucketed_tail(TimeNs whole, const TaskWork& work, TimeNs pass) {
-  // The embedding's share of the collective runs after the pass; the layers' n buckets, each ready a
-  // 1/n of the pass after the last, leave their last bucket after it, or when they take longer than
-  // the pass, all they could not fit beside it: max(R/n, R − T(1 − 1/n)) (docs/cost-model.md).
-  const double embedding = work.bytes > 0 ? double(whole) * work.embedding_bytes / work.bytes : 0;
-  const double rest = double(whole) - embedding, n = work.buckets;
-  const double tail = std::max(rest / n, rest - double(pass) * (1 - 1 / n));
-  return TimeNs(std::llround(embedding + tail));
+TimeNs bucketed_tail(TimeNs bucket, int buckets, TimeNs pass) {
+  // Bucket k is ready k/n of the way through the pass and its collective starts then or when the one
+  // before ends: the last ends max(T + c, T/n + n·c), so max(c, n·c − T(1 − 1/n)) after the pass.
+  const double n = buckets, c = double(bucket);
+  return TimeNs(std::llround(std::max(c, n * c - double(pass) * (1 - 1 / n))));
 }
 
 std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& layout) {

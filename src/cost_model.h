@@ -40,6 +40,11 @@ class CostModel {
   const StageTimes& stage(int s) const { return stages_[static_cast<std::size_t>(s)]; }
   /// Duration of a SEND or RECV as it would appear in a graph.
   TimeNs transfer(const Task& task, const TaskWork& work) const { return p2p(task, work); }
+  /// Duration of one collective of `work` over `group` in one piece (a bucketed DP_ALLREDUCE's
+  /// `duration` is built from these).
+  TimeNs collective_time(const Task& task, const TaskWork& work, const CollectiveGroup& group) const {
+    return collective(task, work, group);
+  }
   virtual std::string_view source() const = 0;
 
  protected:
@@ -58,10 +63,9 @@ std::unique_ptr<CostModel> make_cost_model(const Config& config, const Layout& l
 /// takes under `model`, in either direction; the largest TimeNs when every boundary stays on a device.
 TimeNs shortest_transfer(const CostModel& model, const Layout& layout, Bytes boundary_bytes);
 
-/// What a data-parallel collective taking `whole` in one piece leaves after (or before) a pass of
-/// `pass` when its layers' tensors go in work.buckets buckets beside that pass and the embedding's
-/// (work.embedding_bytes) after it (TaskWork::buckets).
-TimeNs bucketed_tail(TimeNs whole, const TaskWork& work, TimeNs pass);
+/// What `buckets` collectives of `bucket` each leave after a pass of `pass` that fills them one after
+/// another (or, mirrored, before the pass that reads them), on one stream (TaskWork::buckets).
+TimeNs bucketed_tail(TimeNs bucket, int buckets, TimeNs pass);
 
 /// Durations of every op of `graph`, indexed by TaskId.
 std::vector<TimeNs> op_durations(const CostModel& model, const TaskGraph& graph);

@@ -251,12 +251,11 @@ TEST_CASE("ZeRO's collectives: a reduce-scatter per device, the weights gathered
 }
 
 TEST_CASE("gradient buckets: Megatron's first stage and FSDP's layers beside their passes, the embedding's after") {
-  // The tail closed form: the embedding's share (10 of 100 bytes) after the pass; the layers' three
-  // buckets leave one after it when the pass is long, and what they cannot fit beside a short one.
-  const TaskWork work{.bytes = 100, .buckets = 3, .embedding_bytes = 10};
-  CHECK(bucketed_tail(1000, work, 3000) == 100 + 900 / 3);
-  CHECK(bucketed_tail(1000, work, 600) == 100 + (900 - 600 * 2 / 3));
-  CHECK(bucketed_tail(1000, {.bytes = 100, .buckets = 1}, 3000) == 1000);
+  // The tail's closed form: three buckets of 300 leave one after a long pass, and what they cannot
+  // fit beside a short one; one bucket is the whole collective after the pass.
+  CHECK(bucketed_tail(300, 3, 3000) == 300);
+  CHECK(bucketed_tail(300, 3, 600) == 3 * 300 - 600 * 2 / 3);
+  CHECK(bucketed_tail(300, 1, 3000) == 300);
 
   // 4M-parameter buckets: stage 0 holds the embedding (32000·1024) and one layer (12·1024² + 13·1024).
   const std::vector<std::string> zero = {"parallel.dp=2", "training.zero_stage=1", "training.overlap_grad_reduce=true",
@@ -267,6 +266,7 @@ TEST_CASE("gradient buckets: Megatron's first stage and FSDP's layers beside the
   large.back() = "training.bucket_size=2000000000";
   const Simulated one_bucket = simulate_or_fail(parse_or_fail(kGpt, large));
   REQUIRE(one_bucket.plan.graph.size() == s.plan.graph.size());
+  const CostModel& costs = *s.plan.costs;
   int bucketed = 0;
   for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id) {
     const Task& t = s.plan.graph.task(id);
@@ -286,10 +286,13 @@ TEST_CASE("gradient buckets: Megatron's first stage and FSDP's layers beside the
     CHECK(w.bytes == Approx((embedding + layer) * bytes_each));
     const StageTimes& times = s.plan.costs->stage(0);
     const TimeNs pass = weights ? times.forward : times.backward + times.weight;
-    // The whole collective's time: the same op in one bucket (buckets as large as the stage).
-    const TimeNs whole = one_bucket.durations[std::size_t(id)];
-    CHECK(s.durations[std::size_t(id)] == bucketed_tail(whole, w, pass));
-    CHECK(s.durations[std::size_t(id)] < whole);
+    // Each bucket a collective of a quarter of the layer's bytes, the embedding's one of its own after
+    // them; the whole collective (the same op in one bucket as large as the stage) takes longer.
+    const CollectiveGroup& group = s.plan.graph.group_of(id);
+    const TimeNs bucket = costs.collective_time(t, {.bytes = layer * bytes_each / 4}, group);
+    const TimeNs embedding_time = costs.collective_time(t, {.bytes = embedding * bytes_each}, group);
+    CHECK(s.durations[std::size_t(id)] == embedding_time + bucketed_tail(bucket, 4, pass));
+    CHECK(s.durations[std::size_t(id)] < one_bucket.durations[std::size_t(id)]);
   }
   CHECK(bucketed == 2);  // the reduce-scatter and the gather
   // FSDP (ZeRO 3) goes a layer at a time on every stage, the embedding and the LM head (with the final

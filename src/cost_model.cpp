@@ -287,8 +287,7 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
     case OpKind::DpAllReduce: {
       const TaskWork& work = graph.work_of(task);
       const CollectiveGroup& group = graph.groups()[static_cast<std::size_t>(task.group)];
-      const TimeNs whole = collective(task, work, group);
-      if (work.buckets <= 1) return whole;
+      if (work.buckets <= 1) return collective(task, work, group);
       // Gradients fill their buckets through the stage's last backward (B, or W where split off);
       // weights are gathered bucket by bucket ahead of its first forward. Each bucket is a collective
       // of its own (its latency too); the embedding's runs after (before) the pass.

@@ -284,7 +284,7 @@ TEST_CASE("gradient buckets: Megatron's first stage and FSDP's layers beside the
     CHECK(w.buckets == 4);  // ceil(12.6M / 4M)
     CHECK(w.embedding_bytes == Approx(embedding * bytes_each));
     CHECK(w.bytes == Approx((embedding + layer) * bytes_each));
-    const StageTimes& times = s.plan.costs->stage(0);
+    const StageTimes& times = costs.stage(0);
     const TimeNs pass = weights ? times.forward : times.backward + times.weight;
     // Each bucket a collective of a quarter of the layer's bytes, the embedding's one of its own after
     // them; the whole collective (the same op in one bucket as large as the stage) takes longer.

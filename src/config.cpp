@@ -289,6 +289,9 @@ std::optional<FieldError> check_config(const Config& config) {
       return FieldError{field, fmt::format("a reduce-scatter cannot take all {} of the GPU's SMs (hardware.sms) from "
                                            "its GEMM; give fewer (Transformer Engine's default is {})",
                                            config.hardware.sms, TrainingConfig::kTeOverlapSms)};
+  if (training.bucket_size > 0 && !training.overlap_grad_reduce)
+    return FieldError{"training.bucket_size", "sizes the gradient buckets that training.overlap_grad_reduce reduces "
+                                              "during the backward, and it is off; set it to true or remove bucket_size"};
   if (training.overlap_param_gather && training.zero_stage == 0)
     return FieldError{"training.overlap_param_gather", "gathers parameters that a sharded optimizer updated, so it "
                                                        "needs training.zero_stage >= 1; set it to false or shard"};

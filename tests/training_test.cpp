@@ -491,6 +491,9 @@ TEST_CASE("the training keys are checked, each error naming its field and the fi
         "training.tp_comm_overlap_fc2_sms=132"},
        "test.json: training.tp_comm_overlap_fc2_sms (from --set): a reduce-scatter cannot take all 132 of the GPU's SMs "
        "(hardware.sms) from its GEMM; give fewer (Transformer Engine's default is 16)"},
+      {{"training.bucket_size=1000000"},
+       "test.json: training.bucket_size (from --set): sizes the gradient buckets that training.overlap_grad_reduce "
+       "reduces during the backward, and it is off; set it to true or remove bucket_size"},
       {{"training.overlap_param_gather=true"},
        "test.json: training.overlap_param_gather (from --set): gathers parameters that a sharded optimizer updated, so "
        "it needs training.zero_stage >= 1; set it to false or shard"},

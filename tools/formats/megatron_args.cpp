@@ -359,7 +359,8 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                 // Megatron-Core's fused kernels (bias_swiglu_fusion on unless --no-bias-swiglu-fusion)
                 {"kernels", has("no-bias-swiglu-fusion") ? "eager" : "fused"}};
   training.update(moe_training);
-  if (has("ddp-bucket-size")) training["bucket_size"] = integer("ddp-bucket-size", 1);
+  // Megatron-LM ignores the bucket size without --overlap-grad-reduce; so does the import.
+  if (has("ddp-bucket-size") && has("overlap-grad-reduce")) training["bucket_size"] = integer("ddp-bucket-size", 1);
   std::smatch sms;
   if (std::regex_search(text, sms, std::regex("num_sm proj_fprop ([0-9]{1,4}) fc2_fprop ([0-9]{1,4})")))
     training["tp_comm_overlap_proj_sms"] = std::stoi(sms[1]), training["tp_comm_overlap_fc2_sms"] = std::stoi(sms[2]);

@@ -236,6 +236,15 @@ TEST_CASE("import names what is missing or does not add up") {
   CHECK(ok.value().ignored == std::vector<std::string>{"--lr", "--data-path"});
   CHECK(ok.value().config["parallel"]["dp"] == 2);
   CHECK(ok.value().config["parallel"]["microbatches"] == 4);
+  // --ddp-bucket-size is read with --overlap-grad-reduce, and named ignored without it, as Megatron-LM ignores it.
+  Result<ImportedConfig> bucketed = config_from_megatron(args + " --ddp-bucket-size 5000000 --overlap-grad-reduce", "a.args", 4);
+  REQUIRE(bucketed.ok());
+  CHECK(bucketed.value().config["training"]["bucket_size"] == 5000000);
+  CHECK(bucketed.value().ignored == std::vector<std::string>{"--lr", "--data-path"});
+  Result<ImportedConfig> unused = config_from_megatron(args + " --ddp-bucket-size 5000000", "a.args", 4);
+  REQUIRE(unused.ok());
+  CHECK_FALSE(unused.value().config["training"].contains("bucket_size"));
+  CHECK(unused.value().ignored == std::vector<std::string>{"--lr", "--data-path", "--ddp-bucket-size"});
   CHECK_THAT(config_from_torchtitan("[model]\nname = \"llama3\"\nflavor = \"3B\"\n", "j.toml", std::nullopt).error().message,
              Catch::Contains("j.toml: [model] llama3 3B: pipesim knows"));
   CHECK_THAT(config_from_torchtitan("[model\n", "j.toml", std::nullopt).error().message, Catch::StartsWith("j.toml:1:"));

@@ -393,7 +393,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel",
       "recompute-granularity", "recompute-method", "recompute-num-layers", "use-distributed-optimizer",
       "use-megatron-fsdp", "data-parallel-sharding-strategy", "overlap-grad-reduce", "overlap-param-gather",
-      "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "no-bias-swiglu-fusion", "untie-embeddings-and-output-weights",
+      "ddp-bucket-size", "tp-comm-overlap", "no-overlap-p2p-communication", "fp8-format", "swiglu", "no-bias-swiglu-fusion", "untie-embeddings-and-output-weights",
       "kv-channels", "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
       "v-head-dim", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
       "moe-layer-freq", "moe-expert-capacity-factor", "moe-router-num-groups", "moe-router-group-topk",
@@ -404,7 +404,9 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       // how the experts' GEMMs and the dispatch run: what pipesim prices already
       "moe-grouped-gemm", "moe-flex-dispatcher-backend"};
   for (const std::string& name : args.order)
-    if (std::find(kRead.begin(), kRead.end(), name) == kRead.end()) imported.ignored.push_back("--" + name);
+    if (std::find(kRead.begin(), kRead.end(), name) == kRead.end() ||
+        (name == "ddp-bucket-size" && !has("overlap-grad-reduce")))  // read only with the overlap (above)
+      imported.ignored.push_back("--" + name);
   return imported;
 }
 

@@ -209,16 +209,12 @@ void add_head(const Config& c, StageKernels& out) {
   out.weight.push_back(gemm(rows, h, tokens, act, act, 2 * p.grad_bytes));
 }
 
-/// The input embedding: a gather of b·s rows (read, write); its gradient cast to fp32 (read, write)
-/// and scatter-added into the main gradient: read it, then an atomic read-modify-write of each row,
-/// counted twice (atomics reach about half the bandwidth of plain stores on the H100 measured).
+/// The input embedding: a gather of b·s rows (read, write); its backward through embedding_backward_bytes.
 void add_embedding(const Config& c, StageKernels& out) {
   const ModelConfig& m = c.model;
-  const PrecisionConfig& p = c.precision;
-  const double elements = rank_tokens(c) * m.hidden / c.parallel.tp;
-  out.forward.push_back(streaming(2 * elements * p.param_bytes));
-  out.weight.push_back(streaming(elements * (p.activation_bytes + p.grad_bytes)));
-  out.weight.push_back(streaming(elements * (p.grad_bytes + 4 * p.grad_bytes)));
+  const double t = c.parallel.tp;
+  out.forward.push_back(streaming(2 * rank_tokens(c) * m.hidden / t * c.precision.param_bytes));
+  out.weight.push_back(streaming(embedding_backward_bytes(c, m.vocab / t)));
   if (c.parallel.tp > 1) ++out.tp_allreduces_forward;  // vocab-parallel embedding sum
 }
 
@@ -318,6 +314,12 @@ double tile_fill(const Kernel& kernel, int sms) {
   constexpr double kTile = 128;
   const double tiles = std::ceil(kernel.rows / kTile) * std::ceil(kernel.cols / kTile);
   return kernel.rows * kernel.cols / (kTile * kTile * std::max(tiles, double(sms)));
+}
+
+double embedding_backward_bytes(const Config& c, double rows) {
+  const PrecisionConfig& p = c.precision;
+  const double h = c.model.hidden, tokens = rank_tokens(c) * h / c.parallel.tp;
+  return tokens * (p.activation_bytes + 2 * p.param_bytes) + rows * h * (2 * p.param_bytes + 2 * p.grad_bytes);
 }
 
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {

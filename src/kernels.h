@@ -27,6 +27,12 @@ struct Kernel {
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.
 double tile_fill(const Kernel& kernel, int sms);
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& hardware);
+/// HBM traffic of an embedding's backward over `rows` vocabulary rows, as nn.Embedding runs it (the
+/// frameworks' and the vocabulary-parallel reference implementation's): the gradient is dense — a
+/// zeroed rows × h buffer the tokens' output gradients are added into, then added whole to the
+/// main gradient (read it and the main gradient, write the main gradient). The authors' measured
+/// passes grow by about that much with the vocabulary (docs/vocabulary-parallelism.md).
+double embedding_backward_bytes(const Config& c, double rows);
 /// The sum of kernel_seconds over `kernels`.
 double seconds(const std::vector<Kernel>& kernels, const HardwareConfig& hardware);
 /// The sum of one field (&Kernel::flops or &Kernel::bytes) over `kernels`.

@@ -65,13 +65,20 @@ VocabWork vocab_work(const Config& config, const Layout& layout) {
   const double rows = double(layout.padded_vocab) / layout.devices / t;  // vocabulary rows per device
   const bool two_barriers = layout.vocab != VocabPlacement::Vocab2;
   VocabWork w;
-  const double gemm = 2 * tokens * h * rows, logits = 4 * tokens * rows;  // FLOPs; fp32 bytes
+  const double gemm = 2 * tokens * h * rows, logits = tokens * rows;  // FLOPs; elements of the logits shard
+  const double act = p.activation_bytes;
+  // The memory-bound kernels between the GEMMs, as the reference implementation runs them (the
+  // authors' Megatron-LM: VocabParallelCrossEntropy and vocab_output.py), a logit each. S: the
+  // logits cast to fp32 (act + 4), their max (4), the max subtracted in place (8), exp in place (8),
+  // its sum (4) and the division by it (8); Algorithm 2 casts the local softmax back for its GEMM
+  // (4 + act). T: the softmax rescaled by the global statistics (8), multiplied by the loss gradient
+  // (8) and cast for the GEMMs (4 + act).
   w.s_flops = gemm * (two_barriers ? 1 : 2);  // Algorithm 2 also forms softmax_local·W_i
-  w.s_bytes = 2 * logits + rows * h * p.param_bytes;
+  w.s_bytes = logits * (act + 36 + (two_barriers ? 0 : 4 + act)) + rows * h * p.param_bytes;
   w.t_flops = gemm * (two_barriers ? 2 : 1);  // dW, and dX for Algorithm 1
-  w.t_bytes = 2 * logits;
+  w.t_bytes = logits * (20 + act);
   w.input_forward_bytes = 2 * tokens * h / t * p.param_bytes;
-  w.input_backward_bytes = tokens * h / t * (p.activation_bytes + 2 * p.grad_bytes);
+  w.input_backward_bytes = embedding_backward_bytes(config, rows);
   w.s_activation_bytes = config.costs ? Bytes(config.costs->output_activation_bytes / layout.devices)
                                       : Bytes(logits + tokens * h * p.activation_bytes / t);
   w.output_broadcast_bytes = tokens * h * p.activation_bytes / t;

@@ -319,3 +319,41 @@ TEST_CASE("the work calibration fits is the work the analytic model times, as an
   const Plan slower = plan_or_fail(preset);
   CHECK(make_cost_model(slower.config, slower.layout)->stage(1).forward > model->stage(1).forward);
 }
+
+TEST_CASE("vocabulary passes move, a logit each, what the reference implementation's kernels read and write") {
+  // p = 4 devices, 32,000 rows (8,000 each), b·s = 2048 tokens, h = 1024, bf16 activations and
+  // parameters, fp32 main gradients.
+  const double rows = 8000, tokens = 2048, h = 1024, logits = rows * tokens;
+  for (const char* mode : {"vocab-1", "vocab-2"}) {
+    const Config c = parse_or_fail(R"json({
+      "model": {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "seq_len": 2048, "vocab": 32000},
+      "parallel": {"pp": 4, "microbatches": 8}, "schedule": {"vocab": "vocab-1"}})json",
+                                   {std::string("schedule.vocab=") + mode});
+    const Plan plan = plan_or_fail(c);
+    REQUIRE(plan.layout.padded_vocab == 32000);
+    const VocabWork w = vocab_work(plan.config, plan.layout);
+    const bool algorithm2 = std::string(mode) == "vocab-2";
+    // S: cast to fp32 (2 + 4), max (4), subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4);
+    // Algorithm 2 casts the softmax back for softmax·W (4 + 2). Plus the shard's weights, once.
+    CHECK(w.s_bytes == Approx(logits * (38 + (algorithm2 ? 6 : 0)) + rows * h * 2));
+    // T: rescale (4 + 4), times the loss gradient (4 + 4), cast for the GEMMs (4 + 2).
+    CHECK(w.t_bytes == Approx(logits * 22));
+    // IB: the tokens' output gradients added into the zeroed shard (read 2, read and write the row,
+    // 2 + 2), then the zeroing and the shard added to the main gradient (write 2; read 2, read and
+    // write 4 + 4).
+    CHECK(w.input_backward_bytes == Approx(tokens * h * 6 + rows * h * 12));
+  }
+}
+
+TEST_CASE("the embedding's gradient is dense: its zeroing and its sum into the main gradient grow with the vocabulary") {
+  const auto first_stage_weight = [](int vocab) {
+    const Config c = parse_or_fail(kThreeStages, {"model.vocab=" + std::to_string(vocab)});
+    const Plan plan = plan_or_fail(c);
+    return double(make_cost_model(plan.config, plan.layout)->stage(0).weight);
+  };
+  // 32,000 more rows of h = 1024: 12 bytes an element (bf16 zeroing and read, fp32 main gradient
+  // read and written) at the H100 preset's HBM rate.
+  const HardwareConfig& hw = parse_or_fail(kThreeStages).hardware;
+  const double added = 32000.0 * 1024 * 12 / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency) * 1e9;
+  CHECK(first_stage_weight(64000) - first_stage_weight(32000) == Approx(added).margin(2));
+}

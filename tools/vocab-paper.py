@@ -25,8 +25,9 @@ error summaries. After the table: mean |error|, worst and mean signed error of t
 (non-baseline rows) and of peak memory (all rows with a figure), over all rows, per method and per
 schedule. Progress goes to stderr.
 
-usage: tools/vocab-paper.py [--pipesim PATH] [--only TEXT]
+usage: tools/vocab-paper.py [--pipesim PATH] [--only TEXT] [--set KEY=VALUE ...]
   --only TEXT  only the rows whose name ('1f1b-8gpu-seq2048 256k vocab-1') contains TEXT
+  --set K=V    override a field of every config, as pipesim's --set (repeatable)
 """
 import json
 import pathlib
@@ -54,13 +55,13 @@ def schedule_of(setup):
     return "v-half" if setup.startswith("v-half") else "1f1b"
 
 
-def compare(pipesim, setup, seq, vocab, methods):
+def compare(pipesim, setup, seq, vocab, methods, sets=()):
     """pipesim's results for one setup, sequence and vocabulary, by method."""
     config = ROOT / "configs" / "paper" / f"{setup}-seq{seq}.json"
     if not config.is_file():
         fail(f"{DATA}: setup '{setup}' at sequence {seq} has no config {config.relative_to(ROOT)}")
     command = [pipesim, "compare", str(config), "--schedules", schedule_of(setup), "--vocab", ",".join(methods),
-               "--set", f"model.vocab={vocab}", "--format", "json"]
+               "--set", f"model.vocab={vocab}", *(x for item in sets for x in ("--set", item)), "--format", "json"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
@@ -78,6 +79,8 @@ def cell(value, form):
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only the rows whose name contains this text")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of every config (pipesim's --set; repeatable): what-if runs")
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
     data = json.loads(DATA.read_text())
@@ -100,7 +103,7 @@ def main():
         mine = [r for r in rows if (r["setup"], r["seq"], r["vocab"]) == key]
         methods = ["baseline"] + [m for m in METHODS if m != "baseline" and any(r["method"] == m for r in mine)]
         print(f"vocab-paper.py: [{i}/{len(groups)}] {setup}-seq{seq} {vocab // 1000}k", file=sys.stderr, flush=True)
-        results = compare(args.pipesim, setup, seq, vocab, methods)
+        results = compare(args.pipesim, setup, seq, vocab, methods, args.set)
         base = baselines.get(key)
         for row in sorted(mine, key=lambda r: METHODS.index(r["method"])):
             result = results[row["method"]]

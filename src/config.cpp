@@ -51,7 +51,7 @@ const HardwareConfig kH100Sxm{
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
     .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
-    .sustained_compute_fraction = 0.79};
+    .sustained_compute_fraction = 0.81};
 /// The H100 chip with its own memory and its own fitted fraction (above).
 HardwareConfig grand_teton_h100() {
   HardwareConfig h = kH100Sxm;
@@ -91,7 +91,12 @@ std::string_view kernel_profile_name(KernelProfile profile) {
 }
 
 std::string_view attention_kernel_name(AttentionKernel kernel) {
-  return kernel == AttentionKernel::Flash2 ? "flash2" : "cudnn";
+  switch (kernel) {
+    case AttentionKernel::Cudnn: return "cudnn";
+    case AttentionKernel::Flash2: return "flash2";
+    case AttentionKernel::Flash1: return "flash1";
+  }
+  return "?";
 }
 
 std::string_view moe_dispatcher_name(MoeDispatcher dispatcher) {

@@ -244,10 +244,11 @@ enum class Fp8Format { None, Hybrid, E4M3 };
 std::string_view fp8_format_name(Fp8Format format);
 
 /// Which fused attention kernel the framework runs: cuDNN's (Transformer Engine; PyTorch's SDPA on
-/// Hopper once it made cuDNN its default) or FlashAttention-2 (flash-attn 2, PyTorch's SDPA flash
-/// backend). FlashAttention-3 runs at cuDNN's rate on the H100 (docs/cost-model.md).
-enum class AttentionKernel { Cudnn, Flash2 };
-/// "cudnn" or "flash2", as configs spell them.
+/// Hopper once it made cuDNN its default), FlashAttention-2 (flash-attn 2, PyTorch's SDPA flash
+/// backend) or FlashAttention-1 (flash-attn 1.x, as 2023's stacks pinned it). FlashAttention-3 runs
+/// at cuDNN's rate on the H100 (docs/cost-model.md).
+enum class AttentionKernel { Cudnn, Flash2, Flash1 };
+/// "cudnn", "flash2" or "flash1", as configs spell them.
 std::string_view attention_kernel_name(AttentionKernel kernel);
 
 struct PrecisionConfig {

@@ -28,7 +28,7 @@ Kernel batched_gemm(double flops, double bytes) { return {flops, bytes, false, 0
 /// the config names (precision.attention_kernel).
 Kernel fused_attention(const Config& c, double flops, double bytes) {
   Kernel k{flops, bytes, true, 0, 0};
-  k.flash2 = c.precision.attention_kernel == AttentionKernel::Flash2;
+  k.attention_kernel = c.precision.attention_kernel;
   return k;
 }
 
@@ -322,8 +322,24 @@ double embedding_backward_bytes(const Config& c, double rows) {
   return tokens * (p.activation_bytes + 2 * p.param_bytes) + rows * h * (2 * p.param_bytes + 2 * p.grad_bytes);
 }
 
+namespace {
+/// The efficiency a fused attention kernel runs at on `h`. FlashAttention-2 is "around 2× speedup
+/// compared to FlashAttention", 50–73% of the A100's peak against 25–40% (Dao 2023, abstract and §1):
+/// FlashAttention-1 at half of FlashAttention-2's efficiency on every GPU (on Hopper both run their
+/// Ampere code).
+double attention_efficiency(AttentionKernel kernel, const HardwareConfig& h) {
+  constexpr double kFlash2OverFlash1 = 2;
+  switch (kernel) {
+    case AttentionKernel::Cudnn: return h.attention_efficiency;
+    case AttentionKernel::Flash2: return h.flash2_attention_efficiency;
+    case AttentionKernel::Flash1: return h.flash2_attention_efficiency / kFlash2OverFlash1;
+  }
+  return h.attention_efficiency;
+}
+}  // namespace
+
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
-  const double efficiency = kernel.attention ? (kernel.flash2 ? h.flash2_attention_efficiency : h.attention_efficiency)
+  const double efficiency = kernel.attention ? attention_efficiency(kernel.attention_kernel, h)
                             : kernel.fp8     ? h.fp8_efficiency * tile_fill(kernel, h.sms)
                                              : h.compute_efficiency * tile_fill(kernel, h.sms);
   const double peak = (kernel.fp8 ? h.peak_fp8_tflops : h.peak_tflops) * h.sustained_compute_fraction;

@@ -21,7 +21,7 @@ struct Kernel {
   /// A forward GEMM whose output a tensor-parallel reduce-scatter overlaps (training.tp_comm_overlap):
   /// the SMs that reduce-scatter keeps from it (Transformer Engine's SM margin), 0 for none.
   int overlap_sms = 0;
-  bool flash2 = false;  ///< attention run by FlashAttention-2's kernels (precision.attention_kernel)
+  AttentionKernel attention_kernel = AttentionKernel::Cudnn;  ///< whose kernel runs it (precision.attention_kernel)
 };
 /// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.

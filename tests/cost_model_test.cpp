@@ -117,9 +117,10 @@ TEST_CASE("without flash attention, the score matrix goes through HBM: two batch
   CHECK(double(time(selective).backward - time(unfused).backward) == Approx(forward * 1e9).margin(4));
 }
 
-TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency; nothing else changes") {
+TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency, FlashAttention-1 at half of it; nothing else changes") {
   const Plan cudnn = plan_or_fail(parse_or_fail(kThreeStages));
   const Plan flash2 = plan_or_fail(parse_or_fail(kThreeStages, {"precision.attention_kernel=flash2"}));
+  const Plan flash1 = plan_or_fail(parse_or_fail(kThreeStages, {"precision.attention_kernel=flash1"}));
   const HardwareConfig& hw = cudnn.config.hardware;
   REQUIRE(hw.flash2_attention_efficiency < hw.attention_efficiency);
   const double T = 2048, s = 2048, h = 1024;  // tokens (b = 1), keys, hidden
@@ -134,6 +135,12 @@ TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency; 
   CHECK(double(time(flash2).forward - time(cudnn).forward) == Approx(slower_forward * 1e9).margin(2));
   CHECK(double(time(flash2).backward - time(cudnn).backward) == Approx(slower_backward * 1e9).margin(2));
   CHECK(time(flash2).weight == time(cudnn).weight);
+  // FlashAttention-2 is about twice FlashAttention-1 (Dao 2023): the attention takes twice as long.
+  CHECK(double(time(flash1).forward - time(flash2).forward) ==
+        Approx(attention(forward, hw.flash2_attention_efficiency) * 1e9).margin(2));
+  CHECK(double(time(flash1).backward - time(flash2).backward) ==
+        Approx(attention(backward, hw.flash2_attention_efficiency) * 1e9).margin(2));
+  CHECK(time(flash1).weight == time(cudnn).weight);
   // The kernel is flash attention's: without it there is none to name.
   CHECK_THAT(parse_error(kThreeStages, {"precision.flash_attention=false", "precision.attention_kernel=flash2"}),
              Catch::Contains("precision.attention_kernel") && Catch::Contains("flash_attention"));

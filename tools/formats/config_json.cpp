@@ -337,11 +337,15 @@ PrecisionConfig read_precision(const json* object) {
   if (r.has("attention_kernel")) {
     const std::string kernel = r.choice(
         "attention_kernel", "cudnn",
-        {{"cudnn", "cuDNN's fused attention: Transformer Engine, PyTorch's SDPA on Hopper today"}, {"flash2", "FlashAttention-2"}});
+        {{"cudnn", "cuDNN's fused attention: Transformer Engine, PyTorch's SDPA on Hopper today"},
+         {"flash2", "FlashAttention-2"},
+         {"flash1", "FlashAttention-1 (flash-attn 1.x)"}});
     if (!p.flash_attention)
       throw ConfigError{r.at("attention_kernel"), "names the fused attention kernel, and precision.flash_attention is "
                                                   "false; remove it or set flash_attention to true"};
-    p.attention_kernel = kernel == "flash2" ? AttentionKernel::Flash2 : AttentionKernel::Cudnn;
+    p.attention_kernel = kernel == "flash2"   ? AttentionKernel::Flash2
+                         : kernel == "flash1" ? AttentionKernel::Flash1
+                                              : AttentionKernel::Cudnn;
   }
   if (r.has("fp8") && !r.value("fp8").is_null()) {
     const std::string fp8 = r.string("fp8", "");

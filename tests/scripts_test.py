@@ -97,6 +97,29 @@ def vocab_paper_table():
     failures += not ok
 
 
+def vocab_passes_table():
+    """pipesim's passes against the authors' measured ones: every baseline, vocab-1, vocab-2 and
+    interlaced run of the data file, its measured times as the file gives them, each error the ratio of
+    the two columns."""
+    global failures
+    run = subprocess.run(["tools/vocab-passes.py", "--pipesim", pipesim], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in run.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| run")]
+    by = {(r[0], r[1]): r for r in rows}
+    ok = run.returncode == 0 and len(rows) == 8 * 5 + 24 * 4  # 8 baseline runs, 24 of the vocabulary modes
+    ok = ok and "S + T: 24 runs" in run.stdout and "embedding B: 8 runs" in run.stdout
+    if ok:
+        # The artifact's vocab-1 (synctwice) run at 256k, s = 2048: the output-layer step 7,947, 7,964,
+        # 7,920, 8,103, 7,879, 8,011, 7,960 and 7,717 us on the eight devices.
+        ok = by[("vocab-1 256k s2048", "S + T")][2] == f"{sum([7947, 7964, 7920, 8103, 7879, 8011, 7960, 7717]) / 8e3:.2f}"
+        # Each error is predicted / measured - 1, up to the columns' rounding to 0.01 ms.
+        ok = ok and all(abs(float(r[3]) / float(r[2]) - 1 - float(r[4].rstrip("%")) / 100) < 0.011 / float(r[2]) + 0.001
+                        for r in rows)
+    print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-passes.py: exit {run.returncode}")
+    failures += not ok
+
+
 def sustained_fit():
     """tools/published-runs.py --fit around the shipped values: each preset's fit must land on its
     sustained_compute_fraction (a100-80gb 0.94, h100-sxm 0.81, h100-96gb-500w 0.61), inside the grid."""
@@ -147,6 +170,7 @@ def zero_bubble_table():
 published_runs_table()
 published_moe_runs()
 vocab_paper_table()
+vocab_passes_table()
 fp8_fit()
 sustained_fit()
 zero_bubble_table()

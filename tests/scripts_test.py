@@ -3,6 +3,7 @@
 
 usage: scripts_test.py SOURCE_ROOT PIPESIM
 """
+import pathlib
 import re
 import subprocess
 import sys
@@ -117,6 +118,14 @@ def vocab_passes_table():
         ok = ok and all(abs(float(r[3]) / float(r[2]) - 1 - float(r[4].rstrip("%")) / 100) < 0.011 / float(r[2]) + 0.001
                         for r in rows)
     print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-passes.py: exit {run.returncode}")
+    failures += not ok
+    # --fit: the efficiencies docs/vocabulary-parallelism.md quotes are the ones it fits.
+    run = subprocess.run(["tools/vocab-passes.py", "--pipesim", pipesim, "--fit"], cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    doc = (pathlib.Path(root) / "docs" / "vocabulary-parallelism.md").read_text()
+    ok = run.returncode == 0 and "fitted on 16 baseline transformer-stage passes: compute_efficiency 0.657, " \
+        "attention_efficiency 0.652" in run.stdout and "finds 0.657 and 0.652" in doc
+    print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-passes.py --fit: exit {run.returncode}")
     failures += not ok
 
 

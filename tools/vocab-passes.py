@@ -16,7 +16,13 @@ against predicted:
 then the mean signed error of each (positive: pipesim slower). `redistribute` moves layers between
 stages and is left out. Progress goes to stderr.
 
-usage: tools/vocab-passes.py [--pipesim PATH] [--set KEY=VALUE ...]
+--fit: instead, fits the GEMM and attention efficiencies of the configs' hardware to the transformer
+stages of the baseline runs, in which no vocabulary collective runs beside them: what the authors'
+machine ran this model at. A stage's time is G/e_gemm + A/e_attention + M (GEMMs, attention,
+memory-bound kernels); three simulations a run (both efficiencies 0.5, then each at 1) give G, A and
+M, and least squares over the runs' F and B gives the two efficiencies.
+
+usage: tools/vocab-passes.py [--pipesim PATH] [--set KEY=VALUE ...] [--fit]
 """
 import json
 import pathlib
@@ -59,13 +65,47 @@ def predicted_passes(pipesim, case, sets, folder):
     return {key: mean(values) for key, values in durations.items()}
 
 
+def stage_times(pipesim, case, sets, folder):
+    """A transformer stage's F and B (devices 1-6), in ms, as pipesim predicts them for the case."""
+    p = predicted_passes(pipesim, case, sets, folder)
+    return [mean([p[(d, kind)] for d in range(1, 7)]) for kind in ("F", "B")]
+
+
+def fit(pipesim, cases, sets):
+    """Least-squares GEMM and attention efficiencies from the baseline runs' transformer stages."""
+    baseline = [c for c in cases if c["method"] == "baseline"]
+    rows = []  # (G, A, measured - M): a pass takes G/e_gemm + A/e_attention + M
+    at = lambda gemm, attention: sets + [f"hardware.compute_efficiency={gemm}", f"hardware.attention_efficiency={attention}"]
+    with tempfile.TemporaryDirectory() as folder:
+        for i, case in enumerate(baseline, 1):
+            print(f"vocab-passes.py: fit [{i}/{len(baseline)}] {case['name']}", file=sys.stderr, flush=True)
+            both = stage_times(pipesim, case, at(0.5, 0.5), folder)
+            gemm = stage_times(pipesim, case, at(1, 0.5), folder)
+            attention = stage_times(pipesim, case, at(0.5, 1), folder)
+            for k, measured in enumerate((mean(case["forward_ms"][1:7]), mean(case["backward_ms"][1:7]))):
+                g, a = both[k] - gemm[k], both[k] - attention[k]
+                rows.append((g, a, measured - (both[k] - 2 * g - 2 * a)))
+    gg, aa, ga = (sum(x * y for x, y in pairs) for pairs in
+                  (((g, g) for g, _, _ in rows), ((a, a) for _, a, _ in rows), ((g, a) for g, a, _ in rows)))
+    gy, ay = sum(g * y for g, _, y in rows), sum(a * y for _, a, y in rows)
+    det = gg * aa - ga * ga
+    inverse_gemm, inverse_attention = (gy * aa - ay * ga) / det, (ay * gg - gy * ga) / det
+    return 1 / inverse_gemm, 1 / inverse_attention, len(rows)
+
+
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field of every config (pipesim's --set; repeatable)")
+    parser.add_argument("--fit", action="store_true", help="fit the GEMM and attention efficiencies instead")
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
     cases = [c for c in json.loads(DATA.read_text())["cases"] if c["method"] in METHODS]
+    if args.fit:
+        gemm, attention, n = fit(args.pipesim, cases, args.set)
+        print(f"fitted on {n} baseline transformer-stage passes: compute_efficiency {gemm:.3f}, "
+              f"attention_efficiency {attention:.3f}")
+        return
     print("| run | pass | measured ms | predicted ms | error |")
     print("|---|---|---:|---:|---:|")
     errors = {}

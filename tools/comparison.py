@@ -1,5 +1,6 @@
-"""What the comparison scripts (published-runs.py, vocab-paper.py, fit-fp8.py) share: their --pipesim
-option, a simulation's result (or a sweep's), a --grid's values, and the summary line they print."""
+"""What the comparison scripts (published-runs.py, vocab-paper.py, vocab-passes.py, fit-fp8.py) share:
+their --pipesim and --set options, a simulation's result (or a sweep's), a --grid's values, and the
+summary line they print."""
 import argparse
 import json
 import pathlib
@@ -15,6 +16,17 @@ def pipesim_parser(description):
     return parser
 
 
+def add_set_option(parser):
+    """The --set option of the scripts that pass overrides on to every config they simulate."""
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of every config (pipesim's --set; repeatable)")
+
+
+def set_options(sets):
+    """pipesim's command-line options for the overrides `sets` ("key.path=value" each)."""
+    return [option for item in sets for option in ("--set", item)]
+
+
 def require_pipesim(path, fail):
     """`fail` with the fix unless `path` is a file (a build not there yet)."""
     if not pathlib.Path(path).is_file():
@@ -27,8 +39,7 @@ def simulate(pipesim, config, sets, fail, grid=None):
     command = [pipesim, "simulate" if grid is None else "sweep", str(config), "--format", "json"]
     if grid is not None:
         command += ["--grid", grid]
-    for item in sets:
-        command += ["--set", item]
+    command += set_options(sets)
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")

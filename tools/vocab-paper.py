@@ -34,7 +34,7 @@ import pathlib
 import subprocess
 import sys
 
-from comparison import pipesim_parser, require_pipesim, summarize
+from comparison import add_set_option, pipesim_parser, require_pipesim, set_options, summarize
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def compare(pipesim, setup, seq, vocab, methods, sets=()):
     if not config.is_file():
         fail(f"{DATA}: setup '{setup}' at sequence {seq} has no config {config.relative_to(ROOT)}")
     command = [pipesim, "compare", str(config), "--schedules", schedule_of(setup), "--vocab", ",".join(methods),
-               "--set", f"model.vocab={vocab}", *(x for item in sets for x in ("--set", item)), "--format", "json"]
+               "--set", f"model.vocab={vocab}", *set_options(sets), "--format", "json"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
@@ -79,8 +79,7 @@ def cell(value, form):
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only the rows whose name contains this text")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field of every config (pipesim's --set; repeatable): what-if runs")
+    add_set_option(parser)
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
     data = json.loads(DATA.read_text())

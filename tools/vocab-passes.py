@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-from comparison import pipesim_parser, require_pipesim
+from comparison import add_set_option, pipesim_parser, require_pipesim, set_options
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "vocab-paper-passes.json"
@@ -52,7 +52,7 @@ def predicted_passes(pipesim, case, sets, folder):
     config = ROOT / "configs" / "paper" / f"1f1b-8gpu-seq{case['seq']}.json"
     trace = pathlib.Path(folder) / f"{case['name']}.json"
     command = [pipesim, "simulate", str(config), "--vocab", case["method"], "--set", f"model.vocab={case['vocab']}",
-               *(x for item in sets for x in ("--set", item)), "--trace", str(trace)]
+               *set_options(sets), "--trace", str(trace)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
@@ -65,10 +65,19 @@ def predicted_passes(pipesim, case, sets, folder):
     return {key: mean(values) for key, values in durations.items()}
 
 
+def transformer_stage(passes):
+    """A transformer stage's F and B, in ms: their means over devices 1-6, which hold neither vocabulary layer."""
+    return [mean([passes[(d, kind)] for d in range(1, 7)]) for kind in ("F", "B")]
+
+
+def measured_stage(case):
+    """transformer_stage as the authors measured it in the case."""
+    return [mean(case["forward_ms"][1:7]), mean(case["backward_ms"][1:7])]
+
+
 def stage_times(pipesim, case, sets, folder):
-    """A transformer stage's F and B (devices 1-6), in ms, as pipesim predicts them for the case."""
-    p = predicted_passes(pipesim, case, sets, folder)
-    return [mean([p[(d, kind)] for d in range(1, 7)]) for kind in ("F", "B")]
+    """transformer_stage as pipesim predicts it for the case."""
+    return transformer_stage(predicted_passes(pipesim, case, sets, folder))
 
 
 def fit(pipesim, cases, sets):
@@ -82,7 +91,7 @@ def fit(pipesim, cases, sets):
             both = stage_times(pipesim, case, at(0.5, 0.5), folder)
             gemm = stage_times(pipesim, case, at(1, 0.5), folder)
             attention = stage_times(pipesim, case, at(0.5, 1), folder)
-            for k, measured in enumerate((mean(case["forward_ms"][1:7]), mean(case["backward_ms"][1:7]))):
+            for k, measured in enumerate(measured_stage(case)):
                 g, a = both[k] - gemm[k], both[k] - attention[k]
                 rows.append((g, a, measured - (both[k] - 2 * g - 2 * a)))
     gg, aa, ga = (sum(x * y for x, y in pairs) for pairs in
@@ -95,8 +104,7 @@ def fit(pipesim, cases, sets):
 
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field of every config (pipesim's --set; repeatable)")
+    add_set_option(parser)
     parser.add_argument("--fit", action="store_true", help="fit the GEMM and attention efficiencies instead")
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
@@ -113,14 +121,13 @@ def main():
         for i, case in enumerate(cases, 1):
             print(f"vocab-passes.py: [{i}/{len(cases)}] {case['name']}", file=sys.stderr, flush=True)
             p = predicted_passes(args.pipesim, case, args.set, folder)
-            middle = range(1, 7)
-            f = mean([p[(d, "F")] for d in middle])
-            b = mean([p[(d, "B")] for d in middle])
-            pairs = [("layers F", mean(case["forward_ms"][1:7]), f), ("layers B", mean(case["backward_ms"][1:7]), b)]
+            f, b = transformer_stage(p)
+            measured_f, measured_b = measured_stage(case)
+            pairs = [("layers F", measured_f, f), ("layers B", measured_b, b)]
             if case["method"] == "baseline":
-                pairs += [("head F", case["forward_ms"][7] - mean(case["forward_ms"][1:7]), p[(7, "F")] - f),
-                          ("head B", case["backward_ms"][7] - mean(case["backward_ms"][1:7]), p[(7, "B")] - b),
-                          ("embedding B", case["backward_ms"][0] - mean(case["backward_ms"][1:7]), p[(0, "B")] - b)]
+                pairs += [("head F", case["forward_ms"][7] - measured_f, p[(7, "F")] - f),
+                          ("head B", case["backward_ms"][7] - measured_b, p[(7, "B")] - b),
+                          ("embedding B", case["backward_ms"][0] - measured_b, p[(0, "B")] - b)]
             else:
                 devices = range(8)
                 pairs += [("S + T", mean(case["s_ms"]), mean([p[(d, "S")] + p[(d, "T")] for d in devices])),

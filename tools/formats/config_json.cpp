@@ -343,9 +343,8 @@ PrecisionConfig read_precision(const json* object) {
     if (!p.flash_attention)
       throw ConfigError{r.at("attention_kernel"), "names the fused attention kernel, and precision.flash_attention is "
                                                   "false; remove it or set flash_attention to true"};
-    p.attention_kernel = kernel == "flash2"   ? AttentionKernel::Flash2
-                         : kernel == "flash1" ? AttentionKernel::Flash1
-                                              : AttentionKernel::Cudnn;
+    constexpr std::array kKernels{AttentionKernel::Cudnn, AttentionKernel::Flash2, AttentionKernel::Flash1};
+    p.attention_kernel = *std::ranges::find(kKernels, kernel, attention_kernel_name);
   }
   if (r.has("fp8") && !r.value("fp8").is_null()) {
     const std::string fp8 = r.string("fp8", "");

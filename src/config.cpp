@@ -58,7 +58,7 @@ HardwareConfig grand_teton_h100() {
   h.preset = "h100-96gb-500w";
   h.hbm_gbps = 2400;
   h.memory_gib = 89.4;
-  h.sustained_compute_fraction = 0.61;
+  h.sustained_compute_fraction = 0.68;
   return h;
 }
 const HardwareConfig kH200{
@@ -87,7 +87,12 @@ std::string_view fp8_format_name(Fp8Format format) {
 }
 
 std::string_view kernel_profile_name(KernelProfile profile) {
-  return profile == KernelProfile::Fused ? "fused" : "eager";
+  switch (profile) {
+    case KernelProfile::Eager: return "eager";
+    case KernelProfile::Composite: return "composite";
+    case KernelProfile::Fused: return "fused";
+  }
+  return "?";
 }
 
 std::string_view attention_kernel_name(AttentionKernel kernel) {

@@ -177,8 +177,9 @@ enum class MoeDispatcher {
 /// "alltoall" or "flex", as configs spell it.
 std::string_view moe_dispatcher_name(MoeDispatcher dispatcher);
 
-/// The elementwise kernels a framework runs: "eager" (PyTorch, one kernel an op) or "fused".
-enum class KernelProfile { Eager, Fused };
+/// The elementwise kernels a framework runs: "eager" (PyTorch, one kernel an op), "composite" (eager,
+/// with RMSNorm and the rotary embedding written as tensor ops, as torchtitan's Llama of 2024) or "fused".
+enum class KernelProfile { Eager, Composite, Fused };
 std::string_view kernel_profile_name(KernelProfile profile);
 
 /// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding
@@ -228,7 +229,8 @@ struct TrainingConfig {
   bool optimizer_post_validation = false;
   /// Whose elementwise kernels the layers run (docs/cost-model.md, "Kernel profiles"): PyTorch eager's,
   /// one kernel an op, as the presets' op measurements ran them, or fused ones (Megatron-Core's and
-  /// Transformer Engine's, torch.compile's). They differ in SwiGLU, one kernel instead of several.
+  /// Transformer Engine's, torch.compile's). They differ in SwiGLU, one kernel instead of several;
+  /// "composite" also runs each step of RMSNorm and of the rotary embedding as a kernel of its own.
   KernelProfile kernels = KernelProfile::Eager;
 };
 

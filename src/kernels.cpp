@@ -143,6 +143,25 @@ void add_mlp(const Config& c, double tokens, double f, double t, double groups, 
   out.backward.push_back(streaming(groups * tokens * backward * f / t * act));
 }
 
+/// What the composite profile (training.kernels "composite") runs beyond eager's one kernel a norm:
+/// torchtitan's RMSNorm of 2024 (`x.float()`, `pow(2)`, `mean`, `x * rsqrt(...)`, `type_as(x)`, `* weight`)
+/// and its rotary embedding (`apply_rotary_emb`: queries and keys cast to fp32, multiplied as complex
+/// numbers, cast back), each step a kernel through HBM. In bytes an element, with a the activation's
+/// and 4 fp32's: a norm moves a+4, 4+4, 4, 4+4, 4+a and a+a forward, 28 + 4a against a fused norm's
+/// 2a; its backward (autograd's: the weight product's two gradients and sum 6a, the casts' a+4 and
+/// 4+a, x·r's two gradients and sum 24, mean's expansion 4, pow's 2x·g 28, the two gradients of x
+/// added 12) 76 + 8a against 3a. The rotary embedding moves (a+4) + (4+4) + (4+a) an element of the
+/// queries and keys each way, which eager and fused do not count (docs/cost-model.md, "Kernel profiles").
+void add_composite_norms_and_rope(const Config& c, StageKernels& out) {
+  const double t = c.parallel.tp, tokens = rank_tokens(c), act = c.precision.activation_bytes;
+  const double norm_tokens = c.parallel.sequence_parallel ? tokens / t : tokens;
+  constexpr double kNorms = 2;  // before attention and before the MLP
+  const AttentionWidths w = attention_widths(c.model);
+  const double rotated = tokens * (w.query + w.key) / t * (16 + 2 * act);
+  out.forward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (28 + 2 * act) + rotated));
+  out.backward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (76 + 5 * act) + rotated));
+}
+
 /// A MoE layer's expert part on one rank (docs/cost-model.md, "Mixture of experts"): the router's GEMM
 /// and top-k over the rank's sequence-parallel tokens; the permutation of their top-k copies into
 /// expert order and back (each a read and a write of the copies, forward and backward); the routed
@@ -188,6 +207,7 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   const double norms = c.parallel.sequence_parallel ? t : 1;
   out.forward.push_back(streaming(tokens * 4 * h / norms * act));
   out.backward.push_back(streaming(tokens * 16 * h / norms * act));
+  if (c.training.kernels == KernelProfile::Composite) add_composite_norms_and_rope(c, out);
   const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
   const AttentionWidths w = attention_widths(m);
   if (m.mlp == MlpKind::Gelu)  // GPT's biases: their gradients read each linear's output gradient

@@ -167,6 +167,31 @@ TEST_CASE("fused kernels run SwiGLU as one kernel each way: 3f and 5f elements a
   CHECK_THAT(parse_error(kThreeStages, {"training.kernels=compiled"}), Catch::Contains("expected \"eager\""));
 }
 
+TEST_CASE("composite kernels run RMSNorm and the rotary embedding step by step, each step through HBM") {
+  // Grouped-query attention: 16 query heads and 4 key/value heads of 64 channels.
+  const int t = GENERATE(1, 2);
+  const bool sp = GENERATE(false, true);
+  const std::vector<std::string> llama = {"model.mlp=swiglu", "model.ffn_hidden=2816", "model.kv_heads=4",
+                                          fmt::format("parallel.tp={}", t), fmt::format("parallel.sequence_parallel={}", sp)};
+  std::vector<std::string> composite_sets = llama;
+  composite_sets.push_back("training.kernels=composite");
+  const Plan eager = plan_or_fail(parse_or_fail(kThreeStages, llama));
+  const Plan composite = plan_or_fail(parse_or_fail(kThreeStages, composite_sets));
+  const HardwareConfig& hw = eager.config.hardware;
+  const double T = 2048, h = 1024, q = 1024, k = 256, a = 2;  // tokens (b = 1), widths, bf16
+  const double norm_tokens = sp ? T / t : T;
+  const auto streaming = [&](double bytes) { return bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency) * 1e9; };
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  // Per norm and element: forward 28 + 4a bytes against a fused norm's 2a, backward 76 + 8a against
+  // 3a; two norms a layer. The rotary embedding: 16 + 2a an element of the queries and keys each way.
+  const double rope = T * (q + k) / t * (16 + 2 * a);
+  CHECK(double(time(composite).forward - time(eager).forward) ==
+        Approx(streaming(2 * norm_tokens * h * (28 + 2 * a) + rope)).margin(2));
+  CHECK(double(time(composite).backward - time(eager).backward) ==
+        Approx(streaming(2 * norm_tokens * h * (76 + 5 * a) + rope)).margin(2));
+  CHECK(time(composite).weight == time(eager).weight);
+}
+
 TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
   const Config c = parse_or_fail(kThreeStages);  // 2 GPUs per node: devices 0,1 | 2
   const Simulated sim = simulate_or_fail(c);

@@ -153,6 +153,8 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
                              // per-op selective checkpointing: [activation_checkpoint] selective_ac_option "op"
                              Sets{"parallel.microbatches=16", "parallel.dp=2", "training.zero_stage=3",
                                   "training.recompute_granularity=selective_op"},
+                             // uncompiled with the 2024 releases' RMSNorm in tensor ops: [model] norm_type "rmsnorm"
+                             Sets{"parallel.microbatches=16", "training.kernels=composite"},
                              // async tensor parallelism: no Transformer Engine SM margin, under torch.compile
                              Sets{"parallel.microbatches=16", "parallel.pp=2", "parallel.tp=2",
                                   "parallel.sequence_parallel=true", "training.tp_comm_overlap=true",
@@ -221,6 +223,12 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
             .field == "schedule.name");
   CHECK_FALSE(as_run_by(Framework::Megatron, llama({"training.overlap_p2p_comm=true"})).training.overlap_p2p_comm);
   CHECK(as_run_by(Framework::Megatron, llama({})).training.kernels == KernelProfile::Fused);
+  // Megatron-LM's norms and rotary embedding are Transformer Engine's fused kernels.
+  const Config composite = llama({"training.kernels=composite"});
+  CHECK(unsupported(Framework::Megatron, composite, {}).front().field == "training.kernels");
+  changes.clear();
+  CHECK(nearest_runnable(Framework::Megatron, composite, split_of(composite), changes).training.kernels ==
+        KernelProfile::Fused);
 }
 
 TEST_CASE("import names what is missing or does not add up") {

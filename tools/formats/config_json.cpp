@@ -377,10 +377,13 @@ TrainingConfig read_training(const json* object, const json* precision) {
   t.recompute_method = method == "block" ? RecomputeMethod::Block : RecomputeMethod::Uniform;
   t.recompute_num_layers = r.integer("recompute_num_layers", 1, 1, false, limits::kLayers);
   t.optimizer_post_validation = r.boolean("optimizer_post_validation", t.optimizer_post_validation);
-  const std::string kernels = r.choice("kernels", "eager",
-                                       {{"eager", "PyTorch, one kernel an op"},
-                                        {"fused", "Megatron-Core and Transformer Engine, torch.compile"}});
-  t.kernels = kernels == "fused" ? KernelProfile::Fused : KernelProfile::Eager;
+  const std::string kernels =
+      r.choice("kernels", "eager",
+               {{"eager", "PyTorch, one kernel an op"},
+                {"composite", "eager, RMSNorm and the rotary embedding as tensor ops (torchtitan's Llama of 2024)"},
+                {"fused", "Megatron-Core and Transformer Engine, torch.compile"}});
+  constexpr std::array kProfiles{KernelProfile::Eager, KernelProfile::Composite, KernelProfile::Fused};
+  t.kernels = *std::ranges::find(kProfiles, kernels, kernel_profile_name);
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

@@ -71,6 +71,8 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
                    "selective"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "mainline Megatron-LM synchronises stages at the step", "false"});
+  if (c.training.kernels == KernelProfile::Composite)
+    out.push_back({"training.kernels", "Megatron-LM runs fused norms and rotary embeddings", "fused"});
   // megatron/training/arguments.py turns overlap_p2p_comm off without a virtual pipeline.
   if (c.parallel.pp > 1 && c.training.overlap_p2p_comm && s != "interleaved-1f1b")
     out.push_back({"training.overlap_p2p_comm", "Megatron-LM overlaps pipeline transfers only in the interleaved schedule",
@@ -120,7 +122,7 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
                    c.training.recompute_granularity == Recompute::Selective ? "none" : "full/uniform/1"});
   if (c.parallel.tp > 1 && !c.parallel.sequence_parallel)
     out.push_back({"parallel.sequence_parallel", "torchtitan's tensor parallelism always shards the sequence", "true"});
-  if (c.parallel.tp > 1 && c.training.tp_comm_overlap && c.training.kernels == KernelProfile::Eager)
+  if (c.parallel.tp > 1 && c.training.tp_comm_overlap && c.training.kernels != KernelProfile::Fused)
     out.push_back({"training.kernels", "torchtitan's async tensor parallelism runs under torch.compile", "fused"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});

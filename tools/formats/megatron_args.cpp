@@ -156,7 +156,7 @@ std::string megatron_arguments(const Config& c, const std::vector<int>& layers_p
     arg("position-embedding-type", "rope");
     flag("disable-bias-linear");
     // Megatron-Core fuses SwiGLU by default (bias_swiglu_fusion); eager kernels are its opt-out.
-    if (c.training.kernels == KernelProfile::Eager) flag("no-bias-swiglu-fusion");
+    if (c.training.kernels != KernelProfile::Fused) flag("no-bias-swiglu-fusion");
   }
   if (!m.tied_embeddings) flag("untie-embeddings-and-output-weights");
   if (m.head_dim > 0) arg("kv-channels", m.head_dim);

@@ -59,6 +59,8 @@ std::string torchtitan_toml(const Config& c, const std::vector<int>& split, cons
   }
   // torchao's float8 training of the linear layers (torchtitan/components/quantization/float8.py).
   if (c.precision.fp8 != Fp8Format::None) out += "converters = [\"quantize.linear.float8\"]\n";
+  // The composite profile is the eager RMSNorm torchtitan's 2024 releases built for this name.
+  if (c.training.kernels == KernelProfile::Composite) out += "norm_type = \"rmsnorm\"\n";
   out += "\n";
   const std::int64_t global_batch = global_batch_size(c);
   out += fmt::format("[training]\nlocal_batch_size = {}\nglobal_batch_size = {}\nseq_len = {}\n\n", global_batch / p.dp,
@@ -153,10 +155,12 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                 // PyTorch's async tensor parallelism: no Transformer Engine SM margin (docs/config.md)
                 {"tp_comm_overlap_proj_sms", 0},
                 {"tp_comm_overlap_fc2_sms", 0},
-                // torch.compile (its [compile] section, or [training] compile before) fuses the elementwise ops
+                // torch.compile (its [compile] section, or [training] compile before) fuses the elementwise
+                // ops; uncompiled, the 2024 releases' norm_type "rmsnorm" is RMSNorm in tensor ops
                 {"kernels", table.at_path("compile.enable").value_or(table.at_path("training.compile").value_or(false))
                                 ? "fused"
-                                : "eager"}};
+                            : text_of("model", "norm_type", "") == "rmsnorm" ? "composite"
+                                                                            : "eager"}};
   const std::string ac = text_of("activation_checkpoint", "mode", "selective");
   // torchtitan's selective_ac_option: "op" (its per-op policy) or a number n (every n-th block in full).
   const std::string option = text_of("activation_checkpoint", "selective_ac_option", "2");

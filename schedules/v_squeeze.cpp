@@ -265,8 +265,9 @@ Grid squeeze(Grid g, bool with_w, const std::vector<ChunkBytes>& bytes) {
 
 }  // namespace
 
-VPattern v_half_pattern(int p) {
-  const int delta = p % 2 == 0 ? 3 : 0;
+VPattern v_half_pattern(int p, int delayed_periods) {
+  constexpr int kPeriod = 6;  // F, B and W of both chunks, one slot each
+  const int delta = (p % 2 == 0 ? 3 : 0) + kPeriod * delayed_periods;
   VPattern pattern;
   for (int i = 0; i < p; ++i) pattern.push_back({2 * i, 3 * p - i - 2, 3 * p + delta + 2 * i - 1, 6 * p + delta - i - 2});
   return pattern;

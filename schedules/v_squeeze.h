@@ -15,8 +15,9 @@ namespace pipesim {
 /// microbatch k runs 6k slots later.
 using VPattern = std::vector<std::array<int, 4>>;
 
-/// F0 at 2i, F1 at 3p - i - 2, B1 at 3p + δ + 2i - 1, B0 at 6p + δ - i - 2; δ = 3 for even p.
-VPattern v_half_pattern(int devices);
+/// V-Half's stable pattern (Qi et al. 2024): F0 at 2i, F1 at 3p - i - 2, B1 at 3p + δ + 2i - 1, B0 at
+/// 6p + δ - i - 2; δ = 3 for even p, plus one period (6 slots) for each of `delayed_periods`.
+VPattern v_half_pattern(int devices, int delayed_periods = 0);
 
 /// How a squeeze counts a device's memory: in activation bytes as the simulator does (B frees all but
 /// what W needs), or in the reference generator's own units (each chunk's F takes one, its W returns

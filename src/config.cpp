@@ -23,7 +23,8 @@ namespace {
 // forward (causal) and backward, head dim 128, sequences of 2K to 8K tokens (Shah et al. 2024,
 // FlashAttention-3, Figures 5 and 6), applied to the measured attention_efficiency; the A100 preset's
 // attention is FlashAttention-2's already. All of it is overridable per config. sms: the GPUs' SM
-// counts, for GEMMs' tile fill. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
+// counts, for GEMMs' tile fill. comm_sms: fitted to the vocabulary paper authors' A100 pass times
+// (tools/vocab-passes.py --fit-comm-sms, docs/cost-model.md); the H100 and H200 take the A100's count. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
 // NCCL's buffers for the tensor-, pipeline- and data-parallel communicators (about 1 GiB), and the
 // caching allocator's fragmentation (about 5% of what a training step allocates, taken as 1.4 GiB
 // of an 80 GB card and 1.9 GiB of a 141 GB one): what Megatron-LM runs lose on these GPUs.
@@ -44,13 +45,13 @@ const HardwareConfig kA100{
     .flash2_attention_efficiency = 0.65, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
     .intra_node_latency_us = 8,
     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
-    .kernel_launch_us = 0, .sms = 108, .sustained_compute_fraction = 0.94};
+    .kernel_launch_us = 0, .sms = 108, .comm_sms = 7, .sustained_compute_fraction = 0.94};
 const HardwareConfig kH100Sxm{
     .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
     .flash2_attention_efficiency = 0.37, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
-    .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
+    .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
     .sustained_compute_fraction = 0.81};
 /// The H100 chip with its own memory and its own fitted fraction (above).
 HardwareConfig grand_teton_h100() {
@@ -66,7 +67,8 @@ const HardwareConfig kH200{
     .flash2_attention_efficiency = 0.32, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
-    .kernel_launch_us = 0, .sms = 132, .peak_fp8_tflops = 1979, .fp8_efficiency = kH100Sxm.fp8_efficiency,
+    .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979,
+    .fp8_efficiency = kH100Sxm.fp8_efficiency,
     .sustained_compute_fraction = kH100Sxm.sustained_compute_fraction};
 const std::array<HardwareConfig, 4> kPresets = {kA100, kH100Sxm, grand_teton_h100(), kH200};
 
@@ -299,6 +301,10 @@ std::optional<FieldError> check_config(const Config& config) {
       return FieldError{field, fmt::format("a reduce-scatter cannot take all {} of the GPU's SMs (hardware.sms) from "
                                            "its GEMM; give fewer (Transformer Engine's default is {})",
                                            config.hardware.sms, TrainingConfig::kTeOverlapSms)};
+  if (config.hardware.sms > 0 && config.hardware.comm_sms >= config.hardware.sms)
+    return FieldError{"hardware.comm_sms", fmt::format("a collective cannot hold all {} of the GPU's SMs (hardware.sms); "
+                                                       "give fewer",
+                                                       config.hardware.sms)};
   if (training.bucket_size > 0 && !training.overlap_grad_reduce)
     return FieldError{"training.bucket_size", "sizes the gradient buckets that training.overlap_grad_reduce reduces "
                                               "during the backward, and it is off; set it to true or remove bucket_size"};

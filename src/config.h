@@ -137,6 +137,11 @@ struct HardwareConfig {
   /// Streaming multiprocessors: a GEMM with fewer 128×128 output tiles than this, or ragged edges,
   /// runs below compute_efficiency (tile_fill in cost_model.h). 0: GEMM efficiency ignores shape.
   int sms = 0;
+  /// SMs a resident NCCL kernel holds from the compute beside it: one CTA a channel, on an SM no
+  /// compute kernel shares (NVIDIA/nccl#689). Charged where collectives stay resident beside the
+  /// layers' compute: the vocabulary modes whose all-reduces run on their own stream (vocab-1,
+  /// vocab-2; docs/cost-model.md, "Collectives beside compute"). 0: none held.
+  int comm_sms = 0;
   /// Dense FP8 tensor-core peak, TFLOP/s; 0 for a GPU without FP8 (precision.fp8 is refused there).
   double peak_fp8_tflops = 0;
   double fp8_efficiency = 0;  ///< achieved fraction of peak_fp8_tflops for FP8 GEMMs (× tile fill, as bf16's)

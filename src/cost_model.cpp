@@ -27,7 +27,7 @@ class AnalyticTimes {
     const TimeNs recompute = add_ns(pass(kernels.recompute, kernels.tp_allreduces_recompute, 1),
                                     times_ns(kernels.expert_exchanges_recompute, expert_exchange(true)));
     return {pass(kernels.forward, kernels.tp_allreduces_forward, 1),
-            add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), run(kernels.weight),
+            add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), compute(kernels.weight),
             recompute, times_ns(kernels.expert_exchanges, expert_exchange(true)),
             times_ns(kernels.expert_exchanges, expert_exchange(false))};
   }
@@ -88,9 +88,28 @@ class AnalyticTimes {
   /// that last reduce-scatter.
   double overlap_cost_seconds(const Kernel& gemm) const {
     constexpr double kSplits = 4;
+    return held_sms_seconds(kernel_seconds(gemm, h()), gemm.overlap_sms) +
+           double(ring(false, tp_activation_bytes(), c_.parallel.tp, true)) * 1e-9 / kSplits;
+  }
+  /// What `seconds` of tensor-core work on all the SMs costs more on all but `held` of them.
+  double held_sms_seconds(double seconds, int held) const {
     const int sms = h().sms;
-    const double margin = sms > gemm.overlap_sms ? kernel_seconds(gemm, h()) * gemm.overlap_sms / (sms - gemm.overlap_sms) : 0;
-    return margin + double(ring(false, tp_activation_bytes(), c_.parallel.tp, true)) * 1e-9 / kSplits;
+    return held > 0 && sms > held ? seconds * held / (sms - held) : 0;
+  }
+  /// vocab-1 and vocab-2 run their all-reduces and broadcasts on a stream of their own, posted ahead
+  /// of the compute that waits for them, so an NCCL kernel is resident beside the layers' kernels and
+  /// holds hardware.comm_sms SMs from their GEMMs and attention. The interlaced mode's collectives
+  /// run in step with its passes, between them.
+  int sms_held_by_collectives() const {
+    const VocabMode v = c_.schedule.vocab;
+    return v == VocabMode::Vocab1 || v == VocabMode::Vocab2 ? h().comm_sms : 0;
+  }
+  /// Kernels in order; their GEMMs and attention on the SMs resident collectives leave them.
+  TimeNs compute(const std::vector<Kernel>& kernels) const {
+    double tensor_cores = 0;
+    for (const Kernel& k : kernels)
+      if (k.flops > 0) tensor_cores += kernel_seconds(k, h());
+    return add_ns(run(kernels), ns_from_s(held_sms_seconds(tensor_cores, sms_held_by_collectives())));
   }
   /// One round of context parallelism's ring: each rank passes on a block of K and V (s/cp tokens).
   double cp_ring_seconds() const {
@@ -113,7 +132,7 @@ class AnalyticTimes {
       else if (k.flops > 0) gemm += kernel_seconds(k, h());
       if (k.overlap_sms > 0) overlap_cost += overlap_cost_seconds(k);
     }
-    TimeNs time = run(kernels);
+    TimeNs time = compute(kernels);
     const TimeNs tp_comm = times_ns(tp_collectives, tp_allreduce());
     time = add_ns(time, c_.training.tp_comm_overlap
                             ? ns_from_s(std::max(0.0, double(tp_comm) * 1e-9 - gemm) + overlap_cost)

@@ -192,6 +192,36 @@ TEST_CASE("composite kernels run RMSNorm and the rotary embedding step by step, 
   CHECK(time(composite).weight == time(eager).weight);
 }
 
+TEST_CASE("collectives resident beside the layers (vocab-1, vocab-2) hold comm_sms SMs from their GEMMs and attention") {
+  const int held = GENERATE(0, 7, 20);
+  CAPTURE(held);
+  const std::string comm_sms = fmt::format("hardware.comm_sms={}", held);
+  const auto time = [&](const std::string& vocab) {
+    const Plan plan = plan_or_fail(parse_or_fail(kThreeStages, {"schedule.vocab=" + vocab, comm_sms}));
+    return make_cost_model(plan.config, plan.layout)->stage(1);
+  };
+  // Stage 1's tensor-core seconds (its GEMMs and attention) in F, B and W ...
+  const Plan plain = plan_or_fail(parse_or_fail(kThreeStages));
+  const HardwareConfig& hw = plain.config.hardware;
+  const StageKernels kernels = stage_kernels(plain.config, plain.layout.stages[1]);
+  double forward = 0, backward = 0, weight = 0;
+  for (const auto& [list, sum] : {std::pair{&kernels.forward, &forward}, std::pair{&kernels.backward, &backward},
+                                  std::pair{&kernels.weight, &weight}})
+    for (const Kernel& k : *list)
+      if (k.flops > 0) *sum += kernel_seconds(k, hw);
+  // ... each run on sms - comm_sms of the GPU's SMs.
+  const double slower = double(held) / (hw.sms - held) * 1e9;
+  for (const std::string vocab : {"vocab-1", "vocab-2"}) {
+    CAPTURE(vocab);
+    CHECK(double(time(vocab).forward - time("baseline").forward) == Approx(forward * slower).margin(2));
+    CHECK(double(time(vocab).backward - time("baseline").backward) == Approx(backward * slower).margin(2));
+    CHECK(double(time(vocab).weight - time("baseline").weight) == Approx(weight * slower).margin(2));
+  }
+  // Interlaced's collectives run between its passes.
+  CHECK(time("interlaced").forward == time("baseline").forward);
+  CHECK_THAT(parse_error(kThreeStages, {"hardware.comm_sms=132"}), Catch::Contains("hardware.comm_sms"));
+}
+
 TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
   const Config c = parse_or_fail(kThreeStages);  // 2 GPUs per node: devices 0,1 | 2
   const Simulated sim = simulate_or_fail(c);

@@ -127,6 +127,15 @@ def vocab_passes_table():
         "attention_efficiency 0.652" in run.stdout and "finds 0.657 and 0.652" in doc
     print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-passes.py --fit: exit {run.returncode}")
     failures += not ok
+    # --fit-comm-sms around the shipped value: the fit lands on the a100-80gb preset's comm_sms.
+    run = subprocess.run(["tools/vocab-passes.py", "--pipesim", pipesim, "--fit-comm-sms", "--grid", "6:8"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    listing = subprocess.run([pipesim, "list"], capture_output=True, text=True).stdout
+    ok = run.returncode == 0 and "comm_sms 7, fitted (sequence 2048): 16 ratios" in run.stdout
+    ok = ok and "comm_sms 7, held out (sequence 4096): 16 ratios" in run.stdout
+    ok = ok and re.search(r"a100-80gb .*, 7 SMs to resident collectives", listing) is not None
+    print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-passes.py --fit-comm-sms --grid 6:8: exit {run.returncode}")
+    failures += not ok
 
 
 def sustained_fit():

@@ -265,3 +265,23 @@ TEST_CASE("the transformer orders' estimate bounds from below the iteration of a
   CHECK(shorter_transfer > 0);
   CHECK(tight > 0);
 }
+
+TEST_CASE("V-Half with vocabulary passes holds one more microbatch of both chunks per delayed backward, as "
+          "the authors' V-Half does") {
+  const int p = GENERATE(4, 6, 8);
+  const int m = 4 * p;
+  CAPTURE(p);
+  const auto largest_peak = [&](const std::string& vocab) {
+    Bytes peak = 0;
+    for (const auto& d : simulate_or_fail(vocab_config(p, m, 2, "v-half", vocab)).metrics.devices)
+      peak = std::max(peak, d.peak_activation_bytes);
+    return peak;
+  };
+  // kActivation is a device's share of one microbatch, both chunks: V-Half holds (p + 2) / 2 of them,
+  // and its pattern's backwards come vocab_delay periods later (vocab-2 one, vocab-1 two).
+  const Bytes baseline = largest_peak("baseline");
+  CHECK(2 * baseline == (p + 2) * kActivation);
+  CHECK(largest_peak("vocab-2") == baseline + kActivation);
+  if (p >= 6) CHECK(largest_peak("vocab-1") == baseline + 2 * kActivation);
+  CHECK(largest_peak("vocab-1") > largest_peak("vocab-2"));
+}

@@ -22,7 +22,12 @@ machine ran this model at. A stage's time is G/e_gemm + A/e_attention + M (GEMMs
 memory-bound kernels); three simulations a run (both efficiencies 0.5, then each at 1) give G, A and
 M, and least squares over the runs' F and B gives the two efficiencies.
 
-usage: tools/vocab-passes.py [--pipesim PATH] [--set KEY=VALUE ...] [--fit]
+--fit-comm-sms: instead, fits hardware.comm_sms, the SMs an NCCL kernel resident beside the layers
+holds from them: the vocab-1 and vocab-2 runs' transformer stages against their baseline's (same
+vocabulary and sequence), the ratio measured against the ratio predicted, over the grid (--grid
+LOW:HIGH, whole SMs). Fitted on the sequence-2048 runs, reported on those and on the held-out 4096 ones.
+
+usage: tools/vocab-passes.py [--pipesim PATH] [--set KEY=VALUE ...] [--fit | --fit-comm-sms [--grid LOW:HIGH]]
 """
 import json
 import pathlib
@@ -102,10 +107,33 @@ def fit(pipesim, cases, sets):
     return 1 / inverse_gemm, 1 / inverse_attention, len(rows)
 
 
+def fit_comm_sms(pipesim, cases, sets, grid):
+    """{k: (fitted-half errors, held-out errors)}: each vocab-1/vocab-2 run's F and B ratio to its
+    baseline, predicted at hardware.comm_sms = k over measured, less one."""
+    baseline = {(c["vocab"], c["seq"]): c for c in cases if c["method"] == "baseline"}
+    runs = [c for c in cases if c["method"] in ("vocab-1", "vocab-2") and (c["vocab"], c["seq"]) in baseline]
+    errors = {}
+    with tempfile.TemporaryDirectory() as folder:
+        base = {key: stage_times(pipesim, c, sets, folder) for key, c in baseline.items()}
+        for k in grid:
+            print(f"vocab-passes.py: comm_sms {k}", file=sys.stderr, flush=True)
+            fitted, held_out = [], []
+            for case in runs:
+                key = (case["vocab"], case["seq"])
+                predicted = stage_times(pipesim, case, sets + [f"hardware.comm_sms={k}"], folder)
+                measured, measured_base = measured_stage(case), measured_stage(baseline[key])
+                half = fitted if case["seq"] == 2048 else held_out
+                half += [(predicted[i] / base[key][i]) / (measured[i] / measured_base[i]) - 1 for i in (0, 1)]
+            errors[k] = (fitted, held_out)
+    return errors
+
+
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
     add_set_option(parser)
     parser.add_argument("--fit", action="store_true", help="fit the GEMM and attention efficiencies instead")
+    parser.add_argument("--fit-comm-sms", action="store_true", help="fit hardware.comm_sms instead")
+    parser.add_argument("--grid", default="0:16", help="with --fit-comm-sms: the SM counts tried, LOW:HIGH")
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
     cases = [c for c in json.loads(DATA.read_text())["cases"] if c["method"] in METHODS]
@@ -113,6 +141,22 @@ def main():
         gemm, attention, n = fit(args.pipesim, cases, args.set)
         print(f"fitted on {n} baseline transformer-stage passes: compute_efficiency {gemm:.3f}, "
               f"attention_efficiency {attention:.3f}")
+        return
+    if args.fit_comm_sms:
+        try:
+            low, high = (int(x) for x in args.grid.split(":"))
+        except ValueError:
+            fail(f"--grid {args.grid}: expected LOW:HIGH, two whole numbers")
+        errors = fit_comm_sms(args.pipesim, cases, args.set, range(low, high + 1))
+        absolute = lambda values: mean([abs(v) for v in values])
+        best = min(errors, key=lambda k: absolute(errors[k][0]))
+        for name, values in zip(("fitted (sequence 2048)", "held out (sequence 4096)"), errors[best]):
+            print(f"comm_sms {best}, {name}: {len(values)} ratios, mean |error| {absolute(values):.1%}, "
+                  f"mean signed {statistics.mean(values):+.1%}")
+        if low == 0:
+            none = errors[0][0] + errors[0][1]
+            print(f"comm_sms 0 (none held), all runs: {len(none)} ratios, mean |error| {absolute(none):.1%}, "
+                  f"mean signed {statistics.mean(none):+.1%}")
         return
     print("| run | pass | measured ms | predicted ms | error |")
     print("|---|---|---:|---:|---:|")

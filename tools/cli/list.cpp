@@ -19,8 +19,8 @@ ExitStatus run_list() {
     const HardwareConfig h = *hardware_preset(name);
     const std::string fp8 = h.peak_fp8_tflops > 0 ? fmt::format(" ({:.0f} FP8)", h.peak_fp8_tflops) : "";
     fmt::print("  {:<18} {:.0f} TFLOP/s{}, {:.0f} GB/s HBM, {:.1f} GiB, {:.0f} GB/s intra-node, {:.0f} GB/s inter-node, "
-               "sustained {:.2f}\n",
-               name, h.peak_tflops, fp8, h.hbm_gbps, h.memory_gib, h.intra_node_gbps, h.inter_node_gbps,
+               "{} SMs to resident collectives, sustained {:.2f}\n",
+               name, h.peak_tflops, fp8, h.hbm_gbps, h.memory_gib, h.intra_node_gbps, h.inter_node_gbps, h.comm_sms,
                h.sustained_compute_fraction);
   }
   return ExitStatus::Success;

@@ -316,6 +316,7 @@ HardwareConfig read_hardware(const json* object) {
   h.reserved_gib = r.number("reserved_gib", std::min(h.reserved_gib, h.memory_gib), 0, h.memory_gib);
   h.kernel_launch_us = r.number("kernel_launch_us", h.kernel_launch_us, 0);
   h.sms = r.integer("sms", h.sms, 0);
+  h.comm_sms = r.integer("comm_sms", h.comm_sms, 0);
   h.peak_fp8_tflops = r.number("peak_fp8_tflops", h.peak_fp8_tflops, 0);
   h.fp8_efficiency = r.number("fp8_efficiency", h.fp8_efficiency, 0, 1);
   h.sustained_compute_fraction = r.number("sustained_compute_fraction", h.sustained_compute_fraction, 0, 1, true);

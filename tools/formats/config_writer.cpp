@@ -76,6 +76,7 @@ json hardware_json(const HardwareConfig& h) {
                   {"reserved_gib", h.reserved_gib},
                   {"kernel_launch_us", h.kernel_launch_us},
                   {"sms", h.sms},
+                  {"comm_sms", h.comm_sms},
                   {"peak_fp8_tflops", h.peak_fp8_tflops},
                   {"fp8_efficiency", h.fp8_efficiency},
                   {"sustained_compute_fraction", h.sustained_compute_fraction}});

@@ -24,7 +24,8 @@ namespace {
 // FlashAttention-3, Figures 5 and 6), applied to the measured attention_efficiency; the A100 preset's
 // attention is FlashAttention-2's already. All of it is overridable per config. sms: the GPUs' SM
 // counts, for GEMMs' tile fill. comm_sms: fitted to the vocabulary paper authors' A100 pass times
-// (tools/vocab-passes.py --fit-comm-sms, docs/cost-model.md); the H100 and H200 take the A100's count. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
+// (tools/vocab-passes.py --fit-comm-sms, docs/cost-model.md); the H100 and H200 take the A100's
+// count. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
 // NCCL's buffers for the tensor-, pipeline- and data-parallel communicators (about 1 GiB), and the
 // caching allocator's fragmentation (about 5% of what a training step allocates, taken as 1.4 GiB
 // of an 80 GB card and 1.9 GiB of a 141 GB one): what Megatron-LM runs lose on these GPUs.

@@ -147,6 +147,8 @@ def main():
             low, high = (int(x) for x in args.grid.split(":"))
         except ValueError:
             fail(f"--grid {args.grid}: expected LOW:HIGH, two whole numbers")
+        if not 0 <= low <= high:
+            fail(f"--grid {args.grid}: expected 0 <= LOW <= HIGH")
         errors = fit_comm_sms(args.pipesim, cases, args.set, range(low, high + 1))
         absolute = lambda values: mean([abs(v) for v in values])
         best = min(errors, key=lambda k: absolute(errors[k][0]))

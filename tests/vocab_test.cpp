@@ -279,9 +279,9 @@ TEST_CASE("V-Half with vocabulary passes holds one more microbatch of both chunk
   };
   // kActivation is a device's share of one microbatch, both chunks: V-Half holds (p + 2) / 2 of them,
   // and its pattern's backwards come vocab_delay periods later (vocab-2 one, vocab-1 two).
-  const Bytes baseline = largest_peak("baseline");
+  const Bytes baseline = largest_peak("baseline"), vocab2 = largest_peak("vocab-2"), vocab1 = largest_peak("vocab-1");
   CHECK(2 * baseline == (p + 2) * kActivation);
-  CHECK(largest_peak("vocab-2") == baseline + kActivation);
-  if (p >= 6) CHECK(largest_peak("vocab-1") == baseline + 2 * kActivation);
-  CHECK(largest_peak("vocab-1") > largest_peak("vocab-2"));
+  CHECK(vocab2 == baseline + kActivation);
+  if (p >= 6) CHECK(vocab1 == baseline + 2 * kActivation);
+  CHECK(vocab1 > vocab2);
 }

@@ -31,9 +31,9 @@ TEST_CASE("interlaced on the paper's 1F1B setups: within 8% below and 6% above v
   const double ratio = double(vocab1.metrics.iteration_ns) / double(interlaced.metrics.iteration_ns);
   // The paper measures 0.92 to 1.02. vocab-1's collectives stay resident beside its layers and hold
   // hardware.comm_sms SMs from them; interlaced's run between its passes. In the authors' pass times
-  // interlaced's layers still run 2-4% slower than the baseline's, which pipesim does not charge
-  // (docs/vocabulary-parallelism.md), so it puts interlaced 3-6% above vocab-1 where the paper has it
-  // 2% above to 8% below.
+  // interlaced's layers still run up to 3% (F) and 2-6% (B) slower than the baseline's, which
+  // pipesim does not charge (docs/vocabulary-parallelism.md), so it puts interlaced 3-6% above
+  // vocab-1 where the paper has it 2% above to 8% below.
   CHECK(ratio >= 0.92);
   CHECK(ratio <= 1.06);
 }

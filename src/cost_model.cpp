@@ -27,7 +27,7 @@ class AnalyticTimes {
     const TimeNs recompute = add_ns(pass(kernels.recompute, kernels.tp_allreduces_recompute, 1),
                                     times_ns(kernels.expert_exchanges_recompute, expert_exchange(true)));
     return {pass(kernels.forward, kernels.tp_allreduces_forward, 1),
-            add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), compute(kernels.weight),
+            add_ns(recompute, pass(kernels.backward, kernels.tp_allreduces_backward, 2)), compute(kernel_seconds_of(kernels.weight)),
             recompute, times_ns(kernels.expert_exchanges, expert_exchange(true)),
             times_ns(kernels.expert_exchanges, expert_exchange(false))};
   }
@@ -76,7 +76,6 @@ class AnalyticTimes {
 
  private:
   const HardwareConfig& h() const { return c_.hardware; }
-  TimeNs run(const std::vector<Kernel>& kernels) const { return ns_from_s(seconds(kernels, h())); }
   /// A tensor-parallel all-reduce of the rank's activations; under sequence parallelism an
   /// all-gather and a reduce-scatter, each half of it.
   TimeNs tp_allreduce() const { return ring(true, tp_activation_bytes(), c_.parallel.tp, true); }
@@ -104,12 +103,26 @@ class AnalyticTimes {
     const VocabMode v = c_.schedule.vocab;
     return v == VocabMode::Vocab1 || v == VocabMode::Vocab2 ? h().comm_sms : 0;
   }
+  /// One pass over a list of kernels: their roofline seconds, all of them and by kind.
+  struct KernelSeconds {
+    double all = 0, tensor_cores = 0, gemm = 0, attention = 0, overlap_cost = 0;
+    int attention_kernels = 0;
+  };
+  KernelSeconds kernel_seconds_of(const std::vector<Kernel>& kernels) const {
+    KernelSeconds s;
+    for (const Kernel& k : kernels) {
+      const double seconds = kernel_seconds(k, h());
+      s.all += seconds;
+      if (k.flops > 0) s.tensor_cores += seconds;
+      if (k.attention) s.attention += seconds, ++s.attention_kernels;
+      else if (k.flops > 0) s.gemm += seconds;
+      if (k.overlap_sms > 0) s.overlap_cost += overlap_cost_seconds(k);
+    }
+    return s;
+  }
   /// Kernels in order; their GEMMs and attention on the SMs resident collectives leave them.
-  TimeNs compute(const std::vector<Kernel>& kernels) const {
-    double tensor_cores = 0;
-    for (const Kernel& k : kernels)
-      if (k.flops > 0) tensor_cores += kernel_seconds(k, h());
-    return add_ns(run(kernels), ns_from_s(held_sms_seconds(tensor_cores, sms_held_by_collectives())));
+  TimeNs compute(const KernelSeconds& s) const {
+    return add_ns(ns_from_s(s.all), ns_from_s(held_sms_seconds(s.tensor_cores, sms_held_by_collectives())));
   }
   /// One round of context parallelism's ring: each rank passes on a block of K and V (s/cp tokens).
   double cp_ring_seconds() const {
@@ -126,19 +139,14 @@ class AnalyticTimes {
   /// `ring_rounds` of context parallelism's K/V ring (K and V forward; with dK and dV backward),
   /// overlapped with that attention.
   TimeNs pass(const std::vector<Kernel>& kernels, int tp_collectives, int ring_rounds) const {
-    double gemm = 0, attention = 0, attention_kernels = 0, overlap_cost = 0;
-    for (const Kernel& k : kernels) {
-      if (k.attention) attention += kernel_seconds(k, h()), ++attention_kernels;
-      else if (k.flops > 0) gemm += kernel_seconds(k, h());
-      if (k.overlap_sms > 0) overlap_cost += overlap_cost_seconds(k);
-    }
-    TimeNs time = compute(kernels);
+    const KernelSeconds s = kernel_seconds_of(kernels);
+    TimeNs time = compute(s);
     const TimeNs tp_comm = times_ns(tp_collectives, tp_allreduce());
     time = add_ns(time, c_.training.tp_comm_overlap
-                            ? ns_from_s(std::max(0.0, double(tp_comm) * 1e-9 - gemm) + overlap_cost)
+                            ? ns_from_s(std::max(0.0, double(tp_comm) * 1e-9 - s.gemm) + s.overlap_cost)
                             : tp_comm);
-    const double ring = attention_kernels * ring_rounds * cp_ring_seconds();
-    return ring > 0 ? add_ns(time, ns_from_s(std::max(0.0, ring - attention))) : time;
+    const double ring = s.attention_kernels * ring_rounds * cp_ring_seconds();
+    return ring > 0 ? add_ns(time, ns_from_s(std::max(0.0, ring - s.attention))) : time;
   }
 
   const Config c_;  ///< a copy: a plan keeps its cost model while the plan itself moves

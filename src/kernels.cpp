@@ -152,12 +152,11 @@ void add_mlp(const Config& c, double tokens, double f, double t, double groups, 
 /// 4+a, x·r's two gradients and sum 24, mean's expansion 4, pow's 2x·g 28, the two gradients of x
 /// added 12) 76 + 8a against 3a. The rotary embedding moves (a+4) + (4+4) + (4+a) an element of the
 /// queries and keys each way, which eager and fused do not count (docs/cost-model.md, "Kernel profiles").
-void add_composite_norms_and_rope(const Config& c, StageKernels& out) {
-  const double t = c.parallel.tp, tokens = rank_tokens(c), act = c.precision.activation_bytes;
-  const double norm_tokens = c.parallel.sequence_parallel ? tokens / t : tokens;
+/// `norm_tokens`: the tokens a rank's norms see (its sequence-parallel share); `w`: the layer's widths.
+void add_composite_norms_and_rope(const Config& c, double norm_tokens, const AttentionWidths& w, StageKernels& out) {
+  const double t = c.parallel.tp, act = c.precision.activation_bytes;
   constexpr double kNorms = 2;  // before attention and before the MLP
-  const AttentionWidths w = attention_widths(c.model);
-  const double rotated = tokens * (w.query + w.key) / t * (16 + 2 * act);
+  const double rotated = rank_tokens(c) * (w.query + w.key) / t * (16 + 2 * act);
   out.forward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (28 + 2 * act) + rotated));
   out.backward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (76 + 5 * act) + rotated));
 }
@@ -207,9 +206,9 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   const double norms = c.parallel.sequence_parallel ? t : 1;
   out.forward.push_back(streaming(tokens * 4 * h / norms * act));
   out.backward.push_back(streaming(tokens * 16 * h / norms * act));
-  if (c.training.kernels == KernelProfile::Composite) add_composite_norms_and_rope(c, out);
-  const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
   const AttentionWidths w = attention_widths(m);
+  if (c.training.kernels == KernelProfile::Composite) add_composite_norms_and_rope(c, tokens / norms, w, out);
+  const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
   if (m.mlp == MlpKind::Gelu)  // GPT's biases: their gradients read each linear's output gradient
     out.weight.push_back(streaming(tokens * (w.query + w.key + w.value + 2 * h + mlp_width) / t * act));
 }

@@ -360,7 +360,8 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
                 {"kernels", has("no-bias-swiglu-fusion") ? "eager" : "fused"}};
   training.update(moe_training);
   // Megatron-LM ignores the bucket size without --overlap-grad-reduce; so does the import.
-  if (has("ddp-bucket-size") && has("overlap-grad-reduce")) training["bucket_size"] = integer("ddp-bucket-size", 1);
+  const bool reads_bucket_size = has("overlap-grad-reduce");
+  if (reads_bucket_size && has("ddp-bucket-size")) training["bucket_size"] = integer("ddp-bucket-size", 1);
   std::smatch sms;
   if (std::regex_search(text, sms, std::regex("num_sm proj_fprop ([0-9]{1,4}) fc2_fprop ([0-9]{1,4})")))
     training["tp_comm_overlap_proj_sms"] = std::stoi(sms[1]), training["tp_comm_overlap_fc2_sms"] = std::stoi(sms[2]);
@@ -405,7 +406,7 @@ Result<ImportedConfig> config_from_megatron(const std::string& text, const std::
       "moe-grouped-gemm", "moe-flex-dispatcher-backend"};
   for (const std::string& name : args.order)
     if (std::find(kRead.begin(), kRead.end(), name) == kRead.end() ||
-        (name == "ddp-bucket-size" && !has("overlap-grad-reduce")))  // read only with the overlap (above)
+        (name == "ddp-bucket-size" && !reads_bucket_size))
       imported.ignored.push_back("--" + name);
   return imported;
 }

@@ -81,7 +81,10 @@ VocabWork vocab_work(const Config& config, const Layout& layout) {
   w.input_backward_bytes = embedding_backward_bytes(config, rows);
   w.s_activation_bytes = config.costs ? Bytes(config.costs->output_activation_bytes / layout.devices)
                                       : Bytes(logits + tokens * h * p.activation_bytes / t);
-  w.output_broadcast_bytes = tokens * h * p.activation_bytes / t;
+  // vocab-1 and vocab-2 broadcast the last stage's output in fp32 with the loss gradient of the
+  // microbatch before beside it, a column of fp32 (the authors' vocab_parallel_schedule.py,
+  // broadcast_lm_head_input); interlaced broadcasts the output alone, in the pipeline's type.
+  w.output_broadcast_bytes = layout.vocab == VocabPlacement::Interlaced ? tokens * h * act / t : tokens * (4 * h / t + 4);
   w.barrier0_bytes = 3 * 4 * tokens + (two_barriers ? 0 : 4 * tokens * h / t);
   w.barrier1_bytes = two_barriers ? 4 * tokens * h / t : 0;
   w.input_reduce_bytes = tokens * h * p.activation_bytes / t;

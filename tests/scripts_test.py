@@ -3,8 +3,10 @@
 
 usage: scripts_test.py SOURCE_ROOT PIPESIM
 """
+import json
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 
@@ -108,8 +110,8 @@ def vocab_passes_table():
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in run.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| run")]
     by = {(r[0], r[1]): r for r in rows}
-    ok = run.returncode == 0 and len(rows) == 8 * 5 + 24 * 4  # 8 baseline runs, 24 of the vocabulary modes
-    ok = ok and "S + T: 24 runs" in run.stdout and "embedding B: 8 runs" in run.stdout
+    ok = run.returncode == 0 and len(rows) == 8 * 5 + 24 * 5  # 8 baseline runs, 24 of the vocabulary modes
+    ok = ok and "S + T: 24 runs" in run.stdout and "IF: 24 runs" in run.stdout and "embedding B: 8 runs" in run.stdout
     if ok:
         # The artifact's vocab-1 (synctwice) run at 256k, s = 2048: the output-layer step 7,947, 7,964,
         # 7,920, 8,103, 7,879, 8,011, 7,960 and 7,717 us on the eight devices.
@@ -117,6 +119,14 @@ def vocab_passes_table():
         # Each error is predicted / measured - 1, up to the columns' rounding to 0.01 ms.
         ok = ok and all(abs(float(r[3]) / float(r[2]) - 1 - float(r[4].rstrip("%")) / 100) < 0.011 / float(r[2]) + 0.001
                         for r in rows)
+        # The split by vocabulary: the measured line through vocab-1's four output-layer steps at s = 2048,
+        # least squares over the data file's device means.
+        cases = json.loads((pathlib.Path(root) / "docs" / "data" / "vocab-paper-passes.json").read_text())["cases"]
+        points = [(c["vocab"] / 1000, statistics.mean(c["s_ms"])) for c in cases
+                  if c["method"] == "vocab-1" and c["seq"] == 2048]
+        line = statistics.linear_regression([v for v, _ in points], [t for _, t in points])
+        ok = ok and len(points) == 4 and (f"S + T, vocab-1 s2048: measured {line.intercept:.2f} ms {line.slope:+.4f} ms "
+                                          f"per 1k, predicted 0.00 ms +") in run.stdout
     print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-passes.py: exit {run.returncode}")
     failures += not ok
     # --fit: the efficiencies docs/vocabulary-parallelism.md quotes are the ones it fits.

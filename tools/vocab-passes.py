@@ -11,10 +11,13 @@ against predicted:
   head F, B     the last stage's less a transformer stage's: the output layer and loss (baseline)
   embedding B   the first stage's backward less a transformer stage's: the embedding (baseline)
   S + T         one output-layer step, the T of a microbatch and the S of the next (vocabulary modes)
-  IB            the input layer's backward (vocabulary modes)
+  IF, IB        the input layer's forward and backward (vocabulary modes)
 
-then the mean signed error of each (positive: pipesim slower). `redistribute` moves layers between
-stages and is left out. Progress goes to stderr.
+then the mean signed error of each (positive: pipesim slower), and each vocabulary-mode pass split by
+vocabulary: a straight line through its four vocabulary sizes, per method and sequence, measured and
+predicted. The slope (ms per 1,000 entries) is what grows with the shard, the kernels pipesim counts
+a logit or a table row at a time; the intercept is what the pass costs whatever the vocabulary.
+`redistribute` moves layers between stages and is left out. Progress goes to stderr.
 
 --fit: instead, fits the GEMM and attention efficiencies of the configs' hardware to the transformer
 stages of the baseline runs, in which no vocabulary collective runs beside them: what the authors'
@@ -41,6 +44,7 @@ from comparison import add_set_option, pipesim_parser, require_pipesim, set_opti
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "vocab-paper-passes.json"
 METHODS = ("baseline", "vocab-1", "vocab-2", "interlaced")
+VOCABULARY_PASSES = ("S + T", "IF", "IB")
 
 
 def fail(message):
@@ -112,7 +116,7 @@ def fit_comm_sms(pipesim, cases, sets, grid):
     baseline, predicted at hardware.comm_sms = k over measured, less one."""
     baseline = {(c["vocab"], c["seq"]): c for c in cases if c["method"] == "baseline"}
     runs = [c for c in cases if c["method"] in ("vocab-1", "vocab-2") and (c["vocab"], c["seq"]) in baseline]
-    errors = {}
+    errors, by_vocabulary = {}, {}
     with tempfile.TemporaryDirectory() as folder:
         base = {key: stage_times(pipesim, c, sets, folder) for key, c in baseline.items()}
         for k in grid:
@@ -162,7 +166,7 @@ def main():
         return
     print("| run | pass | measured ms | predicted ms | error |")
     print("|---|---|---:|---:|---:|")
-    errors = {}
+    errors, by_vocabulary = {}, {}
     with tempfile.TemporaryDirectory() as folder:
         for i, case in enumerate(cases, 1):
             print(f"vocab-passes.py: [{i}/{len(cases)}] {case['name']}", file=sys.stderr, flush=True)
@@ -177,16 +181,27 @@ def main():
             else:
                 devices = range(8)
                 pairs += [("S + T", mean(case["s_ms"]), mean([p[(d, "S")] + p[(d, "T")] for d in devices])),
+                          ("IF", mean(case["input_forward_ms"]), mean([p[(d, "IF")] for d in devices])),
                           ("IB", mean(case["input_backward_ms"]), mean([p[(d, "IB")] for d in devices]))]
             label = f"{case['method']} {case['vocab'] // 1000}k s{case['seq']}"
             for what, measured, predicted in pairs:
                 error = predicted / measured - 1
                 errors.setdefault(what, []).append(error)
                 print(f"| {label} | {what} | {measured:.2f} | {predicted:.2f} | {error:+.1%} |")
+                if what in VOCABULARY_PASSES:
+                    key = (what, case["method"], case["seq"])
+                    by_vocabulary.setdefault(key, []).append((case["vocab"] / 1000, measured, predicted))
     print()
     for what, values in errors.items():
         print(f"{what}: {len(values)} runs, mean signed error {statistics.mean(values):+.1%}, "
               f"from {min(values):+.1%} to {max(values):+.1%}")
+    print()
+    for (what, method, seq), points in sorted(by_vocabulary.items(), key=lambda item: VOCABULARY_PASSES.index(item[0][0])):
+        vocab = [v for v, _, _ in points]
+        measured = statistics.linear_regression(vocab, [m for _, m, _ in points])
+        predicted = statistics.linear_regression(vocab, [p for _, _, p in points])
+        line = lambda fit: f"{round(fit.intercept, 2) + 0.0:.2f} ms {round(fit.slope, 4) + 0.0:+.4f} ms per 1k"  # no -0
+        print(f"{what}, {method} s{seq}: measured {line(measured)}, predicted {line(predicted)}")
 
 
 if __name__ == "__main__":

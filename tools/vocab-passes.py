@@ -30,7 +30,14 @@ holds from them: the vocab-1 and vocab-2 runs' transformer stages against their 
 vocabulary and sequence), the ratio measured against the ratio predicted, over the grid (--grid
 LOW:HIGH, whole SMs). Fitted on the sequence-2048 runs, reported on those and on the held-out 4096 ones.
 
-usage: tools/vocab-passes.py [--pipesim PATH] [--set KEY=VALUE ...] [--fit | --fit-comm-sms [--grid LOW:HIGH]]
+--compose: instead, times each run's schedule with the passes the run measured (a `costs` block: each
+device's F and B, stage by stage as its layers lie, the output-layer step split into S and T as pipesim
+divides it, the input layer's passes; the collectives, transfers and optimizer step at pipesim's own
+analytic times) and sets the iteration time beside the one the run measured (the file's iteration_ms):
+how far pipesim's schedules are off with the cost model taken out. Then each mode's speed-up over the
+baseline of its vocabulary and sequence, measured and so composed.
+
+usage: tools/vocab-passes.py [--pipesim PATH] [--set KEY=VALUE ...] [--fit | --fit-comm-sms [--grid LOW:HIGH] | --compose]
 """
 import json
 import pathlib
@@ -44,6 +51,7 @@ from comparison import add_set_option, pipesim_parser, require_pipesim, set_opti
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "vocab-paper-passes.json"
 METHODS = ("baseline", "vocab-1", "vocab-2", "interlaced")
+LAYERS, DEVICES = 32, 8  # the runs' model and pipeline
 VOCABULARY_PASSES = ("S + T", "IF", "IB")
 
 
@@ -56,8 +64,8 @@ def mean(values):
     return sum(values) / len(values)
 
 
-def predicted_passes(pipesim, case, sets, folder):
-    """{(device, pass): mean ms over its microbatches} from pipesim's Chrome trace of the case."""
+def trace_events(pipesim, case, sets, folder):
+    """(device, op, ms) for every op of pipesim's analytic Chrome trace of the case, op as its first word."""
     config = ROOT / "configs" / "paper" / f"1f1b-8gpu-seq{case['seq']}.json"
     trace = pathlib.Path(folder) / f"{case['name']}.json"
     command = [pipesim, "simulate", str(config), "--vocab", case["method"], "--set", f"model.vocab={case['vocab']}",
@@ -67,10 +75,19 @@ def predicted_passes(pipesim, case, sets, folder):
         fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
     events = json.loads(trace.read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
+    return [(e["pid"], e["name"].split()[0], e["dur"] / 1e3) for e in events if e.get("ph") == "X"]
+
+
+def analytic_events(pipesim, case, sets, folder):
+    """(op, ms) for every op of the case's analytic trace."""
+    return [(op, ms) for _, op, ms in trace_events(pipesim, case, sets, folder)]
+
+
+def predicted_passes(pipesim, case, sets, folder):
+    """{(device, pass): mean ms over its microbatches} from pipesim's Chrome trace of the case."""
     durations = {}
-    for event in events:
-        if event.get("ph") == "X":
-            durations.setdefault((event["pid"], event["name"].split()[0]), []).append(event["dur"] / 1e3)
+    for device, op, ms in trace_events(pipesim, case, sets, folder):
+        durations.setdefault((device, op), []).append(ms)
     return {key: mean(values) for key, values in durations.items()}
 
 
@@ -132,14 +149,88 @@ def fit_comm_sms(pipesim, cases, sets, grid):
     return errors
 
 
+def stage_layers(case):
+    """The runs' layer split: four a stage, or under redistribute the last stage's final_stage_layers and
+    the layers it gives up one each on the stages just before it (the artifact's 4 4 4 5 5 5 5 0 at 256k)."""
+    layers = [LAYERS // DEVICES] * DEVICES
+    given_up = layers[-1] - case["final_stage_layers"]
+    layers[-1] = case["final_stage_layers"]
+    for d in range(DEVICES - 1 - given_up, DEVICES - 1):
+        layers[d] += 1
+    return layers
+
+
+def composed_iteration(pipesim, case, sets, folder):
+    """pipesim's iteration time for the case with the run's own pass times (the --compose costs block)."""
+    events = analytic_events(pipesim, case, sets, folder)
+    analytic = lambda *names: mean([ms for name, ms in events if name in names] or [0.0])
+    layers, share = stage_layers(case), LAYERS / DEVICES
+    # costs are per even share of the layers: a stage's measured pass scaled back to it; a stage with
+    # no layers (redistribute at 256k) keeps only the output layer, given as such.
+    per_share = lambda times: [t * share / n if n else 0.0 for t, n in zip(times, layers)]
+    costs = {"forward_ms": per_share(case["forward_ms"]), "backward_ms": per_share(case["backward_ms"]),
+             "p2p_ms": analytic("SEND"), "optimizer_ms": analytic("OPTIMIZER"),
+             "allreduce_ms": analytic("ALLREDUCE", "BROADCAST", "REDUCE")}
+    if layers[-1] == 0:
+        costs["output_forward_ms"], costs["output_backward_ms"] = case["forward_ms"][-1], case["backward_ms"][-1]
+    if "s_ms" in case:  # the vocabulary passes, given for the whole layer: each device runs 1/p of it
+        s, t = analytic("S"), analytic("T")
+        step = DEVICES * mean(case["s_ms"])
+        costs.update(output_forward_ms=step * s / (s + t), output_backward_ms=step * t / (s + t),
+                     input_forward_ms=DEVICES * mean(case["input_forward_ms"]),
+                     input_backward_ms=DEVICES * mean(case["input_backward_ms"]))
+    config = json.loads((ROOT / "configs" / "paper" / f"1f1b-8gpu-seq{case['seq']}.json").read_text())
+    config["costs"] = costs
+    config["schedule"]["layers_per_stage"] = layers
+    path = pathlib.Path(folder) / f"{case['name']}-measured-passes.json"
+    path.write_text(json.dumps(config))
+    command = [pipesim, "simulate", str(path), "--vocab", case["method"], "--set", f"model.vocab={case['vocab']}",
+               *set_options(sets), "--format", "json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        fail(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
+    return json.loads(done.stdout)["iteration_time_s"] * 1e3
+
+
+def compose(pipesim, cases, sets):
+    """The --compose table and summaries."""
+    print("| run | measured iteration ms | with the measured passes | error |")
+    print("|---|---:|---:|---:|")
+    composed, errors = {}, {}
+    with tempfile.TemporaryDirectory() as folder:
+        for i, case in enumerate(cases, 1):
+            print(f"vocab-passes.py: compose [{i}/{len(cases)}] {case['name']}", file=sys.stderr, flush=True)
+            ms = composed_iteration(pipesim, case, sets, folder)
+            composed[case["name"]] = ms
+            error = ms / case["iteration_ms"] - 1
+            errors.setdefault(case["method"], []).append(error)
+            print(f"| {case['method']} {case['vocab'] // 1000}k s{case['seq']} | {case['iteration_ms']:.1f} | {ms:.1f} | "
+                  f"{error:+.1%} |")
+    print()
+    for method, values in errors.items():
+        print(f"{method}: {len(values)} runs, mean |error| {mean([abs(v) for v in values]):.1%}, "
+              f"mean signed {statistics.mean(values):+.1%}, from {min(values):+.1%} to {max(values):+.1%}")
+    baseline = {(c["vocab"], c["seq"]): c for c in cases if c["method"] == "baseline"}
+    ratios = [(baseline[(c["vocab"], c["seq"])], c) for c in cases
+              if c["method"] != "baseline" and (c["vocab"], c["seq"]) in baseline]
+    gaps = [(composed[b["name"]] / composed[c["name"]]) / (b["iteration_ms"] / c["iteration_ms"]) - 1 for b, c in ratios]
+    print(f"speed-up over the baseline: {len(gaps)} runs, mean |error| {mean([abs(g) for g in gaps]):.1%}, "
+          f"mean signed {statistics.mean(gaps):+.1%}, from {min(gaps):+.1%} to {max(gaps):+.1%}")
+
+
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
     add_set_option(parser)
     parser.add_argument("--fit", action="store_true", help="fit the GEMM and attention efficiencies instead")
     parser.add_argument("--fit-comm-sms", action="store_true", help="fit hardware.comm_sms instead")
     parser.add_argument("--grid", default="0:16", help="with --fit-comm-sms: the SM counts tried, LOW:HIGH")
+    parser.add_argument("--compose", action="store_true",
+                        help="time each run's schedule with its measured passes instead")
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
+    if args.compose:
+        compose(args.pipesim, json.loads(DATA.read_text())["cases"], args.set)
+        return
     cases = [c for c in json.loads(DATA.read_text())["cases"] if c["method"] in METHODS]
     if args.fit:
         gemm, attention, n = fit(args.pipesim, cases, args.set)

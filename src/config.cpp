@@ -89,6 +89,10 @@ std::string_view fp8_format_name(Fp8Format format) {
   return "?";
 }
 
+std::string_view grad_accumulation_name(GradAccumulation accumulation) {
+  return accumulation == GradAccumulation::DeepSpeed ? "deepspeed" : "fused";
+}
+
 std::string_view kernel_profile_name(KernelProfile profile) {
   switch (profile) {
     case KernelProfile::Eager: return "eager";

@@ -187,6 +187,13 @@ std::string_view moe_dispatcher_name(MoeDispatcher dispatcher);
 enum class KernelProfile { Eager, Composite, Fused };
 std::string_view kernel_profile_name(KernelProfile profile);
 
+/// How a microbatch's weight gradients reach the fp32 main gradients: "fused", the weight-gradient GEMM
+/// adds into them (Megatron-LM's gradient-accumulation fusion), or "deepspeed", as DeepSpeed's
+/// BF16_Optimizer does after every backward: fresh gradients in the parameters' type, then cast to
+/// fp32 and added in (docs/cost-model.md, "Gradient accumulation").
+enum class GradAccumulation { Fused, DeepSpeed };
+std::string_view grad_accumulation_name(GradAccumulation accumulation);
+
 /// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding
 /// and the overlap of data- and tensor-parallel communication with compute.
 struct TrainingConfig {
@@ -237,6 +244,7 @@ struct TrainingConfig {
   /// Transformer Engine's, torch.compile's). They differ in SwiGLU, one kernel instead of several;
   /// "composite" also runs each step of RMSNorm and of the rotary embedding as a kernel of its own.
   KernelProfile kernels = KernelProfile::Eager;
+  GradAccumulation grad_accumulation = GradAccumulation::Fused;
 };
 
 /// The first layers of a stage of `layers` that full recomputation runs again before their backward

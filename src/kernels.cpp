@@ -83,6 +83,22 @@ std::vector<Kernel> core_attention_backward(const Config& c) {
           product, product};                                  // dQ = dS·K, dK = dSᵀ·Q
 }
 
+/// Bytes an element of a weight-gradient GEMM's output moves (training.grad_accumulation): read and
+/// written in the main gradient's type when the GEMM adds into it; under DeepSpeed's BF16_Optimizer
+/// written once, a fresh gradient in the parameters' type, which main_gradient_add_bytes then adds in.
+double weight_gradient_output_bytes(const Config& c) {
+  const PrecisionConfig& p = c.precision;
+  return c.training.grad_accumulation == GradAccumulation::DeepSpeed ? p.param_bytes : 2 * p.grad_bytes;
+}
+
+/// The weight gradients of `elements` parameters through W: the GEMM (weight_gradient_output_bytes for
+/// its output) and, under DeepSpeed's accumulation, the kernel that adds each into the main gradient.
+void add_weight_gradient(const Config& c, Kernel gemm, double elements, StageKernels& out) {
+  out.weight.push_back(gemm);
+  if (c.training.grad_accumulation == GradAccumulation::DeepSpeed)
+    out.weight.push_back(streaming(elements * main_gradient_add_bytes(c)));
+}
+
 /// A linear layer on one rank: `out` by `in` weights (column-parallel split out, row-parallel split
 /// in) applied to `tokens` rows. `groups` > 1: a grouped GEMM over that many experts, each with
 /// `tokens` rows, timed as one kernel whose tiles lie side by side.
@@ -111,14 +127,14 @@ void add_linear(const Config& c, const Linear& l, StageKernels& out) {
   }
   Kernel f = fp8 ? fp8_gemm(rows, l.out, l.in, act) : gemm(rows, l.out, l.in, act, p.param_bytes, act);
   Kernel b = fp8 ? fp8_gemm(rows, l.in, l.out, act) : gemm(rows, l.in, l.out, act, p.param_bytes, act);
-  // W reads and writes the fp32 main gradient.
-  Kernel w = fp8 ? fp8_gemm(l.out * l.groups, l.in, l.tokens, 2 * p.grad_bytes)
-                 : gemm(l.out * l.groups, l.in, l.tokens, act, act, 2 * p.grad_bytes);
+  // W: into the fp32 main gradient (weight_gradient_output_bytes).
+  const double w_out = weight_gradient_output_bytes(c);
+  Kernel w = fp8 ? fp8_gemm(l.out * l.groups, l.in, l.tokens, w_out) : gemm(l.out * l.groups, l.in, l.tokens, act, act, w_out);
   f.rows = b.rows = l.tokens, w.rows = l.out;
   f.overlap_sms = l.overlap_sms;
   out.forward.push_back(widen(f, l.out));
   out.backward.push_back(widen(b, l.in));
-  out.weight.push_back(widen(w, l.in));
+  add_weight_gradient(c, widen(w, l.in), l.out * l.groups * l.in, out);
 }
 
 /// The SM margin of a row-parallel linear's forward GEMM, whose output a tensor-parallel
@@ -176,7 +192,7 @@ void add_experts(const Config& c, StageKernels& out) {
   out.forward.push_back(streaming(local * m.num_experts * 4 * 3));                        // softmax, top-k
   out.forward.push_back(streaming(2 * 2 * copies * h * act));                              // permute, un-permute
   out.backward.push_back(streaming(2 * 2 * copies * h * act + local * m.num_experts * 4 * 3));
-  out.weight.push_back(gemm(m.num_experts, h, local, 4, act, 2 * c.precision.grad_bytes));
+  add_weight_gradient(c, gemm(m.num_experts, h, local, 4, act, weight_gradient_output_bytes(c)), m.num_experts * h, out);
   add_mlp(c, copies * etp * moe_load(m) / local_experts, m.expert_ffn_hidden(), etp, local_experts, out);
   add_mlp(c, rank_tokens(c), m.moe_shared_expert_intermediate_size, p.tp, 1, out,
           overlap_margin(c, c.training.tp_comm_overlap_fc2_sms));
@@ -225,7 +241,7 @@ void add_head(const Config& c, StageKernels& out) {
   out.forward.push_back(streaming(18 * tokens * rows));
   out.backward.push_back(streaming(22 * tokens * rows));
   out.backward.push_back(gemm(tokens, h, rows, act, p.param_bytes, act));
-  out.weight.push_back(gemm(rows, h, tokens, act, act, 2 * p.grad_bytes));
+  add_weight_gradient(c, gemm(rows, h, tokens, act, act, weight_gradient_output_bytes(c)), rows * h, out);
 }
 
 /// The input embedding: a gather of b·s rows (read, write); its backward through embedding_backward_bytes.
@@ -335,10 +351,17 @@ double tile_fill(const Kernel& kernel, int sms) {
   return kernel.rows * kernel.cols / (kTile * kTile * std::max(tiles, double(sms)));
 }
 
+double main_gradient_add_bytes(const Config& c) {
+  const PrecisionConfig& p = c.precision;
+  const double add = p.param_bytes + 2 * p.grad_bytes;
+  // DeepSpeed's update_hp_grads: hp_grad.add_(lp_grad.to(fp32)) writes an fp32 copy and reads it back.
+  return c.training.grad_accumulation == GradAccumulation::DeepSpeed ? add + 2 * 4 : add;
+}
+
 double embedding_backward_bytes(const Config& c, double rows) {
   const PrecisionConfig& p = c.precision;
   const double h = c.model.hidden, tokens = rank_tokens(c) * h / c.parallel.tp;
-  return tokens * (p.activation_bytes + 2 * p.param_bytes) + rows * h * (2 * p.param_bytes + 2 * p.grad_bytes);
+  return tokens * (p.activation_bytes + 2 * p.param_bytes) + rows * h * (p.param_bytes + main_gradient_add_bytes(c));
 }
 
 namespace {

@@ -27,6 +27,10 @@ struct Kernel {
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.
 double tile_fill(const Kernel& kernel, int sms);
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& hardware);
+/// Bytes an element of a gradient held in the parameters' type moves to be added into the main
+/// gradient: read it, read and write the main gradient; DeepSpeed's accumulation first casts it to an
+/// fp32 copy (training.grad_accumulation).
+double main_gradient_add_bytes(const Config& c);
 /// HBM traffic of an embedding's backward over `rows` vocabulary rows, as nn.Embedding runs it (the
 /// frameworks' and the vocabulary-parallel reference implementation's): the gradient is dense — a
 /// zeroed rows × h buffer the tokens' output gradients are added into, then added whole to the

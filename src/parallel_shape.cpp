@@ -275,6 +275,8 @@ std::vector<Bytes> static_memory_bytes(const Config& c, const Layout& layout) {
   for (std::size_t d = 0; d < devices; ++d) {
     params[d] -= tied_copy_params(c, layout, int(d)) + experts[d];
     double held = params[d] * zero.bytes_per_param(c.precision) + experts[d] * expert_zero.bytes_per_param(c.precision);
+    // DeepSpeed's accumulation keeps each backward's gradients in the parameters' type until the next one.
+    if (c.training.grad_accumulation == GradAccumulation::DeepSpeed) held += (params[d] + experts[d]) * c.precision.param_bytes;
     if (zero.parameters()) held += 2 * gathered[d] * c.precision.param_bytes;
     if (c.precision.fp8 != Fp8Format::None) held += 2 * device_layer_params(c, layout, int(d));
     bytes.push_back(static_cast<Bytes>(std::llround(held)));

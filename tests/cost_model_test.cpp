@@ -192,6 +192,26 @@ TEST_CASE("composite kernels run RMSNorm and the rotary embedding step by step, 
   CHECK(time(composite).weight == time(eager).weight);
 }
 
+TEST_CASE("DeepSpeed's accumulation adds every microbatch's bf16 weight gradients into the fp32 ones through HBM") {
+  const Plan fused = plan_or_fail(parse_or_fail(kThreeStages));
+  const Plan deepspeed = plan_or_fail(parse_or_fail(kThreeStages, {"training.grad_accumulation=deepspeed"}));
+  const HardwareConfig& hw = fused.config.hardware;
+  const double h = 1024, f = 4096;
+  const double linears = 4 * h * h + 2 * h * f, layer = linears + 9 * h + f;  // the middle stage's one layer
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  // Per weight: the bf16 gradient read (2 bytes), an fp32 copy of it written and read (8), the fp32
+  // gradient read and written (8). The weight-gradient GEMMs, compute-bound, take the same time writing
+  // a bf16 gradient as adding into an fp32 one.
+  CHECK(double(time(deepspeed).weight - time(fused).weight) ==
+        Approx(linears * 18 / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency) * 1e9).margin(2));
+  CHECK(time(deepspeed).forward == time(fused).forward);
+  CHECK(time(deepspeed).backward == time(fused).backward);
+  // The bf16 gradients stay from one backward to the next: 2 bytes a parameter more.
+  CHECK(double(deepspeed.static_bytes[1] - fused.static_bytes[1]) == Approx(layer * 2).margin(1));
+  CHECK_THAT(parse_error(kThreeStages, {"training.grad_accumulation=apex"}),
+             Catch::Contains("training.grad_accumulation") && Catch::Contains("expected \"fused\""));
+}
+
 TEST_CASE("collectives resident beside the layers (vocab-1, vocab-2) hold comm_sms SMs from their GEMMs and attention") {
   const int held = GENERATE(0, 7, 20);
   CAPTURE(held);

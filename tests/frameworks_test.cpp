@@ -229,6 +229,14 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   changes.clear();
   CHECK(nearest_runnable(Framework::Megatron, composite, split_of(composite), changes).training.kernels ==
         KernelProfile::Fused);
+  // DeepSpeed's BF16_Optimizer runs in none of them: each accumulates as the fused default.
+  const Config deepspeed = llama({"training.grad_accumulation=deepspeed"});
+  for (const Framework framework : {Framework::Megatron, Framework::Torchtitan, Framework::Pytorch}) {
+    CHECK(std::ranges::any_of(unsupported(framework, deepspeed, {}),
+                              [](const Unsupported& u) { return u.field == "training.grad_accumulation"; }));
+    CHECK(nearest_runnable(framework, deepspeed, split_of(deepspeed), changes).training.grad_accumulation ==
+          GradAccumulation::Fused);
+  }
 }
 
 TEST_CASE("import names what is missing or does not add up") {

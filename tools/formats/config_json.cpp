@@ -385,6 +385,11 @@ TrainingConfig read_training(const json* object, const json* precision) {
                 {"fused", "Megatron-Core and Transformer Engine, torch.compile"}});
   constexpr std::array kProfiles{KernelProfile::Eager, KernelProfile::Composite, KernelProfile::Fused};
   t.kernels = *std::ranges::find(kProfiles, kernels, kernel_profile_name);
+  const std::string accumulation =
+      r.choice("grad_accumulation", "fused",
+               {{"fused", "the weight-gradient GEMM adds into the fp32 main gradients (Megatron-LM)"},
+                {"deepspeed", "fresh gradients each backward, cast to fp32 and added in (DeepSpeed's BF16_Optimizer)"}});
+  t.grad_accumulation = accumulation == "deepspeed" ? GradAccumulation::DeepSpeed : GradAccumulation::Fused;
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

@@ -115,6 +115,8 @@ json training_json(const TrainingConfig& t) {
           {"overlap_moe_expert_parallel_comm", t.overlap_moe_expert_parallel_comm},
           {"optimizer_post_validation", t.optimizer_post_validation},
           {"kernels", kernel_profile_name(t.kernels)}});
+  // The default is left out, so a file that never set it stays without it.
+  if (t.grad_accumulation != GradAccumulation::Fused) out["grad_accumulation"] = grad_accumulation_name(t.grad_accumulation);
   // Only a MoE model may set them (check_experts): a dense config's file stays without them.
   if (t.moe_token_dispatcher_type != MoeDispatcher::AllToAll)
     out["moe_token_dispatcher_type"] = std::string(moe_dispatcher_name(t.moe_token_dispatcher_type));

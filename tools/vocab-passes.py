@@ -133,7 +133,7 @@ def fit_comm_sms(pipesim, cases, sets, grid):
     baseline, predicted at hardware.comm_sms = k over measured, less one."""
     baseline = {(c["vocab"], c["seq"]): c for c in cases if c["method"] == "baseline"}
     runs = [c for c in cases if c["method"] in ("vocab-1", "vocab-2") and (c["vocab"], c["seq"]) in baseline]
-    errors, by_vocabulary = {}, {}
+    errors = {}
     with tempfile.TemporaryDirectory() as folder:
         base = {key: stage_times(pipesim, c, sets, folder) for key, c in baseline.items()}
         for k in grid:

@@ -91,12 +91,12 @@ double weight_gradient_output_bytes(const Config& c) {
   return c.training.grad_accumulation == GradAccumulation::DeepSpeed ? p.param_bytes : 2 * p.grad_bytes;
 }
 
-/// The weight gradients of `elements` parameters through W: the GEMM (weight_gradient_output_bytes for
-/// its output) and, under DeepSpeed's accumulation, the kernel that adds each into the main gradient.
-void add_weight_gradient(const Config& c, Kernel gemm, double elements, StageKernels& out) {
+/// A weight-gradient GEMM on W (weight_gradient_output_bytes for its output) and, under DeepSpeed's
+/// accumulation, the kernel that adds each element of its output (rows × cols) into the main gradient.
+void add_weight_gradient(const Config& c, const Kernel& gemm, StageKernels& out) {
   out.weight.push_back(gemm);
   if (c.training.grad_accumulation == GradAccumulation::DeepSpeed)
-    out.weight.push_back(streaming(elements * main_gradient_add_bytes(c)));
+    out.weight.push_back(streaming(gemm.rows * gemm.cols * main_gradient_add_bytes(c)));
 }
 
 /// A linear layer on one rank: `out` by `in` weights (column-parallel split out, row-parallel split
@@ -134,7 +134,7 @@ void add_linear(const Config& c, const Linear& l, StageKernels& out) {
   f.overlap_sms = l.overlap_sms;
   out.forward.push_back(widen(f, l.out));
   out.backward.push_back(widen(b, l.in));
-  add_weight_gradient(c, widen(w, l.in), l.out * l.groups * l.in, out);
+  add_weight_gradient(c, widen(w, l.in), out);
 }
 
 /// The SM margin of a row-parallel linear's forward GEMM, whose output a tensor-parallel
@@ -192,7 +192,7 @@ void add_experts(const Config& c, StageKernels& out) {
   out.forward.push_back(streaming(local * m.num_experts * 4 * 3));                        // softmax, top-k
   out.forward.push_back(streaming(2 * 2 * copies * h * act));                              // permute, un-permute
   out.backward.push_back(streaming(2 * 2 * copies * h * act + local * m.num_experts * 4 * 3));
-  add_weight_gradient(c, gemm(m.num_experts, h, local, 4, act, weight_gradient_output_bytes(c)), m.num_experts * h, out);
+  add_weight_gradient(c, gemm(m.num_experts, h, local, 4, act, weight_gradient_output_bytes(c)), out);
   add_mlp(c, copies * etp * moe_load(m) / local_experts, m.expert_ffn_hidden(), etp, local_experts, out);
   add_mlp(c, rank_tokens(c), m.moe_shared_expert_intermediate_size, p.tp, 1, out,
           overlap_margin(c, c.training.tp_comm_overlap_fc2_sms));
@@ -241,7 +241,7 @@ void add_head(const Config& c, StageKernels& out) {
   out.forward.push_back(streaming(18 * tokens * rows));
   out.backward.push_back(streaming(22 * tokens * rows));
   out.backward.push_back(gemm(tokens, h, rows, act, p.param_bytes, act));
-  add_weight_gradient(c, gemm(rows, h, tokens, act, act, weight_gradient_output_bytes(c)), rows * h, out);
+  add_weight_gradient(c, gemm(rows, h, tokens, act, act, weight_gradient_output_bytes(c)), out);
 }
 
 /// The input embedding: a gather of b·s rows (read, write); its backward through embedding_backward_bytes.

@@ -78,11 +78,6 @@ def trace_events(pipesim, case, sets, folder):
     return [(e["pid"], e["name"].split()[0], e["dur"] / 1e3) for e in events if e.get("ph") == "X"]
 
 
-def analytic_events(pipesim, case, sets, folder):
-    """(op, ms) for every op of the case's analytic trace."""
-    return [(op, ms) for _, op, ms in trace_events(pipesim, case, sets, folder)]
-
-
 def predicted_passes(pipesim, case, sets, folder):
     """{(device, pass): mean ms over its microbatches} from pipesim's Chrome trace of the case."""
     durations = {}
@@ -162,7 +157,7 @@ def stage_layers(case):
 
 def composed_iteration(pipesim, case, sets, folder):
     """pipesim's iteration time for the case with the run's own pass times (the --compose costs block)."""
-    events = analytic_events(pipesim, case, sets, folder)
+    events = [(op, ms) for _, op, ms in trace_events(pipesim, case, sets, folder)]
     analytic = lambda *names: mean([ms for name, ms in events if name in names] or [0.0])
     layers, share = stage_layers(case), LAYERS / DEVICES
     # costs are per even share of the layers: a stage's measured pass scaled back to it; a stage with

@@ -337,14 +337,18 @@ class DataParallelOps {
       if (zero.parameters())
         for (const StageSteps& s : by(&StageSteps::first_backward)) {
           const TaskId r = t.recompute.at(s.stage, 0);
-          before(collective(d, CollectiveData::Parameters, params(s.stage), s.stage), r != kNoTask ? r : t.backward.at(s.stage, 0));
+          before(collective(d, CollectiveData::Parameters, params(s.stage), s.stage, Payload::Gradient),
+                 r != kNoTask ? r : t.backward.at(s.stage, 0));
         }
       const CollectiveData gradients = sharded ? CollectiveData::GradientShards : CollectiveData::Gradients;
       std::vector<TaskId> reduced;
       if (zero.dp > 1 && (dp_.overlap_grad_reduce || zero.parameters())) {
         for (const StageSteps& s : by(&StageSteps::last_backward)) {
           const TaskId last = t.weight.at(s.stage, last_mb) != kNoTask ? t.weight.at(s.stage, last_mb) : t.backward.at(s.stage, last_mb);
-          reduced.push_back(tied_first(after(collective(d, gradients, grads(s.stage), s.stage), last), s.stage));
+          Tensors g = grads(s.stage);
+          // FSDP gathers the next unit's weights while this one's gradients reduce: the same links.
+          if (zero.parameters()) g.gathered_beside = params(s.stage).bytes - params(s.stage).embedding;
+          reduced.push_back(tied_first(after(collective(d, gradients, g, s.stage), last), s.stage));
         }
         if (dp_.shard_params > 0)
           reduced.push_back(after(collective(d, gradients, {dp_.shard_params * dp_.grad_bytes}), last_compute[std::size_t(d)]));
@@ -386,6 +390,7 @@ class DataParallelOps {
     double bytes = 0, experts = 0;
     int buckets = 1;  ///< TaskWork::buckets
     double embedding = 0;
+    double gathered_beside = 0;  ///< TaskWork::gathered_beside_bytes
     Tensors& operator+=(const Tensors& o) {
       bytes += o.bytes, experts += o.experts;
       return *this;
@@ -412,10 +417,11 @@ class DataParallelOps {
   }
   /// A DP_ALLREDUCE of the weights (or gradients) of `stage`, or with -1 of what no per-stage op of its
   /// kind covers on device d (task_graph.h).
-  TaskId collective(int d, CollectiveData data, Tensors tensors, int stage = -1) const {
+  TaskId collective(int d, CollectiveData data, Tensors tensors, int stage = -1, Payload payload = Payload::None) const {
     const TaskWork work{.bytes = tensors.bytes, .expert_bytes = tensors.experts, .buckets = tensors.buckets,
-                        .embedding_bytes = tensors.embedding};
-    const TaskId id = builder_.add({.kind = OpKind::DpAllReduce, .lane = 0, .device = d, .stage = stage, .work = builder_.work(work)});
+                        .embedding_bytes = tensors.embedding, .gathered_beside_bytes = tensors.gathered_beside};
+    const TaskId id = builder_.add({.kind = OpKind::DpAllReduce, .payload = payload, .lane = 0, .device = d, .stage = stage,
+                                    .work = builder_.work(work)});
     builder_.add_group({.members = {id}, .ranks = dp_.zero.dp, .data = data, .op = ReduceOp::Sum});
     return id;
   }

@@ -319,13 +319,24 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
       // weights are gathered bucket by bucket ahead of its first forward. Each bucket is a collective
       // of its own (its latency too); the embedding's runs after (before) the pass.
       const StageTimes& t = stage(task.stage);
-      const TimeNs pass = group.data == CollectiveData::Parameters ? t.forward
-                          : split_weight                          ? t.weight
-                                                                  : add_ns(t.backward - t.recompute, t.weight);
       const double n = work.buckets;
       const TaskWork bucket{.bytes = (work.bytes - work.embedding_bytes) / n, .expert_bytes = work.expert_bytes / n};
       const TimeNs embedding = work.embedding_bytes > 0 ? collective(task, {.bytes = work.embedding_bytes}, group) : 0;
-      return add_ns(embedding, bucketed_tail(collective(task, bucket, group), work.buckets, pass));
+      TimeNs each = collective(task, bucket, group);
+      // ZeRO 3's gather for the backward: the first unit ahead of it; FSDP gathers the others during
+      // the backward, each beside a unit's reduce-scatter, and they are charged there.
+      if (task.payload == Payload::Gradient) return add_ns(embedding, each);
+      if (work.gathered_beside_bytes > 0) {
+        const CollectiveGroup gather{.members = {}, .ranks = group.ranks, .data = CollectiveData::Parameters};
+        const double share = work.gathered_beside_bytes / (work.bytes - work.embedding_bytes);
+        each = add_ns(each, collective(task, {.bytes = bucket.bytes * share, .expert_bytes = bucket.expert_bytes * share}, gather));
+        // Recomputation runs inside each unit's backward, so the whole of it covers the collectives.
+        return add_ns(embedding, bucketed_tail(each, work.buckets, add_ns(t.backward, t.weight)));
+      }
+      const TimeNs pass = group.data == CollectiveData::Parameters ? t.forward
+                          : split_weight                          ? t.weight
+                                                                  : add_ns(t.backward - t.recompute, t.weight);
+      return add_ns(embedding, bucketed_tail(each, work.buckets, pass));
     }
     case OpKind::AllToAll: {
       const StageTimes& t = stage(task.stage);

@@ -107,7 +107,7 @@ std::size_t TaskGraphBuilder::WorkHash::operator()(const TaskWork& w) const {
   std::size_t h = 0;
   for (std::uint64_t bits : {std::bit_cast<std::uint64_t>(w.flops), std::bit_cast<std::uint64_t>(w.bytes), std::bit_cast<std::uint64_t>(w.expert_bytes),
                              std::uint64_t(w.alloc_bytes), std::uint64_t(w.free_bytes), std::uint64_t(w.buckets),
-                             std::bit_cast<std::uint64_t>(w.embedding_bytes)})
+                             std::bit_cast<std::uint64_t>(w.embedding_bytes), std::bit_cast<std::uint64_t>(w.gathered_beside_bytes)})
     h = (h ^ bits) * 0x9E3779B97F4A7C15ull;
   return h;
 }

@@ -80,7 +80,8 @@ constexpr Stream stream_kind(OpKind kind) {
 }
 constexpr bool is_compute(OpKind kind) { return stream_kind(kind) == Stream::Compute; }
 
-/// What a SEND/RECV carries.
+/// What a SEND/RECV carries; on an ALLTOALL, whether the forward's or the backward's; on a
+/// DP_ALLREDUCE of weights under ZeRO 3, Gradient marks the gather for the backward.
 enum class Payload : std::uint8_t { None, Activation, Gradient };
 /// The stage a transfer feeds: a SEND/RECV's `stage` is the stage that produced the data, an
 /// activation goes to the stage after it and a gradient to the stage before.
@@ -110,6 +111,10 @@ struct TaskWork {
   /// before) the pass, as the graph orders it.
   std::int32_t buckets = 1;
   double embedding_bytes = 0;
+  /// DP_ALLREDUCE of a stage's gradients under ZeRO 3: the bytes of its layers' weights that FSDP
+  /// gathers a unit at a time during the same backward, over the same links as these gradients'
+  /// reduce-scatters (docs/cost-model.md, "The training job").
+  double gathered_beside_bytes = 0;
   bool operator==(const TaskWork&) const = default;
 };
 /// Index into TaskGraph's work records; 0 is the record of an op that does no work.

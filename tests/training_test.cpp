@@ -296,21 +296,43 @@ TEST_CASE("gradient buckets: Megatron's first stage and FSDP's layers beside the
   }
   CHECK(bucketed == 2);  // the reduce-scatter and the gather
   // FSDP (ZeRO 3) goes a layer at a time on every stage, the embedding and the LM head (with the final
-  // norm, 2h) in its root unit.
-  const Simulated fsdp = simulate_or_fail(parse_or_fail(kGpt, {"parallel.dp=2", "model.layers=6", "training.zero_stage=3"}));
-  int units = 0;
+  // norm, 2h) in its root unit. The forward's gathers go beside the forward; the backward's gather
+  // only its first layer ahead of it, the others beside the backward with the reduce-scatters, on the
+  // same links: each bucket a layer's gather and a layer's reduce-scatter. A slow network (1 GB/s
+  // between nodes, dp 16 over two nodes) leaves some of them past each pass.
+  const Simulated fsdp = simulate_or_fail(parse_or_fail(
+      kGpt, {"parallel.dp=16", "model.layers=6", "training.zero_stage=3", "hardware.inter_node_gbps=1"}));
+  const CostModel& fsdp_costs = *fsdp.plan.costs;
+  int units = 0, exposed = 0;
   for (TaskId id = 0; id < TaskId(fsdp.plan.graph.size()); ++id) {
     const Task& t = fsdp.plan.graph.task(id);
     if (t.kind != OpKind::DpAllReduce) continue;
+    INFO(fsdp.plan.graph.describe(id));
     const TaskWork& w = fsdp.plan.graph.work_of(t);
     const VirtualStage& stage = fsdp.plan.layout.stages[std::size_t(t.stage)];
     const double root = (stage.has_embedding ? embedding : 0) + (stage.has_head ? embedding + 2 * 1024 : 0);
-    const double bytes_each = fsdp.plan.graph.group_of(id).data == CollectiveData::Parameters ? 2 : 4;
+    const CollectiveGroup& group = fsdp.plan.graph.group_of(id);
+    const bool weights = group.data == CollectiveData::Parameters;
+    const double bytes_each = weights ? 2 : 4, n = stage.layers;
     CHECK(w.buckets == stage.layers);
     CHECK(w.embedding_bytes == Approx(root * bytes_each));
+    const CollectiveGroup gather{.members = {}, .ranks = 16, .data = CollectiveData::Parameters};
+    const TimeNs root_time = root > 0 ? fsdp_costs.collective_time(t, {.bytes = root * bytes_each}, group) : 0;
+    const TimeNs layer_gather = fsdp_costs.collective_time(t, {.bytes = layer * 2}, gather);
+    const StageTimes& times = fsdp_costs.stage(t.stage);
+    TimeNs expected = root_time + bucketed_tail(layer_gather, int(n), times.forward);  // the forward's
+    if (weights && t.payload == Payload::Gradient) expected = root_time + layer_gather;
+    if (!weights) {
+      CHECK(w.gathered_beside_bytes == Approx(n * layer * 2));
+      const TimeNs layer_reduce = fsdp_costs.collective_time(t, {.bytes = layer * 4}, group);
+      expected = root_time + bucketed_tail(layer_gather + layer_reduce, int(n), times.backward + times.weight);
+      exposed += bucketed_tail(layer_gather + layer_reduce, int(n), times.backward + times.weight) > layer_gather + layer_reduce;
+    }
+    CHECK(std::abs(fsdp.durations[std::size_t(id)] - expected) <= 2);  // rounding to whole nanoseconds
     ++units;
   }
   CHECK(units == 9);  // per stage: two gathers and a reduce-scatter
+  CHECK(exposed == 3);  // the slow network's reduce-scatters and gathers do not fit beside the backward
   // Without the flag (or under ZeRO 3) nothing goes in buckets.
   CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=2"})) == 0);
   CHECK(gradient_bucket_params(parse_or_fail(kGpt, {"parallel.dp=64", "training.overlap_grad_reduce=true"})) == 64e6);

@@ -323,8 +323,8 @@ TimeNs CostModel::duration(const TaskGraph& graph, TaskId id, bool split_weight)
       const TaskWork bucket{.bytes = (work.bytes - work.embedding_bytes) / n, .expert_bytes = work.expert_bytes / n};
       const TimeNs embedding = work.embedding_bytes > 0 ? collective(task, {.bytes = work.embedding_bytes}, group) : 0;
       TimeNs each = collective(task, bucket, group);
-      // ZeRO 3's gather for the backward: the first unit ahead of it; FSDP gathers the others during
-      // the backward, each beside a unit's reduce-scatter, and they are charged there.
+      // ZeRO 3's gather for the backward: the root unit and the first layer ahead of it; FSDP gathers
+      // the other layers during the backward, each beside a layer's reduce-scatter, charged there.
       if (task.payload == Payload::Gradient) return add_ns(embedding, each);
       if (work.gathered_beside_bytes > 0) {
         const CollectiveGroup gather{.members = {}, .ranks = group.ranks, .data = CollectiveData::Parameters};

@@ -42,14 +42,14 @@ namespace {
 // efficiencies are the H100's; the lower clocks the power limit holds it to are in its own fitted
 // fraction, as the other presets' (from torchtitan's runs alone, the only published ones on it).
 const HardwareConfig kA100{
-    .preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
-    .flash2_attention_efficiency = 0.65, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
+    .preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.62,
+    .flash2_attention_efficiency = 0.62, .attention_overhead_tokens = 487, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
     .intra_node_latency_us = 8,
     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
     .kernel_launch_us = 0, .sms = 108, .comm_sms = 7, .sustained_compute_fraction = 0.94};
 const HardwareConfig kH100Sxm{
-    .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.60,
-    .flash2_attention_efficiency = 0.37, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
+    .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.67,
+    .flash2_attention_efficiency = 0.42, .attention_overhead_tokens = 308, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
     .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
@@ -60,12 +60,12 @@ HardwareConfig grand_teton_h100() {
   h.preset = "h100-96gb-500w";
   h.hbm_gbps = 2400;
   h.memory_gib = 89.4;
-  h.sustained_compute_fraction = 0.68;
+  h.sustained_compute_fraction = 0.67;
   return h;
 }
 const HardwareConfig kH200{
-    .preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.51,
-    .flash2_attention_efficiency = 0.32, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
+    .preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.57,
+    .flash2_attention_efficiency = 0.35, .attention_overhead_tokens = kH100Sxm.attention_overhead_tokens, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
     .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979,

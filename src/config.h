@@ -122,6 +122,11 @@ struct HardwareConfig {
   /// The same for FlashAttention-2's kernels (precision.attention_kernel "flash2"): on Hopper about
   /// 0.62 of cuDNN's (docs/cost-model.md, "Attention kernels"); on the A100 the same kernel.
   double flash2_attention_efficiency = 0;
+  /// Fused causal attention over L keys runs at the efficiencies above × L / (L + this): a cost per
+  /// query row that does not shrink with L (the diagonal tiles, loading each query tile, rescaling its
+  /// output), fitted to the kernels' published rates from 0.5K to 16K tokens (docs/cost-model.md,
+  /// "Attention kernels"). The efficiencies above are then the long-sequence ones. 0: no such cost.
+  double attention_overhead_tokens = 0;
   double hbm_gbps = 0;             ///< HBM bandwidth, GB/s
   double hbm_efficiency = 0;       ///< achieved fraction of HBM bandwidth
   double intra_node_gbps = 0;      ///< GPU-to-GPU link inside a node, per direction, GB/s

@@ -25,10 +25,12 @@ Kernel streaming(double bytes) { return {0, bytes, false, 0, 0}; }
 /// A GEMM batched over heads and sequences: enough tiles to fill the SMs, so its fill is taken as 1.
 Kernel batched_gemm(double flops, double bytes) { return {flops, bytes, false, 0, 0}; }
 /// Fused (flash) causal attention: its matrix FLOPs, run at the attention efficiency of the kernel
-/// the config names (precision.attention_kernel).
+/// the config names (precision.attention_kernel). Under context parallelism each call sees one
+/// rank's share of the keys (ring attention's blocks).
 Kernel fused_attention(const Config& c, double flops, double bytes) {
   Kernel k{flops, bytes, true, 0, 0};
   k.attention_kernel = c.precision.attention_kernel;
+  k.attention_keys = double(c.model.seq_len) / c.parallel.cp;
   return k;
 }
 
@@ -369,7 +371,7 @@ namespace {
 /// compared to FlashAttention", 50–73% of the A100's peak against 25–40% (Dao 2023, abstract and §1):
 /// FlashAttention-1 at half of FlashAttention-2's efficiency on every GPU (on Hopper both run their
 /// Ampere code).
-double attention_efficiency(AttentionKernel kernel, const HardwareConfig& h) {
+double long_sequence_efficiency(AttentionKernel kernel, const HardwareConfig& h) {
   constexpr double kFlash2OverFlash1 = 2;
   switch (kernel) {
     case AttentionKernel::Cudnn: return h.attention_efficiency;
@@ -378,10 +380,17 @@ double attention_efficiency(AttentionKernel kernel, const HardwareConfig& h) {
   }
   return h.attention_efficiency;
 }
+
+/// ... at its keys: a cost per query row that does not shrink with them (attention_overhead_tokens).
+double attention_efficiency(const Kernel& kernel, const HardwareConfig& h) {
+  const double efficiency = long_sequence_efficiency(kernel.attention_kernel, h);
+  if (h.attention_overhead_tokens <= 0) return efficiency;
+  return efficiency * kernel.attention_keys / (kernel.attention_keys + h.attention_overhead_tokens);
+}
 }  // namespace
 
 double kernel_seconds(const Kernel& kernel, const HardwareConfig& h) {
-  const double efficiency = kernel.attention ? attention_efficiency(kernel.attention_kernel, h)
+  const double efficiency = kernel.attention ? attention_efficiency(kernel, h)
                             : kernel.fp8     ? h.fp8_efficiency * tile_fill(kernel, h.sms)
                                              : h.compute_efficiency * tile_fill(kernel, h.sms);
   const double peak = (kernel.fp8 ? h.peak_fp8_tflops : h.peak_tflops) * h.sustained_compute_fraction;

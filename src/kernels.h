@@ -22,6 +22,7 @@ struct Kernel {
   /// the SMs that reduce-scatter keeps from it (Transformer Engine's SM margin), 0 for none.
   int overlap_sms = 0;
   AttentionKernel attention_kernel = AttentionKernel::Cudnn;  ///< whose kernel runs it (precision.attention_kernel)
+  double attention_keys = 0;  ///< keys a fused attention kernel's queries see (HardwareConfig::attention_overhead_tokens)
 };
 /// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -595,12 +596,14 @@ TEST_CASE("calibrate reads tools/measure-ops.py's framework times and reports th
     {"op": "layer", "b": 1, "s": 256, "h": 512, "heads": 4, "kv_heads": 2, "f": 1024, "llama": true, "F": 0.1, "B": 0.2, "W": 0.1},
     {"op": "head", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.05, "B": 0.05, "W": 0.03},
     {"op": "head", "b": 4, "s": 4096, "h": 512, "V": 256000, "error": "out of memory"},
-    {"op": "embedding", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.01, "W": 0.02}]})";
+    {"op": "embedding", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.01, "W": 0.005, "W_dense": 0.02}]})";
   const Output out = run("calibrate " + (dir / "ops.json").string(), true);
   REQUIRE(out.exit_code == 0);
   for (const char* row : {"layer llama b1 s256 h512 F", "head b1 s256 h512 V1000 W", "embedding b1 s256 h512 V1000 W"})
     CHECK_THAT(out.text, Catch::Contains(row));
   CHECK_THAT(out.text, !Catch::Contains("V256000"));  // a shape that was not measured is skipped
+  // The embedding's W is its dense gradient added into the main gradient, as the analytic op counts it.
+  CHECK(std::regex_search(out.text, std::regex(R"(embedding b1 s256 h512 V1000 W +0\.0200 )")));
   CHECK_THAT(out.text, Catch::Contains("all                          8"));
   CHECK_THAT(out.text, Catch::Contains("fitted: compute_efficiency"));
   CHECK(!std::filesystem::exists(dir / "hw.json"));  // no -o: nothing written

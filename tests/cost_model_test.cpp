@@ -57,9 +57,11 @@ TEST_CASE("a transformer layer is the sum of its kernels' roofline times, each w
   }
   // The projection's gradient (1024 × 1024 = 64 tiles) fills under half the SMs.
   CHECK(fill(h, h) == Approx(64.0 / 132));
-  // Causal attention: half of 4bs²h forward, 2.5× that backward; Q, K, V, O read or written once.
-  forward += kernel(2 * T * s * h, 4 * T * h * 2, hw.attention_efficiency);
-  backward += kernel(2.5 * 2 * T * s * h, 8 * T * h * 2, hw.attention_efficiency);
+  // Causal attention: half of 4bs²h forward, 2.5× that backward; Q, K, V, O read or written once;
+  // over s keys at s / (s + attention_overhead_tokens) of its long-sequence efficiency.
+  const double attention = hw.attention_efficiency * s / (s + hw.attention_overhead_tokens);
+  forward += kernel(2 * T * s * h, 4 * T * h * 2, attention);
+  backward += kernel(2.5 * 2 * T * s * h, 8 * T * h * 2, attention);
   // Memory-bound: norms and GELU (4h + 2f), their backward (16h + 3f), bias gradients (3h + 2h + f).
   forward += kernel(0, T * (4 * h + 2 * f) * 2, 1);
   backward += kernel(0, T * (16 * h + 3 * f) * 2, 1);
@@ -106,8 +108,9 @@ TEST_CASE("without flash attention, the score matrix goes through HBM: two batch
   const double forward = 2 * product + kernel(0, 2 * score_bytes, 1) + kernel(0, 2 * score_bytes + scores, 1);
   const double backward = 4 * product + kernel(0, 2 * score_bytes + scores, 1) + kernel(0, 3 * score_bytes, 1);
   // Flash attention's one kernel: half the products (causal) forward, 2.5× that backward.
-  const double flash_forward = kernel(products, qkvo, hw.attention_efficiency);
-  const double flash_backward = kernel(2.5 * products, 2 * qkvo, hw.attention_efficiency);
+  const double at_keys = s / (s + hw.attention_overhead_tokens);
+  const double flash_forward = kernel(products, qkvo, hw.attention_efficiency * at_keys);
+  const double flash_backward = kernel(2.5 * products, 2 * qkvo, hw.attention_efficiency * at_keys);
   const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
   CHECK(double(time(unfused).forward - time(flash).forward) == Approx((forward - flash_forward) * 1e9).margin(4));
   CHECK(double(time(unfused).backward - time(flash).backward) == Approx((backward - flash_backward) * 1e9).margin(4));
@@ -115,6 +118,38 @@ TEST_CASE("without flash attention, the score matrix goes through HBM: two batch
   const Plan selective = plan_or_fail(parse_or_fail(
       kThreeStages, {"precision.flash_attention=false", "training.recompute_granularity=selective"}));
   CHECK(double(time(selective).backward - time(unfused).backward) == Approx(forward * 1e9).margin(4));
+}
+
+TEST_CASE("fused attention over L keys runs at L / (L + attention_overhead_tokens) of its efficiency; "
+          "under context parallelism each call sees its rank's keys") {
+  const double s = 2048, h = 1024;  // keys (= tokens, b = 1), hidden
+  const auto attention_ns = [&](const std::vector<std::string>& overrides) {
+    const Plan plan = plan_or_fail(parse_or_fail(kThreeStages, overrides));
+    const StageTimes with = make_cost_model(plan.config, plan.layout)->stage(1);
+    std::vector<std::string> without_overhead = overrides;
+    without_overhead.push_back("hardware.attention_overhead_tokens=0");
+    const Plan bare = plan_or_fail(parse_or_fail(kThreeStages, without_overhead));
+    const StageTimes without = make_cost_model(bare.config, bare.layout)->stage(1);
+    return std::pair{double(with.forward - without.forward), double(with.backward - without.backward)};
+  };
+  const HardwareConfig hw = parse_or_fail(kThreeStages).hardware;
+  REQUIRE(hw.attention_overhead_tokens > 0);
+  const auto seconds = [&](double flops, double keys) {  // the kernel's time at its keys, less at no overhead
+    const double rate = hw.peak_tflops * 1e12 * hw.attention_efficiency * hw.sustained_compute_fraction;
+    return flops / rate * hw.attention_overhead_tokens / keys;
+  };
+  const double forward = 2 * s * s * h;  // causal: half of 4·T·s·h
+  const auto [f, b] = attention_ns({});
+  CHECK(f == Approx(seconds(forward, s) * 1e9).margin(2));
+  CHECK(b == Approx(seconds(2.5 * forward, s) * 1e9).margin(2));
+  // cp = 2: a rank's 1024 queries against 2048 keys, in calls over 1024 keys each (ring attention;
+  // its K/V exchange made instant, so none of it shows past the attention beside it).
+  const auto [f_cp, b_cp] =
+      attention_ns({"parallel.cp=2", "hardware.intra_node_gbps=1e9", "hardware.intra_node_latency_us=0"});
+  CHECK(f_cp == Approx(seconds(forward / 2, s / 2) * 1e9).margin(2));
+  CHECK(b_cp == Approx(seconds(2.5 * forward / 2, s / 2) * 1e9).margin(2));
+  CHECK_THAT(parse_error(kThreeStages, {"hardware.attention_overhead_tokens=-1"}),
+             Catch::Contains("hardware.attention_overhead_tokens"));
 }
 
 TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency, FlashAttention-1 at half of it; nothing else changes") {
@@ -125,7 +160,8 @@ TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency, 
   REQUIRE(hw.flash2_attention_efficiency < hw.attention_efficiency);
   const double T = 2048, s = 2048, h = 1024;  // tokens (b = 1), keys, hidden
   const auto attention = [&](double flops, double efficiency) {
-    return flops / (hw.peak_tflops * 1e12 * efficiency * hw.sustained_compute_fraction);
+    const double at_keys = s / (s + hw.attention_overhead_tokens);
+    return flops / (hw.peak_tflops * 1e12 * efficiency * at_keys * hw.sustained_compute_fraction);
   };
   const double forward = 2 * T * s * h, backward = 2.5 * forward;  // causal: half of 4Tsh, 2.5x backward
   const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };

@@ -101,11 +101,17 @@ Result<std::vector<Sample>> shape_samples(const json& profile, const std::string
   return samples;
 }
 
-/// measure-ops.py's passes of each kind of op, and the analytic op each is.
-const std::map<std::string, std::vector<std::pair<std::string, std::string>>> kFrameworkPasses{
-    {"layer", {{"F", "layer_forward"}, {"B", "layer_backward"}, {"W", "layer_weight"}}},
-    {"head", {{"F", "output_forward"}, {"B", "output_backward"}, {"W", "output_weight"}}},
-    {"embedding", {{"F", "input_forward"}, {"W", "input_backward"}}}};
+/// measure-ops.py's passes of each kind of op: the label, the field it times the pass in, and the
+/// analytic op it is. The embedding's W is the dense gradient autograd makes, added into the fp32
+/// main gradient (its "W_dense"), as the analytic op counts it; measure-ops.py's "W", an index_add of
+/// the tokens' rows alone, is what a sparse gradient would cost and no framework's step runs.
+struct FrameworkPass {
+  std::string label, field, op;
+};
+const std::map<std::string, std::vector<FrameworkPass>> kFrameworkPasses{
+    {"layer", {{"F", "F", "layer_forward"}, {"B", "B", "layer_backward"}, {"W", "W", "layer_weight"}}},
+    {"head", {{"F", "F", "output_forward"}, {"B", "B", "output_backward"}, {"W", "W", "output_weight"}}},
+    {"embedding", {{"F", "F", "input_forward"}, {"W", "W_dense", "input_backward"}}}};
 
 /// Ops measured by tools/measure-ops.py: {"ops": [{"op": "layer"|"head"|"embedding", shape fields,
 /// "F", "B", "W" in ms}, ...]}; each is costed through the analytic model at its own shape.
@@ -142,11 +148,12 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     const std::vector<OpWork> work = analytic_op_work(config.value());
     const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value())
                                               : fmt::format("b{} s{} h{} V{}", b.value(), s.value(), h.value(), vocab.value());
-    for (const auto& [pass, name] : kFrameworkPasses.at(kind)) {
-      if (!op.contains(pass)) continue;
-      if (!op[pass].is_number() || op[pass].get<double>() <= 0) return Error{fmt::format("{}.{}: expected a time in ms > 0", at, pass)};
-      samples.push_back({fmt::format("{} {} {}", kind, shape, pass), op_named(work, name), op[pass].get<double>() / 1e3,
-                         fmt::format("{} {}", kind, pass)});
+    for (const FrameworkPass& pass : kFrameworkPasses.at(kind)) {
+      if (!op.contains(pass.field)) continue;
+      const json& ms = op[pass.field];
+      if (!ms.is_number() || ms.get<double>() <= 0) return Error{fmt::format("{}.{}: expected a time in ms > 0", at, pass.field)};
+      samples.push_back({fmt::format("{} {} {}", kind, shape, pass.label), op_named(work, pass.op), ms.get<double>() / 1e3,
+                         fmt::format("{} {}", kind, pass.label)});
     }
   }
   return samples;

@@ -305,6 +305,7 @@ HardwareConfig read_hardware(const json* object) {
   h.compute_efficiency = r.number("compute_efficiency", h.compute_efficiency, 0, 1, true);
   h.attention_efficiency = r.number("attention_efficiency", h.attention_efficiency, 0, 1, true);
   h.flash2_attention_efficiency = r.number("flash2_attention_efficiency", h.flash2_attention_efficiency, 0, 1, true);
+  h.attention_overhead_tokens = r.number("attention_overhead_tokens", h.attention_overhead_tokens, 0);
   h.hbm_gbps = r.number("hbm_gbps", h.hbm_gbps, 0, 1e300, true);
   h.hbm_efficiency = r.number("hbm_efficiency", h.hbm_efficiency, 0, 1, true);
   h.intra_node_gbps = r.number("intra_node_gbps", h.intra_node_gbps, 0, 1e300, true);

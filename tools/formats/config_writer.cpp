@@ -65,6 +65,7 @@ json hardware_json(const HardwareConfig& h) {
                   {"compute_efficiency", h.compute_efficiency},
                   {"attention_efficiency", h.attention_efficiency},
                   {"flash2_attention_efficiency", h.flash2_attention_efficiency},
+                  {"attention_overhead_tokens", h.attention_overhead_tokens},
                   {"hbm_gbps", h.hbm_gbps},
                   {"hbm_efficiency", h.hbm_efficiency},
                   {"intra_node_gbps", h.intra_node_gbps},

@@ -90,7 +90,12 @@ std::string_view fp8_format_name(Fp8Format format) {
 }
 
 std::string_view grad_accumulation_name(GradAccumulation accumulation) {
-  return accumulation == GradAccumulation::DeepSpeed ? "deepspeed" : "fused";
+  switch (accumulation) {
+    case GradAccumulation::Fused: return "fused";
+    case GradAccumulation::DeepSpeed: return "deepspeed";
+    case GradAccumulation::Fsdp: return "fsdp";
+  }
+  return "?";
 }
 
 std::string_view kernel_profile_name(KernelProfile profile) {

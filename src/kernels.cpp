@@ -86,18 +86,19 @@ std::vector<Kernel> core_attention_backward(const Config& c) {
 }
 
 /// Bytes an element of a weight-gradient GEMM's output moves (training.grad_accumulation): read and
-/// written in the main gradient's type when the GEMM adds into it; under DeepSpeed's BF16_Optimizer
-/// written once, a fresh gradient in the parameters' type, which main_gradient_add_bytes then adds in.
+/// written in the main gradient's type when the GEMM adds into it; under DeepSpeed's and FSDP's
+/// accumulation written once, a fresh gradient in the parameters' type, which main_gradient_add_bytes
+/// then carries on.
 double weight_gradient_output_bytes(const Config& c) {
   const PrecisionConfig& p = c.precision;
-  return c.training.grad_accumulation == GradAccumulation::DeepSpeed ? p.param_bytes : 2 * p.grad_bytes;
+  return c.training.grad_accumulation == GradAccumulation::Fused ? 2 * p.grad_bytes : p.param_bytes;
 }
 
-/// A weight-gradient GEMM on W (weight_gradient_output_bytes for its output) and, under DeepSpeed's
-/// accumulation, the kernel that adds each element of its output (rows × cols) into the main gradient.
+/// A weight-gradient GEMM on W (weight_gradient_output_bytes for its output) and, unless the GEMM adds
+/// into the main gradient itself, the kernels that carry each element of its output (rows × cols) on.
 void add_weight_gradient(const Config& c, const Kernel& gemm, StageKernels& out) {
   out.weight.push_back(gemm);
-  if (c.training.grad_accumulation == GradAccumulation::DeepSpeed)
+  if (c.training.grad_accumulation != GradAccumulation::Fused)
     out.weight.push_back(streaming(gemm.rows * gemm.cols * main_gradient_add_bytes(c)));
 }
 
@@ -355,9 +356,21 @@ double tile_fill(const Kernel& kernel, int sms) {
 
 double main_gradient_add_bytes(const Config& c) {
   const PrecisionConfig& p = c.precision;
-  const double add = p.param_bytes + 2 * p.grad_bytes;
-  // DeepSpeed's update_hp_grads: hp_grad.add_(lp_grad.to(fp32)) writes an fp32 copy and reads it back.
-  return c.training.grad_accumulation == GradAccumulation::DeepSpeed ? add + 2 * 4 : add;
+  switch (c.training.grad_accumulation) {
+    case GradAccumulation::Fused: return p.param_bytes + 2 * p.grad_bytes;
+    // DeepSpeed's update_hp_grads: hp_grad.add_(lp_grad.to(fp32)) writes an fp32 copy and reads it back.
+    case GradAccumulation::DeepSpeed: return p.param_bytes + 2 * p.grad_bytes + 2 * 4;
+    case GradAccumulation::Fsdp: {
+      // torch/distributed/fsdp: autograd concatenates the views' gradients into the flat gradient
+      // (SplitWithSizesBackward: read and write), _post_backward_hook casts it to the reduce dtype
+      // (precision.grad_bytes) and the reduce-scatter hook divides it in place by the pre-divide
+      // factor, which is above 1 on 2 GPUs and more.
+      const double cast = p.grad_bytes == p.param_bytes ? 0 : p.param_bytes + p.grad_bytes;
+      const double divide = c.parallel.dp * c.parallel.cp > 1 ? 2 * p.grad_bytes : 0;
+      return 2 * p.param_bytes + cast + divide;
+    }
+  }
+  return p.param_bytes + 2 * p.grad_bytes;
 }
 
 double embedding_backward_bytes(const Config& c, double rows) {

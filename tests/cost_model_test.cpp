@@ -248,6 +248,29 @@ TEST_CASE("DeepSpeed's accumulation adds every microbatch's bf16 weight gradient
              Catch::Contains("training.grad_accumulation") && Catch::Contains("expected \"fused\""));
 }
 
+TEST_CASE("FSDP's flat parameters concatenate, cast and divide every microbatch's gradients through HBM") {
+  const Plan fused = plan_or_fail(parse_or_fail(kThreeStages, {"parallel.dp=2"}));
+  const Plan fsdp = plan_or_fail(parse_or_fail(kThreeStages, {"parallel.dp=2", "training.grad_accumulation=fsdp"}));
+  const HardwareConfig& hw = fused.config.hardware;
+  const double h = 1024, f = 4096, linears = 4 * h * h + 2 * h * f;  // the middle stage's one layer
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  const auto streaming_ns = [&](double bytes) { return bytes / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency) * 1e9; };
+  // Per weight: the bf16 views' gradients concatenated into the flat one (read 2, write 2), cast to the
+  // fp32 reduce type (read 2, write 4) and divided in place by the pre-divide factor (read 4, write 4).
+  CHECK(double(time(fsdp).weight - time(fused).weight) == Approx(streaming_ns(linears * 18)).margin(2));
+  CHECK(time(fsdp).forward == time(fused).forward);
+  CHECK(time(fsdp).backward == time(fused).backward);
+  CHECK(fsdp.static_bytes[1] == fused.static_bytes[1]);  // the flat gradient lives within the backward
+  // Reduced in bf16 there is no cast; on one GPU FSDP's pre-divide factor is 1: no division.
+  const Plan bf16 = plan_or_fail(parse_or_fail(kThreeStages, {"parallel.dp=2", "training.grad_accumulation=fsdp",
+                                                              "precision.grad_bytes=2"}));
+  const Plan bf16_fused = plan_or_fail(parse_or_fail(kThreeStages, {"parallel.dp=2", "precision.grad_bytes=2"}));
+  CHECK(double(time(bf16).weight - time(bf16_fused).weight) == Approx(streaming_ns(linears * 8)).margin(2));
+  const Plan one = plan_or_fail(parse_or_fail(kThreeStages, {"training.grad_accumulation=fsdp"}));
+  const Plan one_fused = plan_or_fail(parse_or_fail(kThreeStages));
+  CHECK(double(time(one).weight - time(one_fused).weight) == Approx(streaming_ns(linears * 10)).margin(2));
+}
+
 TEST_CASE("collectives resident beside the layers (vocab-1, vocab-2) hold comm_sms SMs from their GEMMs and attention") {
   const int held = GENERATE(0, 7, 20);
   CAPTURE(held);

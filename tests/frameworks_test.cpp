@@ -229,13 +229,16 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   changes.clear();
   CHECK(nearest_runnable(Framework::Megatron, composite, split_of(composite), changes).training.kernels ==
         KernelProfile::Fused);
-  // DeepSpeed's BF16_Optimizer runs in none of them: each accumulates as the fused default.
-  const Config deepspeed = llama({"training.grad_accumulation=deepspeed"});
-  for (const Framework framework : {Framework::Megatron, Framework::Torchtitan, Framework::Pytorch}) {
-    CHECK(std::ranges::any_of(unsupported(framework, deepspeed, {}),
-                              [](const Unsupported& u) { return u.field == "training.grad_accumulation"; }));
-    CHECK(nearest_runnable(framework, deepspeed, split_of(deepspeed), changes).training.grad_accumulation ==
-          GradAccumulation::Fused);
+  // DeepSpeed's BF16_Optimizer and FSDP's flat parameters run in none of them: each accumulates as the
+  // fused default.
+  for (const char* accumulation : {"deepspeed", "fsdp"}) {
+    const Config foreign = llama({fmt::format("training.grad_accumulation={}", accumulation)});
+    for (const Framework framework : {Framework::Megatron, Framework::Torchtitan, Framework::Pytorch}) {
+      CHECK(std::ranges::any_of(unsupported(framework, foreign, {}),
+                                [](const Unsupported& u) { return u.field == "training.grad_accumulation"; }));
+      CHECK(nearest_runnable(framework, foreign, split_of(foreign), changes).training.grad_accumulation ==
+            GradAccumulation::Fused);
+    }
   }
 }
 

@@ -389,8 +389,10 @@ TrainingConfig read_training(const json* object, const json* precision) {
   const std::string accumulation =
       r.choice("grad_accumulation", "fused",
                {{"fused", "the weight-gradient GEMM adds into the fp32 main gradients (Megatron-LM)"},
-                {"deepspeed", "fresh gradients each backward, cast to fp32 and added in (DeepSpeed's BF16_Optimizer)"}});
-  t.grad_accumulation = accumulation == "deepspeed" ? GradAccumulation::DeepSpeed : GradAccumulation::Fused;
+                {"deepspeed", "fresh gradients each backward, cast to fp32 and added in (DeepSpeed's BF16_Optimizer)"},
+                {"fsdp", "fresh gradients each backward, concatenated, cast and divided before the reduce-scatter (PyTorch FSDP's flat parameters)"}});
+  constexpr std::array kAccumulations{GradAccumulation::Fused, GradAccumulation::DeepSpeed, GradAccumulation::Fsdp};
+  t.grad_accumulation = *std::ranges::find(kAccumulations, accumulation, grad_accumulation_name);
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

@@ -45,11 +45,14 @@ std::string recompute_form(const TrainingConfig& t) {
                      t.recompute_num_layers);
 }
 
-/// DeepSpeed's BF16_Optimizer (training.grad_accumulation "deepspeed") runs in none of the frameworks
-/// exported to: `name` accumulates the weight gradients its own way, taken as "fused".
-void deepspeed_accumulation(const Config& c, std::string_view name, std::vector<Unsupported>& out) {
+/// DeepSpeed's BF16_Optimizer and PyTorch FSDP's flat parameters (training.grad_accumulation
+/// "deepspeed", "fsdp") run in none of the frameworks exported to: `name` accumulates the weight
+/// gradients its own way, taken as "fused".
+void foreign_accumulation(const Config& c, std::string_view name, std::vector<Unsupported>& out) {
   if (c.training.grad_accumulation == GradAccumulation::DeepSpeed)
     out.push_back({"training.grad_accumulation", fmt::format("{} does not run DeepSpeed's BF16_Optimizer", name), "fused"});
+  if (c.training.grad_accumulation == GradAccumulation::Fsdp)
+    out.push_back({"training.grad_accumulation", fmt::format("{} does not run FSDP's flat parameters", name), "fused"});
 }
 
 void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupported>& out) {
@@ -80,7 +83,7 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
     out.push_back({"training.optimizer_post_validation", "mainline Megatron-LM synchronises stages at the step", "false"});
   if (c.training.kernels == KernelProfile::Composite)
     out.push_back({"training.kernels", "Megatron-LM runs fused norms and rotary embeddings", "fused"});
-  deepspeed_accumulation(c, "Megatron-LM", out);
+  foreign_accumulation(c, "Megatron-LM", out);
   // megatron/training/arguments.py turns overlap_p2p_comm off without a virtual pipeline.
   if (c.parallel.pp > 1 && c.training.overlap_p2p_comm && s != "interleaved-1f1b")
     out.push_back({"training.overlap_p2p_comm", "Megatron-LM overlaps pipeline transfers only in the interleaved schedule",
@@ -134,7 +137,7 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
     out.push_back({"training.kernels", "torchtitan's async tensor parallelism runs under torch.compile", "fused"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});
-  deepspeed_accumulation(c, "torchtitan", out);
+  foreign_accumulation(c, "torchtitan", out);
   pytorch_transfers(c, out);
 }
 
@@ -149,7 +152,7 @@ void pytorch(const Config& c, const std::vector<int>& split, std::vector<Unsuppo
     out.push_back({"training.zero_stage", "PyTorch has DDP (0) and FSDP2: 2 (no resharding after forward) or 3", "2"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "PyTorch's optimizers step after a synchronised step", "false"});
-  deepspeed_accumulation(c, "PyTorch", out);
+  foreign_accumulation(c, "PyTorch", out);
   pytorch_transfers(c, out);
 }
 

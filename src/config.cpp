@@ -94,6 +94,7 @@ std::string_view grad_accumulation_name(GradAccumulation accumulation) {
     case GradAccumulation::Fused: return "fused";
     case GradAccumulation::DeepSpeed: return "deepspeed";
     case GradAccumulation::Fsdp: return "fsdp";
+    case GradAccumulation::Fsdp2: return "fsdp2";
   }
   return "?";
 }

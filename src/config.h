@@ -195,10 +195,11 @@ std::string_view kernel_profile_name(KernelProfile profile);
 /// How a microbatch's weight gradients reach the fp32 main gradients: "fused", the weight-gradient GEMM
 /// adds into them (Megatron-LM's gradient-accumulation fusion); "deepspeed", as DeepSpeed's
 /// BF16_Optimizer does after every backward: fresh gradients in the parameters' type, then cast to
-/// fp32 and added in; or "fsdp", as PyTorch FSDP's flat parameters take them to each microbatch's
+/// fp32 and added in; "fsdp", as PyTorch FSDP's flat parameters take them to each microbatch's
 /// reduce-scatter: fresh gradients concatenated into the flat gradient, cast to the reduce type and
-/// divided before it (docs/cost-model.md, "Gradient accumulation").
-enum class GradAccumulation { Fused, DeepSpeed, Fsdp };
+/// divided before it; or "fsdp2", as FSDP2 (fully_shard) does: fresh gradients copied into the
+/// reduce-scatter's input in the reduce type (docs/cost-model.md, "Gradient accumulation").
+enum class GradAccumulation { Fused, DeepSpeed, Fsdp, Fsdp2 };
 std::string_view grad_accumulation_name(GradAccumulation accumulation);
 
 /// How the training job runs what the schedule leaves out: recomputation, optimizer-state sharding

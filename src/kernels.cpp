@@ -369,6 +369,9 @@ double main_gradient_add_bytes(const Config& c) {
       const double divide = c.parallel.dp * c.parallel.cp > 1 ? 2 * p.grad_bytes : 0;
       return 2 * p.param_bytes + cast + divide;
     }
+    // torch/distributed/_composable/fsdp: foreach_reduce's chunk_cat copies the gradients into the
+    // reduce-scatter's input in the reduce dtype; fp32 and bf16 are averaged by NCCL, not divided.
+    case GradAccumulation::Fsdp2: return p.param_bytes + p.grad_bytes;
   }
   return p.param_bytes + 2 * p.grad_bytes;
 }

@@ -390,8 +390,10 @@ TrainingConfig read_training(const json* object, const json* precision) {
       r.choice("grad_accumulation", "fused",
                {{"fused", "the weight-gradient GEMM adds into the fp32 main gradients (Megatron-LM)"},
                 {"deepspeed", "fresh gradients each backward, cast to fp32 and added in (DeepSpeed's BF16_Optimizer)"},
-                {"fsdp", "fresh gradients each backward, concatenated, cast and divided before the reduce-scatter (PyTorch FSDP's flat parameters)"}});
-  constexpr std::array kAccumulations{GradAccumulation::Fused, GradAccumulation::DeepSpeed, GradAccumulation::Fsdp};
+                {"fsdp", "fresh gradients each backward, concatenated, cast and divided before the reduce-scatter (PyTorch FSDP's flat parameters)"},
+                {"fsdp2", "fresh gradients each backward, copied into the reduce-scatter's input in its type (PyTorch FSDP2, fully_shard)"}});
+  constexpr std::array kAccumulations{GradAccumulation::Fused, GradAccumulation::DeepSpeed, GradAccumulation::Fsdp,
+                                      GradAccumulation::Fsdp2};
   t.grad_accumulation = *std::ranges::find(kAccumulations, accumulation, grad_accumulation_name);
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {

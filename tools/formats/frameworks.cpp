@@ -46,13 +46,23 @@ std::string recompute_form(const TrainingConfig& t) {
 }
 
 /// DeepSpeed's BF16_Optimizer and PyTorch FSDP's flat parameters (training.grad_accumulation
-/// "deepspeed", "fsdp") run in none of the frameworks exported to: `name` accumulates the weight
-/// gradients its own way, taken as "fused".
-void foreign_accumulation(const Config& c, std::string_view name, std::vector<Unsupported>& out) {
-  if (c.training.grad_accumulation == GradAccumulation::DeepSpeed)
-    out.push_back({"training.grad_accumulation", fmt::format("{} does not run DeepSpeed's BF16_Optimizer", name), "fused"});
-  if (c.training.grad_accumulation == GradAccumulation::Fsdp)
-    out.push_back({"training.grad_accumulation", fmt::format("{} does not run FSDP's flat parameters", name), "fused"});
+/// "deepspeed", "fsdp") run in none of the frameworks exported to, FSDP2's ("fsdp2") in torchtitan
+/// alone (`runs_fsdp2`): elsewhere `name` accumulates the weight gradients its own way, taken as "fused".
+void foreign_accumulation(const Config& c, std::string_view name, std::vector<Unsupported>& out,
+                          bool runs_fsdp2 = false) {
+  switch (c.training.grad_accumulation) {
+    case GradAccumulation::Fused: return;
+    case GradAccumulation::DeepSpeed:
+      out.push_back({"training.grad_accumulation", fmt::format("{} does not run DeepSpeed's BF16_Optimizer", name), "fused"});
+      return;
+    case GradAccumulation::Fsdp:
+      out.push_back({"training.grad_accumulation", fmt::format("{} does not run FSDP's flat parameters", name), "fused"});
+      return;
+    case GradAccumulation::Fsdp2:
+      if (!runs_fsdp2)
+        out.push_back({"training.grad_accumulation", fmt::format("{} does not run FSDP2", name), "fused"});
+      return;
+  }
 }
 
 void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupported>& out) {
@@ -137,7 +147,7 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
     out.push_back({"training.kernels", "torchtitan's async tensor parallelism runs under torch.compile", "fused"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});
-  foreign_accumulation(c, "torchtitan", out);
+  foreign_accumulation(c, "torchtitan", out, /*runs_fsdp2=*/true);
   pytorch_transfers(c, out);
 }
 

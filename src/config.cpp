@@ -18,11 +18,15 @@ namespace {
 // (docs/data/h200-torch-ops.json); both fits put the launch overhead at zero (the GPU runs a stream's
 // kernels back to back while the CPU runs ahead). a100-80gb's GEMM fraction carries the H100 fit
 // over by the published best-GEMM measurements of both GPUs (86.9% and 80.3% of peak, docs/
-// cost-model.md), its attention keeps the H100's ratio to GEMMs, its HBM fraction is the H100's.
+// cost-model.md), its attention is FlashAttention-2's own A100 measurement (Dao 2023, Figure 4d:
+// causal, head dim 128, 0.5K to 16K tokens), its HBM fraction is the H100's.
 // flash2_attention_efficiency: FlashAttention-2 on Hopper runs at 0.62 of cuDNN's fused attention,
 // forward (causal) and backward, head dim 128, sequences of 2K to 8K tokens (Shah et al. 2024,
 // FlashAttention-3, Figures 5 and 6), applied to the measured attention_efficiency; the A100 preset's
-// attention is FlashAttention-2's already. All of it is overridable per config. sms: the GPUs' SM
+// attention is FlashAttention-2's already. attention_overhead_tokens: the same figures' rates against
+// the sequence (cuDNN's on the H100: 308 tokens; FlashAttention-2's on the A100: 487); the Hopper
+// presets' attention efficiencies are their measured ones over the mean of 1 + 308 / L at the
+// measured ops' 2K and 4K tokens, so the measured attention times stay where they were. All of it is overridable per config. sms: the GPUs' SM
 // counts, for GEMMs' tile fill. comm_sms: fitted to the vocabulary paper authors' A100 pass times
 // (tools/vocab-passes.py --fit-comm-sms, docs/cost-model.md); the H100 and H200 take the A100's
 // count. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),

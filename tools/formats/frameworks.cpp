@@ -50,19 +50,17 @@ std::string recompute_form(const TrainingConfig& t) {
 /// alone (`runs_fsdp2`): elsewhere `name` accumulates the weight gradients its own way, taken as "fused".
 void foreign_accumulation(const Config& c, std::string_view name, std::vector<Unsupported>& out,
                           bool runs_fsdp2 = false) {
+  std::string_view accumulation;
   switch (c.training.grad_accumulation) {
     case GradAccumulation::Fused: return;
-    case GradAccumulation::DeepSpeed:
-      out.push_back({"training.grad_accumulation", fmt::format("{} does not run DeepSpeed's BF16_Optimizer", name), "fused"});
-      return;
-    case GradAccumulation::Fsdp:
-      out.push_back({"training.grad_accumulation", fmt::format("{} does not run FSDP's flat parameters", name), "fused"});
-      return;
+    case GradAccumulation::DeepSpeed: accumulation = "DeepSpeed's BF16_Optimizer"; break;
+    case GradAccumulation::Fsdp: accumulation = "FSDP's flat parameters"; break;
     case GradAccumulation::Fsdp2:
-      if (!runs_fsdp2)
-        out.push_back({"training.grad_accumulation", fmt::format("{} does not run FSDP2", name), "fused"});
-      return;
+      if (runs_fsdp2) return;
+      accumulation = "FSDP2";
+      break;
   }
+  out.push_back({"training.grad_accumulation", fmt::format("{} does not run {}", name, accumulation), "fused"});
 }
 
 void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupported>& out) {

@@ -3,10 +3,8 @@
 namespace pipesim {
 
 std::vector<OpWork> analytic_op_work(const Config& config) {
-  Config one = config;
-  one.parallel.tp = 1;
   const auto kernels_of = [&](int layers, bool head, bool embedding) {
-    return stage_kernels(one, {.device = 0, .chunk = 0, .first_layer = 0, .layers = layers,
+    return stage_kernels(config, {.device = 0, .chunk = 0, .first_layer = 0, .layers = layers,
                                .has_embedding = embedding, .has_head = head});
   };
   const StageKernels layer = kernels_of(1, false, false), head = kernels_of(0, true, false),

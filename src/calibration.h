@@ -17,7 +17,8 @@ struct OpWork {
 
 /// The work of one transformer layer's F, B and W (`layer_forward`, `layer_backward`, `layer_weight`)
 /// and of the whole vocabulary layers (`output_forward`, `output_backward` (dX), `output_weight` (dW),
-/// `input_forward`, `input_backward`), without tensor parallelism: what calibration fits hardware to.
+/// `input_forward`, `input_backward`), one tensor-parallel rank's part of them at the config's tp
+/// (its collectives left out): what calibration fits hardware to.
 std::vector<OpWork> analytic_op_work(const Config& config);
 /// Seconds the analytic model gives `work` on `hardware`, timed alone as an op benchmark times it
 /// (sustained_compute_fraction 1).

@@ -466,6 +466,22 @@ TEST_CASE("the work calibration fits is the work the analytic model times, as an
   CHECK(make_cost_model(slower.config, slower.layout)->stage(1).forward > model->stage(1).forward);
 }
 
+TEST_CASE("under tensor parallelism calibration's ops are one rank's part, their collectives left out") {
+  // measure-ops.py --tensor-parallel times one rank's GEMMs and attention without the all-reduces;
+  // the model's W pass has no collective, so the two agree there, and every FLOP is split over tp.
+  const Config whole = parse_or_fail(kThreeStages, {"hardware.sustained_compute_fraction=1"});
+  const Config split = parse_or_fail(kThreeStages, {"hardware.sustained_compute_fraction=1", "parallel.tp=2"});
+  const Plan plan = plan_or_fail(split);
+  const std::vector<OpWork> ops = analytic_op_work(split), whole_ops = analytic_op_work(whole);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    INFO(ops[i].name);
+    CHECK(2 * total(ops[i].kernels, &Kernel::flops) == Approx(total(whole_ops[i].kernels, &Kernel::flops)));
+  }
+  const double weight = analytic_seconds(ops[2], split.hardware);
+  REQUIRE(ops[2].name == "layer_weight");
+  CHECK(std::llround(weight * 1e9) == Approx(make_cost_model(plan.config, plan.layout)->stage(1).weight).margin(2));
+}
+
 TEST_CASE("vocabulary passes move, a logit each, what the reference implementation's kernels read and write") {
   // p = 4 devices, 32,000 rows (8,000 each), b·s = 2048 tokens, h = 1024, bf16 activations and
   // parameters, fp32 main gradients.

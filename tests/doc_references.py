@@ -6,13 +6,13 @@ import re
 import sys
 
 SOURCES = ('.h', '.cpp', '.cu', '.cuh', '.py', '.sh', '.build', '.md', '.txt', '.json')
-SKIPPED = {'.git', 'node_modules'}
+SKIPPED = {'.git', 'node_modules', 'gpu-bundle'}  # gpu-bundle: tools/gpu-bundle.sh's copy
 REFERENCE = re.compile(r'(?<![\w/.-])([\w./-]*[A-Za-z0-9_-]\.md)\b')
 
 
 def project_files(root):
     for folder, subfolders, files in os.walk(root):
-        # Build folders (build/, build-*/) hold generated files, not the project's.
+        # Build folders (build/, build-*/) and the GPU bundle hold generated files, not the project's.
         subfolders[:] = [d for d in subfolders if d not in SKIPPED and not d.startswith('build')]
         for name in files:
             if name.endswith(SOURCES):

@@ -3,7 +3,7 @@
 # machine that has no meson (and whose meson would refuse this build folder anyway):
 #   tools/gpu-bundle.sh [BUILD] [OUT]     (defaults: build, gpu-bundle)
 # OUT gets bin/ (pipesim, cuda_kernels_test, runtime_cuda_test, gpu-bench), lib/ (the CUDA and MPI
-# plugins, which pipesim finds through PIPESIM_CUDA_PLUGIN and PIPESIM_MPI_PLUGIN), configs/,
+# plugins, which pipesim finds through PIPESIM_CUDA_PLUGIN and PIPESIM_MPI_PLUGIN, and fmt and toml++), configs/,
 # tools/measure-ops.py, tools/torch-gemm.py and gpu-check.sh. Nothing in it names the build folder:
 # gpu-check.sh sets the paths from where it lies. Prints the folder's size; fails above 64 MiB (what a device call carries).
 set -euo pipefail
@@ -22,6 +22,11 @@ cp "$build/tools/pipesim" "$build/tests/cuda_kernels_test" "$build/tests/runtime
    "$build/runtime/cuda/bench/gpu-bench" "$out/bin/"
 cp "$build/runtime/cuda/libpipesim_cuda.so" "$out/lib/"
 [ -f "$build/runtime/mpi/libpipesim_mpi.so" ] && cp "$build/runtime/mpi/libpipesim_mpi.so" "$out/lib/"
+# The libraries of this machine's packages that the GPU machine may lack (toml++ is not on it); CUDA,
+# NCCL, MPI and the C and C++ runtimes stay the GPU machine's own. gpu-check.sh puts lib/ first on
+# the loader's path.
+ldd "$out"/bin/* "$out"/lib/*.so | awk '$1 ~ /^lib(fmt|tomlplusplus)\./ && $3 ~ /^\// {print $3}' | sort -u |
+  while read -r lib; do cp -L "$lib" "$out/lib/"; done
 cp -r "$src/configs" "$out/"
 cp "$src/tools/measure-ops.py" "$src/tools/torch-gemm.py" "$out/tools/"
 cp "$src/tools/gpu-check.sh" "$out/"

@@ -11,6 +11,7 @@
 set -u
 bundle=$(cd "${PIPESIM_BUNDLE:-$(dirname "$0")}" && pwd)
 bin=$bundle/bin
+export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # fmt and toml++ (gpu-bundle.sh)
 export PIPESIM_CUDA_PLUGIN=$bundle/lib/libpipesim_cuda.so
 [ -f "$bundle/lib/libpipesim_mpi.so" ] && export PIPESIM_MPI_PLUGIN=$bundle/lib/libpipesim_mpi.so
 export PIPESIM_SOURCE=$bundle  # the tests read configs/ from here
@@ -43,7 +44,7 @@ item() {
 }
 figure() {
   case $1 in
-    cuda-kernels) grep -c "#wrong" "$out/$1.log" | sed 's/$/ checks/' ;;
+    cuda-kernels) grep -E "^[0-9]+ checks" "$out/$1.log" | tail -1 ;;
     runtime-cuda) grep -E "passed|assertions" "$out/$1.log" | tail -1 ;;
     nccl-*) grep -iE "check|loss" "$out/$1.log" | tail -1 | cut -c1-100 ;;
     gemm-bench) grep -iE "TFLOP|ms" "$out/$1.log" | tail -2 | tr '\n' ' ' | cut -c1-120 ;;

@@ -22,7 +22,7 @@ Ops, as pipesim names them (one microbatch, one layer / one vocabulary layer):
 Layers: GPT (LayerNorm, biases, GELU, f = 4h, multi-head) and Llama (RMSNorm, no biases, SwiGLU,
 grouped-query attention; no rotary embedding: pipesim does not cost it). Dropout is off.
 
-Usage: python3 tools/measure-ops.py [-o FILE.json] [--reps N] [--quick | --reference]
+Usage: python3 tools/measure-ops.py [-o FILE.json] [--reps N] [--quick | --reference | --tensor-parallel | --attention]
 --reference: only the two layers docs/benchmark.md holds pipesim's CUDA backend to (b 1, s 2048, bf16):
 GPT h 4096, 32 heads, FFN 16384, and Llama-3-8B (h 4096, 32 heads, 8 KV heads, SwiGLU 14336).
 Writes one JSON object: {"device": ..., "torch": ..., "ops": [...]} with every case's times in ms.
@@ -90,17 +90,23 @@ def param(*shape, scale=0.02):
 
 
 class Layer:
-    def __init__(self, h, heads, kv_heads, f, llama):
-        self.h, self.heads, self.kv_heads, self.f, self.llama = h, heads, kv_heads, f, llama
+    """One decoder layer, or one tensor-parallel rank's part of it (tp > 1): the rank's heads
+    (key/value heads kept whole when fewer than tp), its columns of qkv and up, its rows of proj and
+    down. The all-reduces that join the ranks are not run: pipesim costs them as communication."""
+
+    def __init__(self, h, heads, kv_heads, f, llama, tp=1):
+        self.h, self.llama = h, llama
         self.hd = h // heads
-        qkv_out = h + 2 * kv_heads * self.hd
-        up_out = 2 * f if llama else f
+        self.heads, self.kv_heads, self.f = heads // tp, max(1, kv_heads // tp), f // tp
+        q_width, kv_width = self.heads * self.hd, self.kv_heads * self.hd
+        qkv_out = q_width + 2 * kv_width
+        up_out = 2 * self.f if llama else self.f
         bias = not llama
         self.linears = {  # name: (weight [out, in], bias or None)
             "qkv": (param(qkv_out, h), param(qkv_out) if bias else None),
-            "proj": (param(h, h), param(h) if bias else None),
+            "proj": (param(h, q_width), param(h) if bias else None),
             "up": (param(up_out, h), param(up_out) if bias else None),
-            "down": (param(h, f), param(h) if bias else None),
+            "down": (param(h, self.f), param(h) if bias else None),
         }
         self.norms = [torch.ones(h, device="cuda", dtype=BF16, requires_grad=True) for _ in range(2)]
         self.norm_biases = [] if llama else [torch.zeros(h, device="cuda", dtype=BF16, requires_grad=True) for _ in range(2)]
@@ -124,13 +130,13 @@ class Layer:
         b, s, h = x.shape
         y = self.norm(x, 0)
         qkv = self.linear(y, "qkv")
-        kv = self.kv_heads * self.hd
-        q, k, v = qkv.split([h, kv, kv], dim=-1)
+        q_width, kv = self.heads * self.hd, self.kv_heads * self.hd
+        q, k, v = qkv.split([q_width, kv, kv], dim=-1)
         q = q.view(b, s, self.heads, self.hd).transpose(1, 2)
         k = k.reshape(b, s, self.kv_heads, self.hd).transpose(1, 2)
         v = v.reshape(b, s, self.kv_heads, self.hd).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        o = o.transpose(1, 2).reshape(b, s, h)
+        o = o.transpose(1, 2).reshape(b, s, q_width)
         x = x + self.linear(o, "proj")
         y = self.norm(x, 1)
         if self.llama:
@@ -147,7 +153,7 @@ class Layer:
 
 def measure_layer(case, reps):
     b, s, h, heads, kv, f, llama = (case[k] for k in ("b", "s", "h", "heads", "kv_heads", "f", "llama"))
-    layer = Layer(h, heads, kv, f, llama)
+    layer = Layer(h, heads, kv, f, llama, case.get("tp", 1))
     x = (torch.randn(b, s, h, device="cuda", dtype=BF16)).requires_grad_()
     dy = torch.randn(b, s, h, device="cuda", dtype=BF16)
     params = layer.params()
@@ -177,16 +183,54 @@ def measure_layer(case, reps):
         w_total += dw + bias_grad
         del a, g
     out["W"] = w_total
-    q = torch.randn(b, heads, s, h // heads, device="cuda", dtype=BF16, requires_grad=True)
-    k = torch.randn(b, kv, s, h // heads, device="cuda", dtype=BF16, requires_grad=True)
-    v = torch.randn(b, kv, s, h // heads, device="cuda", dtype=BF16, requires_grad=True)
-    do = torch.randn(b, heads, s, h // heads, device="cuda", dtype=BF16)
+    heads, kv, hd = layer.heads, layer.kv_heads, layer.hd
+    q = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16, requires_grad=True)
+    k = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
+    v = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
+    do = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16)
 
     def attn():
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
     pieces["attention"] = {"fwd": time_ms(attn, reps),
                            "bwd": time_after(attn, lambda o: torch.autograd.grad(o, [q, k, v], do), reps)}
     out["pieces"] = pieces
+    return out
+
+
+def kernel_ms(fn, reps):
+    """Mean GPU time of fn()'s kernels in ms, summed from PyTorch's profiler: the kernels alone, without
+    the gaps a CPU-bound caller leaves between them (for ops shorter than PyTorch's dispatch)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / 1e3 / reps
+
+
+def measure_attention(case, reps):
+    """Fused causal attention alone (F.scaled_dot_product_attention), forward and forward + backward,
+    timed both ways: CUDA events around each call (what measure_layer's pieces record) and the sum of
+    its kernels' times (kernel_ms)."""
+    b, s, heads, kv, hd = case["b"], case["s"], case["heads"], case["kv_heads"], case["head_dim"]
+    q = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16, requires_grad=True)
+    k = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
+    v = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
+    do = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16)
+
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+
+    def forward_backward():
+        torch.autograd.grad(forward(), [q, k, v], do)
+    out = dict(case)
+    out["fwd_events"] = time_ms(forward, reps)
+    out["fwd_bwd_events"] = time_ms(forward_backward, reps)
+    out["fwd_kernels"] = kernel_ms(forward, reps)
+    out["fwd_bwd_kernels"] = kernel_ms(forward_backward, reps)
     return out
 
 
@@ -265,12 +309,33 @@ def reference_cases():
     return [gpt, llama], [], []
 
 
+def tensor_parallel_cases():
+    """One rank's part of a layer at tensor parallelism 1, 2, 4 and 8: Llama-3-8B at 2K and 8K tokens
+    (torchtitan's runs), Llama-3-70B at 4K, GPT-3 175B at 2K (Megatron-LM's)."""
+    models = [("llama", 4096, 32, 8, 14336, 2048), ("llama", 4096, 32, 8, 14336, 8192),
+              ("llama", 8192, 64, 8, 28672, 4096), ("gpt", 12288, 96, 96, 49152, 2048)]
+    return [dict(op="layer", arch=arch, b=1, s=s, h=h, heads=a, kv_heads=kv, f=f, llama=arch == "llama", tp=tp)
+            for arch, h, a, kv, f, s in models for tp in (1, 2, 4, 8)], [], []
+
+
+def attention_cases():
+    """Attention alone at head dim 128 over the heads one rank holds (128 down to 4: tensor parallelism
+    splits them) and 2K to 8K tokens, so the kernels' launch grid (batch · heads · query blocks) spans
+    64 to 8,192 blocks."""
+    return [dict(op="attention", b=1, s=s, heads=a, kv_heads=a, head_dim=128)
+            for s in (2048, 4096, 8192) for a in (4, 8, 16, 32, 64, 128)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", help="JSON file to write (default: stdout table only)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--reference", action="store_true", help="only the GPT and Llama-3-8B layers the CUDA backend is held to")
+    ap.add_argument("--attention", action="store_true",
+                    help="fused attention alone over heads and sequence lengths, events and kernel sums")
+    ap.add_argument("--tensor-parallel", action="store_true",
+                    help="one rank's part of four layers at tensor parallelism 1, 2, 4 and 8 (the \"tp\" field)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("measure-ops: no CUDA device", file=sys.stderr)
@@ -280,9 +345,12 @@ def main():
     result = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d", time.gmtime()), "reps": args.reps,
               "ops": []}
-    layers, heads, embeds = reference_cases() if args.reference else cases(args.quick)
+    layers, heads, embeds = (reference_cases() if args.reference else
+                             tensor_parallel_cases() if args.tensor_parallel else cases(args.quick))
     todo = [(measure_layer, c) for c in layers] + [(measure_head, c) for c in heads] + \
            [(measure_embedding, c) for c in embeds]
+    if args.attention:
+        todo = [(measure_attention, c) for c in attention_cases()]
     started = time.time()
     for i, (measure, case) in enumerate(todo, 1):
         try:
@@ -291,8 +359,10 @@ def main():
             row = dict(case, error=repr(error))
         torch.cuda.empty_cache()
         result["ops"].append(row)
-        keys = {k: v for k, v in row.items() if k in ("arch", "b", "s", "h", "V", "f", "kv_heads")}
-        times = row.get("error") or " ".join(f"{k}={row[k]:.3f}" for k in ("F", "B", "W", "BW", "W_dense") if k in row)
+        keys = {k: v for k, v in row.items() if k in ("arch", "b", "s", "h", "V", "f", "heads", "kv_heads", "tp")}
+        times = row.get("error") or " ".join(f"{k}={row[k]:.3f}" for k in ("F", "B", "W", "BW", "W_dense", "fwd_events",
+                                                                         "fwd_bwd_events", "fwd_kernels", "fwd_bwd_kernels")
+                                             if k in row)
         print(f"[{i}/{len(todo)} {time.time() - started:5.0f}s] {row['op']:9s} {keys} {times}", flush=True)
         if args.output:  # rewritten after every case, so a run cut short keeps what it measured
             with open(args.output, "w") as fh:

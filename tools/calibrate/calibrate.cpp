@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -132,8 +131,8 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     if (kind != "layer" && kind != "head" && kind != "embedding")
       return Error{fmt::format("{}.op: expected \"layer\", \"head\" or \"embedding\" (as tools/measure-ops.py writes)", at)};
     Result<int> b = integer("b", 0), s = integer("s", 0), h = integer("h", 0), heads = integer("heads", 1),
-                kv = integer("kv_heads", 0), f = integer("f", 4), vocab = integer("V", 8);
-    for (const Result<int>* r : {&b, &s, &h, &heads, &kv, &f, &vocab})
+                kv = integer("kv_heads", 0), f = integer("f", 4), vocab = integer("V", 8), tp = integer("tp", 1);
+    for (const Result<int>* r : {&b, &s, &h, &heads, &kv, &f, &vocab, &tp})
       if (!r->ok()) return r->error();
     if (!b.value() || !s.value() || !h.value()) return Error{fmt::format("{}: needs \"b\", \"s\" and \"h\"", at)};
     if (op.contains("llama") && !op["llama"].is_boolean())
@@ -143,11 +142,15 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
                      {"kv_heads", kv.value() ? kv.value() : heads.value()}, {"ffn_hidden", f.value()},
                      {"seq_len", s.value()}, {"vocab", vocab.value()}, {"micro_batch_size", b.value()},
                      {"mlp", llama ? "swiglu" : "gelu"}};
-    Result<Config> config = parse_config(json_text(json{{"model", model}, {"parallel", {{"microbatches", 1}}}}), at);
+    // "tp": one tensor-parallel rank's part of the op (measure-ops.py --tensor-parallel), its
+    // collectives left out, as the analytic op leaves them out.
+    Result<Config> config =
+        parse_config(json_text(json{{"model", model}, {"parallel", {{"microbatches", 1}, {"tp", tp.value()}}}}), at);
     if (!config.ok()) return config.error();
     const std::vector<OpWork> work = analytic_op_work(config.value());
-    const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value())
-                                              : fmt::format("b{} s{} h{} V{}", b.value(), s.value(), h.value(), vocab.value());
+    const std::string split = tp.value() > 1 ? fmt::format(" tp{}", tp.value()) : "";
+    const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value(), split)
+                                              : fmt::format("b{} s{} h{} V{}{}", b.value(), s.value(), h.value(), vocab.value(), split);
     for (const FrameworkPass& pass : kFrameworkPasses.at(kind)) {
       if (!op.contains(pass.field)) continue;
       const json& ms = op[pass.field];

@@ -24,9 +24,11 @@ namespace {
 // forward (causal) and backward, head dim 128, sequences of 2K to 8K tokens (Shah et al. 2024,
 // FlashAttention-3, Figures 5 and 6), applied to the measured attention_efficiency; the A100 preset's
 // attention is FlashAttention-2's already. attention_overhead_tokens: the same figures' rates against
-// the sequence (cuDNN's on the H100: 308 tokens; FlashAttention-2's on the A100: 487); the Hopper
-// presets' attention efficiencies are their measured ones over the mean of 1 + 308 / L at the
-// measured ops' 2K and 4K tokens, so the measured attention times stay where they were. All of it is overridable per config. sms: the GPUs' SM
+// the sequence (cuDNN's on the H100: 308 tokens; FlashAttention-2's on the A100: 487), each paper's
+// grid 2,048 blocks (16K tokens of 16 heads), whose N / (N + sms) the efficiencies are divided by
+// (docs/cost-model.md, attention kernels); the Hopper presets' attention efficiencies are their
+// measured ones over the mean of (1 + 308 / L)(1 + sms / N) over the measured layers (L 2K and 4K
+// tokens, N 384 to 6,144 blocks), so the measured attention times stay where they were. All of it is overridable per config. sms: the GPUs' SM
 // counts, for GEMMs' tile fill. comm_sms: fitted to the vocabulary paper authors' A100 pass times
 // (tools/vocab-passes.py --fit-comm-sms, docs/cost-model.md); the H100 and H200 take the A100's
 // count. reserved_gib: the CUDA context and cuBLAS workspaces (about 0.6 GiB),
@@ -46,18 +48,18 @@ namespace {
 // efficiencies are the H100's; the lower clocks the power limit holds it to are in its own fitted
 // fraction, as the other presets' (from torchtitan's runs alone, the only published ones on it).
 const HardwareConfig kA100{
-    .preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.62,
-    .flash2_attention_efficiency = 0.62, .attention_overhead_tokens = 487, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
+    .preset = "a100-80gb", .peak_tflops = 312, .compute_efficiency = 0.76, .attention_efficiency = 0.65,
+    .flash2_attention_efficiency = 0.65, .attention_overhead_tokens = 487, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
     .intra_node_latency_us = 8,
     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
     .kernel_launch_us = 0, .sms = 108, .comm_sms = 7, .sustained_compute_fraction = 0.94};
 const HardwareConfig kH100Sxm{
-    .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.67,
-    .flash2_attention_efficiency = 0.42, .attention_overhead_tokens = 308, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
+    .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.74,
+    .flash2_attention_efficiency = 0.46, .attention_overhead_tokens = 308, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
     .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
-    .sustained_compute_fraction = 0.81};
+    .sustained_compute_fraction = 0.82};
 /// The H100 chip with its own memory and its own fitted fraction (above).
 HardwareConfig grand_teton_h100() {
   HardwareConfig h = kH100Sxm;
@@ -68,8 +70,8 @@ HardwareConfig grand_teton_h100() {
   return h;
 }
 const HardwareConfig kH200{
-    .preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.57,
-    .flash2_attention_efficiency = 0.35, .attention_overhead_tokens = kH100Sxm.attention_overhead_tokens, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
+    .preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.63,
+    .flash2_attention_efficiency = 0.39, .attention_overhead_tokens = kH100Sxm.attention_overhead_tokens, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
     .intra_node_latency_us = 6,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
     .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979,

@@ -28,9 +28,12 @@ Kernel batched_gemm(double flops, double bytes) { return {flops, bytes, false, 0
 /// the config names (precision.attention_kernel). Under context parallelism each call sees one
 /// rank's share of the keys (ring attention's blocks).
 Kernel fused_attention(const Config& c, double flops, double bytes) {
+  constexpr double kQueryRows = 128;  // a block's query tile in cuDNN's and FlashAttention-2's kernels
   Kernel k{flops, bytes, true, 0, 0};
   k.attention_kernel = c.precision.attention_kernel;
   k.attention_keys = double(c.model.seq_len) / c.parallel.cp;
+  k.attention_blocks = double(c.model.micro_batch_size) * c.model.heads / c.parallel.tp *
+                       std::ceil(k.attention_keys / kQueryRows);
   return k;
 }
 
@@ -397,11 +400,15 @@ double long_sequence_efficiency(AttentionKernel kernel, const HardwareConfig& h)
   return h.attention_efficiency;
 }
 
-/// ... at its keys: a cost per query row that does not shrink with them (attention_overhead_tokens).
+/// ... at its keys: a cost per query row that does not shrink with them (attention_overhead_tokens);
+/// and over its grid of N blocks, N / (N + sms): about one block an SM of the last, ragged wave is
+/// lost (fitted to fused attention timed alone on an H200, docs/cost-model.md).
 double attention_efficiency(const Kernel& kernel, const HardwareConfig& h) {
-  const double efficiency = long_sequence_efficiency(kernel.attention_kernel, h);
-  if (h.attention_overhead_tokens <= 0) return efficiency;
-  return efficiency * kernel.attention_keys / (kernel.attention_keys + h.attention_overhead_tokens);
+  double efficiency = long_sequence_efficiency(kernel.attention_kernel, h);
+  if (h.attention_overhead_tokens > 0)
+    efficiency *= kernel.attention_keys / (kernel.attention_keys + h.attention_overhead_tokens);
+  if (h.sms > 0 && kernel.attention_blocks > 0) efficiency *= kernel.attention_blocks / (kernel.attention_blocks + h.sms);
+  return efficiency;
 }
 }  // namespace
 

@@ -23,6 +23,10 @@ struct Kernel {
   int overlap_sms = 0;
   AttentionKernel attention_kernel = AttentionKernel::Cudnn;  ///< whose kernel runs it (precision.attention_kernel)
   double attention_keys = 0;  ///< keys a fused attention kernel's queries see (HardwareConfig::attention_overhead_tokens)
+  /// Thread blocks a fused attention kernel launches: one per 128 query rows of each sequence and
+  /// head on the rank (0: not counted). Causal blocks differ in length, so a grid of few blocks an SM
+  /// leaves SMs idle behind the longest ones.
+  double attention_blocks = 0;
 };
 /// The share of a GEMM's tile work that is useful on `sms` streaming multiprocessors: ragged edges
 /// cost whole tiles, and fewer tiles than SMs leave SMs idle. 1 for other kernels and for sms = 0.

@@ -58,8 +58,10 @@ TEST_CASE("a transformer layer is the sum of its kernels' roofline times, each w
   // The projection's gradient (1024 × 1024 = 64 tiles) fills under half the SMs.
   CHECK(fill(h, h) == Approx(64.0 / 132));
   // Causal attention: half of 4bs²h forward, 2.5× that backward; Q, K, V, O read or written once;
-  // over s keys at s / (s + attention_overhead_tokens) of its long-sequence efficiency.
-  const double attention = hw.attention_efficiency * s / (s + hw.attention_overhead_tokens);
+  // over s keys at s / (s + attention_overhead_tokens) of its long-sequence efficiency, and over its
+  // grid of N blocks (16 heads × 16 tiles of 128 queries) at N / (N + SMs).
+  const double blocks = 16 * (s / 128);
+  const double attention = hw.attention_efficiency * s / (s + hw.attention_overhead_tokens) * blocks / (blocks + 132);
   forward += kernel(2 * T * s * h, 4 * T * h * 2, attention);
   backward += kernel(2.5 * 2 * T * s * h, 8 * T * h * 2, attention);
   // Memory-bound: norms and GELU (4h + 2f), their backward (16h + 3f), bias gradients (3h + 2h + f).
@@ -107,8 +109,10 @@ TEST_CASE("without flash attention, the score matrix goes through HBM: two batch
   const double product = kernel(products, qkvo / 2 + score_bytes, hw.compute_efficiency);
   const double forward = 2 * product + kernel(0, 2 * score_bytes, 1) + kernel(0, 2 * score_bytes + scores, 1);
   const double backward = 4 * product + kernel(0, 2 * score_bytes + scores, 1) + kernel(0, 3 * score_bytes, 1);
-  // Flash attention's one kernel: half the products (causal) forward, 2.5× that backward.
-  const double at_keys = s / (s + hw.attention_overhead_tokens);
+  // Flash attention's one kernel: half the products (causal) forward, 2.5× that backward; its
+  // grid: a block for each head's 128 queries.
+  const double blocks = a * s / 128;
+  const double at_keys = s / (s + hw.attention_overhead_tokens) * blocks / (blocks + hw.sms);
   const double flash_forward = kernel(products, qkvo, hw.attention_efficiency * at_keys);
   const double flash_backward = kernel(2.5 * products, 2 * qkvo, hw.attention_efficiency * at_keys);
   const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
@@ -120,9 +124,9 @@ TEST_CASE("without flash attention, the score matrix goes through HBM: two batch
   CHECK(double(time(selective).backward - time(unfused).backward) == Approx(forward * 1e9).margin(4));
 }
 
-TEST_CASE("fused attention over L keys runs at L / (L + attention_overhead_tokens) of its efficiency; "
-          "under context parallelism each call sees its rank's keys") {
-  const double s = 2048, h = 1024;  // keys (= tokens, b = 1), hidden
+TEST_CASE("fused attention over L keys runs at L / (L + attention_overhead_tokens) of its efficiency and over N "
+          "blocks at N / (N + SMs); under context parallelism each call sees its rank's keys") {
+  const double s = 2048, h = 1024, heads = 16;  // keys (= tokens, b = 1), hidden
   const auto attention_ns = [&](const std::vector<std::string>& overrides) {
     const Plan plan = plan_or_fail(parse_or_fail(kThreeStages, overrides));
     const StageTimes with = make_cost_model(plan.config, plan.layout)->stage(1);
@@ -134,20 +138,27 @@ TEST_CASE("fused attention over L keys runs at L / (L + attention_overhead_token
   };
   const HardwareConfig hw = parse_or_fail(kThreeStages).hardware;
   REQUIRE(hw.attention_overhead_tokens > 0);
-  const auto seconds = [&](double flops, double keys) {  // the kernel's time at its keys, less at no overhead
-    const double rate = hw.peak_tflops * 1e12 * hw.attention_efficiency * hw.sustained_compute_fraction;
+  // The kernel's time at its keys, less at no overhead; `blocks` tiles of 128 queries, a head each.
+  const auto seconds = [&](double flops, double keys, double blocks) {
+    const double rate = hw.peak_tflops * 1e12 * hw.attention_efficiency * hw.sustained_compute_fraction *
+                        blocks / (blocks + hw.sms);
     return flops / rate * hw.attention_overhead_tokens / keys;
   };
   const double forward = 2 * s * s * h;  // causal: half of 4·T·s·h
   const auto [f, b] = attention_ns({});
-  CHECK(f == Approx(seconds(forward, s) * 1e9).margin(2));
-  CHECK(b == Approx(seconds(2.5 * forward, s) * 1e9).margin(2));
+  CHECK(f == Approx(seconds(forward, s, heads * s / 128) * 1e9).margin(2));
+  CHECK(b == Approx(seconds(2.5 * forward, s, heads * s / 128) * 1e9).margin(2));
   // cp = 2: a rank's 1024 queries against 2048 keys, in calls over 1024 keys each (ring attention;
   // its K/V exchange made instant, so none of it shows past the attention beside it).
   const auto [f_cp, b_cp] =
       attention_ns({"parallel.cp=2", "hardware.intra_node_gbps=1e9", "hardware.intra_node_latency_us=0"});
-  CHECK(f_cp == Approx(seconds(forward / 2, s / 2) * 1e9).margin(2));
-  CHECK(b_cp == Approx(seconds(2.5 * forward / 2, s / 2) * 1e9).margin(2));
+  CHECK(f_cp == Approx(seconds(forward / 2, s / 2, heads * s / 2 / 128) * 1e9).margin(2));
+  CHECK(b_cp == Approx(seconds(2.5 * forward / 2, s / 2, heads * s / 2 / 128) * 1e9).margin(2));
+  // tp = 2: a rank's 8 heads, half the FLOPs over half the blocks (its collectives are the same
+  // with and without the overhead, so they cancel).
+  const auto [f_tp, b_tp] = attention_ns({"parallel.tp=2"});
+  CHECK(f_tp == Approx(seconds(forward / 2, s, heads / 2 * s / 128) * 1e9).margin(2));
+  CHECK(b_tp == Approx(seconds(2.5 * forward / 2, s, heads / 2 * s / 128) * 1e9).margin(2));
   CHECK_THAT(parse_error(kThreeStages, {"hardware.attention_overhead_tokens=-1"}),
              Catch::Contains("hardware.attention_overhead_tokens"));
 }
@@ -158,9 +169,9 @@ TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency, 
   const Plan flash1 = plan_or_fail(parse_or_fail(kThreeStages, {"precision.attention_kernel=flash1"}));
   const HardwareConfig& hw = cudnn.config.hardware;
   REQUIRE(hw.flash2_attention_efficiency < hw.attention_efficiency);
-  const double T = 2048, s = 2048, h = 1024;  // tokens (b = 1), keys, hidden
+  const double T = 2048, s = 2048, h = 1024, blocks = 16 * s / 128;  // tokens (b = 1), keys, hidden; 16 heads
   const auto attention = [&](double flops, double efficiency) {
-    const double at_keys = s / (s + hw.attention_overhead_tokens);
+    const double at_keys = s / (s + hw.attention_overhead_tokens) * blocks / (blocks + hw.sms);
     return flops / (hw.peak_tflops * 1e12 * efficiency * at_keys * hw.sustained_compute_fraction);
   };
   const double forward = 2 * T * s * h, backward = 2.5 * forward;  // causal: half of 4Tsh, 2.5x backward

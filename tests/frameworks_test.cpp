@@ -230,7 +230,7 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   CHECK(nearest_runnable(Framework::Megatron, composite, split_of(composite), changes).training.kernels ==
         KernelProfile::Fused);
   // DeepSpeed's BF16_Optimizer and FSDP's flat parameters run in none of them, FSDP2 in torchtitan
-  // alone: the others accumulate as the fused default.
+  // and in PyTorch's FSDP2 (ZeRO 2 and 3): the others accumulate as the fused default.
   const auto refuses = [&](Framework framework, const Config& c) {
     return std::ranges::any_of(unsupported(framework, c, {}),
                                [](const Unsupported& u) { return u.field == "training.grad_accumulation"; });
@@ -247,6 +247,9 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
             GradAccumulation::Fused);
     }
   }
+  const Config sharded = llama({"training.grad_accumulation=fsdp2", "parallel.dp=2", "training.zero_stage=3"});
+  CHECK(!refuses(Framework::Pytorch, sharded));
+  CHECK(refuses(Framework::Megatron, sharded));
 }
 
 TEST_CASE("import names what is missing or does not add up") {

@@ -46,8 +46,9 @@ std::string recompute_form(const TrainingConfig& t) {
 }
 
 /// DeepSpeed's BF16_Optimizer and PyTorch FSDP's flat parameters (training.grad_accumulation
-/// "deepspeed", "fsdp") run in none of the frameworks exported to, FSDP2's ("fsdp2") in torchtitan
-/// alone (`runs_fsdp2`): elsewhere `name` accumulates the weight gradients its own way, taken as "fused".
+/// "deepspeed", "fsdp") run in none of the frameworks exported to, FSDP2's ("fsdp2") where the
+/// export runs FSDP2 (`runs_fsdp2`: torchtitan, PyTorch at ZeRO 2 and 3): elsewhere `name`
+/// accumulates the weight gradients its own way, taken as "fused".
 void foreign_accumulation(const Config& c, std::string_view name, std::vector<Unsupported>& out,
                           bool runs_fsdp2 = false) {
   std::string_view accumulation;
@@ -160,7 +161,7 @@ void pytorch(const Config& c, const std::vector<int>& split, std::vector<Unsuppo
     out.push_back({"training.zero_stage", "PyTorch has DDP (0) and FSDP2: 2 (no resharding after forward) or 3", "2"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "PyTorch's optimizers step after a synchronised step", "false"});
-  foreign_accumulation(c, "PyTorch", out);
+  foreign_accumulation(c, "PyTorch", out, /*runs_fsdp2=*/c.training.zero_stage >= 2);
   pytorch_transfers(c, out);
 }
 

@@ -596,21 +596,23 @@ TEST_CASE("calibrate reads tools/measure-ops.py's framework times and reports th
     {"op": "layer", "b": 1, "s": 256, "h": 512, "heads": 4, "kv_heads": 2, "f": 1024, "llama": true, "F": 0.1, "B": 0.2, "W": 0.1},
     {"op": "head", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.05, "B": 0.05, "W": 0.03},
     {"op": "head", "b": 4, "s": 4096, "h": 512, "V": 256000, "error": "out of memory"},
-    {"op": "embedding", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.01, "W": 0.005, "W_dense": 0.02}]})";
+    {"op": "embedding", "b": 1, "s": 256, "h": 512, "V": 1000, "F": 0.01, "W": 0.005, "W_dense": 0.02},
+    {"op": "attention", "b": 1, "s": 256, "heads": 4, "kv_heads": 4, "head_dim": 128, "fwd_kernels": 0.01, "fwd_bwd_kernels": 0.035}]})";
   const Output out = run("calibrate " + (dir / "ops.json").string(), true);
   REQUIRE(out.exit_code == 0);
-  for (const char* row : {"layer llama b1 s256 h512 F", "head b1 s256 h512 V1000 W", "embedding b1 s256 h512 V1000 W"})
+  for (const char* row : {"layer llama b1 s256 h512 F", "head b1 s256 h512 V1000 W", "embedding b1 s256 h512 V1000 W",
+                          "attention b1 s256 heads4 kv4 F+B"})
     CHECK_THAT(out.text, Catch::Contains(row));
   CHECK_THAT(out.text, !Catch::Contains("V256000"));  // a shape that was not measured is skipped
   // The embedding's W is its dense gradient added into the main gradient, as the analytic op counts it.
   CHECK(std::regex_search(out.text, std::regex(R"(embedding b1 s256 h512 V1000 W +0\.0200 )")));
-  CHECK_THAT(out.text, Catch::Contains("all                          8"));
+  CHECK_THAT(out.text, Catch::Contains("all                         10"));
   CHECK_THAT(out.text, Catch::Contains("fitted: compute_efficiency"));
   CHECK(!std::filesystem::exists(dir / "hw.json"));  // no -o: nothing written
   std::ofstream(dir / "bad.json") << R"({"ops": [{"op": "layer", "b": 1, "s": 8, "h": 8, "F": 1}, {"op": "mlp", "b": 1}]})";
   const Output bad = run("calibrate " + (dir / "bad.json").string(), true);
   CHECK(bad.exit_code == 1);
-  CHECK_THAT(bad.text, Catch::Contains("bad.json: ops[1].op: expected \"layer\", \"head\" or \"embedding\""));
+  CHECK_THAT(bad.text, Catch::Contains("bad.json: ops[1].op: expected \"layer\", \"head\", \"embedding\" or \"attention\""));
   // Entries and fields of the wrong JSON type are errors that name them, never a crash.
   const std::pair<const char*, const char*> wrong_types[] = {
       {R"({"ops": [{"op": "layer", "b": 1, "s": 8, "h": 8, "F": 1}, 5]})", "ops[1]: expected an object"},

@@ -110,10 +110,28 @@ struct FrameworkPass {
 const std::map<std::string, std::vector<FrameworkPass>> kFrameworkPasses{
     {"layer", {{"F", "F", "layer_forward"}, {"B", "B", "layer_backward"}, {"W", "W", "layer_weight"}}},
     {"head", {{"F", "F", "output_forward"}, {"B", "B", "output_backward"}, {"W", "W", "output_weight"}}},
-    {"embedding", {{"F", "F", "input_forward"}, {"W", "W_dense", "input_backward"}}}};
+    {"embedding", {{"F", "F", "input_forward"}, {"W", "W_dense", "input_backward"}}},
+    // measure-ops.py --attention: fused attention alone, each kernel's own time.
+    {"attention", {{"F", "fwd_kernels", "attention_forward"}, {"F+B", "fwd_bwd_kernels", "attention_forward_backward"}}}};
 
-/// Ops measured by tools/measure-ops.py: {"ops": [{"op": "layer"|"head"|"embedding", shape fields,
-/// "F", "B", "W" in ms}, ...]}; each is costed through the analytic model at its own shape.
+/// The fused attention kernels of a layer's forward, and of its forward and backward.
+void add_attention_ops(std::vector<OpWork>& work) {
+  const auto attention_of = [&](std::string_view name) {
+    std::vector<Kernel> kernels;
+    for (const Kernel& k : op_named(work, name).kernels)
+      if (k.attention) kernels.push_back(k);
+    return kernels;
+  };
+  OpWork forward{"attention_forward", attention_of("layer_forward")};
+  OpWork both{"attention_forward_backward", forward.kernels};
+  for (const Kernel& k : attention_of("layer_backward")) both.kernels.push_back(k);
+  work.push_back(std::move(forward));
+  work.push_back(std::move(both));
+}
+
+/// Ops measured by tools/measure-ops.py: {"ops": [{"op": "layer"|"head"|"embedding"|"attention",
+/// shape fields, "F", "B", "W" (or the attention's "fwd_kernels", "fwd_bwd_kernels") in ms}, ...]};
+/// each is costed through the analytic model at its own shape.
 Result<std::vector<Sample>> framework_samples(const json& profile, const std::string& path) {
   std::vector<Sample> samples;
   for (std::size_t i = 0; i < profile["ops"].size(); ++i) {
@@ -128,13 +146,19 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
       return op[key].get<int>();
     };
     const std::string kind = op.contains("op") && op["op"].is_string() ? op["op"].get<std::string>() : "";
-    if (kind != "layer" && kind != "head" && kind != "embedding")
-      return Error{fmt::format("{}.op: expected \"layer\", \"head\" or \"embedding\" (as tools/measure-ops.py writes)", at)};
-    Result<int> b = integer("b", 0), s = integer("s", 0), h = integer("h", 0), heads = integer("heads", 1),
+    if (!kFrameworkPasses.contains(kind))
+      return Error{fmt::format(
+          "{}.op: expected \"layer\", \"head\", \"embedding\" or \"attention\" (as tools/measure-ops.py writes)", at)};
+    const bool attention = kind == "attention";
+    Result<int> b = integer("b", 0), s = integer("s", 0), heads = integer("heads", 1), head_dim = integer("head_dim", 128),
                 kv = integer("kv_heads", 0), f = integer("f", 4), vocab = integer("V", 8), tp = integer("tp", 1);
-    for (const Result<int>* r : {&b, &s, &h, &heads, &kv, &f, &vocab, &tp})
+    for (const Result<int>* r : {&b, &s, &heads, &head_dim, &kv, &f, &vocab, &tp})
       if (!r->ok()) return r->error();
-    if (!b.value() || !s.value() || !h.value()) return Error{fmt::format("{}: needs \"b\", \"s\" and \"h\"", at)};
+    // Attention alone is measured by its heads and their width: the hidden size they make.
+    Result<int> h = attention ? Result<int>(heads.value() * head_dim.value()) : integer("h", 0);
+    if (!h.ok()) return h.error();
+    if (!b.value() || !s.value() || !h.value())
+      return Error{fmt::format("{}: needs \"b\", \"s\" and \"{}\"", at, attention ? "heads" : "h")};
     if (op.contains("llama") && !op["llama"].is_boolean())
       return Error{fmt::format("{}.llama: expected true (RMSNorm, SwiGLU) or false (GPT)", at)};
     const bool llama = op.value("llama", false);
@@ -147,10 +171,13 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     Result<Config> config =
         parse_config(json_text(json{{"model", model}, {"parallel", {{"microbatches", 1}, {"tp", tp.value()}}}}), at);
     if (!config.ok()) return config.error();
-    const std::vector<OpWork> work = analytic_op_work(config.value());
+    std::vector<OpWork> work = analytic_op_work(config.value());
+    if (attention) add_attention_ops(work);
     const std::string split = tp.value() > 1 ? fmt::format(" tp{}", tp.value()) : "";
-    const std::string shape = kind == "layer" ? fmt::format("{} b{} s{} h{}{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value(), split)
-                                              : fmt::format("b{} s{} h{} V{}{}", b.value(), s.value(), h.value(), vocab.value(), split);
+    const std::string shape =
+        kind == "layer" ? fmt::format("{} b{} s{} h{}{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value(), split)
+        : attention     ? fmt::format("b{} s{} heads{} kv{}", b.value(), s.value(), heads.value(), kv.value() ? kv.value() : heads.value())
+                        : fmt::format("b{} s{} h{} V{}{}", b.value(), s.value(), h.value(), vocab.value(), split);
     for (const FrameworkPass& pass : kFrameworkPasses.at(kind)) {
       if (!op.contains(pass.field)) continue;
       const json& ms = op[pass.field];

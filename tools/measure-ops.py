@@ -151,6 +151,22 @@ class Layer:
         return [(n, w.shape[0], w.shape[1]) for n, (w, _) in self.linears.items()]
 
 
+def causal_attention(b, s, heads, kv_heads, head_dim):
+    """Fused causal attention (F.scaled_dot_product_attention, grouped-query when kv_heads < heads) on
+    random bf16 Q, K and V: forward() runs it, backward(out) its input gradients for a random dO."""
+    q = torch.randn(b, heads, s, head_dim, device="cuda", dtype=BF16, requires_grad=True)
+    k = torch.randn(b, kv_heads, s, head_dim, device="cuda", dtype=BF16, requires_grad=True)
+    v = torch.randn(b, kv_heads, s, head_dim, device="cuda", dtype=BF16, requires_grad=True)
+    do = torch.randn(b, heads, s, head_dim, device="cuda", dtype=BF16)
+
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
+
+    def backward(out):
+        return torch.autograd.grad(out, [q, k, v], do)
+    return forward, backward
+
+
 def measure_layer(case, reps):
     b, s, h, heads, kv, f, llama = (case[k] for k in ("b", "s", "h", "heads", "kv_heads", "f", "llama"))
     layer = Layer(h, heads, kv, f, llama, case.get("tp", 1))
@@ -183,16 +199,8 @@ def measure_layer(case, reps):
         w_total += dw + bias_grad
         del a, g
     out["W"] = w_total
-    heads, kv, hd = layer.heads, layer.kv_heads, layer.hd
-    q = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16, requires_grad=True)
-    k = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
-    v = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
-    do = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16)
-
-    def attn():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
-    pieces["attention"] = {"fwd": time_ms(attn, reps),
-                           "bwd": time_after(attn, lambda o: torch.autograd.grad(o, [q, k, v], do), reps)}
+    attn, attn_grad = causal_attention(b, s, layer.heads, layer.kv_heads, layer.hd)
+    pieces["attention"] = {"fwd": time_ms(attn, reps), "bwd": time_after(attn, attn_grad, reps)}
     out["pieces"] = pieces
     return out
 
@@ -215,17 +223,10 @@ def measure_attention(case, reps):
     """Fused causal attention alone (F.scaled_dot_product_attention), forward and forward + backward,
     timed both ways: CUDA events around each call (what measure_layer's pieces record) and the sum of
     its kernels' times (kernel_ms)."""
-    b, s, heads, kv, hd = case["b"], case["s"], case["heads"], case["kv_heads"], case["head_dim"]
-    q = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16, requires_grad=True)
-    k = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
-    v = torch.randn(b, kv, s, hd, device="cuda", dtype=BF16, requires_grad=True)
-    do = torch.randn(b, heads, s, hd, device="cuda", dtype=BF16)
-
-    def forward():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+    forward, backward = causal_attention(case["b"], case["s"], case["heads"], case["kv_heads"], case["head_dim"])
 
     def forward_backward():
-        torch.autograd.grad(forward(), [q, k, v], do)
+        backward(forward())
     out = dict(case)
     out["fwd_events"] = time_ms(forward, reps)
     out["fwd_bwd_events"] = time_ms(forward_backward, reps)

@@ -162,8 +162,9 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     if (op.contains("llama") && !op["llama"].is_boolean())
       return Error{fmt::format("{}.llama: expected true (RMSNorm, SwiGLU) or false (GPT)", at)};
     const bool llama = op.value("llama", false);
+    const int kv_heads = kv.value() ? kv.value() : heads.value();  // none given: multi-head attention
     const json model{{"layers", 1}, {"hidden", h.value()}, {"heads", heads.value()},
-                     {"kv_heads", kv.value() ? kv.value() : heads.value()}, {"ffn_hidden", f.value()},
+                     {"kv_heads", kv_heads}, {"ffn_hidden", f.value()},
                      {"seq_len", s.value()}, {"vocab", vocab.value()}, {"micro_batch_size", b.value()},
                      {"mlp", llama ? "swiglu" : "gelu"}};
     // "tp": one tensor-parallel rank's part of the op (measure-ops.py --tensor-parallel), its
@@ -176,7 +177,7 @@ Result<std::vector<Sample>> framework_samples(const json& profile, const std::st
     const std::string split = tp.value() > 1 ? fmt::format(" tp{}", tp.value()) : "";
     const std::string shape =
         kind == "layer" ? fmt::format("{} b{} s{} h{}{}", llama ? "llama" : "gpt", b.value(), s.value(), h.value(), split)
-        : attention     ? fmt::format("b{} s{} heads{} kv{}", b.value(), s.value(), heads.value(), kv.value() ? kv.value() : heads.value())
+        : attention     ? fmt::format("b{} s{} heads{} kv{}", b.value(), s.value(), heads.value(), kv_heads)
                         : fmt::format("b{} s{} h{} V{}{}", b.value(), s.value(), h.value(), vocab.value(), split);
     for (const FrameworkPass& pass : kFrameworkPasses.at(kind)) {
       if (!op.contains(pass.field)) continue;

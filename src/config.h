@@ -130,6 +130,10 @@ struct HardwareConfig {
   double hbm_gbps = 0;             ///< HBM bandwidth, GB/s
   double hbm_efficiency = 0;       ///< achieved fraction of HBM bandwidth
   double intra_node_gbps = 0;      ///< GPU-to-GPU link inside a node, per direction, GB/s
+  /// The share of intra_node_gbps NCCL's transfers carry: NVLink's line rate less its protocol's
+  /// overhead, about 20% (NVIDIA/nccl-tests#212: "NCCL can get an effective NVLink bandwidth of
+  /// 370GB/s" of the H100's 450; docs/cost-model.md, "Communication"). nvlink_gbps() applies it.
+  double intra_node_efficiency = 1;
   double intra_node_latency_us = 0;
   double inter_node_gbps = 0;      ///< network bandwidth per GPU between nodes, GB/s
   double inter_node_latency_us = 0;
@@ -157,6 +161,9 @@ struct HardwareConfig {
   /// calibration compares with it at 1.
   double sustained_compute_fraction = 1;
 };
+
+/// GB/s a collective or a transfer moves over NVLink, per direction: the line rate × intra_node_efficiency.
+double nvlink_gbps(const HardwareConfig& h);
 
 /// Activation recomputation, as Megatron-LM's --recompute-granularity names it, and torchtitan's
 /// per-op policy.

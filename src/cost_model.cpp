@@ -49,7 +49,7 @@ class AnalyticTimes {
       const ExpertTraffic t = expert_traffic(c_, mxfp8_wire);
       const bool leaves_node = expert_ranks_per_node(c_) < p.ep;
       const double latency_us = leaves_node ? h().inter_node_latency_us : h().intra_node_latency_us;
-      all_to_all = add_ns(ns_from_us(latency_us), ns_from_s(std::max(t.intra_node / (h().intra_node_gbps * 1e9),
+      all_to_all = add_ns(ns_from_us(latency_us), ns_from_s(std::max(t.intra_node / (nvlink_gbps(h()) * 1e9),
                                                                       t.inter_node / (h().inter_node_gbps * 1e9))));
     }
     return add_ns(all_to_all, ring(false, expert_exchange_bytes(c_) * etp, etp, etp <= h().gpus_per_node));
@@ -60,14 +60,14 @@ class AnalyticTimes {
   TimeNs link(double bytes, bool intra, int nics = 1) const {
     const double latency_us = intra ? h().intra_node_latency_us : h().inter_node_latency_us;
     const double inter = h().inter_node_gbps;
-    const double gbps = intra ? h().intra_node_gbps : std::max(inter, std::min(h().intra_node_gbps, nics * inter));
+    const double gbps = intra ? nvlink_gbps(h()) : std::max(inter, std::min(nvlink_gbps(h()), nics * inter));
     return add_ns(ns_from_us(latency_us), ns_from_s(bytes / (gbps * 1e9)));
   }
   /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast, reduce, reduce-scatter and
   /// all-gather (n-1) steps. A group with `per_node` members in each node leaves it through as many
   /// network ports: NCCL builds a ring per port and splits the data over them through NVLink
-  /// (NVIDIA/nccl#601), so 8 GPUs of a DGX H100 reach 8 × 50 GB/s less NVLink's cap (a measured 360 GB/s
-  /// bus bandwidth over two nodes: NVIDIA/nccl#1277). A group with one member a node (the
+  /// (NVIDIA/nccl#601), so 8 GPUs of a DGX H100 reach 8 × 50 GB/s less what NCCL carries over NVLink,
+  /// 360 GB/s (bus bandwidth measured over two nodes: 360 GB/s, NVIDIA/nccl#1277). A group with one member a node (the
   /// data-parallel group under tp 8) has one port.
   TimeNs ring(bool all_reduce, double bytes, int n, bool intra, int per_node = 1) const {
     if (n <= 1) return 0;

@@ -317,12 +317,12 @@ TEST_CASE("collectives resident beside the layers (vocab-1, vocab-2) hold comm_s
   CHECK_THAT(parse_error(kThreeStages, {"hardware.comm_sms=132"}), Catch::Contains("hardware.comm_sms"));
 }
 
-TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
+TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross, NVLink at what NCCL carries of it") {
   const Config c = parse_or_fail(kThreeStages);  // 2 GPUs per node: devices 0,1 | 2
   const Simulated sim = simulate_or_fail(c);
   const double bytes = 1.0 * 2048 * 1024 * 2;
   const HardwareConfig& hw = c.hardware;
-  const TimeNs intra = std::llround(hw.intra_node_latency_us * 1e3) + std::llround(bytes / (hw.intra_node_gbps * 1e9) * 1e9);
+  const TimeNs intra = std::llround(hw.intra_node_latency_us * 1e3) + std::llround(bytes / (nvlink_gbps(hw) * 1e9) * 1e9);
   const TimeNs inter = std::llround(hw.inter_node_latency_us * 1e3) + std::llround(bytes / (hw.inter_node_gbps * 1e9) * 1e9);
   int checked = 0;
   for (std::size_t i = 0; i < sim.plan.graph.size(); ++i) {
@@ -333,6 +333,20 @@ TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross") {
     ++checked;
   }
   CHECK(checked == 2 * 2 * 6);  // two boundaries, both directions, six microbatches
+
+  // Of NVLink's line rate NCCL carries intra_node_efficiency: at half of it, an intra-node send's
+  // bandwidth term doubles; its latency and the network's sends stay.
+  CHECK(nvlink_gbps(hw) == Approx(hw.intra_node_gbps * hw.intra_node_efficiency));
+  const Simulated half = simulate_or_fail(parse_or_fail(kThreeStages, {"hardware.intra_node_efficiency=0.5"}));
+  const TimeNs bandwidth_term = intra - std::llround(hw.intra_node_latency_us * 1e3);
+  for (std::size_t i = 0; i < half.plan.graph.size(); ++i) {
+    const Task& t = half.plan.graph.task(TaskId(i));
+    if (t.kind != OpKind::Send) continue;
+    const bool crosses_nodes = (t.device / 2) != (t.peer / 2);
+    const double expected = double(crosses_nodes ? inter : intra) +
+                            (crosses_nodes ? 0.0 : double(bandwidth_term) * (hw.intra_node_efficiency / 0.5 - 1));
+    CHECK(double(half.durations[i]) == Approx(expected).margin(2));
+  }
 }
 
 TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tree's latency per further round") {
@@ -347,7 +361,7 @@ TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tre
     const HardwareConfig& hw = c.hardware;
     const double n = 3, tokens = 2048, h = 1024;
     const double bytes = 3 * 4 * tokens + (rounds == 3 ? 4 * tokens * h : 0);
-    const TimeNs step = std::llround(hw.intra_node_latency_us * 1e3) + std::llround(bytes / n / (hw.intra_node_gbps * 1e9) * 1e9);
+    const TimeNs step = std::llround(hw.intra_node_latency_us * 1e3) + std::llround(bytes / n / (nvlink_gbps(hw) * 1e9) * 1e9);
     const TimeNs latency = std::llround(hw.intra_node_latency_us * 1e3);
     const int depth = 2;  // ceil(log2 3)
     const TimeNs expected = 2 * (3 - 1) * step + (rounds - 1) * 2 * depth * latency;

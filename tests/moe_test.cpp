@@ -112,7 +112,7 @@ TEST_CASE("the all-to-all carries each rank's routed copies, and is priced by NV
   const Plan plan = plan_or_fail(c);
   const std::vector<TimeNs> durations = op_durations(*make_cost_model(plan.config, plan.layout), plan.graph);
   const HardwareConfig& hw = c.hardware;
-  const double intra = bytes * 3 / 8 / (hw.intra_node_gbps * 1e9), inter = bytes * 4 / 8 / (hw.inter_node_gbps * 1e9);
+  const double intra = bytes * 3 / 8 / (nvlink_gbps(hw) * 1e9), inter = bytes * 4 / 8 / (hw.inter_node_gbps * 1e9);
   const double one = hw.inter_node_latency_us * 1e-6 + std::max(intra, inter);  // one all-to-all
   int exchanges = 0;
   for (TaskId id = 0; id < TaskId(plan.graph.size()); ++id) {
@@ -172,7 +172,7 @@ TEST_CASE("group-limited routing and the flex dispatcher cut what leaves the nod
   const auto all_to_all = [&](bool mxfp8) {
     const ExpertTraffic t = expert_traffic(mx, mxfp8);
     return hw.inter_node_latency_us * 1e-6 +
-           std::max(t.intra_node / (hw.intra_node_gbps * 1e9), t.inter_node / (hw.inter_node_gbps * 1e9));
+           std::max(t.intra_node / (nvlink_gbps(hw) * 1e9), t.inter_node / (hw.inter_node_gbps * 1e9));
   };
   const double layers = 8;  // one stage, every layer MoE
   CHECK(double(times.exchange_forward) == Approx(layers * (all_to_all(true) + all_to_all(false)) * 1e9).margin(16));

@@ -495,7 +495,7 @@ TEST_CASE("Transformer Engine's overlapped reduce-scatters slow their GEMMs by t
   const double t = 2, tokens = 2 * 2048, hidden = 1024, ffn = 4096;
   const double flops_per_s = h.peak_tflops * 1e12 * h.compute_efficiency * h.sustained_compute_fraction;
   const double proj_s = 2 * tokens * hidden * hidden / t / flops_per_s, fc2_s = 2 * tokens * hidden * ffn / t / flops_per_s;
-  const double reduce_scatter_s = h.intra_node_latency_us * 1e-6 + tokens * hidden * 2 / t / (h.intra_node_gbps * 1e9);
+  const double reduce_scatter_s = h.intra_node_latency_us * 1e-6 + tokens * hidden * 2 / t / (nvlink_gbps(h) * 1e9);
   const double expected_s = proj_s + fc2_s + 2 * reduce_scatter_s / 4;
   CHECK(std::abs(double(forward_ns(16) - forward_ns(0)) - expected_s * 1e9) < 4);
 }
@@ -569,7 +569,7 @@ TEST_CASE("a data-parallel ring across nodes leaves each node through as many po
     const Simulated s = simulate_or_fail(parse_or_fail(
         kGpt, {"parallel.pp=1", "parallel.dp=16", fmt::format("parallel.tp={}", tp), "model.layers=2"}));
     const HardwareConfig& h = s.plan.config.hardware;
-    const double gbps = tp == 1 ? std::min(h.intra_node_gbps, 8 * h.inter_node_gbps) : h.inter_node_gbps;
+    const double gbps = tp == 1 ? std::min(nvlink_gbps(h), 8 * h.inter_node_gbps) : h.inter_node_gbps;
     for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id) {
       const Task& t = s.plan.graph.task(id);
       if (t.kind != OpKind::DpAllReduce) continue;

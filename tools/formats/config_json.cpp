@@ -309,6 +309,7 @@ HardwareConfig read_hardware(const json* object) {
   h.hbm_gbps = r.number("hbm_gbps", h.hbm_gbps, 0, 1e300, true);
   h.hbm_efficiency = r.number("hbm_efficiency", h.hbm_efficiency, 0, 1, true);
   h.intra_node_gbps = r.number("intra_node_gbps", h.intra_node_gbps, 0, 1e300, true);
+  h.intra_node_efficiency = r.number("intra_node_efficiency", h.intra_node_efficiency, 0, 1, true);
   h.intra_node_latency_us = r.number("intra_node_latency_us", h.intra_node_latency_us, 0);
   h.inter_node_gbps = r.number("inter_node_gbps", h.inter_node_gbps, 0, 1e300, true);
   h.inter_node_latency_us = r.number("inter_node_latency_us", h.inter_node_latency_us, 0);

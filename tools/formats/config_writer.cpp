@@ -69,6 +69,7 @@ json hardware_json(const HardwareConfig& h) {
                   {"hbm_gbps", h.hbm_gbps},
                   {"hbm_efficiency", h.hbm_efficiency},
                   {"intra_node_gbps", h.intra_node_gbps},
+                  {"intra_node_efficiency", h.intra_node_efficiency},
                   {"intra_node_latency_us", h.intra_node_latency_us},
                   {"inter_node_gbps", h.inter_node_gbps},
                   {"inter_node_latency_us", h.inter_node_latency_us},

@@ -15,7 +15,9 @@ namespace {
 // Vendor datasheet peaks and links (NVLink per direction, one 200/400 Gb/s NIC per GPU); of NVLink's
 // line rate NCCL carries about 80% (intra_node_efficiency: NVIDIA/nccl-tests#212, 370 GB/s of the
 // H100's 450 "with the protocol overhead (~20%)"; #326, all-gather saturating at 360 GB/s on 8 H100s,
-// "exactly what we'd expect"; the A100's NVLink runs the same protocols). h100-sxm's
+// "exactly what we'd expect"; the A100's NVLink runs the same protocols); an all-reduce inside a Hopper
+// node runs through NVLink SHARP at about 480 GB/s of bus bandwidth (#212; the H200 has the same
+// NVLink and NVSwitch). h100-sxm's
 // efficiencies are fitted (`pipesim calibrate`) to PyTorch op times measured on an H100
 // (docs/data/h100-torch-ops-2.json, docs/cost-model.md), h200's to the same measurement on an H200
 // (docs/data/h200-torch-ops.json); both fits put the launch overhead at zero (the GPU runs a stream's
@@ -59,7 +61,7 @@ const HardwareConfig kA100{
 const HardwareConfig kH100Sxm{
     .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.74,
     .flash2_attention_efficiency = 0.46, .attention_overhead_tokens = 308, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
-    .intra_node_efficiency = 0.8, .intra_node_latency_us = 6,
+    .intra_node_efficiency = 0.8, .intra_node_latency_us = 6, .nvls_allreduce_gbps = 480,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 79.6, .reserved_gib = 3.0,
     .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979, .fp8_efficiency = 0.57,
     .sustained_compute_fraction = 0.82};
@@ -75,7 +77,7 @@ HardwareConfig grand_teton_h100() {
 const HardwareConfig kH200{
     .preset = "h200", .peak_tflops = 989, .compute_efficiency = 0.71, .attention_efficiency = 0.63,
     .flash2_attention_efficiency = 0.39, .attention_overhead_tokens = kH100Sxm.attention_overhead_tokens, .hbm_gbps = 4800, .hbm_efficiency = 0.66, .intra_node_gbps = 450,
-    .intra_node_efficiency = 0.8, .intra_node_latency_us = 6,
+    .intra_node_efficiency = 0.8, .intra_node_latency_us = 6, .nvls_allreduce_gbps = 480,
     .inter_node_gbps = 50, .inter_node_latency_us = 10, .gpus_per_node = 8, .memory_gib = 140.4, .reserved_gib = 3.5,
     .kernel_launch_us = 0, .sms = 132, .comm_sms = kA100.comm_sms, .peak_fp8_tflops = 1979,
     .fp8_efficiency = kH100Sxm.fp8_efficiency,

@@ -135,6 +135,10 @@ struct HardwareConfig {
   /// 370GB/s" of the H100's 450; docs/cost-model.md, "Communication"). nvlink_gbps() applies it.
   double intra_node_efficiency = 1;
   double intra_node_latency_us = 0;
+  /// Bus bandwidth of an all-reduce inside one node through NVLink SHARP, the NVSwitch reducing the
+  /// data (NCCL's NVLS algorithm, its default there): about 480 GB/s on 8 H100s (NVIDIA/nccl-tests#212).
+  /// Such an all-reduce runs at the faster of it and the ring. 0: no NVLink SHARP (the A100).
+  double nvls_allreduce_gbps = 0;
   double inter_node_gbps = 0;      ///< network bandwidth per GPU between nodes, GB/s
   double inter_node_latency_us = 0;
   int gpus_per_node = 8;

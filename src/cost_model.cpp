@@ -73,12 +73,26 @@ class AnalyticTimes {
     if (n <= 1) return 0;
     return times_ns(all_reduce ? 2 * (n - 1) : n - 1, link(bytes / n, intra, per_node));
   }
+  /// An all-reduce: a ring, or inside a node with NVLink SHARP, whichever is faster, as NCCL's tuner
+  /// picks. There the switch reduces and the bytes move at its bus bandwidth; its latency is taken as
+  /// the ring's (no figure for it here), so small all-reduces cost what the ring does. All-gathers and
+  /// reduce-scatters stay rings: NCCL carries them at NVLink's 360 GB/s (NVIDIA/nccl-tests#212, #326).
+  TimeNs all_reduce(double bytes, int n, bool intra, int per_node = 1) const {
+    const TimeNs by_ring = ring(true, bytes, n, intra, per_node);
+    if (n <= 1 || !intra || h().nvls_allreduce_gbps <= 0) return by_ring;
+    const TimeNs nvls = add_ns(times_ns(2 * (n - 1), ns_from_us(h().intra_node_latency_us)),
+                               ns_from_s(2.0 * (n - 1) / n * bytes / (h().nvls_allreduce_gbps * 1e9)));
+    return std::min(by_ring, nvls);
+  }
 
  private:
   const HardwareConfig& h() const { return c_.hardware; }
   /// A tensor-parallel all-reduce of the rank's activations; under sequence parallelism an
   /// all-gather and a reduce-scatter, each half of it.
-  TimeNs tp_allreduce() const { return ring(true, tp_activation_bytes(), c_.parallel.tp, true); }
+  TimeNs tp_allreduce() const {
+    return c_.parallel.sequence_parallel ? ring(true, tp_activation_bytes(), c_.parallel.tp, true)
+                                         : all_reduce(tp_activation_bytes(), c_.parallel.tp, true);
+  }
   double tp_activation_bytes() const { return rank_tokens(c_) * c_.model.hidden * c_.precision.activation_bytes; }
   /// Transformer Engine's "pipeline" comm-GEMM overlap (its forward reduce-scatters) splits the GEMM
   /// in 4 (num_splits, the default every NeMo recipe keeps): each split's reduce-scatter runs beside
@@ -188,15 +202,19 @@ class AnalyticCostModel final : public CostModel {
     // NCCL reduces over a tree) waits for the last and adds a tree's latency: up and down its depth.
     const int depth = int(std::ceil(std::log2(std::max(group.ranks, 1))));
     const double latency_us = intra ? h.intra_node_latency_us : h.inter_node_latency_us;
+    const auto over = [&](double bytes, int ranks, bool in_node, int members_per_node) {
+      return all_reduce ? times_.all_reduce(bytes, ranks, in_node, members_per_node)
+                        : times_.ring(false, bytes, ranks, in_node, members_per_node);
+    };
     TimeNs experts = 0;
     if (data_parallel && work.expert_bytes > 0) {
       // The routed experts' tensors go round the expert data-parallel group, whose members lie ep·etp
       // apart in rank order (Megatron-Core's expert grid): after the rest, on the same stream.
       const int expert_stride = p.ep * p.expert_tp(), ranks = expert_data_parallel(p);
-      experts = times_.ring(all_reduce, work.expert_bytes, ranks, expert_stride * ranks <= h.gpus_per_node,
-                            std::max(1, h.gpus_per_node / expert_stride));
+      experts = over(work.expert_bytes, ranks, expert_stride * ranks <= h.gpus_per_node,
+                     std::max(1, h.gpus_per_node / expert_stride));
     }
-    return add_ns(add_ns(times_.ring(all_reduce, work.bytes - work.expert_bytes, group.ranks, intra, per_node),
+    return add_ns(add_ns(over(work.bytes - work.expert_bytes, group.ranks, intra, per_node),
                          times_ns((group.rounds - 1) * 2 * depth, ns_from_us(latency_us))),
                   experts);
   }

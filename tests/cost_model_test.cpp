@@ -349,6 +349,34 @@ TEST_CASE("transfers cost latency + bytes / bandwidth of the link they cross, NV
   }
 }
 
+TEST_CASE("an all-reduce inside a node runs at the faster of the ring and NVLink SHARP; all-gathers and "
+          "reduce-scatters stay rings") {
+  // Two tensor-parallel ranks in a node (tp 2, 2 GPUs a node): a forward's all-reduces each move their
+  // bytes once, over the ring at what NCCL carries over NVLink, over NVLink SHARP at its bus bandwidth,
+  // both after the ring's latencies. So against an infinitely fast switch, the preset's 480 GB/s
+  // saves 1 - 360/480 of what the ring spends on bandwidth.
+  const auto forward_ns = [](const std::vector<std::string>& sets) {
+    std::vector<std::string> all = {"parallel.tp=2", "parallel.sequence_parallel=false"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const Simulated s = simulate_or_fail(parse_or_fail(kThreeStages, all));
+    for (TaskId id = 0; id < TaskId(s.plan.graph.size()); ++id)
+      if (s.plan.graph.task(id).kind == OpKind::F && s.plan.graph.task(id).stage == 1) return double(s.durations[std::size_t(id)]);
+    FAIL("no forward of stage 1");
+    return 0.0;
+  };
+  const HardwareConfig h = parse_or_fail(kThreeStages).hardware;
+  REQUIRE(h.nvls_allreduce_gbps > nvlink_gbps(h));
+  const double ring = forward_ns({"hardware.nvls_allreduce_gbps=0"}), preset = forward_ns({});
+  const double instant = forward_ns({"hardware.nvls_allreduce_gbps=1e12"});
+  CHECK(ring > preset);
+  CHECK((ring - preset) / (ring - instant) == Approx(1 - nvlink_gbps(h) / h.nvls_allreduce_gbps).margin(1e-3));
+  // Sequence parallelism's all-gathers and reduce-scatters do not go through the switch.
+  const std::string sp = "parallel.sequence_parallel=true";
+  CHECK(forward_ns({sp, "hardware.nvls_allreduce_gbps=0"}) == forward_ns({sp}));
+  // The A100 has no NVLink SHARP.
+  CHECK(parse_or_fail(kThreeStages, {"hardware.preset=a100-80gb"}).hardware.nvls_allreduce_gbps == 0);
+}
+
 TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tree's latency per further round") {
   // Three devices on one node of 4: every collective is intra-node. Algorithm 1's C0 takes 2 rounds
   // (M; S and z), Algorithm 2's 3 (and dX): the bytes are fp32 max, sum-exp and target logit per
@@ -356,6 +384,7 @@ TEST_CASE("barrier C0 sends its rounds' bytes round the ring once and pays a tre
   for (const auto& [vocab, rounds] : {std::pair{"vocab-1", 2}, {"vocab-2", 3}}) {
     Config c = parse_or_fail(kThreeStages);
     c.hardware.gpus_per_node = 4;
+    c.hardware.nvls_allreduce_gbps = 0;  // rings only (NVLink SHARP: the next test)
     c.schedule.vocab = *vocab_mode_named(vocab);
     const Simulated sim = simulate_or_fail(c);
     const HardwareConfig& hw = c.hardware;

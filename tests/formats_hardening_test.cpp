@@ -218,7 +218,7 @@ TEST_CASE("an included file is read as strictly as the config, and its errors na
   CHECK(with_hw(R"json({"peak_tflop": 900})json") ==
         config + ": hardware.peak_tflop (from " + hw + "): unknown key; did you mean 'peak_tflops'? Known keys here: "
                  "preset, peak_tflops, compute_efficiency, attention_efficiency, flash2_attention_efficiency, attention_overhead_tokens, hbm_gbps, hbm_efficiency, "
-                 "intra_node_gbps, intra_node_efficiency, intra_node_latency_us, inter_node_gbps, inter_node_latency_us, gpus_per_node, "
+                 "intra_node_gbps, intra_node_efficiency, intra_node_latency_us, nvls_allreduce_gbps, inter_node_gbps, inter_node_latency_us, gpus_per_node, "
                  "memory_gib, reserved_gib, kernel_launch_us, sms, comm_sms, peak_fp8_tflops, fp8_efficiency, sustained_compute_fraction");
   CHECK(with_hf(R"json({"num_hidden_layers": 5000, "hidden_size": 64, "num_attention_heads": 4,
     "intermediate_size": 256, "vocab_size": 1000})json") ==

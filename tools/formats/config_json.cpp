@@ -311,6 +311,7 @@ HardwareConfig read_hardware(const json* object) {
   h.intra_node_gbps = r.number("intra_node_gbps", h.intra_node_gbps, 0, 1e300, true);
   h.intra_node_efficiency = r.number("intra_node_efficiency", h.intra_node_efficiency, 0, 1, true);
   h.intra_node_latency_us = r.number("intra_node_latency_us", h.intra_node_latency_us, 0);
+  h.nvls_allreduce_gbps = r.number("nvls_allreduce_gbps", h.nvls_allreduce_gbps, 0);
   h.inter_node_gbps = r.number("inter_node_gbps", h.inter_node_gbps, 0, 1e300, true);
   h.inter_node_latency_us = r.number("inter_node_latency_us", h.inter_node_latency_us, 0);
   h.gpus_per_node = r.integer("gpus_per_node", h.gpus_per_node, 1);

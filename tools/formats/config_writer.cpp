@@ -71,6 +71,7 @@ json hardware_json(const HardwareConfig& h) {
                   {"intra_node_gbps", h.intra_node_gbps},
                   {"intra_node_efficiency", h.intra_node_efficiency},
                   {"intra_node_latency_us", h.intra_node_latency_us},
+                  {"nvls_allreduce_gbps", h.nvls_allreduce_gbps},
                   {"inter_node_gbps", h.inter_node_gbps},
                   {"inter_node_latency_us", h.inter_node_latency_us},
                   {"gpus_per_node", h.gpus_per_node},

@@ -132,7 +132,7 @@ struct HardwareConfig {
   double intra_node_gbps = 0;      ///< GPU-to-GPU link inside a node, per direction, GB/s
   /// The share of intra_node_gbps NCCL's transfers carry: NVLink's line rate less its protocol's
   /// overhead, about 20% (NVIDIA/nccl-tests#212: "NCCL can get an effective NVLink bandwidth of
-  /// 370GB/s" of the H100's 450; docs/cost-model.md, "Communication"). nvlink_gbps() applies it.
+  /// 370GB/s" of the H100's 450; docs/cost-model.md, "Analytic"). nvlink_gbps() applies it.
   double intra_node_efficiency = 1;
   double intra_node_latency_us = 0;
   /// Bus bandwidth of an all-reduce inside one node through NVLink SHARP, the NVSwitch reducing the

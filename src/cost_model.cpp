@@ -66,9 +66,9 @@ class AnalyticTimes {
   /// Ring algorithms: all-reduce 2(n-1) steps of bytes/n; broadcast, reduce, reduce-scatter and
   /// all-gather (n-1) steps. A group with `per_node` members in each node leaves it through as many
   /// network ports: NCCL builds a ring per port and splits the data over them through NVLink
-  /// (NVIDIA/nccl#601), so 8 GPUs of a DGX H100 reach 8 × 50 GB/s less what NCCL carries over NVLink,
-  /// 360 GB/s (bus bandwidth measured over two nodes: 360 GB/s, NVIDIA/nccl#1277). A group with one member a node (the
-  /// data-parallel group under tp 8) has one port.
+  /// (NVIDIA/nccl#601), so 8 GPUs of a DGX H100 reach 8 × 50 GB/s, capped by the 360 GB/s NCCL carries
+  /// over NVLink (two such nodes measure 360 GB/s of bus bandwidth, NVIDIA/nccl#1277). A group with one
+  /// member a node (the data-parallel group under tp 8) has one port.
   TimeNs ring(bool all_reduce, double bytes, int n, bool intra, int per_node = 1) const {
     if (n <= 1) return 0;
     return times_ns(all_reduce ? 2 * (n - 1) : n - 1, link(bytes / n, intra, per_node));
@@ -76,7 +76,7 @@ class AnalyticTimes {
   /// An all-reduce: a ring, or inside a node with NVLink SHARP, whichever is faster, as NCCL's tuner
   /// picks. There the switch reduces and the bytes move at its bus bandwidth; its latency is taken as
   /// the ring's (no figure for it here), so small all-reduces cost what the ring does. All-gathers and
-  /// reduce-scatters stay rings: NCCL carries them at NVLink's 360 GB/s (NVIDIA/nccl-tests#212, #326).
+  /// reduce-scatters stay rings at what NCCL carries over NVLink (NVIDIA/nccl-tests#212, #326).
   TimeNs all_reduce(double bytes, int n, bool intra, int per_node = 1) const {
     const TimeNs by_ring = ring(true, bytes, n, intra, per_node);
     if (n <= 1 || !intra || h().nvls_allreduce_gbps <= 0) return by_ring;

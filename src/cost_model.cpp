@@ -88,7 +88,7 @@ class AnalyticTimes {
  private:
   const HardwareConfig& h() const { return c_.hardware; }
   /// A tensor-parallel all-reduce of the rank's activations; under sequence parallelism an
-  /// all-gather and a reduce-scatter, each half of it.
+  /// all-gather and a reduce-scatter, each half of it, which stay rings (all_reduce, above).
   TimeNs tp_allreduce() const {
     return c_.parallel.sequence_parallel ? ring(true, tp_activation_bytes(), c_.parallel.tp, true)
                                          : all_reduce(tp_activation_bytes(), c_.parallel.tp, true);

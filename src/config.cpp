@@ -71,7 +71,7 @@ HardwareConfig grand_teton_h100() {
   h.preset = "h100-96gb-500w";
   h.hbm_gbps = 2400;
   h.memory_gib = 89.4;
-  h.sustained_compute_fraction = 0.68;
+  h.sustained_compute_fraction = 0.69;
   return h;
 }
 const HardwareConfig kH200{

@@ -282,6 +282,17 @@ std::vector<Kernel> op_checkpoint_rerun(const Config& c, const StageKernels& lay
 /// attention's and the MLP's inputs (one all-reduce's ring time), without it both all-reduces.
 int op_checkpoint_collectives(const Config& c) { return c.parallel.sequence_parallel ? 1 : 2; }
 
+/// FSDP2 (`fully_shard`) gathers a unit's weights into one buffer and copies them out into the
+/// parameters on the compute stream (torch/distributed/_composable/fsdp/_fsdp_collectives.py,
+/// foreach_all_gather_copy_out: the current stream waits for the all-gather, then
+/// split_with_sizes_copy), before the unit's forward and, resharded after it, again before its
+/// backward: each weight read and written in the parameters' type. FSDP1's flat parameter is a view of
+/// its gathered buffer and Megatron-LM's gathers write into its parameters: neither copies.
+bool copies_gathered_weights(const Config& c) {
+  return c.training.zero_stage == 3 && c.training.grad_accumulation == GradAccumulation::Fsdp2 &&
+         c.parallel.dp * c.parallel.cp > 1;
+}
+
 int tp_collectives(const Config& c, LayerKind kind) {
   // Attention's and the MLP's all-reduce (or all-gather and reduce-scatter); a MoE layer's routed
   // experts exchange tokens by all-to-all instead, its shared experts as a dense MLP.
@@ -331,6 +342,11 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   }
   if (stage.has_head) add_head(c, kernels);
   if (stage.has_embedding) add_embedding(c, kernels);
+  if (copies_gathered_weights(c)) {
+    const Kernel copy = streaming(2 * c.precision.param_bytes * stage_params(c, stage));
+    kernels.forward.push_back(copy);
+    kernels.backward.push_back(copy);
+  }
   return kernels;
 }
 

@@ -287,6 +287,28 @@ TEST_CASE("FSDP's flat parameters concatenate, cast and divide every microbatch'
   CHECK(fsdp2.static_bytes[1] == fused.static_bytes[1]);
 }
 
+TEST_CASE("FSDP2 under ZeRO 3 copies each gathered weight into its parameter before a unit's forward and again before its backward") {
+  const auto time = [](const std::vector<std::string>& overrides) {
+    const Plan plan = plan_or_fail(parse_or_fail(kThreeStages, overrides));
+    return make_cost_model(plan.config, plan.layout)->stage(1);
+  };
+  const StageTimes sharded = time({"parallel.dp=2", "training.zero_stage=1", "training.grad_accumulation=fsdp2"});
+  const StageTimes copied = time({"parallel.dp=2", "training.zero_stage=3", "training.grad_accumulation=fsdp2"});
+  const HardwareConfig hw = parse_or_fail(kThreeStages).hardware;
+  const double h = 1024, f = 4096, layer = 4 * h * h + 2 * h * f + 9 * h + f;  // the middle stage's one layer
+  // Each weight read and written in bf16 (2 + 2 bytes), on the compute stream, each way.
+  const double copy_ns = layer * 4 / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency) * 1e9;
+  CHECK(double(copied.forward - sharded.forward) == Approx(copy_ns).margin(2));
+  CHECK(double(copied.backward - sharded.backward) == Approx(copy_ns).margin(2));
+  CHECK(copied.weight == sharded.weight);
+  // FSDP1's flat parameter is a view of what it gathers, and one rank gathers nothing.
+  const StageTimes fsdp1 = time({"parallel.dp=2", "training.zero_stage=3", "training.grad_accumulation=fsdp"});
+  const StageTimes fsdp1_zero1 = time({"parallel.dp=2", "training.zero_stage=1", "training.grad_accumulation=fsdp"});
+  CHECK(fsdp1.forward == fsdp1_zero1.forward);
+  CHECK(time({"training.zero_stage=3", "training.grad_accumulation=fsdp2"}).forward ==
+        time({"training.grad_accumulation=fsdp2"}).forward);
+}
+
 TEST_CASE("collectives resident beside the layers (vocab-1, vocab-2) hold comm_sms SMs from their GEMMs and attention") {
   const int held = GENERATE(0, 7, 20);
   CAPTURE(held);

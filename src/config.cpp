@@ -71,7 +71,7 @@ HardwareConfig grand_teton_h100() {
   h.preset = "h100-96gb-500w";
   h.hbm_gbps = 2400;
   h.memory_gib = 89.4;
-  h.sustained_compute_fraction = 0.69;
+  h.sustained_compute_fraction = 0.72;
   return h;
 }
 const HardwareConfig kH200{
@@ -108,6 +108,10 @@ std::string_view grad_accumulation_name(GradAccumulation accumulation) {
     case GradAccumulation::Fsdp2: return "fsdp2";
   }
   return "?";
+}
+
+std::string_view activation_layout_name(ActivationLayout layout) {
+  return layout == ActivationLayout::BatchFirst ? "bsh" : "sbh";
 }
 
 std::string_view kernel_profile_name(KernelProfile profile) {

@@ -203,6 +203,14 @@ std::string_view moe_dispatcher_name(MoeDispatcher dispatcher);
 enum class KernelProfile { Eager, Composite, Fused };
 std::string_view kernel_profile_name(KernelProfile profile);
 
+/// How the layers lay out their activations, which decides what sequence parallelism's collectives
+/// cost on the compute stream: "sbh", sequence first (Megatron-LM), whose all-gathers and
+/// reduce-scatters work on the outer dimension in place; or "bsh", batch first (PyTorch's DTensor, as
+/// torchtitan shards the sequence, dimension 1), where each all-gather is followed and each
+/// reduce-scatter preceded by a copy of the whole tensor (docs/cost-model.md, "The training job").
+enum class ActivationLayout { SequenceFirst, BatchFirst };
+std::string_view activation_layout_name(ActivationLayout layout);
+
 /// How a microbatch's weight gradients reach the fp32 main gradients: "fused", the weight-gradient GEMM
 /// adds into them (Megatron-LM's gradient-accumulation fusion); "deepspeed", as DeepSpeed's
 /// BF16_Optimizer does after every backward: fresh gradients in the parameters' type, then cast to
@@ -264,6 +272,7 @@ struct TrainingConfig {
   /// "composite" also runs each step of RMSNorm and of the rotary embedding as a kernel of its own.
   KernelProfile kernels = KernelProfile::Eager;
   GradAccumulation grad_accumulation = GradAccumulation::Fused;
+  ActivationLayout activation_layout = ActivationLayout::SequenceFirst;
 };
 
 /// The first layers of a stage of `layers` that full recomputation runs again before their backward

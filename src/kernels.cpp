@@ -288,6 +288,20 @@ int op_checkpoint_collectives(const Config& c) { return c.parallel.sequence_para
 /// split_with_sizes_copy), before the unit's forward and, resharded after it, again before its
 /// backward: each weight read and written in the parameters' type. FSDP1's flat parameter is a view of
 /// its gathered buffer and Megatron-LM's gathers write into its parameters: neither copies.
+/// Batch-first sequence parallelism (training.activation_layout "bsh"): PyTorch's functional
+/// collectives gather and scatter dimension 0, so gathering the sequence (dimension 1) ends in a
+/// torch.cat of the whole gathered tensor and scattering it starts with one of the whole input
+/// (torch/distributed/_functional_collectives.py, all_gather_tensor and reduce_scatter_tensor): the
+/// rank's b·s·h activations read and written twice for each all-gather and reduce-scatter pair.
+/// Async tensor parallelism (tp_comm_overlap) gathers into place and is not charged.
+double sequence_parallel_copy_bytes(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  if (c.training.activation_layout != ActivationLayout::BatchFirst || !p.sequence_parallel || p.tp <= 1 ||
+      c.training.tp_comm_overlap)
+    return 0;
+  return 4 * rank_tokens(c) * c.model.hidden * c.precision.activation_bytes;
+}
+
 bool copies_gathered_weights(const Config& c) {
   return c.training.zero_stage == 3 && c.training.grad_accumulation == GradAccumulation::Fsdp2 &&
          c.parallel.dp * c.parallel.cp > 1;
@@ -342,6 +356,11 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   }
   if (stage.has_head) add_head(c, kernels);
   if (stage.has_embedding) add_embedding(c, kernels);
+  if (const double copy = sequence_parallel_copy_bytes(c); copy > 0) {
+    kernels.forward.push_back(streaming(copy * kernels.tp_allreduces_forward));
+    kernels.backward.push_back(streaming(copy * kernels.tp_allreduces_backward));
+    if (kernels.tp_allreduces_recompute > 0) kernels.recompute.push_back(streaming(copy * kernels.tp_allreduces_recompute));
+  }
   if (copies_gathered_weights(c)) {
     const Kernel copy = streaming(2 * c.precision.param_bytes * stage_params(c, stage));
     kernels.forward.push_back(copy);

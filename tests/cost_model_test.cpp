@@ -309,6 +309,31 @@ TEST_CASE("FSDP2 under ZeRO 3 copies each gathered weight into its parameter bef
         time({"training.grad_accumulation=fsdp2"}).forward);
 }
 
+TEST_CASE("batch-first sequence parallelism copies the whole tensor after each all-gather and before each reduce-scatter") {
+  const auto time = [](const std::vector<std::string>& overrides) {
+    std::vector<std::string> all{"parallel.tp=2", "parallel.sequence_parallel=true", "hardware.gpus_per_node=4"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    const Plan plan = plan_or_fail(parse_or_fail(kThreeStages, all));
+    return make_cost_model(plan.config, plan.layout)->stage(1);
+  };
+  const StageTimes sequence_first = time({});
+  const StageTimes batch_first = time({"training.activation_layout=bsh"});
+  const HardwareConfig hw = parse_or_fail(kThreeStages).hardware;
+  // The middle stage's one layer: two all-gather and reduce-scatter pairs each way (attention's and
+  // the MLP's), each pair reading and writing the rank's whole b·s·h activations twice.
+  const double T = 2048, h = 1024, pair_ns = 4 * T * h * 2 / (hw.hbm_gbps * 1e9 * hw.hbm_efficiency) * 1e9;
+  CHECK(double(batch_first.forward - sequence_first.forward) == Approx(2 * pair_ns).margin(2));
+  CHECK(double(batch_first.backward - sequence_first.backward) == Approx(2 * pair_ns).margin(2));
+  CHECK(batch_first.weight == sequence_first.weight);
+  // Async tensor parallelism gathers into place; without sequence parallelism there is nothing to copy.
+  CHECK(time({"training.activation_layout=bsh", "training.tp_comm_overlap=true"}).forward ==
+        time({"training.tp_comm_overlap=true"}).forward);
+  CHECK(time({"training.activation_layout=bsh", "parallel.sequence_parallel=false"}).forward ==
+        time({"parallel.sequence_parallel=false"}).forward);
+  CHECK_THAT(parse_error(kThreeStages, {"training.activation_layout=bhs"}),
+             Catch::Contains("training.activation_layout") && Catch::Contains("\"sbh\""));
+}
+
 TEST_CASE("collectives resident beside the layers (vocab-1, vocab-2) hold comm_sms SMs from their GEMMs and attention") {
   const int held = GENERATE(0, 7, 20);
   CAPTURE(held);

@@ -163,6 +163,7 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
   Sets all = sets;
   all.push_back("schedule.name=" + schedule);
   all.push_back("training.overlap_p2p_comm=true");  // PyTorch's pipelining overlaps its transfers
+  all.push_back("training.activation_layout=bsh");  // DTensor's layers: batch first
   CAPTURE(all);
   const Config config = llama(all);
   const Config back = round_trip(config, Framework::Torchtitan);
@@ -223,6 +224,15 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
             .field == "schedule.name");
   CHECK_FALSE(as_run_by(Framework::Megatron, llama({"training.overlap_p2p_comm=true"})).training.overlap_p2p_comm);
   CHECK(as_run_by(Framework::Megatron, llama({})).training.kernels == KernelProfile::Fused);
+  // DTensor's layers hold activations batch first, Megatron-LM's sequence first; a plan with the other
+  // layout under tensor parallelism is refused by that field, and its nearest plan takes the framework's.
+  CHECK(as_run_by(Framework::Torchtitan, llama({})).training.activation_layout == ActivationLayout::BatchFirst);
+  CHECK(as_run_by(Framework::Megatron, llama({"training.activation_layout=bsh"})).training.activation_layout ==
+        ActivationLayout::SequenceFirst);
+  const Config batch_first = llama({"parallel.tp=2", "training.activation_layout=bsh"});
+  CHECK(unsupported(Framework::Megatron, batch_first, split_of(batch_first)).front().field == "training.activation_layout");
+  CHECK(nearest_runnable(Framework::Megatron, batch_first, split_of(batch_first), changes).training.activation_layout ==
+        ActivationLayout::SequenceFirst);
   // Megatron-LM's norms and rotary embedding are Transformer Engine's fused kernels.
   const Config composite = llama({"training.kernels=composite"});
   CHECK(unsupported(Framework::Megatron, composite, {}).front().field == "training.kernels");

@@ -397,6 +397,11 @@ TrainingConfig read_training(const json* object, const json* precision) {
   constexpr std::array kAccumulations{GradAccumulation::Fused, GradAccumulation::DeepSpeed, GradAccumulation::Fsdp,
                                       GradAccumulation::Fsdp2};
   t.grad_accumulation = *std::ranges::find(kAccumulations, accumulation, grad_accumulation_name);
+  const std::string layout =
+      r.choice("activation_layout", "sbh",
+               {{"sbh", "sequence first: sequence parallelism gathers and scatters in place (Megatron-LM)"},
+                {"bsh", "batch first: each sequence-parallel gather and scatter copies the whole tensor (torchtitan's DTensor)"}});
+  t.activation_layout = layout == "bsh" ? ActivationLayout::BatchFirst : ActivationLayout::SequenceFirst;
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

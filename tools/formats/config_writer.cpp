@@ -120,6 +120,8 @@ json training_json(const TrainingConfig& t) {
           {"kernels", kernel_profile_name(t.kernels)}});
   // The default is left out, so a file that never set it stays without it.
   if (t.grad_accumulation != GradAccumulation::Fused) out["grad_accumulation"] = grad_accumulation_name(t.grad_accumulation);
+  if (t.activation_layout != ActivationLayout::SequenceFirst)
+    out["activation_layout"] = activation_layout_name(t.activation_layout);
   // Only a MoE model may set them (check_experts): a dense config's file stays without them.
   if (t.moe_token_dispatcher_type != MoeDispatcher::AllToAll)
     out["moe_token_dispatcher_type"] = std::string(moe_dispatcher_name(t.moe_token_dispatcher_type));

@@ -93,6 +93,8 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
   if (c.training.kernels == KernelProfile::Composite)
     out.push_back({"training.kernels", "Megatron-LM runs fused norms and rotary embeddings", "fused"});
   foreign_accumulation(c, "Megatron-LM", out);
+  if (c.parallel.tp > 1 && c.training.activation_layout != ActivationLayout::SequenceFirst)
+    out.push_back({"training.activation_layout", "Megatron-LM holds activations sequence first", "sbh"});
   // megatron/training/arguments.py turns overlap_p2p_comm off without a virtual pipeline.
   if (c.parallel.pp > 1 && c.training.overlap_p2p_comm && s != "interleaved-1f1b")
     out.push_back({"training.overlap_p2p_comm", "Megatron-LM overlaps pipeline transfers only in the interleaved schedule",
@@ -142,6 +144,8 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
                    c.training.recompute_granularity == Recompute::Selective ? "none" : "full/uniform/1"});
   if (c.parallel.tp > 1 && !c.parallel.sequence_parallel)
     out.push_back({"parallel.sequence_parallel", "torchtitan's tensor parallelism always shards the sequence", "true"});
+  if (c.parallel.tp > 1 && c.training.activation_layout != ActivationLayout::BatchFirst)
+    out.push_back({"training.activation_layout", "torchtitan's DTensor layers hold activations batch first", "bsh"});
   if (c.parallel.tp > 1 && c.training.tp_comm_overlap && c.training.kernels != KernelProfile::Fused)
     out.push_back({"training.kernels", "torchtitan's async tensor parallelism runs under torch.compile", "fused"});
   if (c.training.optimizer_post_validation)
@@ -214,6 +218,8 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
     if (u.field == "training.grad_accumulation") config.training.grad_accumulation = GradAccumulation::Fused;
     if (u.field == "training.optimizer_post_validation") config.training.optimizer_post_validation = false;
     if (u.field == "training.overlap_p2p_comm") config.training.overlap_p2p_comm = u.nearest == "true";
+    if (u.field == "training.activation_layout")
+      config.training.activation_layout = u.nearest == "bsh" ? ActivationLayout::BatchFirst : ActivationLayout::SequenceFirst;
   }
   return config;
 }
@@ -225,9 +231,11 @@ Config as_run_by(Framework framework, Config config) {
     // Its async tensor parallelism has no Transformer Engine SM margin to price.
     config.training.tp_comm_overlap_proj_sms = config.training.tp_comm_overlap_fc2_sms = 0;
   }
+  if (framework == Framework::Torchtitan) config.training.activation_layout = ActivationLayout::BatchFirst;
   if (framework == Framework::Megatron) {
     if (config.schedule.name != "interleaved-1f1b") config.training.overlap_p2p_comm = false;
     config.training.kernels = KernelProfile::Fused;  // Megatron-Core fuses SwiGLU unless told not to
+    config.training.activation_layout = ActivationLayout::SequenceFirst;
   }
   return config;
 }

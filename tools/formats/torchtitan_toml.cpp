@@ -151,6 +151,7 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
   const std::string reshard = text_of("parallelism", "fsdp_reshard_after_forward", "default");
   json training{{"zero_stage", shard > 1 ? (reshard == "never" ? 2 : 3) : 0},
                 {"overlap_p2p_comm", true},  // torch.distributed.pipelining's transfers overlap
+                {"activation_layout", "bsh"},  // DTensor layers shard the sequence, dimension 1
                 {"tp_comm_overlap", table.at_path("parallelism.enable_async_tensor_parallel").value_or(false)},
                 // PyTorch's async tensor parallelism: no Transformer Engine SM margin (docs/config.md)
                 {"tp_comm_overlap_proj_sms", 0},

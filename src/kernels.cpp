@@ -282,12 +282,6 @@ std::vector<Kernel> op_checkpoint_rerun(const Config& c, const StageKernels& lay
 /// attention's and the MLP's inputs (one all-reduce's ring time), without it both all-reduces.
 int op_checkpoint_collectives(const Config& c) { return c.parallel.sequence_parallel ? 1 : 2; }
 
-/// FSDP2 (`fully_shard`) gathers a unit's weights into one buffer and copies them out into the
-/// parameters on the compute stream (torch/distributed/_composable/fsdp/_fsdp_collectives.py,
-/// foreach_all_gather_copy_out: the current stream waits for the all-gather, then
-/// split_with_sizes_copy), before the unit's forward and, resharded after it, again before its
-/// backward: each weight read and written in the parameters' type. FSDP1's flat parameter is a view of
-/// its gathered buffer and Megatron-LM's gathers write into its parameters: neither copies.
 /// Batch-first sequence parallelism (training.activation_layout "bsh"): PyTorch's functional
 /// collectives gather and scatter dimension 0, so gathering the sequence (dimension 1) ends in a
 /// torch.cat of the whole gathered tensor and scattering it starts with one of the whole input
@@ -302,6 +296,12 @@ double sequence_parallel_copy_bytes(const Config& c) {
   return 4 * rank_tokens(c) * c.model.hidden * c.precision.activation_bytes;
 }
 
+/// FSDP2 (`fully_shard`) gathers a unit's weights into one buffer and copies them out into the
+/// parameters on the compute stream (torch/distributed/_composable/fsdp/_fsdp_collectives.py,
+/// foreach_all_gather_copy_out: the current stream waits for the all-gather, then
+/// split_with_sizes_copy), before the unit's forward and, resharded after it, again before its
+/// backward: each weight read and written in the parameters' type. FSDP1's flat parameter is a view of
+/// its gathered buffer and Megatron-LM's gathers write into its parameters: neither copies.
 bool copies_gathered_weights(const Config& c) {
   return c.training.zero_stage == 3 && c.training.grad_accumulation == GradAccumulation::Fsdp2 &&
          c.parallel.dp * c.parallel.cp > 1;

@@ -357,9 +357,13 @@ StageKernels stage_kernels(const Config& c, const VirtualStage& stage) {
   if (stage.has_head) add_head(c, kernels);
   if (stage.has_embedding) add_embedding(c, kernels);
   if (const double copy = sequence_parallel_copy_bytes(c); copy > 0) {
-    kernels.forward.push_back(streaming(copy * kernels.tp_allreduces_forward));
-    kernels.backward.push_back(streaming(copy * kernels.tp_allreduces_backward));
-    if (kernels.tp_allreduces_recompute > 0) kernels.recompute.push_back(streaming(copy * kernels.tp_allreduces_recompute));
+    // A pass without these collectives (a stage of no layers) gets no kernel, and so no launch.
+    const auto add_copies = [copy](std::vector<Kernel>& pass, int collectives) {
+      if (collectives > 0) pass.push_back(streaming(copy * collectives));
+    };
+    add_copies(kernels.forward, kernels.tp_allreduces_forward);
+    add_copies(kernels.backward, kernels.tp_allreduces_backward);
+    add_copies(kernels.recompute, kernels.tp_allreduces_recompute);
   }
   if (copies_gathered_weights(c)) {
     const Kernel copy = streaming(2 * c.precision.param_bytes * stage_params(c, stage));

@@ -401,7 +401,8 @@ TrainingConfig read_training(const json* object, const json* precision) {
       r.choice("activation_layout", "sbh",
                {{"sbh", "sequence first: sequence parallelism gathers and scatters in place (Megatron-LM)"},
                 {"bsh", "batch first: each sequence-parallel gather and scatter copies the whole tensor (torchtitan's DTensor)"}});
-  t.activation_layout = layout == "bsh" ? ActivationLayout::BatchFirst : ActivationLayout::SequenceFirst;
+  constexpr std::array kLayouts{ActivationLayout::SequenceFirst, ActivationLayout::BatchFirst};
+  t.activation_layout = *std::ranges::find(kLayouts, layout, activation_layout_name);
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

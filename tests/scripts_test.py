@@ -38,6 +38,8 @@ expect(["tools/published-runs.py", "--pipesim", pipesim, "--data", "no/such.json
        ["no/such.json: no such file", "or docs/data/published-runs-moe.json"])
 expect(["tools/vocab-paper.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])
 expect(["tools/vocab-paper.py", "--pipesim", pipesim, "--only", "no such row"], 1, ["no row in", "no such row"])
+expect(["tools/vocab-paper.py", "--pipesim", pipesim, "--data", "no/such.json"], 1,
+       ["no/such.json: no such file", "docs/data/vocab-artifact.json"])
 expect(["tools/fit-fp8.py", "--pipesim", "/nonexistent/pipesim"], 1, ["/nonexistent/pipesim is not a pipesim executable"])
 
 
@@ -101,6 +103,32 @@ def vocab_paper_table():
         ok = ok and abs(predicted_ratio / paper_ratio - 1 - float(vocab1[8].rstrip("%")) / 100) < 0.001
         ok = ok and abs(float(vocab1[10]) / 18.59 - 1 - float(vocab1[11].rstrip("%")) / 100) < 0.001
     print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-paper.py --only '1f1b-8gpu-seq2048 256k': exit {run.returncode}")
+    failures += not ok
+
+
+def vocab_artifact_table():
+    """The authors' artifact run for one setup: the measured figures are the data file's, and the
+    redistribute row runs the layer split its row sets (the last stage keeping 2 layers at 128k), not
+    pipesim's automatic one."""
+    global failures
+    run = subprocess.run(["tools/vocab-paper.py", "--pipesim", pipesim, "--data", "docs/data/vocab-artifact.json",
+                          "--only", "1f1b-8gpu-seq2048 128k"], cwd=root, capture_output=True, text=True, timeout=60)
+    rows = {cells[3].strip(): [c.strip() for c in cells]
+            for cells in (line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| 1f1b-8gpu |"))}
+    ok = run.returncode == 0 and "throughput ratio, all methods: 4 rows" in run.stdout
+    if ok:
+        # artifact/example-results/full-exp.txt, 2k 128k: baseline 33.70 %, redis 44.12 % at 21.00 GB.
+        base, redistribute = rows["baseline"], rows["redistribute"]
+        ok = base[4] == "33.70" and redistribute[4] == "44.12" and redistribute[9] == "21.00"
+        config = "configs/paper/1f1b-8gpu-seq2048.json"
+        rate = lambda *options: json.loads(subprocess.run(
+            [pipesim, "simulate", config, "--set", "model.vocab=128000", *options, "--format", "json"], cwd=root,
+            capture_output=True, text=True, timeout=60).stdout)["tokens_per_s"]
+        split = rate("--vocab", "redistribute", "--set", "schedule.layers_per_stage=[4,4,4,4,4,5,5,2]")
+        automatic = rate("--vocab", "redistribute")
+        baseline = rate("--vocab", "baseline")
+        ok = ok and abs(float(redistribute[7]) - split / baseline) < 0.002 and abs(split / automatic - 1) > 0.05
+    print(f"{'ok  ' if ok else 'FAIL'} tools/vocab-paper.py --data docs/data/vocab-artifact.json: exit {run.returncode}")
     failures += not ok
 
 
@@ -223,6 +251,7 @@ def zero_bubble_table():
 published_runs_table()
 published_moe_runs()
 vocab_paper_table()
+vocab_artifact_table()
 vocab_passes_table()
 zero_bubble_table()
 if not tables_only:

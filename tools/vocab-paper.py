@@ -5,8 +5,8 @@ docs/data/vocab-paper.json holds the paper's MFU and peak memory per setup x seq
 vocabulary x method (Yeung et al., MLSys 2025, arXiv:2411.05288, Appendix F). For each setup, sequence
 length and vocabulary this runs `pipesim compare configs/paper/SETUP-seqSEQ.json --schedules SCHED
 --vocab baseline,... --set model.vocab=V --format json` and prints a Markdown table, a row per paper row:
-the paper's MFU and pipesim's; the throughput ratio against the same setup's baseline, the paper's
-(its MFU over the baseline's: both count the same FLOPs) and pipesim's (tokens/s over the baseline's),
+the measured MFU (the paper's) and pipesim's; the throughput ratio against the same setup's
+baseline, the paper's (its MFU over the baseline's: both count the same FLOPs) and pipesim's (tokens/s over the baseline's),
 and the ratio error (predicted ratio / paper ratio - 1); the paper's peak memory, pipesim's, and the
 memory error (predicted / paper - 1). The ratio is the comparison that matters: pipesim's absolute
 MFU rests on the A100 preset's kernel efficiencies, the ratio on where the pipeline stalls.
@@ -25,7 +25,14 @@ error summaries. After the table: mean |error|, worst and mean signed error of t
 (non-baseline rows) and of peak memory (all rows with a figure), over all rows, per method and per
 schedule. Progress goes to stderr.
 
-usage: tools/vocab-paper.py [--pipesim PATH] [--only TEXT] [--set KEY=VALUE ...]
+A row may carry "set": pipesim --set options for that row alone (the authors' layer split for a
+redistribute row); it is simulated beside the baseline in a compare of its own.
+
+--data docs/data/vocab-artifact.json compares the authors' artifact run of the 8-GPU setups instead
+(their code in the container the artifact names, schedule timers off; the file says what differs).
+
+usage: tools/vocab-paper.py [--pipesim PATH] [--data FILE] [--only TEXT] [--set KEY=VALUE ...]
+  --data FILE  the measured rows (default docs/data/vocab-paper.json)
   --only TEXT  only the rows whose name ('1f1b-8gpu-seq2048 256k vocab-1') contains TEXT
   --set K=V    override a field of every config, as pipesim's --set (repeatable)
 """
@@ -78,31 +85,44 @@ def cell(value, form):
 
 def main():
     parser = pipesim_parser(__doc__.splitlines()[0])
+    parser.add_argument("--data", type=pathlib.Path, default=DATA, help="the measured rows (default %(default)s)")
     parser.add_argument("--only", default="", help="only the rows whose name contains this text")
     add_set_option(parser)
     args = parser.parse_args()
     require_pipesim(args.pipesim, fail)
-    data = json.loads(DATA.read_text())
+    if not args.data.is_file():
+        fail(f"{args.data}: no such file (the paper's rows are docs/data/vocab-paper.json, the artifact run's "
+             "docs/data/vocab-artifact.json)")
+    try:
+        data = json.loads(args.data.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        fail(f"{args.data}: {error}")
     for row in data["rows"]:
         if row["method"] not in METHODS:
-            fail(f"{DATA}: row '{name_of(row)}': unknown method (one of {', '.join(METHODS)})")
+            fail(f"{args.data}: row '{name_of(row)}': unknown method (one of {', '.join(METHODS)})")
+        if row["method"] == "baseline" and row.get("set"):
+            fail(f"{args.data}: row '{name_of(row)}': a baseline row takes no set (every ratio is against the config as it is)")
     rows = [row for row in data["rows"] if args.only in name_of(row)]
     if not rows:
-        fail(f"no row in {DATA} has '{args.only}' in its name")
-    # The paper's baseline of each setup, sequence and vocabulary: every ratio is against it.
+        fail(f"no row in {args.data} has '{args.only}' in its name")
+    # The measured baseline of each setup, sequence and vocabulary: every ratio is against it.
     baselines = {(r["setup"], r["seq"], r["vocab"]): r for r in data["rows"] if r["method"] == "baseline"}
     groups = list(dict.fromkeys((r["setup"], r["seq"], r["vocab"]) for r in rows))
 
-    print("| setup | seq | vocab | method | paper MFU % | predicted MFU % | paper ratio | predicted ratio | ratio error "
-          "| paper GiB | predicted GiB | memory error | pipesim fits |")
+    print("| setup | seq | vocab | method | measured MFU % | predicted MFU % | measured ratio | predicted ratio | ratio error "
+          "| measured GiB | predicted GiB | memory error | pipesim fits |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     ratio_errors, memory_errors, mfu_errors, oom = [], [], [], []
     for i, key in enumerate(groups, 1):
         setup, seq, vocab = key
         mine = [r for r in rows if (r["setup"], r["seq"], r["vocab"]) == key]
-        methods = ["baseline"] + [m for m in METHODS if m != "baseline" and any(r["method"] == m for r in mine)]
+        plain = [m for m in METHODS[1:] if any(r["method"] == m and not r.get("set") for r in mine)]
         print(f"vocab-paper.py: [{i}/{len(groups)}] {setup}-seq{seq} {vocab // 1000}k", file=sys.stderr, flush=True)
-        results = compare(args.pipesim, setup, seq, vocab, methods, args.set)
+        results = compare(args.pipesim, setup, seq, vocab, ["baseline"] + plain, args.set)
+        for row in mine:
+            if row.get("set") and row["method"] != "baseline":
+                own = compare(args.pipesim, setup, seq, vocab, [row["method"]], [*args.set, *row["set"]])
+                results[row["method"]] = own[row["method"]]
         base = baselines.get(key)
         for row in sorted(mine, key=lambda r: METHODS.index(r["method"])):
             result = results[row["method"]]
@@ -111,25 +131,25 @@ def main():
             predicted_ratio = result["tokens_per_s"] / results["baseline"]["tokens_per_s"]
             predicted_gib = result["peak_memory_bytes"] / 2**30
             fits = "yes" if result["fits_in_memory"] else "no"
-            paper_mfu, paper_gib = row["mfu_pct"], row["peak_memory_gb"]
-            if paper_mfu is None:
+            measured_mfu, measured_gib = row["mfu_pct"], row["peak_memory_gb"]
+            if measured_mfu is None:
                 oom.append({**label, "fits": result["fits_in_memory"]})
                 print(f"| {setup} | {seq} | {vocab // 1000}k | {row['method']} | OOM | {predicted_mfu:.2f} | – "
                       f"| {predicted_ratio:.3f} | – | OOM | {predicted_gib:.2f} | – | {fits} |")
                 continue
-            paper_ratio = None
+            measured_ratio = None
             if base is not None and base["mfu_pct"] is not None:
-                paper_ratio = paper_mfu / base["mfu_pct"]
+                measured_ratio = measured_mfu / base["mfu_pct"]
             ratio_error = None
-            if paper_ratio is not None and row["method"] != "baseline":
-                ratio_error = predicted_ratio / paper_ratio - 1
+            if measured_ratio is not None and row["method"] != "baseline":
+                ratio_error = predicted_ratio / measured_ratio - 1
                 ratio_errors.append({**label, "error": ratio_error})
-            memory_error = predicted_gib / paper_gib - 1
+            memory_error = predicted_gib / measured_gib - 1
             memory_errors.append({**label, "error": memory_error})
-            mfu_errors.append({**label, "error": predicted_mfu / paper_mfu - 1})
-            print(f"| {setup} | {seq} | {vocab // 1000}k | {row['method']} | {paper_mfu:.2f} | {predicted_mfu:.2f} "
-                  f"| {cell(paper_ratio, '.3f')} | {predicted_ratio:.3f} | {cell(ratio_error, '+.1%')} "
-                  f"| {paper_gib:.2f} | {predicted_gib:.2f} | {memory_error:+.1%} | {fits} |")
+            mfu_errors.append({**label, "error": predicted_mfu / measured_mfu - 1})
+            print(f"| {setup} | {seq} | {vocab // 1000}k | {row['method']} | {measured_mfu:.2f} | {predicted_mfu:.2f} "
+                  f"| {cell(measured_ratio, '.3f')} | {predicted_ratio:.3f} | {cell(ratio_error, '+.1%')} "
+                  f"| {measured_gib:.2f} | {predicted_gib:.2f} | {memory_error:+.1%} | {fits} |")
     print()
     for what, errors, methods in (("throughput ratio", ratio_errors, METHODS[1:]),
                                   ("peak memory", memory_errors, METHODS)):

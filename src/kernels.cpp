@@ -204,6 +204,21 @@ void add_experts(const Config& c, StageKernels& out) {
           overlap_margin(c, c.training.tp_comm_overlap_fc2_sms));
 }
 
+/// Sequence-first activations (training.activation_layout "sbh": Megatron-LM, NeMo) into a
+/// FlashAttention kernel (precision.attention_kernel "flash2" or "flash1"), whose inputs are
+/// batch-first: Transformer Engine's FlashAttention backend copies the queries, keys and values to
+/// batch-first before the call and the output back after it (transformer_engine/pytorch/attention.py,
+/// FlashAttention.forward: _PrepareQKVForFA or transpose(0, 1).contiguous(), every 1.x release), and
+/// autograd copies their gradients back: each read and written once each way. cuDNN's fused attention
+/// takes the sequence-first layout as it is.
+double attention_layout_copy_bytes(const Config& c) {
+  if (!c.precision.flash_attention || c.precision.attention_kernel == AttentionKernel::Cudnn ||
+      c.training.activation_layout != ActivationLayout::SequenceFirst)
+    return 0;
+  const AttentionWidths w = attention_widths(c.model);
+  return 2 * rank_tokens(c) * (w.query + w.key + w.value + w.output) / c.parallel.tp * c.precision.activation_bytes;
+}
+
 /// One decoder layer as a framework runs it (docs/cost-model.md): the attention's two linears (QKV,
 /// projection) and fused causal attention, then a dense MLP or the experts; the memory-bound norms and
 /// residual adds. A context-parallel rank runs s/cp of the tokens, its queries against every key.
@@ -219,6 +234,10 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   }
   append(out.forward, core_attention_forward(c));
   append(out.backward, core_attention_backward(c));
+  if (const double copy = attention_layout_copy_bytes(c); copy > 0) {
+    out.forward.push_back(streaming(copy));
+    out.backward.push_back(streaming(copy));
+  }
   const int fc2_margin = overlap_margin(c, c.training.tp_comm_overlap_fc2_sms);
   if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out, fc2_margin);
   else add_experts(c, out);

@@ -57,7 +57,7 @@ const HardwareConfig kA100{
     .flash2_attention_efficiency = 0.65, .attention_overhead_tokens = 487, .hbm_gbps = 2039, .hbm_efficiency = 0.8, .intra_node_gbps = 300,
     .intra_node_efficiency = 0.8, .intra_node_latency_us = 8,
     .inter_node_gbps = 25, .inter_node_latency_us = 12, .gpus_per_node = 8, .memory_gib = 80.0, .reserved_gib = 3.0,
-    .kernel_launch_us = 0, .sms = 108, .comm_sms = 7, .sustained_compute_fraction = 0.96};
+    .kernel_launch_us = 0, .sms = 108, .comm_sms = 7, .sustained_compute_fraction = 0.97};
 const HardwareConfig kH100Sxm{
     .preset = "h100-sxm", .peak_tflops = 989, .compute_efficiency = 0.70, .attention_efficiency = 0.74,
     .flash2_attention_efficiency = 0.46, .attention_overhead_tokens = 308, .hbm_gbps = 3350, .hbm_efficiency = 0.80, .intra_node_gbps = 450,
@@ -71,7 +71,7 @@ HardwareConfig grand_teton_h100() {
   h.preset = "h100-96gb-500w";
   h.hbm_gbps = 2400;
   h.memory_gib = 89.4;
-  h.sustained_compute_fraction = 0.72;
+  h.sustained_compute_fraction = 0.73;
   return h;
 }
 const HardwareConfig kH200{

@@ -9,7 +9,7 @@ the measured MFU (the paper's) and pipesim's; the throughput ratio against the s
 baseline, the paper's (its MFU over the baseline's: both count the same FLOPs) and pipesim's (tokens/s over the baseline's),
 and the ratio error (predicted ratio / paper ratio - 1); the paper's peak memory, pipesim's, and the
 memory error (predicted / paper - 1). The ratio is the comparison that matters: pipesim's absolute
-MFU rests on the A100 preset's kernel efficiencies, the ratio on where the pipeline stalls.
+MFU rests on the configs' kernel efficiencies, the ratio on where the pipeline stalls.
 
 Memory: the paper labels its peak memory 'GB', but the figures are GiB. Megatron-LM's report_memory
 prints torch.cuda.max_memory_reserved() / 2^20 as 'memory (MB)', and the authors' artifact scripts
@@ -120,7 +120,7 @@ def main():
         print(f"vocab-paper.py: [{i}/{len(groups)}] {setup}-seq{seq} {vocab // 1000}k", file=sys.stderr, flush=True)
         results = compare(args.pipesim, setup, seq, vocab, ["baseline"] + plain, args.set)
         for row in mine:
-            if row.get("set") and row["method"] != "baseline":
+            if row.get("set"):
                 own = compare(args.pipesim, setup, seq, vocab, [row["method"]], [*args.set, *row["set"]])
                 results[row["method"]] = own[row["method"]]
         base = baselines.get(key)

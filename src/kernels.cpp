@@ -241,11 +241,11 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   const int fc2_margin = overlap_margin(c, c.training.tp_comm_overlap_fc2_sms);
   if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out, fc2_margin);
   else add_experts(c, out);
-  // The norms (read, write; backward read input and gradient, write gradient), the residual sums
+  // The norms (read, write; backward read input and gradient, write gradient) and the residual sums
   // (forward each branch's output added to the stream: two read, one written, as Megatron-Core's fused
-  // bias-dropout-add or an eager `x + f(x)` runs it; backward the two gradients of the stream summed)
-  // and attention's layout copies, in elements per token: 10h forward, 16h backward, on every token of
-  // every tensor-parallel rank unless sequence parallelism splits them.
+  // bias-dropout-add or an eager `x + f(x)` runs it; backward the two gradients of the stream summed),
+  // in elements per token: 10h forward; 16h backward, which also counts attention's layout copies of
+  // the gradients. On every token of every tensor-parallel rank unless sequence parallelism splits them.
   const double norms = c.parallel.sequence_parallel ? t : 1;
   out.forward.push_back(streaming(tokens * 10 * h / norms * act));
   out.backward.push_back(streaming(tokens * 16 * h / norms * act));

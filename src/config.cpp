@@ -114,6 +114,10 @@ std::string_view activation_layout_name(ActivationLayout layout) {
   return layout == ActivationLayout::BatchFirst ? "bsh" : "sbh";
 }
 
+std::string_view rotary_embedding_name(RotaryEmbedding rotary) {
+  return rotary == RotaryEmbedding::TensorOps ? "tensor_ops" : "fused";
+}
+
 std::string_view kernel_profile_name(KernelProfile profile) {
   switch (profile) {
     case KernelProfile::Eager: return "eager";
@@ -333,6 +337,15 @@ std::optional<FieldError> check_config(const Config& config) {
     return FieldError{"hardware.comm_sms", fmt::format("a collective cannot hold all {} of the GPU's SMs (hardware.sms); "
                                                        "give fewer",
                                                        config.hardware.sms)};
+  if (training.kernels == KernelProfile::Composite && training.rotary_embedding != RotaryEmbedding::TensorOps)
+    return FieldError{"training.rotary_embedding", "is \"fused\", but the composite kernel profile runs the rotary "
+                                                   "embedding as tensor ops; remove it, or set training.kernels to "
+                                                   "\"eager\" (RMSNorm as one kernel)"};
+  if (training.attention_unpadding &&
+      (!config.precision.flash_attention || config.precision.attention_kernel == AttentionKernel::Cudnn))
+    return FieldError{"training.attention_unpadding", "unpads the rows for FlashAttention's variable-length kernels, "
+                                                      "and this config runs none; set precision.attention_kernel to "
+                                                      "\"flash2\" or \"flash1\", or set this to false"};
   if (training.bucket_size > 0 && !training.overlap_grad_reduce)
     return FieldError{"training.bucket_size", "sizes the gradient buckets that training.overlap_grad_reduce reduces "
                                               "during the backward, and it is off; set it to true or remove bucket_size"};

@@ -203,6 +203,13 @@ std::string_view moe_dispatcher_name(MoeDispatcher dispatcher);
 enum class KernelProfile { Eager, Composite, Fused };
 std::string_view kernel_profile_name(KernelProfile profile);
 
+/// How the layers apply the rotary embedding: "fused", one kernel (Transformer Engine's, Apex's,
+/// torch.compile's) whose read and write of the queries and keys are not charged, or "tensor_ops",
+/// torchtitan's eager complex multiply, each op a kernel through HBM (docs/cost-model.md, "Kernel
+/// profiles"). The composite profile runs it as tensor ops.
+enum class RotaryEmbedding { Fused, TensorOps };
+std::string_view rotary_embedding_name(RotaryEmbedding rotary);
+
 /// How the layers lay out their activations, which decides what sequence parallelism's collectives
 /// cost on the compute stream: "sbh", sequence first (Megatron-LM), whose all-gathers and
 /// reduce-scatters work on the outer dimension in place; or "bsh", batch first (PyTorch's DTensor, as
@@ -271,8 +278,13 @@ struct TrainingConfig {
   /// Transformer Engine's, torch.compile's). They differ in SwiGLU, one kernel instead of several;
   /// "composite" also runs each step of RMSNorm and of the rotary embedding as a kernel of its own.
   KernelProfile kernels = KernelProfile::Eager;
+  RotaryEmbedding rotary_embedding = RotaryEmbedding::Fused;  ///< "tensor_ops" under the composite profile
   GradAccumulation grad_accumulation = GradAccumulation::Fused;
   ActivationLayout activation_layout = ActivationLayout::SequenceFirst;
+  /// The attention calls FlashAttention's variable-length kernels on unpadded rows: flash-attn's
+  /// bert_padding gathers the queries, keys and values into them and scatters the output back, every
+  /// layer (LLM Foundry's MPT flash path; docs/cost-model.md, "Attention kernels").
+  bool attention_unpadding = false;
 };
 
 /// The first layers of a stage of `layers` that full recomputation runs again before their backward

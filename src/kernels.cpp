@@ -166,21 +166,28 @@ void add_mlp(const Config& c, double tokens, double f, double t, double groups, 
 }
 
 /// What the composite profile (training.kernels "composite") runs beyond eager's one kernel a norm:
-/// torchtitan's RMSNorm of 2024 (`x.float()`, `pow(2)`, `mean`, `x * rsqrt(...)`, `type_as(x)`, `* weight`)
-/// and its rotary embedding (`apply_rotary_emb`: queries and keys cast to fp32, multiplied as complex
-/// numbers, cast back), each step a kernel through HBM. In bytes an element, with a the activation's
-/// and 4 fp32's: a norm moves a+4, 4+4, 4, 4+4, 4+a and a+a forward, 28 + 4a against a fused norm's
-/// 2a; its backward (autograd's: the weight product's two gradients and sum 6a, the casts' a+4 and
-/// 4+a, x·r's two gradients and sum 24, mean's expansion 4, pow's 2x·g 28, the two gradients of x
-/// added 12) 76 + 8a against 3a. The rotary embedding moves (a+4) + (4+4) + (4+a) an element of the
-/// queries and keys each way, which eager and fused do not count (docs/cost-model.md, "Kernel profiles").
-/// `norm_tokens`: the tokens a rank's norms see (its sequence-parallel share); `w`: the layer's widths.
-void add_composite_norms_and_rope(const Config& c, double norm_tokens, const AttentionWidths& w, StageKernels& out) {
-  const double t = c.parallel.tp, act = c.precision.activation_bytes;
+/// torchtitan's RMSNorm of 2024 (`x.float()`, `pow(2)`, `mean`, `x * rsqrt(...)`, `type_as(x)`, `* weight`),
+/// each step a kernel through HBM. In bytes an element, with a the activation's and 4 fp32's: a norm
+/// moves a+4, 4+4, 4, 4+4, 4+a and a+a forward, 28 + 4a against a fused norm's 2a; its backward
+/// (autograd's: the weight product's two gradients and sum 6a, the casts' a+4 and 4+a, x·r's two
+/// gradients and sum 24, mean's expansion 4, pow's 2x·g 28, the two gradients of x added 12) 76 + 8a
+/// against 3a (docs/cost-model.md, "Kernel profiles"). `norm_tokens`: the tokens a rank's norms see
+/// (its sequence-parallel share).
+void add_composite_norms(const Config& c, double norm_tokens, StageKernels& out) {
+  const double act = c.precision.activation_bytes;
   constexpr double kNorms = 2;  // before attention and before the MLP
-  const double rotated = rank_tokens(c) * (w.query + w.key) / t * (16 + 2 * act);
-  out.forward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (28 + 2 * act) + rotated));
-  out.backward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (76 + 5 * act) + rotated));
+  out.forward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (28 + 2 * act)));
+  out.backward.push_back(streaming(kNorms * norm_tokens * c.model.hidden * (76 + 5 * act)));
+}
+
+/// The rotary embedding as tensor ops (training.rotary_embedding "tensor_ops", torchtitan's
+/// `apply_rotary_emb`: the queries and keys cast to fp32, multiplied as complex numbers, cast back):
+/// (a+4) + (4+4) + (4+a) bytes an element of the rank's queries and keys each way. A fused kernel's
+/// read and write of them is not counted.
+void add_tensor_op_rope(const Config& c, const AttentionWidths& w, StageKernels& out) {
+  const double rotated = rank_tokens(c) * (w.query + w.key) / c.parallel.tp * (16 + 2 * c.precision.activation_bytes);
+  out.forward.push_back(streaming(rotated));
+  out.backward.push_back(streaming(rotated));
 }
 
 /// A MoE layer's expert part on one rank (docs/cost-model.md, "Mixture of experts"): the router's GEMM
@@ -219,6 +226,22 @@ double attention_layout_copy_bytes(const Config& c) {
   return 2 * rank_tokens(c) * (w.query + w.key + w.value + w.output) / c.parallel.tp * c.precision.activation_bytes;
 }
 
+/// FlashAttention's variable-length kernels behind flash-attn's bert_padding (training.attention_unpadding,
+/// flash_attn/bert_padding.py, every 2.x release): unpad_input gathers each of the queries, keys and
+/// values into packed rows through torch.gather with its int64 row indices repeated over the row's
+/// width (written, then read: 8 bytes an element each), and pad_input writes zeros and scatters the
+/// output back into them. Backward, autograd gathers the output's gradient and scatters each input's
+/// into zeros, its repeated indices made again. Bytes a pass, `forward` or not.
+double attention_unpad_bytes(const Config& c, bool forward) {
+  if (!c.training.attention_unpadding) return 0;
+  constexpr double kIndex = 8;
+  const AttentionWidths w = attention_widths(c.model);
+  const double a = c.precision.activation_bytes, inputs = w.query + w.key + w.value;
+  const double per_token = forward ? (2 * kIndex + 2 * a) * inputs + 3 * a * w.output
+                                   : (2 * kIndex + 3 * a) * inputs + 2 * a * w.output;
+  return rank_tokens(c) * per_token / c.parallel.tp;
+}
+
 /// One decoder layer as a framework runs it (docs/cost-model.md): the attention's two linears (QKV,
 /// projection) and fused causal attention, then a dense MLP or the experts; the memory-bound norms and
 /// residual adds. A context-parallel rank runs s/cp of the tokens, its queries against every key.
@@ -238,6 +261,10 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
     out.forward.push_back(streaming(copy));
     out.backward.push_back(streaming(copy));
   }
+  if (c.training.attention_unpadding) {
+    out.forward.push_back(streaming(attention_unpad_bytes(c, true)));
+    out.backward.push_back(streaming(attention_unpad_bytes(c, false)));
+  }
   const int fc2_margin = overlap_margin(c, c.training.tp_comm_overlap_fc2_sms);
   if (kind == LayerKind::Dense) add_mlp(c, tokens, m.ffn_hidden, t, 1, out, fc2_margin);
   else add_experts(c, out);
@@ -250,7 +277,8 @@ void add_layer(const Config& c, LayerKind kind, StageKernels& out) {
   out.forward.push_back(streaming(tokens * 10 * h / norms * act));
   out.backward.push_back(streaming(tokens * 16 * h / norms * act));
   const AttentionWidths w = attention_widths(m);
-  if (c.training.kernels == KernelProfile::Composite) add_composite_norms_and_rope(c, tokens / norms, w, out);
+  if (c.training.kernels == KernelProfile::Composite) add_composite_norms(c, tokens / norms, out);
+  if (c.training.rotary_embedding == RotaryEmbedding::TensorOps) add_tensor_op_rope(c, w, out);
   const double mlp_width = kind == LayerKind::Dense ? m.ffn_hidden : m.moe_shared_expert_intermediate_size;
   if (m.mlp == MlpKind::Gelu)  // GPT's biases: their gradients read each linear's output gradient
     out.weight.push_back(streaming(tokens * (w.query + w.key + w.value + 2 * h + mlp_width) / t * act));

@@ -277,7 +277,8 @@ TEST_CASE("export --format torchtitan, then import, runs the same; tune --framew
   const auto dir = scratch_dir();
   const std::string job = (dir / "job.toml").string(), imported = (dir / "imported.json").string();
   const std::string plan =
-      config("default.json") + " --schedule zb-v --set parallel.microbatches=16 --set training.overlap_p2p_comm=true";
+      config("default.json") +
+      " --schedule zb-v --set parallel.microbatches=16 --set training.overlap_p2p_comm=true --set training.rotary_embedding=tensor_ops";
   REQUIRE(run("export " + plan + " --format torchtitan -o " + job).exit_code == 0);
   REQUIRE(run("import torchtitan " + job + " -o " + imported).exit_code == 0);
   const Output original = run("simulate " + plan + " --format json"), back = run("simulate " + imported + " --format json");

@@ -207,6 +207,30 @@ TEST_CASE("FlashAttention-2 runs attention at the hardware's flash2 efficiency, 
              Catch::Contains("expected \"cudnn\"") && Catch::Contains("flash2"));
 }
 
+TEST_CASE("unpadding for FlashAttention's variable-length kernels gathers Q, K, V and scatters the output back, "
+          "20 and 22 bytes an input element, 6 and 4 an output element") {
+  const std::vector<std::string> batch_first = {"precision.attention_kernel=flash2", "training.activation_layout=bsh"};
+  std::vector<std::string> unpadded = batch_first;
+  unpadded.push_back("training.attention_unpadding=true");
+  const Plan padded_plan = plan_or_fail(parse_or_fail(kThreeStages, batch_first));
+  const Plan unpadded_plan = plan_or_fail(parse_or_fail(kThreeStages, unpadded));
+  const HardwareConfig& hw = padded_plan.config.hardware;
+  const auto time = [](const Plan& plan) { return make_cost_model(plan.config, plan.layout)->stage(1); };
+  // 2048 tokens, multi-head (Q, K, V and the output each h = 1024 wide), bf16, int64 row indices:
+  // forward, each input's indices written and read (16 bytes) with the element read and written (4),
+  // the output's zeros written, then read and written (6); backward the output's gradient gathered (4),
+  // each input's gradient scattered into zeros with its indices made again (16 + 6).
+  const double T = 2048, h = 1024, rate = hw.hbm_gbps * 1e9 * hw.hbm_efficiency;
+  CHECK(double(time(unpadded_plan).forward - time(padded_plan).forward) ==
+        Approx((20 * 3 + 6) * T * h / rate * 1e9).margin(2));
+  CHECK(double(time(unpadded_plan).backward - time(padded_plan).backward) ==
+        Approx((22 * 3 + 4) * T * h / rate * 1e9).margin(2));
+  CHECK(time(unpadded_plan).weight == time(padded_plan).weight);
+  // cuDNN's kernel takes the padded batch: nothing to unpad for.
+  CHECK_THAT(parse_error(kThreeStages, {"training.attention_unpadding=true"}),
+             Catch::Contains("training.attention_unpadding") && Catch::Contains("flash2"));
+}
+
 TEST_CASE("fused kernels run SwiGLU as one kernel each way: 3f and 5f elements a token, not eager's 5f and 13f") {
   const std::vector<std::string> llama = {"model.mlp=swiglu", "model.ffn_hidden=2816"};
   std::vector<std::string> fused_sets = llama;
@@ -249,6 +273,15 @@ TEST_CASE("composite kernels run RMSNorm and the rotary embedding step by step, 
   CHECK(double(time(composite).backward - time(eager).backward) ==
         Approx(streaming(2 * norm_tokens * h * (76 + 5 * a) + rope)).margin(2));
   CHECK(time(composite).weight == time(eager).weight);
+  // The rotary embedding alone as tensor ops (torchtitan's Llama with a fused norm).
+  std::vector<std::string> rope_sets = llama;
+  rope_sets.push_back("training.rotary_embedding=tensor_ops");
+  const Plan tensor_op_rope = plan_or_fail(parse_or_fail(kThreeStages, rope_sets));
+  CHECK(double(time(tensor_op_rope).forward - time(eager).forward) == Approx(streaming(rope)).margin(2));
+  CHECK(double(time(tensor_op_rope).backward - time(eager).backward) == Approx(streaming(rope)).margin(2));
+  composite_sets.push_back("training.rotary_embedding=fused");
+  CHECK_THAT(parse_error(kThreeStages, composite_sets),
+             Catch::Contains("training.rotary_embedding") && Catch::Contains("composite"));
 }
 
 TEST_CASE("DeepSpeed's accumulation adds every microbatch's bf16 weight gradients into the fp32 ones through HBM") {

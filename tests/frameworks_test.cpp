@@ -161,6 +161,9 @@ TEST_CASE("torchtitan: export then import simulates the same, for every schedule
                                   "training.tp_comm_overlap_proj_sms=0", "training.tp_comm_overlap_fc2_sms=0",
                                   "training.kernels=fused"});
   Sets all = sets;
+  // Uncompiled, its Llama applies the rotary embedding as tensor ops.
+  if (std::ranges::find(sets, std::string("training.kernels=fused")) == sets.end())
+    all.push_back("training.rotary_embedding=tensor_ops");
   all.push_back("schedule.name=" + schedule);
   all.push_back("training.overlap_p2p_comm=true");  // PyTorch's pipelining overlaps its transfers
   all.push_back("training.activation_layout=bsh");  // DTensor's layers: batch first
@@ -187,8 +190,8 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
 
   fields.clear();
   for (const Unsupported& u : unsupported(Framework::Torchtitan, config, split_of(config))) fields.push_back(u.field);
-  CHECK(fields == std::vector<std::string>{"schedule.vocab", "training.zero_stage", "training.optimizer_post_validation",
-                                           "training.overlap_p2p_comm"});
+  CHECK(fields == std::vector<std::string>{"schedule.vocab", "training.zero_stage", "training.rotary_embedding",
+                                           "training.optimizer_post_validation", "training.overlap_p2p_comm"});
   CHECK(unsupported(Framework::Any, config, split_of(config)).empty());
   CHECK(unsupported(Framework::Torchtitan, llama({"schedule.name=v-half"}), {}).front().nearest == "zb-v");
   // docs/frameworks.md: recomputation other than every layer in full goes to full/uniform/1, selective to none.
@@ -239,6 +242,14 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   changes.clear();
   CHECK(nearest_runnable(Framework::Megatron, composite, split_of(composite), changes).training.kernels ==
         KernelProfile::Fused);
+  // Nor does it run the rotary embedding as tensor ops, which torchtitan does uncompiled.
+  const Config tensor_op_rope = llama({"training.rotary_embedding=tensor_ops"});
+  CHECK(unsupported(Framework::Megatron, tensor_op_rope, {}).front().field == "training.rotary_embedding");
+  CHECK(nearest_runnable(Framework::Megatron, tensor_op_rope, split_of(tensor_op_rope), changes).training.rotary_embedding ==
+        RotaryEmbedding::Fused);
+  CHECK(as_run_by(Framework::Torchtitan, llama({})).training.rotary_embedding == RotaryEmbedding::TensorOps);
+  CHECK(as_run_by(Framework::Torchtitan, llama({"training.kernels=fused"})).training.rotary_embedding ==
+        RotaryEmbedding::Fused);
   // DeepSpeed's BF16_Optimizer and FSDP's flat parameters run in none of them, FSDP2 in torchtitan
   // and in PyTorch's FSDP2 (ZeRO 2 and 3): the others accumulate as the fused default.
   const auto refuses = [&](Framework framework, const Config& c) {

@@ -388,6 +388,11 @@ TrainingConfig read_training(const json* object, const json* precision) {
                 {"fused", "Megatron-Core and Transformer Engine, torch.compile"}});
   constexpr std::array kProfiles{KernelProfile::Eager, KernelProfile::Composite, KernelProfile::Fused};
   t.kernels = *std::ranges::find(kProfiles, kernels, kernel_profile_name);
+  const std::string rotary =
+      r.choice("rotary_embedding", t.kernels == KernelProfile::Composite ? "tensor_ops" : "fused",
+               {{"fused", "one kernel (Transformer Engine, Apex, torch.compile)"},
+                {"tensor_ops", "a complex multiply in eager ops (torchtitan's Llama)"}});
+  t.rotary_embedding = rotary == "tensor_ops" ? RotaryEmbedding::TensorOps : RotaryEmbedding::Fused;
   const std::string accumulation =
       r.choice("grad_accumulation", "fused",
                {{"fused", "the weight-gradient GEMM adds into the fp32 main gradients (Megatron-LM)"},
@@ -403,6 +408,7 @@ TrainingConfig read_training(const json* object, const json* precision) {
                 {"bsh", "batch first: each sequence-parallel gather and scatter copies the whole tensor (torchtitan's DTensor)"}});
   constexpr std::array kLayouts{ActivationLayout::SequenceFirst, ActivationLayout::BatchFirst};
   t.activation_layout = *std::ranges::find(kLayouts, layout, activation_layout_name);
+  t.attention_unpadding = r.boolean("attention_unpadding", false);
   bool distributed_optimizer = false;
   if (precision && precision->contains("distributed_optimizer")) {
     const json& v = precision->at("distributed_optimizer");

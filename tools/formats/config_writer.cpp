@@ -122,6 +122,10 @@ json training_json(const TrainingConfig& t) {
   if (t.grad_accumulation != GradAccumulation::Fused) out["grad_accumulation"] = grad_accumulation_name(t.grad_accumulation);
   if (t.activation_layout != ActivationLayout::SequenceFirst)
     out["activation_layout"] = activation_layout_name(t.activation_layout);
+  if (t.attention_unpadding) out["attention_unpadding"] = true;
+  // The composite profile's own (its default) is left out, as fused is elsewhere.
+  if (t.rotary_embedding == RotaryEmbedding::TensorOps && t.kernels != KernelProfile::Composite)
+    out["rotary_embedding"] = rotary_embedding_name(t.rotary_embedding);
   // Only a MoE model may set them (check_experts): a dense config's file stays without them.
   if (t.moe_token_dispatcher_type != MoeDispatcher::AllToAll)
     out["moe_token_dispatcher_type"] = std::string(moe_dispatcher_name(t.moe_token_dispatcher_type));

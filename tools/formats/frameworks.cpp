@@ -92,6 +92,8 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
     out.push_back({"training.optimizer_post_validation", "mainline Megatron-LM synchronises stages at the step", "false"});
   if (c.training.kernels == KernelProfile::Composite)
     out.push_back({"training.kernels", "Megatron-LM runs fused norms and rotary embeddings", "fused"});
+  else if (c.training.rotary_embedding == RotaryEmbedding::TensorOps)
+    out.push_back({"training.rotary_embedding", "Megatron-LM runs a fused rotary embedding", "fused"});
   foreign_accumulation(c, "Megatron-LM", out);
   if (c.parallel.tp > 1 && c.training.activation_layout != ActivationLayout::SequenceFirst)
     out.push_back({"training.activation_layout", "Megatron-LM holds activations sequence first", "sbh"});
@@ -148,6 +150,10 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
     out.push_back({"training.activation_layout", "torchtitan's DTensor layers hold activations batch first", "bsh"});
   if (c.parallel.tp > 1 && c.training.tp_comm_overlap && c.training.kernels != KernelProfile::Fused)
     out.push_back({"training.kernels", "torchtitan's async tensor parallelism runs under torch.compile", "fused"});
+  else if (c.training.kernels != KernelProfile::Fused && c.training.rotary_embedding != RotaryEmbedding::TensorOps)
+    out.push_back({"training.rotary_embedding",
+                   "torchtitan's Llama applies the rotary embedding as tensor ops unless torch.compile fuses them",
+                   "tensor_ops"});
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});
   foreign_accumulation(c, "torchtitan", out, /*runs_fsdp2=*/true);
@@ -214,7 +220,10 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
       config.training.recompute_method = RecomputeMethod::Uniform, config.training.recompute_num_layers = 1;
     }
     if (u.field == "parallel.sequence_parallel") config.parallel.sequence_parallel = true;
-    if (u.field == "training.kernels") config.training.kernels = KernelProfile::Fused;
+    if (u.field == "training.kernels")
+      config.training.kernels = KernelProfile::Fused, config.training.rotary_embedding = RotaryEmbedding::Fused;
+    if (u.field == "training.rotary_embedding")
+      config.training.rotary_embedding = u.nearest == "tensor_ops" ? RotaryEmbedding::TensorOps : RotaryEmbedding::Fused;
     if (u.field == "training.grad_accumulation") config.training.grad_accumulation = GradAccumulation::Fused;
     if (u.field == "training.optimizer_post_validation") config.training.optimizer_post_validation = false;
     if (u.field == "training.overlap_p2p_comm") config.training.overlap_p2p_comm = u.nearest == "true";
@@ -231,10 +240,15 @@ Config as_run_by(Framework framework, Config config) {
     // Its async tensor parallelism has no Transformer Engine SM margin to price.
     config.training.tp_comm_overlap_proj_sms = config.training.tp_comm_overlap_fc2_sms = 0;
   }
-  if (framework == Framework::Torchtitan) config.training.activation_layout = ActivationLayout::BatchFirst;
+  if (framework == Framework::Torchtitan) {
+    config.training.activation_layout = ActivationLayout::BatchFirst;
+    // Its Llama applies the rotary embedding as tensor ops unless torch.compile fuses them.
+    if (config.training.kernels != KernelProfile::Fused) config.training.rotary_embedding = RotaryEmbedding::TensorOps;
+  }
   if (framework == Framework::Megatron) {
     if (config.schedule.name != "interleaved-1f1b") config.training.overlap_p2p_comm = false;
     config.training.kernels = KernelProfile::Fused;  // Megatron-Core fuses SwiGLU unless told not to
+    config.training.rotary_embedding = RotaryEmbedding::Fused;
     config.training.activation_layout = ActivationLayout::SequenceFirst;
   }
   return config;

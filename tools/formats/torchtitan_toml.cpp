@@ -149,6 +149,7 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                              "pipeline_parallel_microbatch_size {}",
                              source, local_batch, mbs)};
   const std::string reshard = text_of("parallelism", "fsdp_reshard_after_forward", "default");
+  const bool compiled = table.at_path("compile.enable").value_or(table.at_path("training.compile").value_or(false));
   json training{{"zero_stage", shard > 1 ? (reshard == "never" ? 2 : 3) : 0},
                 {"overlap_p2p_comm", true},  // torch.distributed.pipelining's transfers overlap
                 {"activation_layout", "bsh"},  // DTensor layers shard the sequence, dimension 1
@@ -157,11 +158,10 @@ Result<ImportedConfig> config_from_torchtitan(const std::string& text, const std
                 {"tp_comm_overlap_proj_sms", 0},
                 {"tp_comm_overlap_fc2_sms", 0},
                 // torch.compile (its [compile] section, or [training] compile before) fuses the elementwise
-                // ops; uncompiled, the 2024 releases' norm_type "rmsnorm" is RMSNorm in tensor ops
-                {"kernels", table.at_path("compile.enable").value_or(table.at_path("training.compile").value_or(false))
-                                ? "fused"
-                            : text_of("model", "norm_type", "") == "rmsnorm" ? "composite"
-                                                                            : "eager"}};
+                // ops; uncompiled, the 2024 releases' norm_type "rmsnorm" is RMSNorm in tensor ops, and
+                // the rotary embedding is tensor ops whatever the norm
+                {"kernels", compiled ? "fused" : text_of("model", "norm_type", "") == "rmsnorm" ? "composite" : "eager"},
+                {"rotary_embedding", compiled ? "fused" : "tensor_ops"}};
   const std::string ac = text_of("activation_checkpoint", "mode", "selective");
   // torchtitan's selective_ac_option: "op" (its per-op policy) or a number n (every n-th block in full).
   const std::string option = text_of("activation_checkpoint", "selective_ac_option", "2");

@@ -233,7 +233,6 @@ double attention_layout_copy_bytes(const Config& c) {
 /// output back into them. Backward, autograd gathers the output's gradient and scatters each input's
 /// into zeros, its repeated indices made again. Bytes a pass, `forward` or not.
 double attention_unpad_bytes(const Config& c, bool forward) {
-  if (!c.training.attention_unpadding) return 0;
   constexpr double kIndex = 8;
   const AttentionWidths w = attention_widths(c.model);
   const double a = c.precision.activation_bytes, inputs = w.query + w.key + w.value;

@@ -247,6 +247,13 @@ TEST_CASE("what a framework cannot run is refused by field, and the nearest plan
   CHECK(unsupported(Framework::Megatron, tensor_op_rope, {}).front().field == "training.rotary_embedding");
   CHECK(nearest_runnable(Framework::Megatron, tensor_op_rope, split_of(tensor_op_rope), changes).training.rotary_embedding ==
         RotaryEmbedding::Fused);
+  // Neither unpads the batch for attention as LLM Foundry's flash path does.
+  const Config unpadded = llama({"precision.attention_kernel=flash2", "training.attention_unpadding=true"});
+  for (const Framework framework : {Framework::Megatron, Framework::Torchtitan}) {
+    CHECK(std::ranges::count(unsupported(framework, unpadded, {}), std::string("training.attention_unpadding"),
+                             &Unsupported::field) == 1);
+    CHECK_FALSE(nearest_runnable(framework, unpadded, split_of(unpadded), changes).training.attention_unpadding);
+  }
   CHECK(as_run_by(Framework::Torchtitan, llama({})).training.rotary_embedding == RotaryEmbedding::TensorOps);
   CHECK(as_run_by(Framework::Torchtitan, llama({"training.kernels=fused"})).training.rotary_embedding ==
         RotaryEmbedding::Fused);

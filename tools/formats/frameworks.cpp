@@ -64,6 +64,13 @@ void foreign_accumulation(const Config& c, std::string_view name, std::vector<Un
   out.push_back({"training.grad_accumulation", fmt::format("{} does not run {}", name, accumulation), "fused"});
 }
 
+/// LLM Foundry's unpadding for FlashAttention's variable-length kernels (training.attention_unpadding):
+/// `name` calls attention on the padded batch.
+void unpadded_attention(const Config& c, std::string_view name, std::vector<Unsupported>& out) {
+  if (c.training.attention_unpadding)
+    out.push_back({"training.attention_unpadding", fmt::format("{} calls attention on the padded batch", name), "false"});
+}
+
 void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupported>& out) {
   const std::string& s = c.schedule.name;
   // megatron/core/pipeline_parallel/schedules.py: no pipelining at pp 1, 1F1B, and the interleaved
@@ -95,6 +102,7 @@ void megatron(const Config& c, const std::vector<int>& split, std::vector<Unsupp
   else if (c.training.rotary_embedding == RotaryEmbedding::TensorOps)
     out.push_back({"training.rotary_embedding", "Megatron-LM runs a fused rotary embedding", "fused"});
   foreign_accumulation(c, "Megatron-LM", out);
+  unpadded_attention(c, "Megatron-LM", out);
   if (c.parallel.tp > 1 && c.training.activation_layout != ActivationLayout::SequenceFirst)
     out.push_back({"training.activation_layout", "Megatron-LM holds activations sequence first", "sbh"});
   // megatron/training/arguments.py turns overlap_p2p_comm off without a virtual pipeline.
@@ -157,6 +165,7 @@ void torchtitan(const Config& c, const std::vector<int>& split, std::vector<Unsu
   if (c.training.optimizer_post_validation)
     out.push_back({"training.optimizer_post_validation", "torchtitan synchronises stages at the step", "false"});
   foreign_accumulation(c, "torchtitan", out, /*runs_fsdp2=*/true);
+  unpadded_attention(c, "torchtitan", out);
   pytorch_transfers(c, out);
 }
 
@@ -225,6 +234,7 @@ Config nearest_runnable(Framework framework, Config config, const std::vector<in
     if (u.field == "training.rotary_embedding")
       config.training.rotary_embedding = u.nearest == "tensor_ops" ? RotaryEmbedding::TensorOps : RotaryEmbedding::Fused;
     if (u.field == "training.grad_accumulation") config.training.grad_accumulation = GradAccumulation::Fused;
+    if (u.field == "training.attention_unpadding") config.training.attention_unpadding = false;
     if (u.field == "training.optimizer_post_validation") config.training.optimizer_post_validation = false;
     if (u.field == "training.overlap_p2p_comm") config.training.overlap_p2p_comm = u.nearest == "true";
     if (u.field == "training.activation_layout")
